@@ -1,0 +1,304 @@
+#include "cpu/cpu_backend.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "cpu/matmul.h"
+#include "model/dequant.h"
+
+
+namespace specserve {
+namespace {
+
+class CpuWeight final : public Weight {
+ public:
+  CpuWeight(int64_t rows, int64_t cols, std::vector<float> data) : Weight(rows, cols), data_(std::move(data)) {}
+  const float* data() const { return data_.data(); }
+
+ private:
+  std::vector<float> data_;  // [rows, cols]
+};
+
+class CpuBuffer final : public Buffer {
+ public:
+  explicit CpuBuffer(int64_t bytes) : Buffer(bytes) {
+    // 64-byte aligned for SIMD loads; at least one line so empty buffers are valid pointers.
+    size_t sz = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+    ptr_ = std::aligned_alloc(64, sz);
+  }
+  ~CpuBuffer() override { std::free(ptr_); }
+  void* data() override { return ptr_; }
+
+ private:
+  void* ptr_;
+};
+
+class CpuKvStorage final : public KvStorage {
+ public:
+  CpuKvStorage(int64_t layers, int64_t blocks, int64_t bs, int64_t kv_dim)
+      : KvStorage(layers, blocks, bs, kv_dim),
+        k_(static_cast<size_t>(layers * blocks * bs * kv_dim)),
+        v_(static_cast<size_t>(layers * blocks * bs * kv_dim)) {}
+  float* k(int64_t layer, int64_t slot) { return k_.data() + (layer * num_blocks_ * block_size_ + slot) * kv_dim_; }
+  float* v(int64_t layer, int64_t slot) { return v_.data() + (layer * num_blocks_ * block_size_ + slot) * kv_dim_; }
+
+ private:
+  std::vector<float> k_, v_;  // [layers, blocks * block_size, kv_dim]
+};
+
+const CpuWeight& cw(const Weight& w) { return static_cast<const CpuWeight&>(w); }
+
+float rope_yarn_ramp(float low, float high, int i0) {
+  const float y = (static_cast<float>(i0) / 2 - low) / std::max(0.001f, high - low);
+  return 1 - std::min(1.0f, std::max(0.0f, y));
+}
+
+// Dimension where the rotation count over the original context equals n_rot (llama.cpp's
+// ggml_rope_yarn_corr_dims).
+float yarn_corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
+  return n_dims * std::log(n_ctx_orig / (n_rot * 2 * static_cast<float>(M_PI))) / (2 * std::log(base));
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) {
+    threads_ = num_threads > 0 ? num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    omp_set_num_threads(threads_);
+  }
+
+  std::string name() const override { return "cpu"; }
+  bool supports_weight_type(GgmlType t) const override {
+    return ggml_type_traits(static_cast<uint32_t>(t)).has_value() && t != GgmlType::Q8_1 && t != GgmlType::Q8_K;
+  }
+  bool keeps_quantized() const override { return false; }
+
+  Expected<std::unique_ptr<Weight>> load_weight(const GgufTensorInfo& t) override {
+    if (t.shape.empty() || t.shape.size() > 2) {
+      return corrupt_data("tensor '" + t.name + "' has " + std::to_string(t.shape.size()) + " dims; a weight has 1 or 2");
+    }
+    if (!supports_weight_type(t.type())) {
+      return unsupported("tensor '" + t.name + "': type " + ggml_type_name(t.raw_type) + " is not supported by the cpu backend");
+    }
+    auto data = dequantize_tensor(t);
+    if (!data.ok()) return data.status();
+    int64_t cols = t.shape[0];
+    int64_t rows = t.shape.size() == 2 ? t.shape[1] : 1;
+    return std::unique_ptr<Weight>(new CpuWeight(rows, cols, std::move(*data)));
+  }
+
+  std::unique_ptr<Buffer> alloc(int64_t bytes) override { return std::make_unique<CpuBuffer>(bytes); }
+  void upload(Buffer& dst, const void* src, int64_t bytes, int64_t offset) override {
+    std::memcpy(static_cast<char*>(dst.data()) + offset, src, static_cast<size_t>(bytes));
+  }
+  void download(void* dst, Buffer& src, int64_t bytes, int64_t offset) override {
+    std::memcpy(dst, static_cast<char*>(src.data()) + offset, static_cast<size_t>(bytes));
+  }
+
+  Expected<std::unique_ptr<KvStorage>> create_kv_storage(int64_t layers, int64_t blocks, int64_t bs, int64_t kv_dim) override {
+    const double bytes = 2.0 * 4.0 * static_cast<double>(layers) * blocks * bs * kv_dim;
+    if (layers <= 0 || blocks <= 0 || bs <= 0 || kv_dim <= 0 || bytes > 64.0 * (1ull << 30)) {
+      return resource_exhausted("kv cache of " + std::to_string(blocks) + " blocks x " + std::to_string(bs) +
+                                " tokens x " + std::to_string(layers) + " layers x " + std::to_string(kv_dim) +
+                                " floats is not allocatable");
+    }
+    try {
+      return std::unique_ptr<KvStorage>(new CpuKvStorage(layers, blocks, bs, kv_dim));
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted("kv cache allocation of " + std::to_string(bytes / (1 << 20)) + " MiB failed");
+    }
+  }
+
+  void embedding(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
+    const auto& w = cw(table);
+    for (int64_t i = 0; i < n; ++i) {
+      SPECSERVE_CHECK(ids[i] >= 0 && ids[i] < w.rows(), "token id " + std::to_string(ids[i]) + " out of vocabulary");
+      std::memcpy(out + i * w.cols(), w.data() + static_cast<int64_t>(ids[i]) * w.cols(), w.cols() * sizeof(float));
+    }
+  }
+
+  void rms_norm(const float* x, const Weight& w, float eps, int64_t n, int64_t d, float* out) override {
+    const float* g = cw(w).data();
+#pragma omp parallel for if (n > 4)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x + i * d;
+      float* oi = out + i * d;
+      double ss = 0;  // llama.cpp sums in double (ggml_compute_forward_rms_norm_f32)
+      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+      const float scale = 1.0f / std::sqrt(static_cast<float>(ss / d) + eps);
+      for (int64_t j = 0; j < d; ++j) oi[j] = xi[j] * scale * g[j];
+    }
+  }
+
+  void matmul(const Weight& w, const float* x, int64_t n, float* y, const Weight* bias) override {
+    const auto& cwt = cw(w);
+    // NOTE: our own kernel rather than sgemm: its per-element reduction order is fixed, so a
+    // row's result does not depend on the batch (see cpu/matmul.h); it also shares the OpenMP
+    // thread team instead of fighting OpenBLAS's pool for the same cores.
+    SPECSERVE_CHECK(cwt.cols() % 8 == 0, "matmul width must be a multiple of 8");
+    matmul_f32(x, cwt.data(), y, n, cwt.rows(), cwt.cols());
+    if (bias) {
+      const float* b = cw(*bias).data();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < cwt.rows(); ++j) y[i * cwt.rows() + j] += b[j];
+    }
+  }
+
+  void rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, const RopeParams& p) override {
+    const int64_t hd = p.head_dim, nr = p.rope_dim;
+    const float theta_scale = std::pow(p.theta, -2.0f / static_cast<float>(nr));
+    float corr_lo = 0, corr_hi = 0;
+    if (p.ext_factor != 0.0f) {
+      corr_lo = std::max(0.0f, std::floor(yarn_corr_dim(nr, p.original_context, p.beta_fast, p.theta)));
+      corr_hi = std::min(static_cast<float>(nr - 1), std::ceil(yarn_corr_dim(nr, p.original_context, p.beta_slow, p.theta)));
+    }
+#pragma omp parallel for if (n > 4)
+    for (int64_t i = 0; i < n; ++i) {
+      // cos/sin per pair, computed as llama.cpp does (theta multiplied up pair by pair).
+      std::vector<float> cs(static_cast<size_t>(nr));
+      float theta_extrap = static_cast<float>(positions[i]);
+      for (int64_t i0 = 0; i0 < nr; i0 += 2) {
+        float theta_interp = p.freq_scale * theta_extrap;
+        float theta = theta_interp;
+        float mscale = p.attn_factor;
+        if (p.ext_factor != 0.0f) {
+          float ramp_mix = rope_yarn_ramp(corr_lo, corr_hi, static_cast<int>(i0)) * p.ext_factor;
+          theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+          mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+        }
+        cs[i0] = std::cos(theta) * mscale;
+        cs[i0 + 1] = std::sin(theta) * mscale;
+        theta_extrap *= theta_scale;
+      }
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float* v = x + (i * num_heads + h) * hd;
+        for (int64_t i0 = 0; i0 < nr; i0 += 2) {
+          const float c = cs[i0], s = cs[i0 + 1];
+          int64_t a = p.neox ? i0 / 2 : i0;
+          int64_t b = p.neox ? i0 / 2 + nr / 2 : i0 + 1;
+          const float x0 = v[a], x1 = v[b];
+          v[a] = x0 * c - x1 * s;
+          v[b] = x0 * s + x1 * c;
+        }
+      }
+    }
+  }
+
+  void kv_write(KvStorage& kv, int64_t layer, const float* k, const float* v, const int32_t* slots, int64_t n) override {
+    auto& s = static_cast<CpuKvStorage&>(kv);
+    const int64_t d = kv.kv_dim();
+    for (int64_t i = 0; i < n; ++i) {
+      SPECSERVE_CHECK(slots[i] >= 0 && slots[i] < kv.num_blocks() * kv.block_size(), "kv slot out of range");
+      std::memcpy(s.k(layer, slots[i]), k + i * d, d * sizeof(float));
+      std::memcpy(s.v(layer, slots[i]), v + i * d, d * sizeof(float));
+    }
+  }
+
+  void attention(KvStorage& kv, int64_t layer, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
+                 int64_t num_kv_heads, int64_t head_dim, float* out) override {
+    auto& s = static_cast<CpuKvStorage&>(kv);
+    const int64_t bs = kv.block_size();
+    const int64_t group = num_heads / num_kv_heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    // Work items: (sequence, row, head). Each computes one output head from its own keys.
+    struct Item { int32_t seq, row; };
+    std::vector<Item> items;
+    for (int32_t si = 0; si < static_cast<int32_t>(seqs.size()); ++si)
+      for (int32_t r = 0; r < seqs[si].num_rows; ++r) items.push_back({si, r});
+    const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel
+    {
+      std::vector<int32_t> slots;
+      std::vector<float> scores;
+      std::vector<float> acc(static_cast<size_t>(head_dim));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < num_items; ++it) {
+        const AttentionSeq& sq = seqs[items[it].seq];
+        const int32_t j = items[it].row;
+        auto slot_of = [&](int64_t logical) {
+          return static_cast<int32_t>(sq.block_table[logical / bs] * bs + logical % bs);
+        };
+        // Visible keys, in logical order: the cached prefix, then ancestors (and self).
+        slots.clear();
+        for (int64_t p = 0; p < sq.num_cached; ++p) slots.push_back(slot_of(p));
+        if (!sq.parents) {
+          for (int32_t a = 0; a <= j; ++a) slots.push_back(slot_of(sq.num_cached + a));
+        } else {
+          size_t mark = slots.size();
+          for (int32_t a = j; a >= 0; a = sq.parents[a]) slots.push_back(slot_of(sq.num_cached + a));
+          std::reverse(slots.begin() + static_cast<std::ptrdiff_t>(mark), slots.end());
+        }
+        const int64_t nk = static_cast<int64_t>(slots.size());
+        scores.resize(static_cast<size_t>(nk));
+        const int64_t row = sq.row_begin + j;
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const float* qh = q + (row * num_heads + h) * head_dim;
+          const int64_t kvh = h / group;
+          float mx = -INFINITY;
+          for (int64_t t = 0; t < nk; ++t) {
+            const float* kh = s.k(layer, slots[t]) + kvh * head_dim;
+            scores[t] = dot_f32(qh, kh, head_dim) * scale;
+            mx = std::max(mx, scores[t]);
+          }
+          float sum = 0;
+          for (int64_t t = 0; t < nk; ++t) {
+            scores[t] = std::exp(scores[t] - mx);
+            sum += scores[t];
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t t = 0; t < nk; ++t) {
+            const float* vh = s.v(layer, slots[t]) + kvh * head_dim;
+            const float wgt = scores[t];
+            for (int64_t e = 0; e < head_dim; ++e) acc[e] += wgt * vh[e];
+          }
+          float* oh = out + (row * num_heads + h) * head_dim;
+          const float inv = 1.0f / sum;
+          for (int64_t e = 0; e < head_dim; ++e) oh[e] = acc[e] * inv;
+        }
+      }
+    }
+  }
+
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+
+  void gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out) override {
+    for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * cols, x + static_cast<int64_t>(idx[i]) * cols, cols * sizeof(float));
+  }
+
+  void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) override {
+    auto& s = static_cast<CpuKvStorage&>(kv);
+    const int64_t d = kv.kv_dim();
+    for (int64_t l = 0; l < kv.num_layers(); ++l)
+      for (int64_t i = 0; i < n; ++i) {
+        if (src[i] == dst[i]) continue;
+        std::memmove(s.k(l, dst[i]), s.k(l, src[i]), d * sizeof(float));
+        std::memmove(s.v(l, dst[i]), s.v(l, src[i]), d * sizeof(float));
+      }
+  }
+
+  void synchronize() override {}
+
+ private:
+  int threads_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+
+}  // namespace specserve

@@ -1,0 +1,454 @@
+#include "spec/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/logging.h"
+
+namespace specserve {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+void SpecStats::add(const SpecStats& o) {
+  num_drafts += o.num_drafts;
+  num_draft_tokens += o.num_draft_tokens;
+  num_accepted_tokens += o.num_accepted_tokens;
+  if (accepted_per_pos.size() < o.accepted_per_pos.size()) accepted_per_pos.resize(o.accepted_per_pos.size(), 0);
+  for (size_t i = 0; i < o.accepted_per_pos.size(); ++i) accepted_per_pos[i] += o.accepted_per_pos[i];
+}
+
+Status EngineOptions::validate() const {
+  auto bad = [](const char* field, int64_t v, const char* rule) {
+    return invalid_argument(std::string(field) + " = " + std::to_string(v) + ": " + rule);
+  };
+  if (max_num_seqs < 1) return bad("max_num_seqs", max_num_seqs, "must be >= 1");
+  if (max_num_batched_tokens < 1) return bad("max_num_batched_tokens", max_num_batched_tokens, "must be >= 1");
+  if (block_size < 1 || block_size > 1024) return bad("block_size", block_size, "must be in 1..1024");
+  if (num_kv_blocks < 0) return bad("num_kv_blocks", num_kv_blocks, "must be >= 0");
+  if (max_model_len < 0) return bad("max_model_len", max_model_len, "must be >= 0");
+  if (num_speculative_tokens < 0 || num_speculative_tokens > 64) return bad("num_speculative_tokens", num_speculative_tokens, "must be in 0..64");
+  if (disable_by_batch_size < 0) return bad("disable_by_batch_size", disable_by_batch_size, "must be >= 0");
+  return Status();
+}
+
+struct Engine::Seq {
+  int64_t id = 0;
+  GenerateParams params;
+  std::optional<Sampler> sampler;
+  std::vector<int32_t> tokens;  // prompt + output
+  int32_t prompt_len = 0;
+  int32_t num_cached = 0;       // tokens whose KV is in the cache (always < tokens.size() while running)
+  BlockTable blocks;
+  std::optional<StreamDecoder> decoder;
+  std::string text;             // output text decoded so far (whole UTF-8)
+  size_t sent = 0;              // bytes of text already emitted
+  size_t max_stop_len = 0;
+  int32_t num_generated = 0;
+  int32_t k = 0;                // current speculation length (adaptive)
+  FinishReason finish = FinishReason::kNone;
+  SpecStats spec;
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
+  std::span<const int32_t> output() const {
+    return {tokens.data() + prompt_len, tokens.size() - static_cast<size_t>(prompt_len)};
+  }
+};
+
+Engine::Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o)
+    : target_(t), tokenizer_(tok), proposer_(p), opts_(std::move(o)) {}
+
+Engine::~Engine() = default;
+
+Expected<std::unique_ptr<Engine>> Engine::create(Transformer& target, const Tokenizer* tokenizer, Proposer* proposer,
+                                                 EngineOptions options) {
+  SPECSERVE_RETURN_IF_ERROR(options.validate());
+  const int64_t ctx = target.config().context_length;
+  if (options.max_model_len == 0) options.max_model_len = static_cast<int32_t>(ctx);
+  if (options.max_model_len > ctx) {
+    return invalid_argument("max_model_len = " + std::to_string(options.max_model_len) +
+                            " exceeds the model's context length " + std::to_string(ctx));
+  }
+  if (options.num_kv_blocks == 0) {
+    options.num_kv_blocks = (static_cast<int64_t>(options.max_model_len) * 4 + options.block_size - 1) / options.block_size;
+  }
+  std::unique_ptr<Engine> e(new Engine(target, tokenizer, proposer, options));
+  auto kv = target.create_kv(options.num_kv_blocks, options.block_size);
+  if (!kv.ok()) return kv.status();
+  e->kv_ = std::move(*kv);
+  e->pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(options.num_kv_blocks), options.block_size);
+  return e;
+}
+
+Expected<int64_t> Engine::add_request(GenerateParams params) {
+  const int64_t vocab = target_.config().vocab_size;
+  if (params.prompt.empty()) return invalid_argument("prompt: must hold at least one token");
+  for (int32_t t : params.prompt) {
+    if (t < 0 || t >= vocab) return invalid_argument("prompt: token id " + std::to_string(t) + " is outside the vocabulary (size " + std::to_string(vocab) + ")");
+  }
+  if (static_cast<int64_t>(params.prompt.size()) >= opts_.max_model_len) {
+    return out_of_range("prompt: " + std::to_string(params.prompt.size()) + " tokens leave no room in max_model_len " +
+                        std::to_string(opts_.max_model_len));
+  }
+  if (params.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(params.max_tokens) + ": must be >= 1");
+  SPECSERVE_RETURN_IF_ERROR(params.sampling.validate());
+  if (!params.stop.empty() && !tokenizer_) return invalid_argument("stop: stop strings need a tokenizer");
+  for (const auto& s : params.stop) {
+    if (s.empty()) return invalid_argument("stop: an empty stop string never matches");
+  }
+  const int64_t need_blocks = (static_cast<int64_t>(params.prompt.size()) + 1 + opts_.block_size - 1) / opts_.block_size;
+  if (need_blocks > pool_->num_blocks()) {
+    return out_of_range("prompt: " + std::to_string(params.prompt.size()) + " tokens need more KV blocks than the cache holds (" +
+                        std::to_string(pool_->num_blocks()) + ")");
+  }
+  auto s = std::make_unique<Seq>();
+  s->id = next_id_++;
+  s->sampler.emplace(params.sampling);
+  s->tokens = params.prompt;
+  s->prompt_len = static_cast<int32_t>(params.prompt.size());
+  if (tokenizer_) s->decoder.emplace(*tokenizer_, false);
+  for (const auto& st : params.stop) s->max_stop_len = std::max(s->max_stop_len, st.size());
+  s->k = opts_.num_speculative_tokens;
+  s->spec.accepted_per_pos.assign(static_cast<size_t>(opts_.num_speculative_tokens), 0);
+  s->params = std::move(params);
+  stats_.prompt_tokens += s->prompt_len;
+  const int64_t id = s->id;
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+void Engine::abort(int64_t seq_id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id == seq_id) {
+      waiting_.erase(it);
+      aborted_.push_back(seq_id);
+      return;
+    }
+  }
+  for (auto& s : running_) {
+    if (s->id == seq_id && s->finish == FinishReason::kNone) {
+      finish(*s, FinishReason::kAbort);
+      aborted_.push_back(seq_id);
+    }
+  }
+}
+
+void Engine::finish(Seq& s, FinishReason r) {
+  s.finish = r;
+  s.blocks.release_all(*pool_);
+  if (proposer_) proposer_->release(s.id);
+  finished_stats_[s.id] = s.spec;
+  stats_.spec.add(s.spec);
+}
+
+std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
+  auto it = finished_stats_.find(seq_id);
+  if (it == finished_stats_.end()) return std::nullopt;
+  SpecStats s = it->second;
+  finished_stats_.erase(it);
+  return s;
+}
+
+void Engine::admit() {
+  // FCFS: the head of the queue waits until its prompt's blocks are free (no skipping ahead,
+  // so a long prompt is never starved by short ones).
+  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opts_.max_num_seqs) {
+    Seq& s = *waiting_.front();
+    const int32_t need = (static_cast<int32_t>(s.tokens.size()) + opts_.block_size) / opts_.block_size;
+    if (need > pool_->num_free()) break;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
+  const auto& sp = s.params.sampling;
+  bool is_stop_token = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end();
+  if (!sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token)) is_stop_token = true;
+  if (is_stop_token) {
+    // The stop token ends the output and is not part of it.
+    if (s.decoder) s.text += s.decoder->flush();
+    ev->text += s.text.substr(s.sent);
+    s.sent = s.text.size();
+    finish(s, FinishReason::kStop);
+    return false;
+  }
+  s.tokens.push_back(token);
+  ++s.num_generated;
+  ++stats_.generated_tokens;
+  ev->tokens.push_back(token);
+  if (lp) ev->logprobs.push_back(*lp);
+  if (s.decoder) {
+    s.text += s.decoder->push(token);
+    if (!s.params.stop.empty()) {
+      // Search only where a match could end in the new text.
+      const size_t from = s.sent >= s.max_stop_len ? s.sent - s.max_stop_len + 1 : 0;
+      size_t best = std::string::npos, best_len = 0;
+      for (const auto& st : s.params.stop) {
+        size_t p = s.text.find(st, from);
+        if (p != std::string::npos && p < best) best = p, best_len = st.size();
+      }
+      if (best != std::string::npos) {
+        s.text.resize(best + (s.params.include_stop_str ? best_len : 0));
+        if (s.sent < s.text.size()) ev->text += s.text.substr(s.sent);
+        s.sent = s.text.size();
+        finish(s, FinishReason::kStop);
+        return false;
+      }
+    }
+  }
+  const bool at_len = s.num_generated >= s.params.max_tokens ||
+                      static_cast<int32_t>(s.tokens.size()) >= opts_.max_model_len;
+  if (at_len && s.decoder) s.text += s.decoder->flush();
+  // Hold back a possible partial stop string.
+  const size_t hold = (at_len || s.max_stop_len == 0) ? 0 : s.max_stop_len - 1;
+  if (s.decoder && s.text.size() > s.sent + hold) {
+    ev->text += s.text.substr(s.sent, s.text.size() - hold - s.sent);
+    s.sent = s.text.size() - hold;
+  }
+  if (at_len) {
+    finish(s, FinishReason::kLength);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// log_softmax of raw logits at `token`, plus the top-n (vLLM's default raw logprobs).
+SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i) mx = std::max(mx, row[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  SampleResult r;
+  r.token = token;
+  r.logprob = row[token] - lse;
+  if (top_n > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) idx[static_cast<size_t>(i)] = i;
+    const int32_t n = std::min(top_n, vocab);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    for (int32_t i = 0; i < n; ++i) r.top_logprobs.push_back({idx[static_cast<size_t>(i)], row[idx[static_cast<size_t>(i)]] - lse});
+  }
+  return r;
+}
+
+}  // namespace
+
+Status Engine::step(std::vector<SeqEvent>* events) {
+  for (int64_t id : aborted_) {
+    SeqEvent ev;
+    ev.seq_id = id;
+    ev.finish = FinishReason::kAbort;
+    events->push_back(std::move(ev));
+  }
+  aborted_.clear();
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s->finish != FinishReason::kNone; }),
+                 running_.end());
+  admit();
+  if (running_.empty()) return Status();
+  ++stats_.num_steps;
+
+  // ---- plan: decode sequences first (1 + k rows each), then prefill chunks ----
+  struct Planned { Seq* seq; int32_t rows; bool completes; DraftTree draft; };
+  std::vector<Planned> plan;
+  int32_t budget = opts_.max_num_batched_tokens;
+  const bool spec_on = proposer_ && opts_.num_speculative_tokens > 0 &&
+                       (opts_.disable_by_batch_size == 0 || static_cast<int32_t>(running_.size()) <= opts_.disable_by_batch_size);
+  std::vector<DraftRequest> dreqs;
+  std::vector<size_t> dreq_plan;
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_cached;
+    if (pending != 1 || budget < 1) continue;
+    plan.push_back({&s, 1, true, {}});
+    budget -= 1;
+    if (spec_on) {
+      // Draft no further than the output can go: max_tokens, the context, the budget.
+      int32_t k = std::min({s.k, s.params.max_tokens - s.num_generated - 1,
+                            opts_.max_model_len - s.num_cached - 2, budget});
+      if (k > 0) {
+        DraftRequest r;
+        r.seq_id = s.id;
+        r.tokens = std::span<const int32_t>(s.tokens);
+        r.prompt_len = s.prompt_len;
+        r.num_tokens = k;
+        r.sampling = &s.params.sampling;
+        dreqs.push_back(r);
+        dreq_plan.push_back(plan.size() - 1);
+        budget -= k;  // reserve; unused draft budget is returned below
+      }
+    }
+  }
+  if (!dreqs.empty()) {
+    std::vector<DraftTree> drafts(dreqs.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = proposer_->propose(dreqs, &drafts);
+    stats_.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!st.ok()) {
+      // NOTE: a failing proposer degrades this step to plain decoding; the requests go on.
+      get_logger("spec")->warn("proposer {} failed, decoding without drafts this step: {}", proposer_->name(), st.to_string());
+      drafts.assign(dreqs.size(), DraftTree{});
+    }
+    for (size_t i = 0; i < dreqs.size(); ++i) {
+      Planned& p = plan[dreq_plan[i]];
+      DraftTree& d = drafts[i];
+      const int32_t k = dreqs[i].num_tokens;
+      budget += k;
+      const int64_t vocab = target_.config().vocab_size;
+      bool ok = static_cast<int32_t>(d.tokens.size()) <= k && d.parents.empty();
+      for (int32_t t : d.tokens) ok = ok && t >= 0 && t < vocab;
+      if (!d.probs.empty()) ok = ok && d.probs.size() == d.tokens.size();
+      if (!ok) {
+        get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored", p.seq->id, proposer_->name());
+        d = DraftTree{};
+      }
+      p.draft = std::move(d);
+      p.rows += static_cast<int32_t>(p.draft.tokens.size());
+      budget -= static_cast<int32_t>(p.draft.tokens.size());
+    }
+  }
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_cached;
+    if (pending <= 1 || budget < 1) continue;
+    const int32_t chunk = std::min(pending, budget);
+    plan.push_back({&s, chunk, chunk == pending, {}});
+    budget -= chunk;
+  }
+
+  // ---- KV blocks; preempt (recompute) the youngest sequences when they run out ----
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq& s = *plan[i].seq;
+    while (!s.blocks.reserve(*pool_, s.num_cached + plan[i].rows).ok()) {
+      Seq* victim = running_.back().get();
+      if (victim == &s && running_.size() == 1) {
+        return resource_exhausted("KV cache too small for one sequence of " + std::to_string(s.num_cached + plan[i].rows) + " tokens");
+      }
+      victim->blocks.release_all(*pool_);
+      victim->num_cached = 0;
+      if (proposer_) proposer_->release(victim->id);
+      get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim->id);
+      plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; }), plan.end());
+      waiting_.push_front(std::move(running_.back()));
+      running_.pop_back();
+      if (victim == &s) break;
+    }
+  }
+  if (plan.empty()) return Status();
+
+  // ---- one target forward ----
+  ForwardBatch batch;
+  for (const Planned& p : plan) {
+    SequenceInput in;
+    Seq& s = *p.seq;
+    in.num_cached = s.num_cached;
+    in.tokens.assign(s.tokens.begin() + s.num_cached, s.tokens.begin() + s.num_cached + (p.draft.tokens.empty() ? p.rows : 1));
+    in.tokens.insert(in.tokens.end(), p.draft.tokens.begin(), p.draft.tokens.end());
+    in.block_table = s.blocks.blocks();
+    if (!p.draft.tokens.empty()) {
+      for (int32_t r = 0; r < p.rows; ++r) in.logit_rows.push_back(r);
+    }
+    batch.seqs.push_back(std::move(in));
+  }
+  ForwardOutput out;
+  const auto t0 = std::chrono::steady_clock::now();
+  SPECSERVE_RETURN_IF_ERROR(target_.forward(batch, *kv_, &out));
+  stats_.forward_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // ---- verify and emit ----
+  const int32_t vocab = static_cast<int32_t>(out.vocab_size);
+  std::vector<float> p_probs, resid;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Planned& pl = plan[i];
+    Seq& s = *pl.seq;
+    if (!pl.completes) {
+      s.num_cached += pl.rows;
+      s.blocks.set_num_tokens(s.num_cached);
+      continue;
+    }
+    const int32_t k = static_cast<int32_t>(pl.draft.tokens.size());
+    const int32_t base = s.num_cached + pl.rows - 1 - k;  // position of the last known token
+    SeqEvent ev;
+    ev.seq_id = s.id;
+    Sampler& smp = *s.sampler;
+    const bool greedy = s.params.sampling.is_greedy();
+    const int32_t top_n = s.params.sampling.logprobs;
+    int32_t accepted = 0;
+    bool alive = true;
+    for (int32_t r = 0; r <= k && alive; ++r) {
+      const float* row = out.row(static_cast<int32_t>(i), r);
+      smp.compute_probs(row, vocab, s.prompt(), s.output(), &p_probs);
+      int32_t token;
+      bool accept = false;
+      if (r < k) {
+        const int32_t x = pl.draft.tokens[static_cast<size_t>(r)];
+        if (greedy) {
+          accept = p_probs[static_cast<size_t>(x)] > 0.0f;  // one-hot at the argmax
+        } else {
+          // Leviathan et al. 2023, Algorithm 1: accept x with probability min(1, p(x)/q(x)).
+          const float qx = pl.draft.probs.empty() ? 1.0f : pl.draft.probs[static_cast<size_t>(r)][static_cast<size_t>(x)];
+          const double u = smp.next_uniform();
+          accept = qx > 0.0f && u * qx < p_probs[static_cast<size_t>(x)];
+        }
+        if (accept) {
+          token = x;
+        } else if (greedy) {
+          token = Sampler::argmax(p_probs.data(), vocab);
+        } else {
+          // Recovered token: sample from norm(max(0, p - q)).
+          resid.assign(p_probs.begin(), p_probs.end());
+          double mass = 0;
+          if (pl.draft.probs.empty()) {
+            resid[static_cast<size_t>(x)] = 0.0f;
+          } else {
+            const auto& q = pl.draft.probs[static_cast<size_t>(r)];
+            for (int32_t t = 0; t < vocab; ++t) resid[static_cast<size_t>(t)] = std::max(0.0f, resid[static_cast<size_t>(t)] - q[static_cast<size_t>(t)]);
+          }
+          for (float v : resid) mass += v;
+          token = mass > 0 ? smp.sample_from(resid) : smp.sample_from(p_probs);
+        }
+      } else {
+        // Bonus token (or the plain decode token when k == 0).
+        token = greedy ? Sampler::argmax(p_probs.data(), vocab) : smp.sample_from(p_probs);
+      }
+      SampleResult lp = raw_logprobs(row, vocab, token, top_n);
+      alive = emit(s, token, &lp, &ev);
+      if (accept) ++accepted;
+      if (!accept) break;
+    }
+    if (k > 0) {
+      s.spec.num_drafts += 1;
+      s.spec.num_draft_tokens += k;
+      s.spec.num_accepted_tokens += accepted;
+      if (s.spec.accepted_per_pos.size() < static_cast<size_t>(k)) s.spec.accepted_per_pos.resize(static_cast<size_t>(k), 0);
+      for (int32_t a = 0; a < accepted; ++a) ++s.spec.accepted_per_pos[static_cast<size_t>(a)];
+      if (opts_.adaptive_k) {
+        // NOTE: adaptive k follows Hugging Face's assisted-generation heuristic: +2 after a
+        // fully accepted draft, -1 after any rejection, kept within [1, num_speculative_tokens].
+        s.k = accepted == k ? std::min(s.k + 2, opts_.num_speculative_tokens) : std::max(1, s.k - 1);
+      }
+    }
+    if (s.finish == FinishReason::kNone) {
+      // KV is valid for the last known token and the accepted drafts; rejected slots go.
+      s.num_cached = base + 1 + accepted;
+      s.blocks.set_num_tokens(s.num_cached);
+      s.blocks.truncate(*pool_, s.num_cached + 1);
+    }
+    ev.finish = s.finish;
+    events->push_back(std::move(ev));
+  }
+  return Status();
+}
+
+}  // namespace specserve

@@ -1,0 +1,142 @@
+// specserve spec: the generation engine — continuous batching over one target model, with
+// optional speculative decoding through a Proposer.
+//
+// Each step() runs one target forward pass over every running sequence: prefill chunks,
+// plain decode tokens, and, for sequences with drafts, the last token plus its draft tokens,
+// which are verified in the same pass (greedy: longest matching prefix plus the bonus token;
+// sampling: lossless speculative sampling, Leviathan et al. 2023 / Chen et al. 2023).
+// Greedy output is token-for-token identical with and without speculation because every
+// backend op is batch-invariant (model/backend.h).
+// Thread-safety: one thread drives an Engine.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/block_pool.h"
+#include "model/sampling.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "spec/proposer.h"
+
+namespace specserve {
+
+/// Engine limits and speculation settings (vLLM's names).
+struct EngineOptions {
+  int32_t max_num_seqs = 64;             ///< sequences running at once
+  int32_t max_num_batched_tokens = 2048; ///< tokens per forward pass (prefill chunks + decode + draft tokens)
+  int32_t block_size = 16;               ///< KV block size in tokens
+  int64_t num_kv_blocks = 0;             ///< 0: enough for max_model_len * 4 tokens
+  int32_t max_model_len = 0;             ///< 0: the model's context length
+  int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off
+  int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
+  bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine.cpp)
+  /// Validates: every field in range (kInvalidArgument naming field and value).
+  Status validate() const;
+};
+
+/// One generation request.
+struct GenerateParams {
+  std::vector<int32_t> prompt;        ///< token ids, at least one
+  SamplingParams sampling;
+  int32_t max_tokens = 256;           ///< >= 1
+  std::vector<std::string> stop;      ///< stop strings: output ends before the first match
+  bool include_stop_str = false;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+const char* finish_reason_name(FinishReason r);  ///< "stop", "length", "abort", ""
+
+/// Speculative counters with vLLM's meanings.
+struct SpecStats {
+  int64_t num_drafts = 0;           ///< steps where the sequence had >= 1 draft token
+  int64_t num_draft_tokens = 0;     ///< draft tokens proposed
+  int64_t num_accepted_tokens = 0;  ///< draft tokens accepted (a rejection ends the count for that draft)
+  std::vector<int64_t> accepted_per_pos;  ///< [k]: drafts whose token at position i was accepted
+  double acceptance_rate() const { return num_draft_tokens ? double(num_accepted_tokens) / num_draft_tokens : 0.0; }
+  /// 1 + accepted / drafts: tokens emitted per verification step.
+  double mean_acceptance_length() const { return num_drafts ? 1.0 + double(num_accepted_tokens) / num_drafts : 1.0; }
+  void add(const SpecStats& o);
+};
+
+/// What one step produced for one sequence.
+struct SeqEvent {
+  int64_t seq_id = 0;
+  std::vector<int32_t> tokens;      ///< newly emitted tokens (after stop rules)
+  std::vector<SampleResult> logprobs;  ///< per emitted token when sampling.logprobs > 0 or always for token logprob
+  std::string text;                 ///< newly complete text (stop strings cut, partial UTF-8 held back)
+  FinishReason finish = FinishReason::kNone;
+};
+
+/// Engine-wide counters.
+struct EngineStats {
+  SpecStats spec;
+  int64_t num_steps = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double draft_seconds = 0;   ///< time in Proposer::propose
+  double forward_seconds = 0; ///< time in target forward passes (verify included)
+};
+
+class Engine {
+ public:
+  /// Builds an engine around a loaded target. `tokenizer` may be null (then stop strings are
+  /// refused and no text is produced). `proposer` may be null (no speculation). Both, and
+  /// `target`, must outlive the engine. Errors: invalid options, KV allocation failure.
+  static Expected<std::unique_ptr<Engine>> create(Transformer& target, const Tokenizer* tokenizer,
+                                                  Proposer* proposer, EngineOptions options);
+
+  ~Engine();
+
+  /// Queues a request; returns its sequence id. Errors (kInvalidArgument / kOutOfRange naming
+  /// the field): empty prompt, token outside the vocabulary, prompt longer than max_model_len,
+  /// max_tokens < 1, invalid sampling params, stop strings without a tokenizer.
+  Expected<int64_t> add_request(GenerateParams params);
+  /// Finishes a sequence now (FinishReason::kAbort reported on the next step); frees its KV.
+  void abort(int64_t seq_id);
+  /// True while any request is queued or running.
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || !aborted_.empty(); }
+  /// Runs one forward pass; appends what it produced to *events.
+  Status step(std::vector<SeqEvent>* events);
+
+  /// Per-sequence speculative counters (available until the sequence is released by
+  /// `take_finished_stats`), and engine totals.
+  const EngineStats& stats() const { return stats_; }
+  /// Counters of a finished sequence (erased after the call); nullopt if unknown.
+  std::optional<SpecStats> take_finished_stats(int64_t seq_id);
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  const BlockPool& block_pool() const { return *pool_; }
+  const EngineOptions& options() const { return opts_; }
+  Transformer& target() { return target_; }
+
+ private:
+  struct Seq;
+  Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o);
+  void admit();
+  void finish(Seq& s, FinishReason r);
+  /// Appends `token` to s (stop rules); returns false when the sequence finished.
+  bool emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev);
+
+  Transformer& target_;
+  const Tokenizer* tokenizer_;
+  Proposer* proposer_;
+  EngineOptions opts_;
+  std::unique_ptr<KvStorage> kv_;
+  std::unique_ptr<BlockPool> pool_;
+  int64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::vector<int64_t> aborted_;
+  std::map<int64_t, SpecStats> finished_stats_;
+  EngineStats stats_;
+};
+
+}  // namespace specserve

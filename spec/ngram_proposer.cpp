@@ -1,0 +1,32 @@
+#include "spec/ngram_proposer.h"
+
+#include <algorithm>
+
+namespace specserve {
+
+std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  for (int32_t n = std::min<int64_t>(max_n, len - 1); n >= min_n; --n) {
+    const int32_t* tail = tokens.data() + len - n;
+    // Most recent match first: recent context predicts best.
+    for (int64_t start = len - n - 1; start >= 0; --start) {
+      if (std::equal(tail, tail + n, tokens.data() + start)) {
+        const int64_t from = start + n;
+        const int64_t take = std::min<int64_t>(k, len - from);
+        return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + take);
+      }
+    }
+  }
+  return {};
+}
+
+Status NgramProposer::propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) {
+  out->resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    (*out)[i] = DraftTree{};
+    (*out)[i].tokens = lookup(requests[i].tokens, min_n_, max_n_, requests[i].num_tokens);
+  }
+  return Status();
+}
+
+}  // namespace specserve

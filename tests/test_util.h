@@ -1,0 +1,18 @@
+// Helpers shared by the tests: where the source tree, test data and default model are.
+#pragma once
+
+#include <string>
+
+namespace specserve::testing {
+
+/// Absolute path of the source tree's tests/data/<rel>.
+std::string data_path(const std::string& rel);
+
+/// Path of the default model (SPECSERVE_MODEL, else <source>/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+/// The README's test command fetches it first; a test needing it fails (not skips) without it.
+std::string default_model_path();
+
+/// Reads a whole file; aborts the test with a message when it cannot.
+std::string read_file(const std::string& path);
+
+}  // namespace specserve::testing

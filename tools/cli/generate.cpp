@@ -1,0 +1,153 @@
+// `specserve generate`: load a model, generate from one prompt, stream the text, report timing.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "core/logging.h"
+#include "cpu/cpu_backend.h"
+#include "model/chat_template.h"
+#include "spec/engine.h"
+#include "tools/cli/common.h"
+#include "tools/cli/registry.h"
+#include "tools/cli/spec_options.h"
+#include "tools/cli/subcommands.h"
+
+namespace specserve::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt, chat, system;
+  int max_tokens = 128;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int top_k = -1;
+  int64_t seed = -1;
+  int threads = 0;
+  int max_model_len = 0;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  SpecArgs spec;
+};
+
+int run_generate(const GenerateArgs& a) {
+  auto log = get_logger("cli");
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  auto backend = make_cpu_backend(a.threads);
+  auto loaded = load_model(path, *backend);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
+    return 1;
+  }
+  LoadedModel& lm = *loaded;
+  std::string text = a.prompt;
+  bool parse_special = false;
+  if (!a.chat.empty()) {
+    std::vector<ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    msgs.push_back({"user", a.chat});
+    auto rendered = apply_chat_template(*lm.file, msgs, true);
+    if (!rendered.ok()) {
+      std::fprintf(stderr, "specserve generate: --chat: %s\n", rendered.status().to_string().c_str());
+      return 1;
+    }
+    text = *rendered;
+    parse_special = true;
+  }
+  GenerateParams p;
+  p.prompt = lm.tokenizer->encode(text, /*add_special=*/true, parse_special);
+  p.max_tokens = a.max_tokens;
+  p.sampling.temperature = a.temperature;
+  p.sampling.top_k = a.top_k;
+  p.sampling.top_p = a.top_p;
+  p.sampling.min_p = a.min_p;
+  p.sampling.ignore_eos = a.ignore_eos;
+  if (a.seed >= 0) {
+    p.sampling.seed = static_cast<uint64_t>(a.seed);
+    p.sampling.has_seed = true;
+  }
+  p.stop = a.stop;
+
+  EngineOptions eo;
+  eo.max_model_len = a.max_model_len;
+  eo.max_num_seqs = 1;
+  auto proposer = make_proposer(a.spec, lm, *backend, &eo);
+  if (!proposer.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
+    return 1;
+  }
+  auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+  auto id = (*engine)->add_request(p);
+  if (!id.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", id.status().to_string().c_str());
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  double ttft = -1;
+  int64_t n_gen = 0;
+  FinishReason fr = FinishReason::kNone;
+  std::vector<SeqEvent> events;
+  while ((*engine)->has_work()) {
+    events.clear();
+    Status st = (*engine)->step(&events);
+    if (!st.ok()) {
+      std::fprintf(stderr, "\nspecserve generate: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    for (const auto& ev : events) {
+      if (!ev.tokens.empty() && ttft < 0) ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      n_gen += static_cast<int64_t>(ev.tokens.size());
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+      if (ev.finish != FinishReason::kNone) fr = ev.finish;
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fflush(stdout);
+  const double decode_s = total - ttft;
+  std::fprintf(stderr, "\n--- prompt tokens: %zu | generated tokens: %lld | finish: %s\n", p.prompt.size(),
+               static_cast<long long>(n_gen), finish_reason_name(fr));
+  std::fprintf(stderr, "--- time to first token: %.1f ms | decode: %.2f tokens/s | total %.2f s\n", ttft * 1e3,
+               n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0, total);
+  if (*proposer) {
+    auto s = (*engine)->take_finished_stats(*id);
+    if (s) print_spec_stats(*s, (*proposer)->name(), (*engine)->stats());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU, streaming it to stdout");
+  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
+  auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
+  prompt->excludes(chat);
+  sub->add_option("--system", args->system, "System message for --chat");
+  sub->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)");
+  sub->add_option("--top-p", args->top_p, "Nucleus filter in (0, 1]");
+  sub->add_option("--min-p", args->min_p, "Min-p filter in [0, 1]");
+  sub->add_option("--seed", args->seed, "Random seed (default: random)");
+  sub->add_option("--stop", args->stop, "Stop string (repeatable)");
+  sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
+  sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
+  sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
+  add_spec_options(*sub, &args->spec);
+  register_command("generate", [args] {
+    if (args->prompt.empty() && args->chat.empty()) {
+      std::fprintf(stderr, "specserve generate: one of --prompt or --chat is required\n");
+      return 2;
+    }
+    return run_generate(*args);
+  });
+}
+
+}  // namespace specserve::cli

@@ -1,0 +1,24 @@
+// The `specserve` command: one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "tools/cli/subcommands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"specserve: LLM serving with speculative decoding"};
+  app.require_subcommand(1);
+  specserve::cli::add_generate(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return specserve::cli::run_selected(app);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "specserve: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,91 @@
+#include "tools/cli/spec_options.h"
+
+#include <cstdio>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "spec/ngram_proposer.h"
+
+namespace specserve::cli {
+
+void add_spec_options(CLI::App& sub, SpecArgs* a) {
+  sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)");
+  sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k)")->check(CLI::Range(0, 64));
+  sub.add_option("--speculative-config", a->speculative_config,
+                 R"(JSON, vLLM keys: {"method": "ngram"|"draft_model"|"layer_skip", "model": PATH, )"
+                 R"("num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 5, )"
+                 R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N})");
+}
+
+Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,
+                                                 EngineOptions* eo) {
+  std::string method, model = a.speculative_model;
+  int k = a.num_speculative_tokens;
+  int lookup_min = 1, lookup_max = 5;
+  if (!a.speculative_config.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(a.speculative_config);
+    } catch (const nlohmann::json::parse_error& e) {
+      return invalid_argument(std::string("--speculative-config: malformed JSON: ") + e.what());
+    }
+    if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
+    static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
+                                                "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
+                                                "draft_tensor_parallel_size", "num_layers"};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
+    }
+    auto get_int = [&](const char* key, int* dst) -> Status {
+      if (!j.contains(key)) return Status();
+      if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
+      *dst = j[key].get<int>();
+      return Status();
+    };
+    if (j.contains("method")) {
+      if (!j["method"].is_string()) return invalid_argument("--speculative-config: method must be a string, got " + j["method"].dump());
+      method = j["method"].get<std::string>();
+    }
+    if (j.contains("model")) {
+      if (!j["model"].is_string()) return invalid_argument("--speculative-config: model must be a string, got " + j["model"].dump());
+      model = j["model"].get<std::string>();
+    }
+    SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k));
+    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min));
+    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max));
+    int dbs = 0, mml = eo->max_model_len, tp = 1;
+    SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
+    SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml));
+    SPECSERVE_RETURN_IF_ERROR(get_int("draft_tensor_parallel_size", &tp));
+    if (tp != 1) return invalid_argument("--speculative-config: draft_tensor_parallel_size = " + std::to_string(tp) + ": only 1 is supported");
+    if (dbs < 0) return invalid_argument("--speculative-config: disable_by_batch_size = " + std::to_string(dbs) + " must be >= 0");
+    eo->disable_by_batch_size = dbs;
+    eo->max_model_len = mml;
+  }
+  if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
+  if (method.empty()) return std::unique_ptr<Proposer>();
+  if (k < 1 || k > 64) return invalid_argument("num_speculative_tokens = " + std::to_string(k) + ": must be in 1..64 when speculating");
+  eo->num_speculative_tokens = k;
+  if (method == "ngram") {
+    if (lookup_min < 1 || lookup_max < lookup_min) {
+      return invalid_argument("prompt_lookup_min = " + std::to_string(lookup_min) + ", prompt_lookup_max = " +
+                              std::to_string(lookup_max) + ": need 1 <= min <= max");
+    }
+    return std::unique_ptr<Proposer>(new NgramProposer(lookup_min, lookup_max));
+  }
+  (void)target;
+  (void)backend;
+  return unsupported("speculative method '" + method + "' is not available in this build (ngram is)");
+}
+
+void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals) {
+  std::fprintf(stderr, "--- speculative (%s): drafts %lld | draft tokens %lld | accepted %lld | acceptance rate %.3f | mean acceptance length %.2f\n",
+               method.c_str(), static_cast<long long>(s.num_drafts), static_cast<long long>(s.num_draft_tokens),
+               static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
+  std::fprintf(stderr, "--- accepted per position:");
+  for (size_t i = 0; i < s.accepted_per_pos.size(); ++i) std::fprintf(stderr, " %lld", static_cast<long long>(s.accepted_per_pos[i]));
+  std::fprintf(stderr, "\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", totals.draft_seconds, totals.forward_seconds);
+}
+
+}  // namespace specserve::cli

@@ -1,0 +1,37 @@
+// specserve CLI: the speculative-decoding flags, named as vLLM names them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "model/backend.h"
+#include "spec/engine.h"
+#include "spec/proposer.h"
+#include "tools/cli/common.h"
+
+namespace specserve::cli {
+
+/// Raw flag values: --speculative-model, --num-speculative-tokens, --speculative-config.
+struct SpecArgs {
+  std::string speculative_model;
+  int num_speculative_tokens = 0;
+  std::string speculative_config;  ///< JSON object with vLLM's keys
+};
+
+/// Registers the flags on `sub`.
+void add_spec_options(CLI::App& sub, SpecArgs* args);
+
+/// Builds the proposer the flags ask for (nullptr when none) and sets the engine's
+/// num_speculative_tokens / disable_by_batch_size / max_model_len. Errors name the flag or JSON
+/// key and value: malformed JSON, unknown key or method, k out of range, prompt_lookup_min >
+/// prompt_lookup_max, a method that needs a model without one.
+Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedModel& target, Backend& backend,
+                                                 EngineOptions* engine_options);
+
+/// Prints a sequence's speculative counters (vLLM's meanings) to stderr.
+void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals);
+
+}  // namespace specserve::cli
