@@ -269,15 +269,15 @@ Status GgufFile::parse() {
     if (!valid_value_type(raw_type)) return c.error(at, key, "unknown value type " + std::to_string(raw_type));
     GgufValue value;
     SPECSERVE_RETURN_IF_ERROR(read_value(c, static_cast<GgufValueType>(raw_type), key, &value, 0));
+    if (metadata_.count(key)) return c.error(at, key, "duplicate metadata key");
     metadata_[key] = std::move(value);
   }
 
   if (auto* a = find("general.alignment")) {
     auto al = get_int("general.alignment");
-    if (!al.ok() || *al <= 0 || (*al & (*al - 1)) != 0 || *al > (1 << 20)) {
-      return corrupt_data(path_ + ": general.alignment: must be a power of two up to 1 MiB");
+    if (a->type != GgufValueType::UINT32 || !al.ok() || *al <= 0 || (*al & (*al - 1)) != 0 || *al > (1 << 20)) {
+      return corrupt_data(path_ + ": general.alignment: must be a UINT32 power of two up to 1 MiB");
     }
-    (void)a;
     alignment_ = static_cast<uint64_t>(*al);
   }
 
@@ -368,7 +368,6 @@ Expected<int64_t> GgufFile::get_int(const std::string& key) const {
   if (auto* u = std::get_if<uint64_t>(&v->v)) {
     if (*u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return static_cast<int64_t>(*u);
   }
-  if (auto* b = std::get_if<bool>(&v->v); b && v->type == GgufValueType::BOOL) return int64_t(*b);
   return wrong_type(path_, key, "an integer");
 }
 

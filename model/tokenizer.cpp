@@ -14,7 +14,6 @@
 #include <cctype>
 #include <cstring>
 #include <functional>
-#include <queue>
 
 #include "core/logging.h"
 #include "model/gguf.h"
@@ -130,8 +129,8 @@ std::array<uint32_t, 256> make_byte_to_cpt() {
 // ---------------------------------------------------------------------------------------------
 // Pre-tokenizer regexes, written as in llama.cpp and translated for PCRE2.
 
-// llama.cpp's \s is Unicode White_Space (unicode_set_whitespace); PCRE2 10.42's UCP \s also
-// takes U+180E and misses nothing else we need, so spell the class out.
+// llama.cpp's \s is exactly Unicode White_Space (unicode_set_whitespace). PCRE2's UCP \s is
+// defined differently across versions (\p{Zs}, \h, \v), so spell the class out.
 constexpr const char* kWhitespaceClass =
     "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}";
@@ -596,7 +595,6 @@ Expected<Tokenizer> Tokenizer::from_spec(const TokenizerSpec& spec) {
         // llama_decode_text does.
         size_t off = 0;
         while (off < text.size()) {
-          const size_t start = off;
           const uint32_t cpt = decode_cpt(text, off);
           auto it = t.cpt_to_byte.find(cpt);
           if (it != t.cpt_to_byte.end()) {
@@ -604,7 +602,6 @@ Expected<Tokenizer> Tokenizer::from_spec(const TokenizerSpec& spec) {
           } else {
             std::string utf8;
             append_utf8(cpt, utf8);
-            (void)start;
             piece += "[UNK_BYTE_0x";
             static const char* kHex = "0123456789abcdef";
             for (unsigned char c : utf8) {
@@ -625,6 +622,12 @@ Expected<Tokenizer> Tokenizer::from_spec(const TokenizerSpec& spec) {
 }
 
 Expected<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
+  auto spec = spec_from_gguf(gguf);
+  if (!spec.ok()) return spec.status();
+  return from_spec(*spec);
+}
+
+Expected<TokenizerSpec> Tokenizer::spec_from_gguf(const GgufFile& gguf) {
   TokenizerSpec spec;
   auto model = gguf.get_string("tokenizer.ggml.model");
   if (!model.ok()) return model.status();
@@ -692,7 +695,7 @@ Expected<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
     auto name = gguf.get_string("general.name");
     if (name.ok()) spec.model_name = *name;
   }
-  return from_spec(spec);
+  return spec;
 }
 
 // ---------------------------------------------------------------------------------------------

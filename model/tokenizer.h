@@ -21,7 +21,6 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -77,6 +76,10 @@ class Tokenizer {
   /// tokenizer model other than gpt2/llama. An unknown tokenizer.ggml.pre logs a warning and
   /// uses the "default" pre-tokenizer.
   static Expected<Tokenizer> from_gguf(const GgufFile& gguf);
+
+  /// The TokenizerSpec that from_gguf builds from; lets callers and tests adjust a real
+  /// vocabulary (e.g. another pre-tokenizer) before from_spec. Errors as from_gguf.
+  static Expected<TokenizerSpec> spec_from_gguf(const GgufFile& gguf);
 
   /// Builds from plain values (see TokenizerSpec). Errors: kInvalidArgument when tokens is
   /// empty, scores/types are shorter than tokens, or the model kind is unknown (kUnsupported).
@@ -157,6 +160,7 @@ class Tokenizer {
 /// applied while streaming. The Tokenizer must outlive the decoder.
 class StreamDecoder {
  public:
+  /// `special`: render control tokens (as Tokenizer::token_to_piece).
   explicit StreamDecoder(const Tokenizer& tokenizer, bool special = false)
       : tokenizer_(&tokenizer), special_(special) {}
 

@@ -5,6 +5,10 @@ Writes, under --out-dir (default tests/data/tokenizer):
   smollm2.jsonl       token ids and detokenised text from llama.cpp (via llama-cpp-python,
                       vocab-only load) for the default model, for a few hundred strings, each
                       with several (add_special, parse_special) combinations;
+  smollm2_pre_variants.jsonl
+                      the same vocabulary and merges re-labelled with other tokenizer.ggml.pre
+                      values (llama3, qwen2, default, gpt-2, starcoder) in throw-away GGUFs, so
+                      the other pre-tokenizer regex chains are checked against llama.cpp too;
   smollm2_chat.jsonl  jinja2 renderings of the model's own chat template (and of a Qwen2.5-style
                       ChatML template) for several conversations;
   spm_tiny.gguf       a small synthetic SentencePiece ("llama") vocabulary with byte fallback;
@@ -22,6 +26,7 @@ Usage (from the repository root):
 
 import argparse
 import ctypes
+import tempfile
 import json
 import os
 import sys
@@ -322,6 +327,40 @@ def write_spm_gguf(path):
     print(f"wrote {path}: {len(tokens)} tokens, {os.path.getsize(path)} bytes")
 
 
+def write_bpe_variant(reader, pre, path):
+    """Copies the default model's BPE vocabulary into a weightless GGUF with another pre."""
+    f = reader.fields
+    w = GGUFWriter(path, "llama")
+    w.add_name("smollm2-vocab-" + pre)
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(16)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
+    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(f["tokenizer.ggml.merges"].contents())
+    for key, add in [("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
+                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
+                     ("tokenizer.ggml.unknown_token_id", w.add_unk_token_id),
+                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id),
+                     ("tokenizer.ggml.add_bos_token", w.add_add_bos_token)]:
+        if key in f:
+            add(f[key].contents())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+PRE_VARIANTS = ["llama3", "qwen2", "default", "gpt-2", "starcoder"]
+
+
 # ----------------------------------------------------------------------------------------------
 # Chat templates
 
@@ -382,8 +421,23 @@ def main():
     strings = bpe_strings()
     record(vocab, strings, combos, os.path.join(args.out_dir, "smollm2.jsonl"), meta)
 
-    # Chat templates.
+    # Other pre-tokenizers over the same vocabulary.
     reader = GGUFReader(args.model)
+    variants_path = os.path.join(args.out_dir, "smollm2_pre_variants.jsonl")
+    with tempfile.TemporaryDirectory() as tmp, open(variants_path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"meta": dict(common, model=os.path.basename(args.model), pre=PRE_VARIANTS)}) + "\n")
+        for pre in PRE_VARIANTS:
+            path = os.path.join(tmp, pre + ".gguf")
+            write_bpe_variant(reader, pre, path)
+            v = Vocab(path)
+            for b in strings:
+                ids = v.tokenize(b, False, False)
+                f.write(json.dumps({"pre": pre, "hex": b.hex(), "add_special": False, "parse_special": False,
+                                    "ids": ids, "decoded_hex": v.detokenize(ids, False).hex(),
+                                    "decoded_special_hex": v.detokenize(ids, True).hex()}) + "\n")
+    print(f"wrote {variants_path}: {len(PRE_VARIANTS)} pre-tokenizers x {len(strings)} strings")
+
+    # Chat templates.
     template = reader.fields["tokenizer.chat_template"].contents()
     chat_path = os.path.join(args.out_dir, "smollm2_chat.jsonl")
     with open(chat_path, "w", encoding="utf-8") as f:
@@ -394,8 +448,12 @@ def main():
         for name, tpl in [("model", template), ("qwen_like", QWEN_LIKE_TEMPLATE)]:
             for messages in CONVERSATIONS:
                 for agp in (False, True):
+                    try:
+                        rendered = render(tpl, messages, agp)
+                    except jinja2.exceptions.UndefinedError:
+                        continue  # e.g. the Qwen-style template reads messages[0] unconditionally
                     f.write(json.dumps({"template": name, "messages": messages, "add_generation_prompt": agp,
-                                        "rendered": render(tpl, messages, agp)}, ensure_ascii=False) + "\n")
+                                        "rendered": rendered}, ensure_ascii=False) + "\n")
                     n += 1
     print(f"wrote {chat_path}: {n} renderings")
 

@@ -5,9 +5,45 @@
 
 #include <nlohmann/json.hpp>
 
+#include "spec/model_drafter.h"
 #include "spec/ngram_proposer.h"
 
 namespace specserve::cli {
+
+namespace {
+
+// A draft model proposer that owns its model.
+class OwningDrafter final : public Proposer {
+ public:
+  OwningDrafter(LoadedModel m, std::unique_ptr<ModelDrafter> d) : model_(std::move(m)), drafter_(std::move(d)) {}
+  std::string name() const override { return drafter_->name(); }
+  Status propose(const std::vector<DraftRequest>& r, std::vector<DraftTree>* out) override { return drafter_->propose(r, out); }
+  void release(int64_t id) override { drafter_->release(id); }
+
+ private:
+  LoadedModel model_;
+  std::unique_ptr<ModelDrafter> drafter_;
+};
+
+Expected<std::unique_ptr<Proposer>> make_draft_model_proposer(const std::string& path, LoadedModel& target, Backend& backend,
+                                                             int32_t max_model_len) {
+  auto draft = load_model(path, backend);
+  if (!draft.ok()) return Status(draft.status().code(), "--speculative-model: " + draft.status().message());
+  std::vector<std::string> tt, dt;
+  for (int32_t i = 0; i < target.tokenizer->vocab_size(); ++i) tt.push_back(target.tokenizer->token_text(i));
+  for (int32_t i = 0; i < draft->tokenizer->vocab_size(); ++i) dt.push_back(draft->tokenizer->token_text(i));
+  SPECSERVE_RETURN_IF_ERROR(check_draft_vocab(tt, dt));
+  DrafterOptions o;
+  o.name = "draft_model";
+  o.max_model_len = std::min<int32_t>(max_model_len > 0 ? max_model_len : INT32_MAX,
+                                      static_cast<int32_t>(draft->model->config().context_length));
+  o.target_vocab_size = static_cast<int32_t>(target.model->config().vocab_size);
+  auto d = ModelDrafter::create(*draft->model, o);
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<Proposer>(new OwningDrafter(std::move(*draft), std::move(*d)));
+}
+
+}  // namespace
 
 void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)");
@@ -22,7 +58,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
                                                  EngineOptions* eo) {
   std::string method, model = a.speculative_model;
   int k = a.num_speculative_tokens;
-  int lookup_min = 1, lookup_max = 5;
+  int lookup_min = 1, lookup_max = 5, num_layers = 0;
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -54,6 +90,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k));
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min));
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max));
+    SPECSERVE_RETURN_IF_ERROR(get_int("num_layers", &num_layers));
     int dbs = 0, mml = eo->max_model_len, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
     SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml));
@@ -74,9 +111,28 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     }
     return std::unique_ptr<Proposer>(new NgramProposer(lookup_min, lookup_max));
   }
-  (void)target;
-  (void)backend;
-  return unsupported("speculative method '" + method + "' is not available in this build (ngram is)");
+  if (method == "layer_skip") {
+    const int64_t total = target.model->config().num_layers;
+    if (num_layers == 0) num_layers = static_cast<int>(total / 2);
+    if (num_layers < 1 || num_layers >= total) {
+      return invalid_argument("--speculative-config: num_layers = " + std::to_string(num_layers) + ": must be in 1.." +
+                              std::to_string(total - 1) + " for layer_skip");
+    }
+    DrafterOptions o;
+    o.name = "layer_skip";
+    o.num_layers = num_layers;
+    o.max_model_len = eo->max_model_len;
+    auto d = ModelDrafter::create(*target.model, o);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<Proposer>(std::move(*d));
+  }
+  if (method == "draft_model") {
+    if (model.empty()) {
+      return invalid_argument("speculative method draft_model needs a model: --speculative-model PATH or \"model\" in --speculative-config");
+    }
+    return make_draft_model_proposer(model, target, backend, eo->max_model_len);
+  }
+  return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip");
 }
 
 void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals) {

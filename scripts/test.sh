@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test suite on a fresh machine: installs the Debian packages, fetches the default model,
+# builds, runs every unit test and the bounded integration set with ctest, then fuzzes the
+# GGUF reader for a bounded time.
+# Usage: scripts/test.sh            (default set: everything but the "slow" and "gpu" labels)
+#        SPECSERVE_TEST_ALL=1 scripts/test.sh   (everything, slow ones too)
+#        SPECSERVE_FUZZ_SECONDS=N   (fuzzing time, default 60; 0 skips it)
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+start=$(date +%s)
+"$here/scripts/setup-deps.sh"
+"$here/scripts/fetch-model.sh" >/dev/null
+"$here/scripts/build.sh"
+cd "$here/build"
+exclude=(-LE "slow|gpu")
+[ "${SPECSERVE_TEST_ALL:-0}" = "1" ] && exclude=()
+# One thread per test process: ctest runs two at a time on a 2-core machine.
+OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 "${exclude[@]}"
+fuzz="${SPECSERVE_FUZZ_SECONDS:-60}"
+if [ "$fuzz" != "0" ]; then
+  "$here/scripts/fuzz-gguf.sh" "$fuzz"
+fi
+echo "[test] done in $(( $(date +%s) - start )) s"

@@ -1,0 +1,164 @@
+#include "spec/model_drafter.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/sampling.h"
+
+namespace specserve {
+
+struct ModelDrafter::SeqState {
+  std::vector<int32_t> cached;  // tokens whose KV the drafter holds, in order
+  BlockTable blocks;
+  std::optional<Sampler> sampler;  // draws the draft tokens of sampling requests
+};
+
+ModelDrafter::ModelDrafter(Transformer& m, DrafterOptions o) : model_(m), opts_(std::move(o)) {}
+
+ModelDrafter::~ModelDrafter() {
+  for (auto& [id, s] : seqs_) s->blocks.release_all(*pool_);
+}
+
+Expected<std::unique_ptr<ModelDrafter>> ModelDrafter::create(Transformer& model, DrafterOptions o) {
+  const ModelConfig& c = model.config();
+  if (o.num_layers < 0 || o.num_layers > c.num_layers) {
+    return invalid_argument("num_layers = " + std::to_string(o.num_layers) + ": must be in 1.." + std::to_string(c.num_layers));
+  }
+  if (o.num_layers == 0) o.num_layers = c.num_layers;
+  if (o.max_model_len <= 0 || o.max_model_len > c.context_length) o.max_model_len = static_cast<int32_t>(c.context_length);
+  if (o.num_kv_blocks <= 0) o.num_kv_blocks = (static_cast<int64_t>(o.max_model_len) * 4 + o.block_size - 1) / o.block_size;
+  if (o.target_vocab_size <= 0) o.target_vocab_size = static_cast<int32_t>(c.vocab_size);
+  std::unique_ptr<ModelDrafter> d(new ModelDrafter(model, o));
+  auto kv = model.backend().create_kv_storage(o.num_layers, o.num_kv_blocks, o.block_size, c.kv_dim());
+  if (!kv.ok()) return kv.status();
+  d->kv_ = std::move(*kv);
+  d->pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(o.num_kv_blocks), o.block_size);
+  return d;
+}
+
+void ModelDrafter::release(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  it->second->blocks.release_all(*pool_);
+  seqs_.erase(it);
+}
+
+Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) {
+  out->assign(reqs.size(), DraftTree{});
+  const int32_t vocab = static_cast<int32_t>(model_.config().vocab_size);
+  const int32_t usable_vocab = std::min(vocab, opts_.target_vocab_size);
+  // Which requests draft this step, and how many tokens each.
+  struct Work { size_t req; SeqState* st; int32_t k; };
+  std::vector<Work> work;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const DraftRequest& r = reqs[i];
+    const int32_t len = static_cast<int32_t>(r.tokens.size());
+    // NOTE: a draft whose context is shorter than the target's stops drafting for a sequence
+    // near its own limit; the target goes on without drafts (plain decoding).
+    const int32_t k = std::min(r.num_tokens, opts_.max_model_len - len);
+    if (k <= 0) {
+      release(r.seq_id);
+      continue;
+    }
+    auto& slot = seqs_[r.seq_id];
+    if (!slot) {
+      slot = std::make_unique<SeqState>();
+      if (r.sampling && !r.sampling->is_greedy()) {
+        SamplingParams sp = *r.sampling;
+        // The draft's own stream: derived from the request's seed so runs repeat.
+        sp.seed = sp.has_seed ? sp.seed * 0x9E3779B97F4A7C15ull + 1 : 0;
+        slot->sampler.emplace(sp);
+      }
+    }
+    SeqState& st = *slot;
+    // Roll back to the longest common prefix of what we hold and what the sequence is.
+    size_t common = 0;
+    while (common < st.cached.size() && common + 1 < r.tokens.size() && st.cached[common] == r.tokens[common]) ++common;
+    st.cached.resize(common);
+    st.blocks.truncate(*pool_, static_cast<int32_t>(common));
+    st.blocks.set_num_tokens(static_cast<int32_t>(common));
+    if (!st.blocks.reserve(*pool_, len + k).ok()) {
+      release(r.seq_id);  // no room: this sequence goes without drafts this step
+      continue;
+    }
+    work.push_back({i, &st, k});
+  }
+  if (work.empty()) return Status();
+
+  ForwardBatch batch;
+  batch.num_layers = opts_.num_layers;
+  ForwardOutput fo;
+  std::vector<float> probs, masked;
+  auto draw = [&](const Work& w, const float* row) -> int32_t {
+    const DraftRequest& r = reqs[w.req];
+    masked.assign(row, row + vocab);
+    for (int32_t t = usable_vocab; t < vocab; ++t) masked[static_cast<size_t>(t)] = -INFINITY;
+    DraftTree& d = (*out)[w.req];
+    if (!w.st->sampler) return Sampler::argmax(masked.data(), vocab);
+    std::span<const int32_t> prompt(r.tokens.data(), static_cast<size_t>(r.prompt_len));
+    std::vector<int32_t> output(r.tokens.begin() + r.prompt_len, r.tokens.end());
+    output.insert(output.end(), d.tokens.begin(), d.tokens.end());
+    w.st->sampler->compute_probs(masked.data(), vocab, prompt, output, &probs);
+    const int32_t t = w.st->sampler->sample_from(probs);
+    // q over the target's vocabulary: padding rows get 0, missing rows (draft smaller) get 0.
+    probs.resize(static_cast<size_t>(opts_.target_vocab_size), 0.0f);
+    d.probs.push_back(probs);
+    return t;
+  };
+  // Pass 0: catch up on every token the drafter has not seen (including the last known one).
+  for (const Work& w : work) {
+    const DraftRequest& r = reqs[w.req];
+    SequenceInput in;
+    in.num_cached = static_cast<int32_t>(w.st->cached.size());
+    in.tokens.assign(r.tokens.begin() + in.num_cached, r.tokens.end());
+    in.block_table = w.st->blocks.blocks();
+    batch.seqs.push_back(std::move(in));
+  }
+  for (int32_t step = 0;; ++step) {
+    SPECSERVE_RETURN_IF_ERROR(model_.forward(batch, *kv_, &fo));
+    ForwardBatch next;
+    next.num_layers = opts_.num_layers;
+    std::vector<Work> still;
+    for (size_t j = 0; j < work.size(); ++j) {
+      const Work& w = work[j];
+      SeqState& st = *w.st;
+      const SequenceInput& in = batch.seqs[j];
+      st.cached.insert(st.cached.end(), in.tokens.begin(), in.tokens.end());
+      st.blocks.set_num_tokens(static_cast<int32_t>(st.cached.size()));
+      const int32_t t = draw(w, fo.row(static_cast<int32_t>(j), 0));
+      DraftTree& d = (*out)[w.req];
+      d.tokens.push_back(t);
+      if (static_cast<int32_t>(d.tokens.size()) < w.k) {
+        SequenceInput nx;
+        nx.num_cached = static_cast<int32_t>(st.cached.size());
+        nx.tokens = {t};
+        nx.block_table = st.blocks.blocks();
+        next.seqs.push_back(std::move(nx));
+        still.push_back(w);
+      }
+    }
+    if (still.empty()) break;
+    batch = std::move(next);
+    work = std::move(still);
+  }
+  return Status();
+}
+
+Status check_draft_vocab(const std::vector<std::string>& target, const std::vector<std::string>& draft) {
+  const int64_t nt = static_cast<int64_t>(target.size()), nd = static_cast<int64_t>(draft.size());
+  if (std::llabs(nt - nd) > 128) {
+    return invalid_argument("draft vocabulary size " + std::to_string(nd) + " and target vocabulary size " + std::to_string(nt) +
+                            " differ by more than 128 padding rows");
+  }
+  const int64_t shared = std::min(nt, nd);
+  for (int64_t i = 0; i < shared; ++i) {
+    if (target[static_cast<size_t>(i)] != draft[static_cast<size_t>(i)]) {
+      return invalid_argument("draft and target vocabularies differ at token id " + std::to_string(i) + ": target '" +
+                              target[static_cast<size_t>(i)] + "', draft '" + draft[static_cast<size_t>(i)] +
+                              "' (sizes " + std::to_string(nt) + " and " + std::to_string(nd) + ")");
+    }
+  }
+  return Status();
+}
+
+}  // namespace specserve

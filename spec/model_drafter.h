@@ -1,0 +1,57 @@
+// specserve spec: proposers that run a transformer autoregressively — a separate draft model
+// (`draft_model`, Leviathan et al. 2023) or the target's own first N layers with its final
+// norm and head (`layer_skip`, self-speculation as in LayerSkip, Elhoushi et al. 2024, and
+// Draft & Verify, Zhang et al. 2023), which shares every weight with the target.
+//
+// Each sequence has its own paged KV in the drafter's cache. Before drafting, the drafter
+// compares the tokens its KV holds with the sequence's tokens, truncates to the common prefix
+// (this is how rejected drafts roll back), feeds the missing tokens in one batched pass, then
+// drafts k tokens one pass per token, all sequences together.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <random>
+
+#include "kv/block_pool.h"
+#include "model/transformer.h"
+#include "spec/proposer.h"
+
+namespace specserve {
+
+struct DrafterOptions {
+  std::string name = "draft_model";  ///< reported by name()
+  int64_t num_layers = 0;            ///< 0: all layers of `model`; N: layer-skip draft of the first N
+  int32_t block_size = 16;
+  int64_t num_kv_blocks = 0;         ///< 0: 4 * max_model_len / block_size
+  int32_t max_model_len = 0;         ///< 0: the draft model's context length
+  int32_t target_vocab_size = 0;     ///< ids >= this are padding in the draft and never proposed
+};
+
+class ModelDrafter final : public Proposer {
+ public:
+  /// `model` must outlive the drafter. Errors: KV allocation, num_layers out of range.
+  static Expected<std::unique_ptr<ModelDrafter>> create(Transformer& model, DrafterOptions options);
+  ~ModelDrafter() override;
+
+  std::string name() const override { return opts_.name; }
+  Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
+  void release(int64_t seq_id) override;
+
+ private:
+  struct SeqState;
+  ModelDrafter(Transformer& m, DrafterOptions o);
+
+  Transformer& model_;
+  DrafterOptions opts_;
+  std::unique_ptr<KvStorage> kv_;
+  std::unique_ptr<BlockPool> pool_;
+  std::map<int64_t, std::unique_ptr<SeqState>> seqs_;
+};
+
+/// Checks that a draft vocabulary can serve a target: sizes within 128 padding rows of each
+/// other and identical token texts over the shared range. Errors (kInvalidArgument) name both
+/// sizes, or the first differing id and both texts.
+Status check_draft_vocab(const std::vector<std::string>& target_tokens, const std::vector<std::string>& draft_tokens);
+
+}  // namespace specserve
