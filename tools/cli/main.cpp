@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   CLI::App app{"specserve: LLM serving with speculative decoding"};
   app.require_subcommand(1);
   specserve::cli::add_generate(app);
+  specserve::cli::add_bench_spec(app);
+  specserve::cli::add_bench_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,12 @@ namespace specserve::cli {
 /// `specserve generate`: one prompt, streamed to stdout, with timing and speculative stats.
 void add_generate(CLI::App& app);
 
+/// `specserve bench-spec`: Spec-Bench speedup and acceptance per method.
+void add_bench_spec(CLI::App& app);
+
+/// `specserve bench-model`: prefill/decode tokens/s and the bandwidth bound.
+void add_bench_model(CLI::App& app);
+
 /// Runs the subcommand the user chose; returns the process exit code.
 int run_selected(CLI::App& app);
 
