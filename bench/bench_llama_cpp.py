@@ -12,7 +12,9 @@ Measures, through llama-cpp-python with n_threads=2, n_ctx=2048, n_batch=512:
   - decode tokens/s at batch 1: 128 greedy tokens, one llm.eval([token]) each, after a
     32-token prompt (includes llama-cpp-python's small per-call Python overhead).
 Each figure is the median of --runs runs (default 3) after one untimed warm-up run.
-Prints one JSON object on stdout.
+Prints one JSON object on stdout, with the load average before and after: ggml's OpenMP
+threads spin at barriers, so with other work on the cores (load above ~0.5 on a 2-core machine)
+2-thread figures drop several-fold and vary run to run; only a quiet machine's numbers count.
 """
 
 import argparse
@@ -97,6 +99,7 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=128)
     args = ap.parse_args()
 
+    load_before = os.getloadavg()
     llm = Llama(model_path=args.model, n_ctx=2048, n_batch=512, n_threads=args.threads,
                 n_threads_batch=args.threads, n_gpu_layers=0, verbose=False)
     result = {
@@ -116,6 +119,7 @@ def main():
         "batch": 1, "prompt_tokens": 32, "tokens": args.decode_tokens,
         **median_of(args.runs, lambda: time_decode(llm, prompt, args.decode_tokens)),
     }
+    result["loadavg_1min"] = {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}
     print(json.dumps(result, indent=2))
 
 

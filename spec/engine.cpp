@@ -158,10 +158,14 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
 void Engine::admit() {
   // FCFS: the head of the queue waits until its prompt's blocks are free (no skipping ahead,
   // so a long prompt is never starved by short ones).
+  // Blocks are reserved later, in step(): count the ones promised to sequences admitted in this
+  // pass, or every waiting sequence is admitted against the same free blocks and then preempted.
+  int32_t num_free = pool_->num_free();
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opts_.max_num_seqs) {
     Seq& s = *waiting_.front();
     const int32_t need = (static_cast<int32_t>(s.tokens.size()) + opts_.block_size) / opts_.block_size;
-    if (need > pool_->num_free()) break;
+    if (need > num_free) break;
+    num_free -= need;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -295,6 +299,9 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     const auto t0 = std::chrono::steady_clock::now();
     Status st = proposer_->propose(dreqs, &drafts);
     stats_.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (st.ok() && drafts.size() != dreqs.size()) {
+      st = internal_error("returned " + std::to_string(drafts.size()) + " drafts for " + std::to_string(dreqs.size()) + " sequences");
+    }
     if (!st.ok()) {
       // NOTE: a failing proposer degrades this step to plain decoding; the requests go on.
       get_logger("spec")->warn("proposer {} failed, decoding without drafts this step: {}", proposer_->name(), st.to_string());
@@ -309,6 +316,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       bool ok = static_cast<int32_t>(d.tokens.size()) <= k && d.parents.empty();
       for (int32_t t : d.tokens) ok = ok && t >= 0 && t < vocab;
       if (!d.probs.empty()) ok = ok && d.probs.size() == d.tokens.size();
+      for (const auto& q : d.probs) ok = ok && static_cast<int64_t>(q.size()) == vocab;  // q is dense [vocab]
       if (!ok) {
         get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored", p.seq->id, proposer_->name());
         d = DraftTree{};
@@ -328,8 +336,9 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   }
 
   // ---- KV blocks; preempt (recompute) the youngest sequences when they run out ----
-  for (size_t i = 0; i < plan.size(); ++i) {
+  for (size_t i = 0; i < plan.size();) {
     Seq& s = *plan[i].seq;
+    bool self_preempted = false;
     while (!s.blocks.reserve(*pool_, s.num_cached + plan[i].rows).ok()) {
       Seq* victim = running_.back().get();
       if (victim == &s && running_.size() == 1) {
@@ -339,11 +348,21 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       victim->num_cached = 0;
       if (proposer_) proposer_->release(victim->id);
       get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim->id);
-      plan.erase(std::remove_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; }), plan.end());
+      // NOTE: decode entries come before prefill chunks, so the victim's entry may sit before
+      // i; keep i on s's entry (or, when s itself goes, on the entry that follows it).
+      auto vit = std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; });
+      if (vit != plan.end()) {
+        if (static_cast<size_t>(vit - plan.begin()) < i) --i;
+        plan.erase(vit);
+      }
       waiting_.push_front(std::move(running_.back()));
       running_.pop_back();
-      if (victim == &s) break;
+      if (victim == &s) {
+        self_preempted = true;
+        break;
+      }
     }
+    if (!self_preempted) ++i;
   }
   if (plan.empty()) return Status();
 
@@ -428,11 +447,18 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       if (!accept) break;
     }
     if (k > 0) {
-      s.spec.num_drafts += 1;
-      s.spec.num_draft_tokens += k;
-      s.spec.num_accepted_tokens += accepted;
-      if (s.spec.accepted_per_pos.size() < static_cast<size_t>(k)) s.spec.accepted_per_pos.resize(static_cast<size_t>(k), 0);
-      for (int32_t a = 0; a < accepted; ++a) ++s.spec.accepted_per_pos[static_cast<size_t>(a)];
+      SpecStats step_spec;
+      step_spec.num_drafts = 1;
+      step_spec.num_draft_tokens = k;
+      step_spec.num_accepted_tokens = accepted;
+      step_spec.accepted_per_pos.assign(static_cast<size_t>(k), 0);
+      for (int32_t a = 0; a < accepted; ++a) step_spec.accepted_per_pos[static_cast<size_t>(a)] = 1;
+      s.spec.add(step_spec);
+      if (s.finish != FinishReason::kNone) {
+        // finish() (from emit) already recorded this sequence's counters: add this step's too.
+        finished_stats_[s.id].add(step_spec);
+        stats_.spec.add(step_spec);
+      }
       if (opts_.adaptive_k) {
         // NOTE: adaptive k follows Hugging Face's assisted-generation heuristic: +2 after a
         // fully accepted draft, -1 after any rejection, kept within [1, num_speculative_tokens].

@@ -335,22 +335,31 @@ std::vector<RefCase> load_reference(int64_t* n_vocab) {
   return cases;
 }
 
-// Top-5 logits: llama.cpp quantises activations to Q8 for its Q4_1 dot products; we use the
-// dequantised fp32 weights and fp32 activations. Measured on the recorded prompts: max |diff|
-// over every compared top-5 logit = see kLogitTol's comment.
-// TODO(measure): set after the first run.
-constexpr float kLogitTol = 0.3f;
-// A greedy divergence is accepted only where llama.cpp's own top-2 logits are this close.
-constexpr float kTieGap = 1e-3f;
+// Tolerances against llama.cpp running the Q4_1 file. Both use the same weights (Q4_1 blocks
+// dequantise exactly), but llama.cpp quantises the activations to Q8_1 for every Q4_1 dot
+// product and keeps K/V in fp16, while we compute in fp32 throughout. Measured on the 10
+// recorded prompts (249 compared steps, 1245 top-5 logits): max |logit diff| 0.761, max error
+// of the top-1 minus top-2 logit difference 0.506. That noise flips near-ties: 8 of the 10
+// prompts diverge, at llama.cpp top-2 gaps of 0.023 to 0.348, and each time our token is
+// llama.cpp's runner-up; a tie gap of 1e-3 is therefore not attainable by any fp32
+// implementation. The semantics are exact: against llama.cpp on the same weights requantised
+// to F32 (llama_model_quantize, ftype ALL_F32) with an F32 KV cache, 16 steps per prompt, the
+// max |top-5 logit diff| is 3.4e-5 (0.016 with its default F16 KV cache) and no prompt
+// diverges. NOTE: recording that F32 reference as test data (a mode for
+// tools/record_llama_reference.py) would make this check ~10^4x tighter.
+constexpr float kLogitTol = 1.0f;  // measured 0.761
+// A greedy divergence is accepted where llama.cpp's top-2 gap is within the measured error of
+// that gap (0.506) plus margin, and only if our token is llama.cpp's runner-up.
+constexpr float kTieGap = 0.75f;
 
 TEST_F(ModelTest, GreedyDecodingMatchesLlamaCpp) {
   int64_t ref_vocab = 0;
   const auto cases = load_reference(&ref_vocab);
   ASSERT_GE(cases.size(), 8u);
   ASSERT_EQ(ref_vocab, vocab());
-  int64_t total_tokens = 0;
-  for (const auto& c : cases) total_tokens += blocks_for(static_cast<int64_t>(c.prompt.size() + c.greedy.size()));
-  auto cache = kv(total_tokens);
+  int64_t total_blocks = 0;
+  for (const auto& c : cases) total_blocks += blocks_for(static_cast<int64_t>(c.prompt.size() + c.greedy.size()));
+  auto cache = kv(total_blocks);
 
   // Each prompt is prefilled alone; decode steps then batch the prompts still being compared
   // (batching does not change a sequence's logits: SequenceLogitsDoNotDependOnTheBatch).
@@ -373,7 +382,7 @@ TEST_F(ModelTest, GreedyDecodingMatchesLlamaCpp) {
     live.push_back(std::move(l));
   }
 
-  float worst = 0;
+  float worst = 0, gap_err = 0;
   std::string worst_at;
   int64_t compared_steps = 0, compared_logits = 0;
   std::vector<std::string> divergences;
@@ -392,6 +401,11 @@ TEST_F(ModelTest, GreedyDecodingMatchesLlamaCpp) {
                                 << l.logits[static_cast<size_t>(id)] << ", llama.cpp " << ref_logit;
       }
       ++compared_steps;
+      {
+        const auto& t = c.top5[step];
+        const float ours_gap = l.logits[static_cast<size_t>(t[0].first)] - l.logits[static_cast<size_t>(t[1].first)];
+        gap_err = std::max(gap_err, std::fabs(ours_gap - (t[0].second - t[1].second)));
+      }
       const int32_t ours = Sampler::argmax(l.logits.data(), static_cast<int32_t>(vocab()));
       const int32_t theirs = c.greedy[step];
       if (ours != theirs) {
@@ -416,9 +430,11 @@ TEST_F(ModelTest, GreedyDecodingMatchesLlamaCpp) {
     ASSERT_FALSE(HasFailure());
     for (size_t i = 0; i < live.size(); ++i) live[i].logits.assign(o.row(static_cast<int32_t>(i), 0), o.row(static_cast<int32_t>(i), 0) + vocab());
   }
-  std::printf("llama.cpp parity: %lld steps, %lld top-5 logits compared; max |diff| %.4f at %s; divergences: %zu\n",
+  std::printf("llama.cpp parity: %lld steps, %lld top-5 logits compared; max |diff| %.6g at %s; divergences: %zu\n",
               static_cast<long long>(compared_steps), static_cast<long long>(compared_logits), worst, worst_at.c_str(),
               divergences.size());
+  std::printf("max error of the top-2 logit difference: %.6g\n", gap_err);
+  EXPECT_LE(gap_err, kTieGap) << "the tie rule assumes the top-2 difference is this accurate";
   for (const auto& d : divergences) std::printf("  diverged at %s\n", d.c_str());
   RecordProperty("max_top5_logit_diff", std::to_string(worst));
 }
@@ -426,9 +442,11 @@ TEST_F(ModelTest, GreedyDecodingMatchesLlamaCpp) {
 // ---------------------------------------------------------------------------------------------
 // Engine
 
-// Greedy, ignore_eos, `max_tokens` tokens for each prompt; all submitted at once.
+// Greedy, ignore_eos, max_tokens[i] tokens for prompt i (one entry: the same for all); all
+// submitted at once.
 std::vector<std::vector<int32_t>> engine_generate(Transformer& model, const Tokenizer* tok, const EngineOptions& opts,
-                                                  const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens) {
+                                                  const std::vector<std::vector<int32_t>>& prompts,
+                                                  const std::vector<int32_t>& max_tokens) {
   auto e = Engine::create(model, tok, nullptr, opts);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
   if (!e.ok()) return {};
@@ -439,7 +457,7 @@ std::vector<std::vector<int32_t>> engine_generate(Transformer& model, const Toke
     p.prompt = prompts[i];
     p.sampling.temperature = 0.0f;
     p.sampling.ignore_eos = true;
-    p.max_tokens = max_tokens;
+    p.max_tokens = max_tokens[max_tokens.size() == 1 ? 0 : i];
     auto id = engine.add_request(p);
     EXPECT_TRUE(id.ok()) << id.status().to_string();
     if (!id.ok()) return {};
@@ -464,19 +482,22 @@ std::vector<std::vector<int32_t>> engine_generate(Transformer& model, const Toke
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(finish[i], FinishReason::kLength) << "prompt " << i;
-    EXPECT_EQ(out[i].size(), static_cast<size_t>(max_tokens)) << "prompt " << i;
+    EXPECT_EQ(out[i].size(), static_cast<size_t>(max_tokens[max_tokens.size() == 1 ? 0 : i])) << "prompt " << i;
   }
   EXPECT_EQ(engine.block_pool().num_free(), engine.block_pool().num_blocks()) << "blocks leaked";
   return out;
 }
 
-// The 8 shortest recorded prompts (the long ones would only add prefill time here).
+// The first 8 recorded prompts, each cut to at most 96 tokens (a long prompt would only add
+// prefill time here; chunked prefill has its own test).
 std::vector<std::vector<int32_t>> eight_prompts() {
   int64_t v = 0;
-  auto cases = load_reference(&v);
-  std::stable_sort(cases.begin(), cases.end(), [](const RefCase& a, const RefCase& b) { return a.prompt.size() < b.prompt.size(); });
+  const auto cases = load_reference(&v);
   std::vector<std::vector<int32_t>> prompts;
-  for (size_t i = 0; i < cases.size() && i < 8; ++i) prompts.push_back(cases[i].prompt);
+  for (size_t i = 0; i < cases.size() && i < 8; ++i) {
+    prompts.push_back(cases[i].prompt);
+    if (prompts.back().size() > 96) prompts.back().resize(96);
+  }
   return prompts;
 }
 
@@ -488,32 +509,39 @@ TEST_F(ModelTest, EngineBatchGivesTheTokensOfEachPromptAlone) {
   opts.max_num_batched_tokens = 64;  // prompts prefill in chunks, mixed with other sequences' decode tokens
   opts.block_size = static_cast<int32_t>(kBlockSize);
   opts.max_model_len = 1024;
-  opts.num_kv_blocks = 256;
-  const auto together = engine_generate(*model_, tokenizer_, opts, prompts, 32);
+  opts.num_kv_blocks = 72;  // 8 x ceil((96 + 32) / 16) = 64 needed
+  const auto together = engine_generate(*model_, tokenizer_, opts, prompts, {32});
   ASSERT_EQ(together.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto alone = engine_generate(*model_, tokenizer_, opts, {prompts[i]}, 32);
+    const auto alone = engine_generate(*model_, tokenizer_, opts, {prompts[i]}, {32});
     ASSERT_EQ(alone.size(), 1u);
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i;
   }
 }
 
-TEST_F(ModelTest, EngineWithScarceKvPreemptsAndStillMatches) {
-  // Six short prompts whose outputs do not all fit: the engine must preempt (recompute) and
-  // still give every prompt the tokens it gets alone.
-  auto prompts = eight_prompts();
-  prompts.resize(6);
-  for (auto& p : prompts) p.resize(std::min<size_t>(p.size(), 20));
+TEST_F(ModelTest, EnginePreemptionKeepsTheOtherSequencesBlocks) {
+  // Regression: the engine plans decode tokens before prefill chunks, so the youngest sequence
+  // (the preemption victim) can come first in the plan. Preempting it erased its plan entry
+  // and the reservation loop then skipped the entry after it: that sequence ran without the
+  // blocks for its chunk and forward() failed ("block_table has 2 blocks, 3 needed").
+  // Here, with 4 blocks of 4 tokens and 2 tokens a step: A (11-token prompt, admitted first)
+  // prefills one token a step; B (1-token prompt, younger) decodes from the first step. In
+  // step 9 B needs a third block, none is free, B preempts itself, and A's 9th prompt token
+  // still needs A's third block.
+  auto text = encode(kText);
+  ASSERT_GE(text.size(), 11u);
+  const std::vector<std::vector<int32_t>> prompts = {{text.begin(), text.begin() + 11}, {text[0]}};
   EngineOptions opts;
-  opts.max_num_seqs = 6;
-  opts.max_num_batched_tokens = 24;
+  opts.max_num_seqs = 2;
+  opts.max_num_batched_tokens = 2;
   opts.block_size = 4;
   opts.max_model_len = 64;
-  opts.num_kv_blocks = 24;  // 6 x (20 + 16) tokens need 54 blocks of 4
-  const auto together = engine_generate(*model_, tokenizer_, opts, prompts, 16);
+  opts.num_kv_blocks = 4;
+  const std::vector<int32_t> max_tokens = {3, 12};
+  const auto together = engine_generate(*model_, tokenizer_, opts, prompts, max_tokens);
   ASSERT_EQ(together.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto alone = engine_generate(*model_, tokenizer_, opts, {prompts[i]}, 16);
+    const auto alone = engine_generate(*model_, tokenizer_, opts, {prompts[i]}, {max_tokens[i]});
     ASSERT_EQ(alone.size(), 1u);
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i;
   }

@@ -51,7 +51,8 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys: {"method": "ngram"|"draft_model"|"layer_skip", "model": PATH, )"
                  R"("num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 5, )"
-                 R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N})");
+                 R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N, )"
+                 R"("adaptive_k": true})");
 }
 
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,
@@ -69,7 +70,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
-                                                "draft_tensor_parallel_size", "num_layers"};
+                                                "draft_tensor_parallel_size", "num_layers", "adaptive_k"};
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
@@ -91,6 +92,10 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min));
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max));
     SPECSERVE_RETURN_IF_ERROR(get_int("num_layers", &num_layers));
+    if (j.contains("adaptive_k")) {
+      if (!j["adaptive_k"].is_boolean()) return invalid_argument("--speculative-config: adaptive_k must be true or false, got " + j["adaptive_k"].dump());
+      eo->adaptive_k = j["adaptive_k"].get<bool>();
+    }
     int dbs = 0, mml = eo->max_model_len, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
     SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml));

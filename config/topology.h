@@ -1,0 +1,191 @@
+// specserve config: the cluster topology file (YAML) -> validated plain structs.
+//
+// A topology names the cluster, where the head listens, the target model and its proposer,
+// the nodes with their devices and the workers each runs, the scheduler's budgets and the
+// autoscaler's bounds (DESIGN.md sections 5 and 8). Keys follow vLLM (models, scheduler) and
+// Ray Serve (autoscale) so that a user of either recognises them. The reference of every key,
+// its default and its checks is the comment in examples/cluster-local.yaml and the README.
+//
+// Parsing is strict: an unknown key, a value of the wrong type or out of range, or a
+// topology that cannot run (ranks that do not cover tensor_parallel_size, one GPU given to two
+// workers, a model file that cannot be read) is an error naming `file:line:column`, the field
+// path (`nodes[0].workers[1].device`) and the offending value. Every error found is reported,
+// one per line, not only the first.
+//
+// Pure data and file-system checks; no actors, no threads. Thread-safety: the functions are
+// reentrant; `check_ports_free` binds sockets for an instant.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace specserve {
+
+// ---------------------------------------------------------------- the structs
+
+enum class DeviceKind { kCpu, kCuda };
+
+/// A compute device on one node: `cpu` or `cuda:N`.
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::kCpu;
+  int32_t index = 0;  ///< CUDA ordinal on its node; 0 for the CPU
+  /// "cpu" or "cuda:N".
+  std::string to_string() const;
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+enum class WorkerRole { kTargetShard, kDraftWorker, kPrefillWorker };
+/// "target_shard", "draft_worker", "prefill_worker".
+const char* worker_role_name(WorkerRole role);
+
+/// vLLM's `speculative_config.method` values.
+enum class SpeculativeMethod { kNgram, kDraftModel, kLayerSkip, kMedusa, kEagle };
+/// "ngram", "draft_model", "layer_skip", "medusa", "eagle".
+const char* speculative_method_name(SpeculativeMethod method);
+
+/// `cluster:` — identity and the shared secret peers present on the actor port.
+struct ClusterSpec {
+  std::string name = "specserve";
+  /// Absolute path (~ expanded, relative paths taken from the YAML file's folder). The runtime
+  /// reads the token from it; parsing does not require it to exist yet.
+  std::string token_file;
+};
+
+/// `head:` — where the head process (scheduler, HTTP front end, autoscaler) listens.
+struct HeadSpec {
+  std::string host = "127.0.0.1";
+  int32_t actor_port = 7420;  ///< CAF middleman port, 1..65535
+  int32_t http_port = 8000;   ///< OpenAI-compatible HTTP port, 1..65535
+};
+
+/// `models.target:` — the model every replica serves.
+struct TargetModelSpec {
+  std::string path;                      ///< absolute path of a readable GGUF file
+  int32_t tensor_parallel_size = 1;      ///< target_shard workers per replica (ranks 0..tp-1)
+  std::optional<int32_t> max_model_len;  ///< tokens; unset: the model's context length
+};
+
+/// `models.speculative:` — the proposer (vLLM's speculative_config keys).
+struct SpeculativeSpec {
+  SpeculativeMethod method = SpeculativeMethod::kNgram;
+  std::string model;                      ///< absolute path; set exactly for draft_model, medusa, eagle
+  int32_t num_speculative_tokens = 0;     ///< k, 1..64
+  int32_t prompt_lookup_min = 1;          ///< ngram only; 1 <= min <= max
+  int32_t prompt_lookup_max = 5;          ///< ngram only
+  std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
+  std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
+  int32_t draft_tensor_parallel_size = 1;
+  bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance
+};
+
+struct ModelsSpec {
+  TargetModelSpec target;
+  std::optional<SpeculativeSpec> speculative;  ///< unset: plain decoding
+};
+
+/// One persistent worker process (actor) on a node.
+struct WorkerSpec {
+  WorkerRole role = WorkerRole::kTargetShard;
+  /// Which entry of `models:` it runs: "target" (target_shard, prefill_worker) or
+  /// "speculative" (draft_worker); defaults by role.
+  std::string model;
+  int32_t replica = 0;  ///< the replica it serves, >= 0
+  int32_t rank = 0;     ///< tensor-parallel rank within its replica (target_shard only)
+  DeviceSpec device;
+};
+
+/// `nodes[i]:` — one node daemon: a host, the devices it offers, the workers it runs.
+struct NodeSpec {
+  std::string name;
+  std::string host = "127.0.0.1";
+  std::vector<DeviceSpec> devices;
+  std::vector<WorkerSpec> workers;  ///< may be empty: a node that only offers devices
+};
+
+/// `scheduler:` — continuous-batching budgets (vLLM's names and meanings).
+struct SchedulerSpec {
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 2048;  ///< >= max_num_seqs
+  int32_t block_size = 16;                ///< KV block size in tokens
+  int64_t kv_cache_bytes = int64_t{1} << 30;  ///< per replica
+};
+
+/// `autoscale:` — replica bounds (Ray Serve's names and meanings).
+struct AutoscaleSpec {
+  int32_t min_replicas = 1;
+  int32_t max_replicas = 1;  ///< default: max(min_replicas, replicas declared by the nodes)
+  int32_t warm_pool = 0;     ///< standby replicas kept loaded and warmed
+  double upscale_delay_s = 30.0;
+  double downscale_delay_s = 600.0;
+};
+
+/// A whole, validated topology file.
+struct Topology {
+  std::string source;  ///< the file (or name) it was parsed from, for messages
+  ClusterSpec cluster;
+  HeadSpec head;
+  ModelsSpec models;
+  std::vector<NodeSpec> nodes;
+  SchedulerSpec scheduler;
+  AutoscaleSpec autoscale;
+  /// Things allowed but worth a line in the log, each "file:line:column: path: ...": a head or
+  /// node host that is not loopback (the actor port then accepts remote peers, which must
+  /// present the cluster token).
+  std::vector<std::string> notes;
+  /// "file:line:column" of every field and list entry read, by field path ("head.actor_port",
+  /// "nodes[0].workers[1]"), so later failures (a port taken, a model that fails to load) can
+  /// point at the line that asked for it.
+  std::map<std::string, std::string> locations;
+
+  /// locations[path], or `source` when the path was not in the file (a default).
+  std::string where(const std::string& path) const;
+  /// Distinct replica ids of the target_shard workers, ascending.
+  std::vector<int32_t> replica_ids() const;
+};
+
+// ---------------------------------------------------------------- parsing
+
+/// Reads and validates the topology file at `path`. Relative paths inside it resolve from the
+/// file's folder. kNotFound when the file cannot be read; otherwise as parse_topology.
+Expected<Topology> load_topology_file(const std::string& path);
+
+/// Validates `yaml_text`. `name_for_errors` is the file name the messages start with;
+/// relative paths inside resolve from `base_dir` (empty: the current directory).
+/// Errors: kInvalidArgument (malformed YAML, unknown key, wrong type, out of range, an
+/// inconsistent topology) or kNotFound (a model file that is missing or unreadable), with one
+/// line "file:line:column: field.path: ... 'value' ..." per problem found.
+/// Does not touch the network: call check_ports_free for that.
+Expected<Topology> parse_topology(const std::string& yaml_text, const std::string& name_for_errors,
+                                  const std::string& base_dir = "");
+
+/// Checks that head.actor_port and head.http_port can be bound on head.host right now (a TCP
+/// socket with SO_REUSEADDR, bound and closed at once). kUnavailable naming the field, the
+/// host:port, its location in the file and the errno name (EADDRINUSE when another process
+/// listens there); kInvalidArgument when head.host does not resolve.
+Status check_ports_free(const Topology& topology);
+
+// ---------------------------------------------------------------- helpers (also for tests)
+
+/// Parses a byte count: a plain integer ("1073741824") or a number with a unit, binary
+/// ("KiB", "MiB", "GiB", "TiB", or "Ki".."Ti") or decimal ("KB", "MB", "GB", "TB", or
+/// "K".."T"), case-insensitive, optional space, optional fraction ("1.5GiB", rounded down).
+/// kInvalidArgument for anything else, a negative value or one past int64.
+Expected<int64_t> parse_byte_size(std::string_view text);
+
+/// Parses "cpu" or "cuda:N" (N >= 0). kInvalidArgument otherwise.
+Expected<DeviceSpec> parse_device(std::string_view text);
+
+/// Expands a leading "~" or "~/" (from $HOME, else the password database) and "~user/".
+/// Other paths come back unchanged. kNotFound when the home folder cannot be found.
+Expected<std::string> expand_user_path(const std::string& path);
+
+/// True for "localhost", 127.0.0.0/8 and ::1.
+bool is_loopback_host(const std::string& host);
+
+}  // namespace specserve

@@ -1,0 +1,494 @@
+// Topology YAML: the example files parse; every bad input is rejected with its
+// file:line:column, field path and value.
+#include "config/topology.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The default model, referenced by file name from its own folder (base_dir), so its path's
+// length never moves the columns below.
+std::string model_dir() { return fs::path(testing::default_model_path()).parent_path().string(); }
+std::string model_name() { return fs::path(testing::default_model_path()).filename().string(); }
+
+// A valid topology; each bad case below edits one line of it. Locations are 1-based
+// line:column of the offending value (or key, for an unknown key); a missing field is reported
+// at its mapping, which yaml-cpp places at the `{` of a flow mapping or the first key of a
+// block mapping. The expected columns were counted by hand, not copied from the output.
+std::string base_yaml() {
+  return "cluster: {name: t, token_file: /tmp/specserve-test-token}\n"                                      // 1
+         "head: {host: 127.0.0.1, actor_port: 7420, http_port: 8000}\n"                                    // 2
+         "models:\n"                                                                                        // 3
+         "  target: {tensor_parallel_size: 1, path: MODEL}\n"                                               // 4
+         "  speculative: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5}\n"  // 5
+         "nodes:\n"                                                                                         // 6
+         "  - name: node0\n"                                                                                // 7
+         "    host: 127.0.0.1\n"                                                                            // 8
+         "    devices: [cpu, cuda:0, cuda:1]\n"                                                             // 9
+         "    workers:\n"                                                                                   // 10
+         "      - {role: target_shard, rank: 0, device: cuda:0}\n"                                          // 11
+         "      - {role: draft_worker, device: cpu}\n"                                                      // 12
+         "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 16, kv_cache_bytes: 1GiB}\n"  // 13
+         "autoscale: {min_replicas: 1, max_replicas: 2, warm_pool: 1}\n";                                  // 14
+}
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "'" << from << "' not in the base YAML";
+  EXPECT_EQ(text.find(from, at + 1), std::string::npos) << "'" << from << "' is ambiguous";
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+// Parses as "t.yaml", with MODEL (when present) standing for the default model.
+Expected<Topology> parse(std::string yaml) {
+  if (const size_t at = yaml.find("MODEL"); at != std::string::npos) yaml.replace(at, 5, model_name());
+  return parse_topology(yaml, "t.yaml", model_dir());
+}
+
+TEST(Topology, BaseYamlIsValid) {
+  auto t = parse(base_yaml());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->cluster.name, "t");
+  EXPECT_EQ(t->head.actor_port, 7420);
+  EXPECT_EQ(t->models.target.path, fs::absolute(testing::default_model_path()).lexically_normal().string());
+  ASSERT_TRUE(t->models.speculative.has_value());
+  EXPECT_EQ(t->models.speculative->method, SpeculativeMethod::kNgram);
+  EXPECT_EQ(t->models.speculative->num_speculative_tokens, 4);
+  ASSERT_EQ(t->nodes.size(), 1u);
+  ASSERT_EQ(t->nodes[0].workers.size(), 2u);
+  EXPECT_EQ(t->nodes[0].workers[0].device, (DeviceSpec{DeviceKind::kCuda, 0}));
+  EXPECT_EQ(t->nodes[0].workers[0].model, "target");
+  EXPECT_EQ(t->nodes[0].workers[1].role, WorkerRole::kDraftWorker);
+  EXPECT_EQ(t->nodes[0].workers[1].model, "speculative");
+  EXPECT_EQ(t->scheduler.kv_cache_bytes, int64_t{1} << 30);
+  EXPECT_EQ(t->autoscale.max_replicas, 2);
+  EXPECT_TRUE(t->notes.empty());
+  EXPECT_EQ(t->where("head.http_port"), "t.yaml:2:54");
+  EXPECT_EQ(t->where("autoscale.upscale_delay_s"), "t.yaml");  // a default: no line
+}
+
+struct BadCase {
+  const char* name;
+  const char* from;  // text in base_yaml() ...
+  const char* to;    // ... replaced by this
+  std::vector<std::string> want;  // substrings of the message: location, field path, value
+  StatusCode code = StatusCode::kInvalidArgument;
+};
+
+// clang-format off
+const BadCase kBadCases[] = {
+  {"malformed_flow_map", "http_port: 8000}", "http_port: 8000", {"t.yaml:3:7:", "malformed YAML"}},
+  {"malformed_indent", "    host: 127.0.0.1", "   host: 127.0.0.1", {"t.yaml:8:4:", "malformed YAML"}},
+  {"unknown_top_key", "autoscale:", "autoscaler:", {"t.yaml:14:1:", "autoscaler", "'autoscaler'", "did you mean 'autoscale'"}},
+  {"unknown_worker_key", "rank: 0, device: cuda:0", "rnak: 0, device: cuda:0", {"t.yaml:11:30:", "nodes[0].workers[0].rnak", "'rnak'", "'rank'"}},
+  {"unknown_speculative_key", "prompt_lookup_max: 5", "prompt_lookup_maximum: 5", {"t.yaml:5:81:", "models.speculative.prompt_lookup_maximum", "'prompt_lookup_maximum'"}},
+  {"duplicate_key", "{name: t,", "{name: t, name: u,", {"t.yaml:1:20:", "cluster.name", "duplicate key 'name'", "t.yaml:1:11"}},
+  {"port_not_int", "actor_port: 7420", "actor_port: abc", {"t.yaml:2:37:", "head.actor_port", "expected an integer", "'abc'"}},
+  {"devices_not_sequence", "devices: [cpu, cuda:0, cuda:1]", "devices: cpu", {"t.yaml:9:14:", "nodes[0].devices", "'cpu'", "sequence"}},
+  {"tp_is_sequence", "tensor_parallel_size: 1", "tensor_parallel_size: [1]", {"t.yaml:4:34:", "models.target.tensor_parallel_size", "a sequence '[1]'"}},
+  {"missing_target", "  target: {tensor_parallel_size: 1, path: MODEL}", "  # no target\n  x: {path: MODEL}", {"t.yaml:5:3:", "models.x", "'x'"}},
+  {"missing_target_only", "  target: {tensor_parallel_size: 1, path: MODEL}", "  # no target", {"t.yaml:5:3:", "models.target", "missing required field"}},
+  {"gpu_given_twice", "device: cpu}", "device: cuda:0}", {"t.yaml:12:38:", "nodes[0].workers[1].device", "'cuda:0'", "nodes[0].workers[0]"}},
+  {"tp_more_than_shards", "tensor_parallel_size: 1", "tensor_parallel_size: 2", {"t.yaml:4:34:", "models.target.tensor_parallel_size", "'2'", "missing rank(s) 1"}},
+  {"rank_taken_twice", "{role: draft_worker, device: cpu}", "{role: target_shard, rank: 0, device: cpu}", {"t.yaml:12:36:", "nodes[0].workers[1].rank", "'0'", "nodes[0].workers[0]"}},
+  {"rank_past_tp", "rank: 0", "rank: 1", {"t.yaml:11:36:", "nodes[0].workers[0].rank", "'1'", "0..0"}},
+  {"no_target_shard", "{role: target_shard, rank: 0, device: cuda:0}", "{role: prefill_worker, device: cuda:0}", {"t.yaml:7:3:", "nodes:", "no target_shard worker", "'1'"}},
+  {"draft_model_needs_model", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5}", "method: draft_model, num_speculative_tokens: 4}", {"t.yaml:5:16:", "models.speculative.model", "missing required field", "'draft_model'"}},
+  {"ngram_takes_no_model", "method: ngram,", "method: ngram, model: x.gguf,", {"t.yaml:5:39:", "models.speculative.model", "'x.gguf'"}},
+  {"lookup_min_over_max", "prompt_lookup_min: 1, prompt_lookup_max: 5", "prompt_lookup_min: 6, prompt_lookup_max: 5", {"t.yaml:5:100:", "models.speculative.prompt_lookup_max", "'6'", "'5'"}},
+  {"lookup_min_over_default_max", ", prompt_lookup_min: 1, prompt_lookup_max: 5}", ", prompt_lookup_min: 7}", {"t.yaml:5:78:", "models.speculative.prompt_lookup_min", "'7'", "'5' (default)"}},
+  {"lookup_bounds_for_layer_skip", "method: ngram", "method: layer_skip", {"t.yaml:5:83:", "models.speculative.prompt_lookup_min", "'1'", "'layer_skip'"}},
+  {"unknown_method", "method: ngram", "method: lookahead", {"t.yaml:5:25:", "models.speculative.method", "'lookahead'"}},
+  {"too_many_spec_tokens", "num_speculative_tokens: 4", "num_speculative_tokens: 65", {"t.yaml:5:56:", "models.speculative.num_speculative_tokens", "'65'", "1..64"}},
+  {"zero_block_size", "block_size: 16", "block_size: 0", {"t.yaml:13:73:", "scheduler.block_size", "'0'"}},
+  {"negative_max_num_seqs", "max_num_seqs: 64", "max_num_seqs: -1", {"t.yaml:13:27:", "scheduler.max_num_seqs", "'-1'", ">= 1"}},
+  {"batched_below_seqs", "max_num_batched_tokens: 2048", "max_num_batched_tokens: 32", {"t.yaml:13:55:", "scheduler.max_num_batched_tokens", "'32'", "'64'"}},
+  {"bad_kv_unit", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 1GiBs", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'1GiBs'"}},
+  {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
+  {"negative_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: -1GiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'-1GiB'", "negative"}},
+  {"min_over_max_replicas", "min_replicas: 1, max_replicas: 2", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
+  {"negative_warm_pool", "warm_pool: 1", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
+  {"negative_delay", "warm_pool: 1}", "warm_pool: 1, upscale_delay_s: -5}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'-5'"}},
+  {"device_not_on_node", "device: cpu}", "device: cuda:7}", {"t.yaml:12:38:", "nodes[0].workers[1].device", "'cuda:7'", "nodes[0].devices [cpu, cuda:0, cuda:1]"}},
+  {"device_syntax", "device: cuda:0}", "device: gpu0}", {"t.yaml:11:47:", "nodes[0].workers[0].device", "'gpu0'", "cuda:N"}},
+  {"device_listed_twice", "[cpu, cuda:0, cuda:1]", "[cpu, cuda:0, cuda:0]", {"t.yaml:9:28:", "nodes[0].devices[2]", "'cuda:0'", "twice"}},
+  {"model_file_missing", "path: MODEL", "path: no-such-model.gguf", {"t.yaml:4:43:", "models.target.path", "'no-such-model.gguf'", "No such file"}, StatusCode::kNotFound},
+  {"model_path_is_folder", "path: MODEL", "path: .", {"t.yaml:4:43:", "models.target.path", "'.'", "not a regular file"}, StatusCode::kNotFound},
+  {"max_model_len_zero", "tensor_parallel_size: 1,", "tensor_parallel_size: 1, max_model_len: 0,", {"t.yaml:4:52:", "models.target.max_model_len", "'0'"}},
+  {"port_too_large", "http_port: 8000", "http_port: 70000", {"t.yaml:2:54:", "head.http_port", "'70000'", "1..65535"}},
+  {"port_zero", "actor_port: 7420", "actor_port: 0", {"t.yaml:2:37:", "head.actor_port", "'0'", "1..65535"}},
+  {"ports_equal", "http_port: 8000", "http_port: 7420", {"t.yaml:2:54:", "head.http_port", "'7420'", "head.actor_port"}},
+  {"host_with_scheme", "head: {host: 127.0.0.1", "head: {host: http://x", {"t.yaml:2:14:", "head.host", "'http://x'"}},
+  {"draft_worker_without_speculative", "  speculative: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5}", "  # no speculation", {"t.yaml:12:16:", "nodes[0].workers[1].role", "models.speculative"}},
+  {"unknown_role", "role: draft_worker", "role: drafter", {"t.yaml:12:16:", "nodes[0].workers[1].role", "'drafter'"}},
+  {"worker_runs_wrong_model", "{role: draft_worker, device: cpu}", "{role: draft_worker, model: target, device: cpu}", {"t.yaml:12:37:", "nodes[0].workers[1].model", "'target'", "models.speculative"}},
+  {"rank_on_draft_worker", "{role: draft_worker, device: cpu}", "{role: draft_worker, rank: 0, device: cpu}", {"t.yaml:12:36:", "nodes[0].workers[1].rank", "'0'", "target_shard"}},
+  {"replica_without_shards", "{role: draft_worker, device: cpu}", "{role: draft_worker, replica: 3, device: cpu}", {"t.yaml:12:39:", "nodes[0].workers[1].replica", "'3'", "no target_shard"}},
+  {"node_name_with_space", "name: node0", "name: \"node 0\"", {"t.yaml:7:11:", "nodes[0].name", "'node 0'"}},
+  {"max_replicas_zero", "max_replicas: 2", "max_replicas: 0", {"t.yaml:14:44:", "autoscale.max_replicas", "'0'"}},
+};
+// clang-format on
+
+class BadTopology : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadTopology, IsRejectedWithLocationPathAndValue) {
+  const BadCase& c = GetParam();
+  auto t = parse(replace_once(base_yaml(), c.from, c.to));
+  ASSERT_FALSE(t.ok()) << c.name << " was accepted";
+  const std::string msg = t.status().message();
+  EXPECT_EQ(t.status().code(), c.code) << msg;
+  for (const std::string& w : c.want) EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in:\n" << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadTopology, ::testing::ValuesIn(kBadCases),
+                         [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(Topology, ReportsEveryErrorNotOnlyTheFirst) {
+  std::string y = replace_once(base_yaml(), "actor_port: 7420", "actor_port: abc");
+  y = replace_once(y, "block_size: 16", "block_size: 0");
+  y = replace_once(y, "warm_pool: 1", "warm_pool: -2");
+  auto t = parse(y);
+  ASSERT_FALSE(t.ok());
+  const std::string msg = t.status().message();
+  EXPECT_NE(msg.find("t.yaml:2:37: head.actor_port"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("t.yaml:13:73: scheduler.block_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("t.yaml:14:58: autoscale.warm_pool"), std::string::npos) << msg;
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 2) << msg;
+}
+
+TEST(Topology, EmptyOrNonMappingDocumentIsRejected) {
+  auto empty = parse_topology("", "e.yaml");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("e.yaml:1:1"), std::string::npos);
+  auto list = parse_topology("- a\n- b\n", "l.yaml");
+  ASSERT_FALSE(list.ok());
+  EXPECT_NE(list.status().message().find("l.yaml:1:1: (top level): expected a mapping"), std::string::npos)
+      << list.status().message();
+  auto no_nodes = parse_topology("models: {target: {path: " + testing::default_model_path() + "}}\n", "n.yaml");
+  ASSERT_FALSE(no_nodes.ok());
+  EXPECT_NE(no_nodes.status().message().find("n.yaml:1:1: nodes: missing required field"), std::string::npos)
+      << no_nodes.status().message();
+}
+
+// Two node entries on one machine cannot both claim cuda:0; on two machines they can.
+TEST(Topology, GpuConflictIsPerMachineNotPerNodeEntry) {
+  const std::string two_nodes = R"(head: {host: 0.0.0.0}
+models: {target: {path: MODEL}}
+nodes:
+  - name: a
+    host: 127.0.0.1
+    devices: [cuda:0]
+    workers: [{role: target_shard, device: cuda:0}]
+  - name: b
+    host: HOST_B
+    devices: [cuda:0]
+    workers: [{role: target_shard, replica: 1, device: cuda:0}]
+)";
+  auto same = parse(replace_once(two_nodes, "HOST_B", "localhost"));
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.status().message().find("t.yaml:11:56: nodes[1].workers[0].device: 'cuda:0' on host 'localhost' "
+                                         "is already given to nodes[0].workers[0]"),
+            std::string::npos)
+      << same.status().message();
+
+  auto other = parse(replace_once(two_nodes, "HOST_B", "10.1.2.3"));
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_EQ(other->replica_ids(), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(other->autoscale.max_replicas, 2);  // default: the declared replicas
+  // Both non-loopback hosts are allowed and recorded.
+  ASSERT_EQ(other->notes.size(), 2u);
+  EXPECT_NE(other->notes[0].find("t.yaml:1:14: head.host: '0.0.0.0' is not loopback"), std::string::npos) << other->notes[0];
+  EXPECT_NE(other->notes[1].find("t.yaml:9:11: nodes[1].host: '10.1.2.3'"), std::string::npos) << other->notes[1];
+
+  auto same_name = parse(replace_once(replace_once(two_nodes, "HOST_B", "10.1.2.3"), "name: b", "name: a"));
+  ASSERT_FALSE(same_name.ok());
+  EXPECT_NE(same_name.status().message().find("t.yaml:8:11: nodes[1].name: 'a' is already the name of nodes[0]"),
+            std::string::npos)
+      << same_name.status().message();
+}
+
+TEST(Topology, MoreDeclaredReplicasThanMaxReplicasIsRejected) {
+  const std::string y = R"(models: {target: {path: MODEL}}
+nodes:
+  - {name: a, devices: [cpu], workers: [{role: target_shard, device: cpu}, {role: target_shard, replica: 1, device: cpu}]}
+autoscale: {max_replicas: 1}
+)";
+  auto t = parse(y);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("t.yaml:4:27: autoscale.max_replicas: '1' is less than the 2 replicas"), std::string::npos)
+      << t.status().message();
+}
+
+TEST(Topology, TensorParallelShardsAcrossGpusAndDefaults) {
+  const std::string y = R"(models:
+  target: {path: MODEL, tensor_parallel_size: 2}
+nodes:
+  - name: gpu-box
+    devices: [cuda:0, cuda:1, cuda:2, cuda:3]
+    workers:
+      - {role: target_shard, rank: 1, device: cuda:1}
+      - {role: target_shard, rank: 0, device: cuda:0}
+      - {role: target_shard, replica: 1, rank: 0, device: cuda:2}
+      - {role: target_shard, replica: 1, rank: 1, device: cuda:3}
+)";
+  auto t = parse(y);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->replica_ids(), (std::vector<int32_t>{0, 1}));
+  EXPECT_FALSE(t->models.speculative.has_value());
+  EXPECT_EQ(t->head.host, "127.0.0.1");
+  EXPECT_EQ(t->head.actor_port, 7420);
+  EXPECT_EQ(t->head.http_port, 8000);
+  EXPECT_EQ(t->cluster.name, "specserve");
+  EXPECT_EQ(t->scheduler.block_size, 16);
+  EXPECT_EQ(t->autoscale.min_replicas, 1);
+  EXPECT_EQ(t->autoscale.max_replicas, 2);
+  EXPECT_EQ(t->nodes[0].host, "127.0.0.1");
+
+  // Without ranks, a tp=2 shard cannot say which half it holds.
+  auto no_rank = parse(replace_once(y, "rank: 1, device: cuda:1", "device: cuda:1"));
+  ASSERT_FALSE(no_rank.ok());
+  EXPECT_NE(no_rank.status().message().find("t.yaml:7:9: nodes[0].workers[0].rank: missing required field"), std::string::npos)
+      << no_rank.status().message();
+}
+
+// ---------------------------------------------------------------- example files
+
+TEST(Topology, ExampleFilesParseAndUseTheDefaultModel) {
+  // The README's test command fetches the model first; without it this fails, never skips.
+  ASSERT_TRUE(fs::exists(std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+      << "default model missing: run scripts/test.sh (it fetches the model)";
+  const std::string model =
+      fs::path(std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf").lexically_normal().string();
+  for (const char* name : {"cluster-local.yaml", "cluster-two-nodes.yaml"}) {
+    SCOPED_TRACE(name);
+    auto t = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/" + name);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ(t->models.target.path, model);  // relative to the YAML file, made absolute
+    ASSERT_TRUE(t->models.speculative.has_value());
+    EXPECT_EQ(t->models.speculative->method, SpeculativeMethod::kNgram);
+    EXPECT_EQ(t->models.speculative->num_speculative_tokens, 4);
+    EXPECT_EQ(t->head.host, "127.0.0.1");
+    EXPECT_TRUE(t->notes.empty());
+    EXPECT_EQ(t->cluster.token_file.front(), '/');
+  }
+  auto local = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/cluster-local.yaml");
+  ASSERT_TRUE(local.ok());
+  ASSERT_EQ(local->nodes.size(), 1u);
+  ASSERT_EQ(local->nodes[0].workers.size(), 2u);
+  EXPECT_EQ(local->nodes[0].workers[0].role, WorkerRole::kTargetShard);
+  EXPECT_EQ(local->nodes[0].workers[1].role, WorkerRole::kDraftWorker);
+  EXPECT_EQ(local->replica_ids(), (std::vector<int32_t>{0}));
+  auto two = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/cluster-two-nodes.yaml");
+  ASSERT_TRUE(two.ok());
+  ASSERT_EQ(two->nodes.size(), 2u);
+  EXPECT_EQ(two->replica_ids(), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(two->autoscale.warm_pool, 1);
+}
+
+TEST(Topology, MissingFileIsNotFound) {
+  auto t = load_topology_file("/nonexistent/cluster.yaml");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("/nonexistent/cluster.yaml"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- helpers
+
+TEST(ByteSize, ParsesUnitsAndRejectsGarbage) {
+  const std::pair<const char*, int64_t> ok[] = {
+      {"0", 0},          {"1073741824", 1073741824}, {"1GiB", 1LL << 30},   {"512MiB", 512LL << 20},
+      {"512 MiB", 512LL << 20}, {"64KiB", 64LL << 10}, {"2TiB", 2LL << 40}, {"1Gi", 1LL << 30},
+      {"1gib", 1LL << 30}, {"1GB", 1000000000},      {"1.5GiB", 3LL << 29}, {"100B", 100},
+      {"2k", 2000},      {"0.5KiB", 512},            {"8388607TiB", int64_t{8388607} << 40},  // 2^63 - 2^40
+  };
+  for (const auto& [text, want] : ok) {
+    auto got = parse_byte_size(text);
+    ASSERT_TRUE(got.ok()) << text << ": " << got.status().to_string();
+    EXPECT_EQ(*got, want) << text;
+  }
+  for (const char* bad : {"", "GiB", "1 GiB extra", "1GiBs", "-1", "-1GiB", "1e9", "0x10", "9223372036854775808",
+                          "8388608TiB" /* 2^63 */, "1..5GiB", "."}) {
+    auto got = parse_byte_size(bad);
+    EXPECT_FALSE(got.ok()) << "'" << bad << "' parsed as " << (got.ok() ? *got : 0);
+    if (!got.ok()) EXPECT_NE(got.status().message().find(std::string("'") + bad + "'"), std::string::npos);
+  }
+}
+
+TEST(Device, ParsesCpuAndCuda) {
+  EXPECT_EQ(*parse_device("cpu"), (DeviceSpec{DeviceKind::kCpu, 0}));
+  EXPECT_EQ(*parse_device("cuda:3"), (DeviceSpec{DeviceKind::kCuda, 3}));
+  EXPECT_EQ(parse_device("cuda:3")->to_string(), "cuda:3");
+  for (const char* bad : {"", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:+1", "cuda:1x", "CPU"}) {
+    EXPECT_FALSE(parse_device(bad).ok()) << bad;
+  }
+}
+
+TEST(Loopback, RecognisesLoopbackSpellings) {
+  for (const char* h : {"127.0.0.1", "127.1.2.3", "localhost", "LOCALHOST", "::1"}) EXPECT_TRUE(is_loopback_host(h)) << h;
+  for (const char* h : {"0.0.0.0", "10.0.0.1", "node-a.example", "::"}) EXPECT_FALSE(is_loopback_host(h)) << h;
+}
+
+// Sets $HOME for one test and restores it.
+class ScopedHome {
+ public:
+  explicit ScopedHome(const std::string& home) {
+    if (const char* h = std::getenv("HOME")) old_ = h;
+    setenv("HOME", home.c_str(), 1);
+  }
+  ~ScopedHome() {
+    if (old_) {
+      setenv("HOME", old_->c_str(), 1);
+    } else {
+      unsetenv("HOME");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+TEST(Tilde, ExpandsHomeInTokenFileAndModelPath) {
+  const fs::path home = fs::temp_directory_path() / ("specserve-home-" + std::to_string(::getpid()));
+  fs::create_directories(home / "models");
+  const fs::path link = home / "models" / "m.gguf";
+  fs::remove(link);
+  fs::create_symlink(fs::absolute(testing::default_model_path()), link);
+  {
+    ScopedHome scoped(home.string());
+    EXPECT_EQ(*expand_user_path("~"), home.string());
+    EXPECT_EQ(*expand_user_path("~/a/b"), (home / "a/b").string());
+    EXPECT_EQ(*expand_user_path("/abs/~x"), "/abs/~x");
+    EXPECT_EQ(*expand_user_path("rel/x"), "rel/x");
+    auto root = expand_user_path("~root/x");  // another user's home, from the password database
+    ASSERT_TRUE(root.ok()) << root.status().to_string();
+    EXPECT_EQ(root->substr(root->size() - 2), "/x");
+    EXPECT_FALSE(expand_user_path("~no-such-user-specserve/x").ok());
+
+    const std::string y = R"(cluster: {token_file: ~/.config/specserve/token}
+models: {target: {path: ~/models/m.gguf}}
+nodes: [{name: n, devices: [cpu], workers: [{role: target_shard, device: cpu}]}]
+)";
+    auto t = parse_topology(y, "h.yaml", "/somewhere/else");
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_EQ(t->cluster.token_file, (home / ".config/specserve/token").string());
+    EXPECT_EQ(t->models.target.path, link.string());
+
+    // The default token file is under ~ as well.
+    auto d = parse_topology(replace_once(y, "cluster: {token_file: ~/.config/specserve/token}\n", ""), "h.yaml");
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    EXPECT_EQ(d->cluster.token_file, (home / ".config/specserve/token").string());
+  }
+  fs::remove_all(home);
+}
+
+TEST(Paths, RelativeModelPathResolvesFromTheYamlFolder) {
+  const fs::path dir = fs::temp_directory_path() / ("specserve-rel-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "conf");
+  fs::remove(dir / "m.gguf");
+  fs::create_symlink(fs::absolute(testing::default_model_path()), dir / "m.gguf");
+  {
+    std::ofstream out(dir / "conf" / "c.yaml");
+    out << "models: {target: {path: ../m.gguf}}\n"
+           "nodes: [{name: n, devices: [cpu], workers: [{role: target_shard, device: cpu}]}]\n";
+  }
+  auto t = load_topology_file((dir / "conf" / "c.yaml").string());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->models.target.path, (dir / "m.gguf").string());
+  // From another folder the same text does not find the model, and says where it looked.
+  auto elsewhere = parse_topology("models: {target: {path: ../m.gguf}}\n"
+                                  "nodes: [{name: n, devices: [cpu], workers: [{role: target_shard, device: cpu}]}]\n",
+                                  "c.yaml", "/");
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_NE(elsewhere.status().message().find("c.yaml:1:25: models.target.path: '../m.gguf' (resolved to '/m.gguf')"),
+            std::string::npos)
+      << elsewhere.status().message();
+  fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- ports
+
+// A listening socket on 127.0.0.1 at a kernel-chosen port.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd, 1), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+};
+
+TEST(Ports, InUseIsReportedWithFieldAndLocation) {
+  Listener taken;
+  auto t = parse(replace_once(base_yaml(), "actor_port: 7420", "actor_port: " + std::to_string(taken.port)));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  {
+    Listener free_probe;  // a port that is free once this probe closes
+    t->head.http_port = free_probe.port;
+  }
+  Status st = check_ports_free(*t);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("t.yaml:2:37: head.actor_port: '" + std::to_string(taken.port) + "' on 127.0.0.1"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("EADDRINUSE"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("head.http_port"), std::string::npos) << st.message();
+
+  // Both taken: both named.
+  Listener taken2;
+  t->head.http_port = taken2.port;
+  st = check_ports_free(*t);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("head.http_port: '" + std::to_string(taken2.port) + "'"), std::string::npos) << st.message();
+}
+
+TEST(Ports, FreePortsPass) {
+  auto t = parse(base_yaml());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  {
+    Listener a, b;
+    t->head.actor_port = a.port;
+    t->head.http_port = b.port;
+  }
+  Status st = check_ports_free(*t);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+}
+
+TEST(Ports, UnresolvableHostIsInvalidArgument) {
+  auto t = parse(base_yaml());
+  ASSERT_TRUE(t.ok());
+  t->head.host = "no-such-host.invalid";
+  Status st = check_ports_free(*t);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("'no-such-host.invalid'"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace specserve
