@@ -7,6 +7,23 @@ Command that produced tests/data/llama_ref/smollm2_greedy.json (from the reposit
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
         --out tests/data/llama_ref/smollm2_greedy.json
 
+Command that produced tests/data/llama_ref/smollm2_greedy_f32.json (from the repository root):
+
+    $(scripts/venv.sh --with-llama) tools/record_llama_reference.py --f32 \
+        --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --out tests/data/llama_ref/smollm2_greedy_f32.json
+
+--f32 first converts --model to an all-F32 GGUF in a temporary directory with llama.cpp's own
+quantize API (llama_model_quantize, ftype LLAMA_FTYPE_ALL_F32, allow_requantize), so every
+weight is the exact dequantisation of the Q4_1 blocks, then runs llama.cpp on that file with an
+F32 K/V cache (type_k = type_v = GGML_TYPE_F32) and flash attention disabled. This removes
+llama.cpp's two approximations on the Q4_1 path (Q8_1-quantised activations in the Q4_1 dot
+products, F16 K/V), so the result is a tight fp32 reference for an fp32 implementation. The
+prompt ids are those of the default file (the converted GGUF keeps the vocabulary; the script
+checks that they equal the ids in tests/data/llama_ref/smollm2_greedy.json when it exists).
+model/model_sha256 are the source GGUF's; the top-level "reference" field records the weight
+and K/V types and the converted file's sha256. Logits are rounded to 6 decimals (not 4).
+
 For each prompt (chat prompts rendered with the GGUF's own chat template through
 llama-cpp-python's Jinja2ChatFormatter; plain prompts as given) the file holds:
   - text:        the exact prompt text tokenised
@@ -19,7 +36,8 @@ llama-cpp-python's Jinja2ChatFormatter; plain prompts as given) the file holds:
   - gap:         per step, logit(top1) - logit(top2): a near-tie (small gap) is where a
                  correct implementation may legitimately pick the other token
   - completion:  the decoded greedy text (for people; not compared)
-Settings: n_threads=2, n_ctx=2048, n_batch=512, CPU only. Logits are rounded to 4 decimals.
+Settings: n_threads=2, n_ctx=2048, n_batch=512, CPU only, flash attention off. Logits are
+rounded to 4 decimals (6 with --f32).
 """
 
 import argparse
@@ -28,6 +46,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 
 import numpy as np
 
@@ -104,7 +123,7 @@ def last_logits(llm):
     return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float32, copy=True)
 
 
-def greedy(llm, prompt_ids, steps):
+def greedy(llm, prompt_ids, steps, decimals=4):
     """Exactly `steps` argmax tokens after prompt_ids, with top-5 (id, logit) and the top-2 gap
     at every step. Uses eval() directly so EOS does not stop the loop."""
     llm.reset()
@@ -115,8 +134,8 @@ def greedy(llm, prompt_ids, steps):
         order = np.argsort(-logits, kind="stable")[:5]  # stable: ties -> lower id first
         tok = int(np.argmax(logits))
         assert tok == int(order[0])
-        top5.append([[int(i), round(float(logits[i]), 4)] for i in order])
-        gap.append(round(float(logits[order[0]] - logits[order[1]]), 4))
+        top5.append([[int(i), round(float(logits[i]), decimals)] for i in order])
+        gap.append(round(float(logits[order[0]] - logits[order[1]]), decimals))
         out.append(tok)
         llm.eval([tok])
     return out, top5, gap
@@ -128,10 +147,43 @@ def main():
     ap.add_argument("--out", default="tests/data/llama_ref/smollm2_greedy.json")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--f32", action="store_true",
+                    help="run llama.cpp on --model converted to all-F32 weights, with an F32 K/V cache")
+    ap.add_argument("--check-prompts", default="tests/data/llama_ref/smollm2_greedy.json",
+                    help="with --f32: a reference file whose prompt_ids must equal ours (skipped if absent)")
     args = ap.parse_args()
 
-    llm = Llama(model_path=args.model, n_ctx=2048, n_batch=512, n_threads=args.threads,
-                n_threads_batch=args.threads, n_gpu_layers=0, seed=0, verbose=False)
+    decimals = 6 if args.f32 else 4
+    run_model = args.model
+    tmp = None
+    reference = {"weights": "as stored in the GGUF", "type_k": "f16", "type_v": "f16", "flash_attn": False}
+    kv_args = {}
+    if args.f32:
+        tmp = tempfile.TemporaryDirectory(prefix="specserve_f32_")
+        run_model = os.path.join(tmp.name, "model_f32.gguf")
+        qp = llama_cpp.llama_model_quantize_default_params()
+        qp.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+        qp.allow_requantize = True
+        qp.nthread = args.threads
+        rc = llama_cpp.llama_model_quantize(args.model.encode(), run_model.encode(), qp)
+        if rc != 0:
+            sys.exit(f"llama_model_quantize(ALL_F32) failed: {rc}")
+        kv_args = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+        reference = {
+            "weights": "f32: the source GGUF converted by llama_model_quantize(ftype=LLAMA_FTYPE_ALL_F32, "
+                       "allow_requantize=true)",
+            "converted_model_sha256": sha256_of(run_model),
+            "type_k": "f32", "type_v": "f32", "flash_attn": False,
+        }
+        print(f"converted {args.model} to {run_model} ({os.path.getsize(run_model)} bytes)", file=sys.stderr)
+
+    llm = Llama(model_path=run_model, n_ctx=2048, n_batch=512, n_threads=args.threads,
+                n_threads_batch=args.threads, n_gpu_layers=0, seed=0, flash_attn=False,
+                verbose=False, **kv_args)
+    expected_ids = {}
+    if args.f32 and args.check_prompts and os.path.exists(args.check_prompts):
+        with open(args.check_prompts, encoding="utf-8") as f:
+            expected_ids = {c["name"]: c["prompt_ids"] for c in json.load(f)["cases"]}
     meta = llm.metadata
     bos, eos = llm.token_bos(), llm.token_eos()
     template = meta.get("tokenizer.chat_template")
@@ -147,9 +199,11 @@ def main():
         else:
             text = payload
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        if name in expected_ids and expected_ids[name] != ids:
+            sys.exit(f"{name}: prompt ids differ from {args.check_prompts}")
         if len(ids) + args.steps > 2048:
             sys.exit(f"{name}: prompt of {len(ids)} tokens does not fit n_ctx")
-        gen, top5, gap = greedy(llm, ids, args.steps)
+        gen, top5, gap = greedy(llm, ids, args.steps, decimals)
         case = {"name": name, "kind": kind}
         if kind == "chat":
             case["messages"] = payload
@@ -169,7 +223,8 @@ def main():
 
     doc = {
         "generator": "tools/record_llama_reference.py",
-        "command": "$(scripts/venv.sh --with-llama) tools/record_llama_reference.py --model "
+        "command": "$(scripts/venv.sh --with-llama) tools/record_llama_reference.py "
+                   + ("--f32 " if args.f32 else "") + "--model "
                    f"{args.model} --out {args.out}" + (f" --steps {args.steps}" if args.steps != 64 else "")
                    + (f" --threads {args.threads}" if args.threads != 2 else ""),
         "llama_cpp_python_version": llama_cpp.__version__,
@@ -177,9 +232,10 @@ def main():
         "machine": platform.machine(),
         "model": os.path.basename(args.model),
         "model_sha256": sha256_of(args.model),
+        "reference": reference,
         "settings": {"n_ctx": 2048, "n_batch": 512, "n_threads": args.threads, "steps": args.steps,
                      "decoding": "greedy argmax, ties -> lowest id, no EOS stop",
-                     "logit_decimals": 4},
+                     "flash_attn": False, "logit_decimals": decimals},
         "n_vocab": llm.n_vocab(),
         "bos_token_id": bos,
         "eos_token_id": eos,
@@ -192,6 +248,8 @@ def main():
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
+    if tmp is not None:
+        tmp.cleanup()
     print(f"wrote {args.out}: {len(cases)} cases, {os.path.getsize(args.out)} bytes", file=sys.stderr)
 
 
