@@ -5,6 +5,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${SPECSERVE_BUILD_DIR:-$here/build}"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# Hits across clones in other folders (CI clones afresh): paths relative to the repo, cwd not hashed.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$here}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 cmake -S "$here" -B "$build" -G Ninja "$@" >/dev/null
 jobs="${SPECSERVE_BUILD_JOBS:-$(nproc)}"
 echo "[build] building with $jobs jobs into $build" >&2

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Plots a `specserve bench-spec --output X.json` result: speedup per task and method, and
+acceptance by draft position (fraction of drafts whose token at position i was accepted).
+
+Command: $(scripts/venv.sh --with-plot) bench/plot_spec_bench.py bench/results/spec_bench_<date>.json
+Writes <input>.png next to the JSON.
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) == 2 else 2)
+    path = sys.argv[1]
+    report = json.load(open(path))
+    runs = [r for r in report["runs"] if r["name"] != "baseline"]
+    batches = sorted({r["batch"] for r in runs})
+    fig, axes = plt.subplots(len(batches), 2, figsize=(14, 4.5 * len(batches)), squeeze=False)
+    for row, b in enumerate(batches):
+        rb = [r for r in runs if r["batch"] == b]
+        ax = axes[row][0]
+        width = 0.8 / max(1, len(rb))
+        for i, r in enumerate(rb):
+            xs = [t + i * width for t in range(len(TASKS) + 1)]
+            ys = [r.get("tasks", {}).get(t, {}).get("speedup", 0) for t in TASKS] + [r["overall"]["speedup"]]
+            ax.bar(xs, ys, width, label=r["name"])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([t + 0.4 - width / 2 for t in range(len(TASKS) + 1)])
+        ax.set_xticklabels(TASKS + ["overall"], rotation=20)
+        ax.set_ylabel("decode speedup vs. no speculation")
+        ax.set_title(f"Spec-Bench, batch {b}, greedy")
+        ax.legend(fontsize=7)
+        ax = axes[row][1]
+        for r in rb:
+            o = r["overall"]
+            n = max(1, o["num_drafts"])
+            pos = o.get("accepted_per_pos", [])
+            if pos:
+                ax.plot(range(1, len(pos) + 1), [p / n for p in pos], marker="o", label=r["name"])
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("fraction of drafts accepted up to this position")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"Acceptance by position, batch {b}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = path.rsplit(".", 1)[0] + ".png"
+    fig.savefig(out, dpi=90)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
