@@ -50,7 +50,7 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys: {"method": "ngram"|"draft_model"|"layer_skip", "model": PATH, )"
-                 R"("num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 5, )"
+                 R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5, )"
                  R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N, )"
                  R"("adaptive_k": true})");
 }
@@ -59,7 +59,8 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
                                                  EngineOptions* eo) {
   std::string method, model = a.speculative_model;
   int k = a.num_speculative_tokens;
-  int lookup_min = 1, lookup_max = 5, num_layers = 0;
+  // vLLM's defaults: both 5 when neither is given; one given sets the other.
+  int lookup_min = -1, lookup_max = -1, num_layers = 0;
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -110,6 +111,9 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   if (k < 1 || k > 64) return invalid_argument("num_speculative_tokens = " + std::to_string(k) + ": must be in 1..64 when speculating");
   eo->num_speculative_tokens = k;
   if (method == "ngram") {
+    if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;
+    else if (lookup_min == -1) lookup_min = lookup_max;
+    else if (lookup_max == -1) lookup_max = lookup_min;
     if (lookup_min < 1 || lookup_max < lookup_min) {
       return invalid_argument("prompt_lookup_min = " + std::to_string(lookup_min) + ", prompt_lookup_max = " +
                               std::to_string(lookup_max) + ": need 1 <= min <= max");
