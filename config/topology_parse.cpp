@@ -1,0 +1,557 @@
+// Topology parsing: yaml-cpp builds the node tree; TopologyParser walks it section by section,
+// records every problem with its mark, then runs the cross-field checks
+// (topology_validate.cpp). See the exception NOTE in topology.cpp.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "config/topology.h"
+#include "config/topology_internal.h"
+
+namespace specserve {
+namespace topology_internal {
+
+namespace fs = std::filesystem;
+
+Fields::Fields(TopologyParser& parser, const YAML::Node& node, std::string field_path, std::vector<std::string> keys)
+    : node_(node), path_(std::move(field_path)) {
+  const std::string shown = path_.empty() ? std::string("(top level)") : path_;
+  if (!node.IsMap()) {
+    std::string allowed;
+    for (const auto& k : keys) allowed += (allowed.empty() ? "" : ", ") + k;
+    parser.error(node, shown, "expected a mapping with keys {" + allowed + "}, got " + TopologyParser::describe(node));
+    return;
+  }
+  is_map_ = true;
+  parser.record(path_.empty() ? std::string("(top level)") : path_, node);
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    // Copies: the iterator's -> returns a proxy, so a reference into it would dangle.
+    const YAML::Node k = it->first;
+    const YAML::Node v = it->second;
+    if (!k.IsScalar()) {
+      parser.error(k, shown, "keys must be plain names, got " + TopologyParser::describe(k));
+      continue;
+    }
+    const std::string key = k.Scalar();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      std::string hint;
+      size_t best = 3;
+      for (const auto& cand : keys) {
+        const size_t d = edit_distance(key, cand);
+        if (d < best) best = d, hint = cand;
+      }
+      std::string allowed;
+      for (const auto& kk : keys) allowed += (allowed.empty() ? "" : ", ") + kk;
+      parser.error(k, path(key), "unknown key " + quote(key) +
+                                     (hint.empty() ? "" : " (did you mean " + quote(hint) + "?)") +
+                                     "; allowed here: " + allowed);
+      continue;
+    }
+    if (auto [first, inserted] = seen.emplace(key, k.Mark()); !inserted) {
+      parser.error(k, path(key), "duplicate key " + quote(key) + " (first at " + parser.loc(first->second) + ")");
+      continue;
+    }
+    if (v.IsNull()) continue;  // `key:` / `key: ~` mean unset
+    entries_.emplace(key, v);
+    parser.explicit_.insert(path(key));
+  }
+}
+
+void TopologyParser::missing(const Fields& f, const std::string& key, const std::string& hint) {
+  error(f.node(), f.path(key), "missing required field" + (hint.empty() ? "" : " (" + hint + ")"));
+}
+
+const YAML::Node* TopologyParser::scalar(const Fields& f, const std::string& key, const char* expected, bool required) {
+  const YAML::Node* v = f.get(key);
+  if (!v) {
+    if (required && f.is_map()) missing(f, key);
+    return nullptr;
+  }
+  record(f.path(key), *v);
+  if (!v->IsScalar()) {
+    error(*v, f.path(key), std::string("expected ") + expected + ", got " + describe(*v));
+    return nullptr;
+  }
+  return v;
+}
+
+std::optional<std::string> TopologyParser::read_string(const Fields& f, const std::string& key, bool required) {
+  const YAML::Node* v = scalar(f, key, "a string", required);
+  if (!v) return std::nullopt;
+  if (v->Scalar().empty()) {
+    error(*v, f.path(key), "must not be empty, got ''");
+    return std::nullopt;
+  }
+  return v->Scalar();
+}
+
+std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::string& key, int64_t min, int64_t max,
+                                                bool required) {
+  const YAML::Node* v = scalar(f, key, "an integer", required);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (!parse_int64(v->Scalar(), &x)) {
+    error(*v, f.path(key), "expected an integer, got " + describe(*v));
+    return std::nullopt;
+  }
+  if (x < min || x > max) {
+    if (max == INT64_MAX || max == INT32_MAX) {
+      error(*v, f.path(key), quote(v->Scalar()) + " must be >= " + std::to_string(min));
+    } else {
+      error(*v, f.path(key),
+            quote(v->Scalar()) + " is out of range " + std::to_string(min) + ".." + std::to_string(max));
+    }
+    return std::nullopt;
+  }
+  return x;
+}
+
+std::optional<double> TopologyParser::read_double(const Fields& f, const std::string& key, double min, bool required) {
+  const YAML::Node* v = scalar(f, key, "a number", required);
+  if (!v) return std::nullopt;
+  const std::string& s = v->Scalar();
+  char* end = nullptr;
+  errno = 0;
+  const double x = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(x)) {
+    error(*v, f.path(key), "expected a number, got " + describe(*v));
+    return std::nullopt;
+  }
+  if (x < min) {
+    error(*v, f.path(key), quote(s) + " must be >= " + std::to_string(static_cast<int64_t>(min)));
+    return std::nullopt;
+  }
+  return x;
+}
+
+std::optional<bool> TopologyParser::read_bool(const Fields& f, const std::string& key) {
+  const YAML::Node* v = scalar(f, key, "true or false", false);
+  if (!v) return std::nullopt;
+  const std::string s = lower(v->Scalar());
+  if (s == "true") return true;
+  if (s == "false") return false;
+  error(*v, f.path(key), "expected true or false, got " + describe(*v));
+  return std::nullopt;
+}
+
+std::optional<int64_t> TopologyParser::read_byte_size(const Fields& f, const std::string& key) {
+  const YAML::Node* v = scalar(f, key, "a byte size", false);
+  if (!v) return std::nullopt;
+  auto bytes = parse_byte_size(v->Scalar());
+  if (!bytes.ok()) {
+    error(*v, f.path(key), bytes.status().message());
+    return std::nullopt;
+  }
+  if (*bytes <= 0) {
+    error(*v, f.path(key), quote(v->Scalar()) + " must be > 0 bytes");
+    return std::nullopt;
+  }
+  return *bytes;
+}
+
+std::optional<std::string> TopologyParser::read_name(const Fields& f, bool required) {
+  auto name = read_string(f, "name", required);
+  if (name && !valid_name(*name)) {
+    error(*f.get("name"), f.path("name"),
+          "expected letters, digits, '-', '_' or '.', starting with a letter or digit, got " + quote(*name));
+    return std::nullopt;
+  }
+  return name;
+}
+
+std::optional<std::string> TopologyParser::read_host(const Fields& f, const std::string& key) {
+  auto host = read_string(f, key, false);
+  if (!host) return std::nullopt;
+  const bool bad = std::any_of(host->begin(), host->end(), [](char c) {
+    return std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == '@';
+  });
+  if (bad || host->find("://") != std::string::npos) {
+    error(*f.get(key), f.path(key), "expected a host name or IP address, got " + quote(*host));
+    return std::nullopt;
+  }
+  if (!is_loopback_host(*host)) {
+    topo_.notes.push_back(loc(f.get(key)->Mark()) + ": " + f.path(key) + ": " + quote(*host) +
+                          " is not loopback: the head's actor port accepts peers from other machines, which "
+                          "must present the token in cluster.token_file");
+  }
+  return host;
+}
+
+std::string TopologyParser::resolve_path(const std::string& raw, const YAML::Node& at, const std::string& path,
+                                         bool* ok) {
+  *ok = false;
+  auto expanded = expand_user_path(raw);
+  if (!expanded.ok()) {
+    error(at, path, expanded.status().message(), StatusCode::kNotFound);
+    return {};
+  }
+  fs::path p(*expanded);
+  if (p.is_relative()) {
+    std::error_code ec;
+    fs::path base = base_dir_.empty() ? fs::current_path(ec) : fs::path(base_dir_);
+    p = base / p;
+  }
+  std::error_code ec;
+  fs::path abs = fs::absolute(p, ec);
+  *ok = true;
+  return (ec ? p : abs).lexically_normal().string();
+}
+
+std::optional<std::string> TopologyParser::read_model_path(const Fields& f, const std::string& key, bool required) {
+  auto raw = read_string(f, key, required);
+  if (!raw) return std::nullopt;
+  const YAML::Node& at = *f.get(key);
+  bool ok = false;
+  std::string abs = resolve_path(*raw, at, f.path(key), &ok);
+  if (!ok) return std::nullopt;
+  const std::string shown = quote(*raw) + (abs == *raw ? "" : " (resolved to " + quote(abs) + ")");
+  struct stat st {};
+  if (::stat(abs.c_str(), &st) != 0) {
+    error(at, f.path(key), shown + ": " + std::strerror(errno), StatusCode::kNotFound);
+    return std::nullopt;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    error(at, f.path(key), shown + ": not a regular file (expected a GGUF model file)", StatusCode::kNotFound);
+    return std::nullopt;
+  }
+  if (::access(abs.c_str(), R_OK) != 0) {
+    error(at, f.path(key), shown + ": not readable: " + std::strerror(errno), StatusCode::kNotFound);
+    return std::nullopt;
+  }
+  return abs;
+}
+
+// ---- sections
+
+void TopologyParser::parse_cluster(const YAML::Node& n) {
+  Fields f(*this, n, "cluster", {"name", "token_file"});
+  if (auto name = read_name(f, false)) topo_.cluster.name = *name;
+  std::string raw = "~/.config/specserve/token";
+  if (auto t = read_string(f, "token_file", false)) raw = *t;
+  bool ok = false;
+  std::string abs = resolve_path(raw, f.get("token_file") ? *f.get("token_file") : n, f.path("token_file"), &ok);
+  if (ok) topo_.cluster.token_file = abs;
+}
+
+void TopologyParser::parse_head(const YAML::Node& n) {
+  Fields f(*this, n, "head", {"host", "actor_port", "http_port"});
+  if (auto h = read_host(f, "host")) topo_.head.host = *h;
+  if (auto p = read_int(f, "actor_port", 1, 65535, false)) topo_.head.actor_port = static_cast<int32_t>(*p);
+  if (auto p = read_int(f, "http_port", 1, 65535, false)) topo_.head.http_port = static_cast<int32_t>(*p);
+  if (topo_.head.actor_port == topo_.head.http_port) {
+    const YAML::Node* at = f.get("http_port") ? f.get("http_port") : (f.get("actor_port") ? f.get("actor_port") : &n);
+    error(*at, "head.http_port",
+          quote(std::to_string(topo_.head.http_port)) + " is also head.actor_port: the two must differ");
+  }
+}
+
+void TopologyParser::parse_models(const YAML::Node& n) {
+  Fields f(*this, n, "models", {"target", "speculative"});
+  if (!f.is_map()) return;
+  if (const YAML::Node* t = f.get("target")) {
+    parse_target(*t);
+  } else {
+    missing(f, "target", "the model every replica serves: {path, tensor_parallel_size}");
+  }
+  if (const YAML::Node* s = f.get("speculative")) parse_speculative(*s);
+}
+
+void TopologyParser::parse_target(const YAML::Node& n) {
+  Fields f(*this, n, "models.target", {"path", "tensor_parallel_size", "max_model_len"});
+  if (!f.is_map()) return;
+  if (auto p = read_model_path(f, "path", true)) topo_.models.target.path = *p;
+  if (auto tp = read_int(f, "tensor_parallel_size", 1, 1024, false)) {
+    topo_.models.target.tensor_parallel_size = static_cast<int32_t>(*tp);
+  }
+  if (auto m = read_int(f, "max_model_len", 1, INT32_MAX, false)) {
+    topo_.models.target.max_model_len = static_cast<int32_t>(*m);
+  }
+}
+
+void TopologyParser::parse_speculative(const YAML::Node& n) {
+  Fields f(*this, n, "models.speculative",
+           {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
+            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k"});
+  if (!f.is_map()) return;
+  SpeculativeSpec s;
+  bool method_ok = false;
+  static const char* kMethods = "ngram, draft_model, layer_skip, medusa, eagle";
+  if (const YAML::Node* m = scalar(f, "method", "a string", false)) {
+    static const std::map<std::string, SpeculativeMethod> kByName = {
+        {"ngram", SpeculativeMethod::kNgram},         {"draft_model", SpeculativeMethod::kDraftModel},
+        {"layer_skip", SpeculativeMethod::kLayerSkip}, {"medusa", SpeculativeMethod::kMedusa},
+        {"eagle", SpeculativeMethod::kEagle}};
+    auto it = kByName.find(m->Scalar());
+    if (it == kByName.end()) {
+      error(*m, f.path("method"), quote(m->Scalar()) + " is not one of " + kMethods);
+    } else {
+      s.method = it->second;
+      method_ok = true;
+    }
+  } else if (!f.get("method")) {
+    missing(f, "method", std::string("one of ") + kMethods);
+  }
+  if (auto k = read_int(f, "num_speculative_tokens", 1, 64, true)) s.num_speculative_tokens = static_cast<int32_t>(*k);
+  const auto lmin = read_int(f, "prompt_lookup_min", 1, INT32_MAX, false);
+  const auto lmax = read_int(f, "prompt_lookup_max", 1, INT32_MAX, false);
+  const auto layers = read_int(f, "num_layers", 1, INT32_MAX, false);
+  if (auto d = read_int(f, "disable_by_batch_size", 1, INT32_MAX, false)) {
+    s.disable_by_batch_size = static_cast<int32_t>(*d);
+  }
+  if (auto d = read_int(f, "draft_tensor_parallel_size", 1, 1024, false)) {
+    s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
+  }
+  if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
+  if (lmin) s.prompt_lookup_min = static_cast<int32_t>(*lmin);
+  if (lmax) s.prompt_lookup_max = static_cast<int32_t>(*lmax);
+  if (layers) s.num_layers = static_cast<int32_t>(*layers);
+  if (!method_ok) return;  // the method-specific checks below would only echo that error
+
+  const std::string method = quote(speculative_method_name(s.method));
+  const bool needs_model = s.method == SpeculativeMethod::kDraftModel || s.method == SpeculativeMethod::kMedusa ||
+                           s.method == SpeculativeMethod::kEagle;
+  if (needs_model) {
+    if (f.get("model")) {
+      if (auto p = read_model_path(f, "model", true)) s.model = *p;
+    } else {
+      missing(f, "model", "method " + method + " needs the draft / head model's GGUF path");
+    }
+  } else if (const YAML::Node* m = f.get("model")) {
+    error(*m, f.path("model"), "method " + method + " takes no model, got " + describe(*m));
+  }
+  if (s.method == SpeculativeMethod::kNgram) {
+    if ((lmin || lmax) && s.prompt_lookup_min > s.prompt_lookup_max) {
+      const std::string key = lmax ? "prompt_lookup_max" : "prompt_lookup_min";
+      error(*f.get(key), f.path(key),
+            "prompt_lookup_min " + quote(std::to_string(s.prompt_lookup_min)) + (lmin ? "" : " (default)") +
+                " is greater than prompt_lookup_max " + quote(std::to_string(s.prompt_lookup_max)) +
+                (lmax ? "" : " (default)") + ": need 1 <= min <= max");
+    }
+  } else {
+    for (const char* key : {"prompt_lookup_min", "prompt_lookup_max"}) {
+      if (const YAML::Node* v = f.get(key)) {
+        error(*v, f.path(key), "applies only to method 'ngram', not " + method + "; got " + describe(*v));
+      }
+    }
+  }
+  if (s.method != SpeculativeMethod::kLayerSkip) {
+    if (const YAML::Node* v = f.get("num_layers")) {
+      error(*v, f.path("num_layers"), "applies only to method 'layer_skip', not " + method + "; got " + describe(*v));
+    }
+  }
+  topo_.models.speculative = s;
+}
+
+void TopologyParser::parse_nodes(const YAML::Node& n) {
+  record("nodes", n);
+  if (!n.IsSequence() || n.size() == 0) {
+    error(n, "nodes", "expected a non-empty sequence of nodes ({name, host, devices, workers}), got " + describe(n));
+    return;
+  }
+  std::map<std::string, std::string> names;  // name -> path of its first use
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    record(path, n[i]);
+    NodeSpec node;
+    parse_node(n[i], path, &node);
+    if (!node.name.empty()) {
+      auto [it, inserted] = names.emplace(node.name, path);
+      if (!inserted) {
+        error_at(topo_.where(path + ".name"), path + ".name",
+                 quote(node.name) + " is already the name of " + it->second);
+      }
+    }
+    topo_.nodes.push_back(std::move(node));
+  }
+}
+
+void TopologyParser::parse_node(const YAML::Node& n, const std::string& path, NodeSpec* node) {
+  Fields f(*this, n, path, {"name", "host", "devices", "workers"});
+  if (!f.is_map()) return;
+  if (auto name = read_name(f, true)) node->name = *name;
+  if (auto h = read_host(f, "host")) node->host = *h;
+  if (const YAML::Node* d = f.get("devices")) {
+    record(f.path("devices"), *d);
+    if (!d->IsSequence() || d->size() == 0) {
+      error(*d, f.path("devices"),
+            "expected a non-empty sequence of devices ([cpu, cuda:0, ...]), got " + describe(*d));
+    } else {
+      for (size_t j = 0; j < d->size(); ++j) {
+        const YAML::Node e = (*d)[j];
+        const std::string dp = f.path("devices") + "[" + std::to_string(j) + "]";
+        record(dp, e);
+        if (!e.IsScalar()) {
+          error(e, dp, "expected a device (cpu or cuda:N), got " + describe(e));
+          continue;
+        }
+        auto dev = parse_device(e.Scalar());
+        if (!dev.ok()) {
+          error(e, dp, dev.status().message());
+          continue;
+        }
+        if (std::find(node->devices.begin(), node->devices.end(), *dev) != node->devices.end()) {
+          error(e, dp, quote(e.Scalar()) + " is listed twice");
+          continue;
+        }
+        node->devices.push_back(*dev);
+      }
+    }
+  } else {
+    missing(f, "devices", "the devices this node offers, e.g. [cpu] or [cuda:0, cuda:1]");
+  }
+  if (const YAML::Node* w = f.get("workers")) {
+    record(f.path("workers"), *w);
+    if (!w->IsSequence()) {
+      error(*w, f.path("workers"), "expected a sequence of workers ({role, device, ...}), got " + describe(*w));
+      return;
+    }
+    for (size_t j = 0; j < w->size(); ++j) {
+      const std::string wp = f.path("workers") + "[" + std::to_string(j) + "]";
+      record(wp, (*w)[j]);
+      WorkerSpec spec;
+      parse_worker((*w)[j], wp, *node, &spec);
+      node->workers.push_back(spec);
+    }
+  }
+}
+
+void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, const NodeSpec& node, WorkerSpec* w) {
+  Fields f(*this, n, path, {"role", "model", "replica", "rank", "device"});
+  if (!f.is_map()) return;
+  bool role_ok = false;
+  if (const YAML::Node* r = scalar(f, "role", "a string", true)) {
+    static const std::map<std::string, WorkerRole> kByName = {{"target_shard", WorkerRole::kTargetShard},
+                                                              {"draft_worker", WorkerRole::kDraftWorker},
+                                                              {"prefill_worker", WorkerRole::kPrefillWorker}};
+    auto it = kByName.find(r->Scalar());
+    if (it == kByName.end()) {
+      error(*r, f.path("role"), quote(r->Scalar()) + " is not one of target_shard, draft_worker, prefill_worker");
+    } else {
+      w->role = it->second;
+      role_ok = true;
+    }
+  }
+  if (const YAML::Node* d = scalar(f, "device", "a device (cpu or cuda:N)", true)) {
+    auto dev = parse_device(d->Scalar());
+    if (!dev.ok()) {
+      error(*d, f.path("device"), dev.status().message());
+    } else {
+      w->device = *dev;
+      // Checked here, against this node's own list, so the message can name both.
+      if (!node.devices.empty() && std::find(node.devices.begin(), node.devices.end(), *dev) == node.devices.end()) {
+        std::string listed;
+        for (const auto& nd : node.devices) listed += (listed.empty() ? "" : ", ") + nd.to_string();
+        const std::string node_path = path.substr(0, path.find(".workers"));
+        error(*d, f.path("device"), quote(d->Scalar()) + " is not in " + node_path + ".devices [" + listed + "]");
+      }
+    }
+  }
+  if (auto r = read_int(f, "replica", 0, INT32_MAX, false)) w->replica = static_cast<int32_t>(*r);
+  if (!role_ok) return;
+
+  const int32_t tp = topo_.models.target.tensor_parallel_size;
+  if (w->role == WorkerRole::kTargetShard) {
+    if (auto r = read_int(f, "rank", 0, tp - 1, false)) {
+      w->rank = static_cast<int32_t>(*r);
+    } else if (!f.get("rank") && tp > 1) {
+      missing(f, "rank", "models.target.tensor_parallel_size is " + std::to_string(tp) +
+                             ": each target_shard needs a rank in 0.." + std::to_string(tp - 1));
+    }
+  } else if (const YAML::Node* r = f.get("rank")) {
+    error(*r, f.path("rank"),
+          "applies only to role target_shard, not " + quote(worker_role_name(w->role)) + "; got " + describe(*r));
+  }
+  const std::string want = w->role == WorkerRole::kDraftWorker ? "speculative" : "target";
+  if (auto m = read_string(f, "model", false)) {
+    if (*m != want) {
+      error(*f.get("model"), f.path("model"), "a " + std::string(worker_role_name(w->role)) + " runs models." + want +
+                                                  ", got " + quote(*m));
+    }
+  }
+  w->model = want;
+  if (w->role == WorkerRole::kDraftWorker && !topo_.models.speculative) {
+    error(*f.get("role"), f.path("role"), "'draft_worker' needs models.speculative, which is not set");
+  }
+}
+
+void TopologyParser::parse_scheduler(const YAML::Node& n) {
+  Fields f(*this, n, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes"});
+  SchedulerSpec& s = topo_.scheduler;
+  if (auto v = read_int(f, "max_num_seqs", 1, INT32_MAX, false)) s.max_num_seqs = static_cast<int32_t>(*v);
+  const auto batched = read_int(f, "max_num_batched_tokens", 1, INT32_MAX, false);
+  if (batched) s.max_num_batched_tokens = static_cast<int32_t>(*batched);
+  if (auto v = read_int(f, "block_size", 1, 1024, false)) s.block_size = static_cast<int32_t>(*v);
+  if (auto v = read_byte_size(f, "kv_cache_bytes")) s.kv_cache_bytes = *v;
+  if (s.max_num_batched_tokens < s.max_num_seqs) {
+    const YAML::Node* at =
+        batched ? f.get("max_num_batched_tokens") : (f.get("max_num_seqs") ? f.get("max_num_seqs") : &n);
+    error(*at, "scheduler.max_num_batched_tokens",
+          quote(std::to_string(s.max_num_batched_tokens)) + " is less than max_num_seqs " +
+              quote(std::to_string(s.max_num_seqs)) + ": every running sequence needs at least one token per step");
+  }
+}
+
+void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>* max_replicas) {
+  Fields f(*this, n, "autoscale",
+           {"min_replicas", "max_replicas", "warm_pool", "upscale_delay_s", "downscale_delay_s"});
+  AutoscaleSpec& a = topo_.autoscale;
+  if (auto v = read_int(f, "min_replicas", 0, INT32_MAX, false)) a.min_replicas = static_cast<int32_t>(*v);
+  if (auto v = read_int(f, "max_replicas", 1, INT32_MAX, false)) *max_replicas = static_cast<int32_t>(*v);
+  if (auto v = read_int(f, "warm_pool", 0, INT32_MAX, false)) a.warm_pool = static_cast<int32_t>(*v);
+  if (auto v = read_double(f, "upscale_delay_s", 0, false)) a.upscale_delay_s = *v;
+  if (auto v = read_double(f, "downscale_delay_s", 0, false)) a.downscale_delay_s = *v;
+  if (*max_replicas && a.min_replicas > **max_replicas) {
+    error(f.get("min_replicas") ? *f.get("min_replicas") : *f.get("max_replicas"), "autoscale.min_replicas",
+          quote(std::to_string(a.min_replicas)) + " is greater than max_replicas " +
+              quote(std::to_string(**max_replicas)));
+  }
+}
+
+Expected<Topology> TopologyParser::run(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return invalid_argument(loc(e.mark) + ": malformed YAML: " + e.msg);
+  }
+  if (root.IsNull()) return invalid_argument(file_ + ":1:1: (top level): the topology is empty");
+  Fields top(*this, root, "", {"cluster", "head", "models", "nodes", "scheduler", "autoscale"});
+  std::optional<int32_t> max_replicas;
+  if (top.is_map()) {
+    // Order matters: workers are checked against models (tensor_parallel_size, speculative).
+    parse_cluster(top.get("cluster") ? *top.get("cluster") : YAML::Node(YAML::NodeType::Map));
+    if (const YAML::Node* h = top.get("head")) parse_head(*h);
+    if (const YAML::Node* m = top.get("models")) {
+      parse_models(*m);
+    } else {
+      missing(top, "models", "at least models.target");
+    }
+    if (const YAML::Node* nd = top.get("nodes")) {
+      parse_nodes(*nd);
+    } else {
+      missing(top, "nodes", "at least one node with a target_shard worker");
+    }
+    if (const YAML::Node* s = top.get("scheduler")) parse_scheduler(*s);
+    if (const YAML::Node* a = top.get("autoscale")) parse_autoscale(*a, &max_replicas);
+  }
+  // NOTE: cross-field checks run only on a topology whose fields all parsed: on a broken one
+  // they would mostly repeat the first error in other words.
+  if (findings_.empty()) check_topology(max_replicas);
+  if (findings_.empty()) return std::move(topo_);
+  std::string msg;
+  for (const Finding& fd : findings_) msg += (msg.empty() ? "" : "\n") + fd.text;
+  return Status(findings_.front().code, msg);
+}
+
+}  // namespace topology_internal
+}  // namespace specserve

@@ -1,0 +1,164 @@
+// Topology validation: the cross-field checks TopologyParser runs once every field parsed
+// (ranks cover tensor_parallel_size, one worker per GPU, replicas, reachability of the head,
+// autoscale bounds), and check_ports_free.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "config/topology.h"
+#include "config/topology_internal.h"
+
+namespace specserve {
+namespace topology_internal {
+
+// ---- cross-field checks, run once every field parsed cleanly
+
+void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_replicas) {
+  const int32_t tp = topo_.models.target.tensor_parallel_size;
+  const std::string tp_path = "models.target.tensor_parallel_size";
+  const std::string tp_shown = quote(std::to_string(tp)) + (explicit_.count(tp_path) ? "" : " (default)");
+
+  // A GPU belongs to one worker; workers on the same machine share its CPU.
+  // NOTE: keyed by machine, not by node entry, so two node entries on one host (as in
+  // examples/cluster-two-nodes.yaml) cannot both claim cuda:0.
+  std::map<std::pair<std::string, std::string>, std::string> device_owner;
+  // replica -> rank -> first worker path
+  std::map<int32_t, std::map<int32_t, std::string>> shards;
+  std::map<int32_t, std::string> other_workers;  // replica -> path of a draft/prefill worker
+  for (size_t i = 0; i < topo_.nodes.size(); ++i) {
+    const NodeSpec& node = topo_.nodes[i];
+    for (size_t j = 0; j < node.workers.size(); ++j) {
+      const WorkerSpec& w = node.workers[j];
+      const std::string wp = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "]";
+      if (w.device.kind == DeviceKind::kCuda) {
+        auto key = std::make_pair(host_key(node.host), w.device.to_string());
+        auto [it, inserted] = device_owner.emplace(key, wp);
+        if (!inserted) {
+          error_at(topo_.where(wp + ".device"), wp + ".device",
+                   quote(w.device.to_string()) + " on host " + quote(node.host) + " is already given to " + it->second +
+                       ": a GPU runs one worker");
+        }
+      }
+      if (w.role == WorkerRole::kTargetShard) {
+        auto [it, inserted] = shards[w.replica].emplace(w.rank, wp);
+        if (!inserted) {
+          const std::string rp = explicit_.count(wp + ".rank") ? wp + ".rank" : wp;
+          error_at(topo_.where(rp), rp, "rank " + quote(std::to_string(w.rank)) + " of replica " +
+                                            std::to_string(w.replica) + " is already taken by " + it->second);
+        }
+      } else {
+        other_workers.emplace(w.replica, wp);
+      }
+    }
+  }
+  if (shards.empty()) {
+    error_at(topo_.where("nodes"), "nodes",
+             "no target_shard worker: a replica needs models.target.tensor_parallel_size " + tp_shown +
+                 " target_shard workers (ranks 0.." + std::to_string(tp - 1) + ")");
+  }
+  for (const auto& [replica, ranks] : shards) {
+    if (static_cast<int32_t>(ranks.size()) == tp) continue;
+    std::string have, lack;
+    for (const auto& [r, p] : ranks) have += (have.empty() ? "" : ", ") + std::to_string(r);
+    for (int32_t r = 0; r < tp; ++r) {
+      if (!ranks.count(r)) lack += (lack.empty() ? "" : ", ") + std::to_string(r);
+    }
+    error_at(topo_.where(tp_path), tp_path,
+             tp_shown + " but replica " + std::to_string(replica) + " has " + std::to_string(ranks.size()) +
+                 " target_shard worker(s) (ranks " + have + "); missing rank(s) " + lack);
+  }
+  for (const auto& [replica, wp] : other_workers) {
+    if (!shards.count(replica)) {
+      const std::string rp = explicit_.count(wp + ".replica") ? wp + ".replica" : wp;
+      error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(replica)) + " has no target_shard worker");
+    }
+  }
+
+  // Remote nodes must be able to reach the head.
+  for (size_t i = 0; i < topo_.nodes.size(); ++i) {
+    const NodeSpec& node = topo_.nodes[i];
+    if (!is_loopback_host(node.host) && is_loopback_host(topo_.head.host)) {
+      const std::string p = "nodes[" + std::to_string(i) + "].host";
+      topo_.notes.push_back(topo_.where(p) + ": " + p + ": " + quote(node.host) + " is not loopback but head.host " +
+                            quote(topo_.head.host) + " is: a node on another machine cannot join this head");
+    }
+  }
+
+  AutoscaleSpec& a = topo_.autoscale;
+  const int32_t declared = static_cast<int32_t>(shards.size());
+  if (explicit_max_replicas) {
+    a.max_replicas = *explicit_max_replicas;
+    if (declared > a.max_replicas) {
+      error_at(topo_.where("autoscale.max_replicas"), "autoscale.max_replicas",
+               quote(std::to_string(a.max_replicas)) + " is less than the " + std::to_string(declared) +
+                   " replicas the nodes declare");
+    }
+  } else {
+    a.max_replicas = std::max(a.min_replicas, std::max(declared, 1));
+  }
+}
+
+}  // namespace topology_internal
+
+using topology_internal::quote;
+
+// ---------------------------------------------------------------- ports
+
+Status check_ports_free(const Topology& topology) {
+  const HeadSpec& head = topology.head;
+  std::string problems;
+  StatusCode code = StatusCode::kOk;
+  for (const auto& [field, port] : {std::pair<std::string, int32_t>{"head.actor_port", head.actor_port},
+                                    std::pair<std::string, int32_t>{"head.http_port", head.http_port}}) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string service = std::to_string(port);
+    const int gai = getaddrinfo(head.host.c_str(), service.c_str(), &hints, &res);
+    auto add = [&](StatusCode c, const std::string& where, const std::string& text) {
+      if (code == StatusCode::kOk) code = c;
+      problems += (problems.empty() ? "" : "\n") + where + ": " + text;
+    };
+    if (gai != 0) {
+      add(StatusCode::kInvalidArgument, topology.where("head.host"),
+          "head.host: " + quote(head.host) + " does not resolve: " + gai_strerror(gai));
+      break;
+    }
+    int err = 0;
+    const int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+    } else {
+      // SO_REUSEADDR as the servers will set it: a port left in TIME_WAIT is free, a listener is not.
+      const int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) err = errno;
+      ::close(fd);
+    }
+    freeaddrinfo(res);
+    if (err == 0) continue;
+    const char* name = strerrorname_np(err);
+    std::string why = std::string(name ? name : "errno " + std::to_string(err)) + ", " + std::strerror(err);
+    if (err == EADDRINUSE) {
+      why = "already in use (" + why + "): another process listens there; stop it or pick another port";
+    }
+    if (err == EADDRNOTAVAIL) why = "cannot bind (" + why + "): head.host is not an address of this machine";
+    if (err == EACCES) why = "cannot bind (" + why + "): ports below 1024 need privileges";
+    add(StatusCode::kUnavailable, topology.where(field),
+        field + ": " + quote(std::to_string(port)) + " on " + head.host + ": " + why);
+  }
+  if (code == StatusCode::kOk) return Status();
+  return Status(code, problems);
+}
+
+}  // namespace specserve
