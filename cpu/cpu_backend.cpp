@@ -205,7 +205,16 @@ class CpuBackend final : public Backend {
     const int64_t bs = kv.block_size();
     const int64_t group = num_heads / num_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    // Work items: (sequence, row, head). Each computes one output head from its own keys.
+    // Logical position -> slot, once per sequence (not once per row).
+    std::vector<std::vector<int32_t>> seq_slots(seqs.size());
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const AttentionSeq& sq = seqs[si];
+      auto& v = seq_slots[si];
+      v.resize(static_cast<size_t>(sq.num_cached + sq.num_rows));
+      for (int64_t p = 0; p < static_cast<int64_t>(v.size()); ++p) v[static_cast<size_t>(p)] = static_cast<int32_t>(sq.block_table[p / bs] * bs + p % bs);
+    }
+    // Work items: (sequence, row). Each computes every head of its row from its own keys; the
+    // query heads of one KV group are done together so each key and value is read once per group.
     struct Item { int32_t seq, row; };
     std::vector<Item> items;
     for (int32_t si = 0; si < static_cast<int32_t>(seqs.size()); ++si)
@@ -213,52 +222,62 @@ class CpuBackend final : public Backend {
     const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel
     {
-      std::vector<int32_t> slots;
+      std::vector<int32_t> tree_slots;
       std::vector<float> scores;
-      std::vector<float> acc(static_cast<size_t>(head_dim));
+      std::vector<float> acc(static_cast<size_t>(group * head_dim));
+      std::vector<float> mx(static_cast<size_t>(group)), sum(static_cast<size_t>(group));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < num_items; ++it) {
         const AttentionSeq& sq = seqs[items[it].seq];
+        const std::vector<int32_t>& all = seq_slots[items[it].seq];
         const int32_t j = items[it].row;
-        auto slot_of = [&](int64_t logical) {
-          return static_cast<int32_t>(sq.block_table[logical / bs] * bs + logical % bs);
-        };
         // Visible keys, in logical order: the cached prefix, then ancestors (and self).
-        slots.clear();
-        for (int64_t p = 0; p < sq.num_cached; ++p) slots.push_back(slot_of(p));
-        if (!sq.parents) {
-          for (int32_t a = 0; a <= j; ++a) slots.push_back(slot_of(sq.num_cached + a));
-        } else {
-          size_t mark = slots.size();
-          for (int32_t a = j; a >= 0; a = sq.parents[a]) slots.push_back(slot_of(sq.num_cached + a));
-          std::reverse(slots.begin() + static_cast<std::ptrdiff_t>(mark), slots.end());
+        const int32_t* keys = all.data();
+        int64_t nk = sq.num_cached + j + 1;
+        if (sq.parents) {
+          tree_slots.assign(all.begin(), all.begin() + sq.num_cached);
+          const size_t mark = tree_slots.size();
+          for (int32_t a = j; a >= 0; a = sq.parents[a]) tree_slots.push_back(all[static_cast<size_t>(sq.num_cached + a)]);
+          std::reverse(tree_slots.begin() + static_cast<std::ptrdiff_t>(mark), tree_slots.end());
+          keys = tree_slots.data();
+          nk = static_cast<int64_t>(tree_slots.size());
         }
-        const int64_t nk = static_cast<int64_t>(slots.size());
-        scores.resize(static_cast<size_t>(nk));
+        scores.resize(static_cast<size_t>(nk * group));
         const int64_t row = sq.row_begin + j;
-        for (int64_t h = 0; h < num_heads; ++h) {
-          const float* qh = q + (row * num_heads + h) * head_dim;
-          const int64_t kvh = h / group;
-          float mx = -INFINITY;
+        for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+          const float* q0 = q + (row * num_heads + kvh * group) * head_dim;
+          std::fill(mx.begin(), mx.end(), -INFINITY);
           for (int64_t t = 0; t < nk; ++t) {
-            const float* kh = s.k(layer, slots[t]) + kvh * head_dim;
-            scores[t] = dot_f32(qh, kh, head_dim) * scale;
-            mx = std::max(mx, scores[t]);
+            const float* kh = s.k(layer, keys[t]) + kvh * head_dim;
+            for (int64_t g = 0; g < group; ++g) {
+              const float sc = dot_f32(q0 + g * head_dim, kh, head_dim) * scale;
+              scores[static_cast<size_t>(g * nk + t)] = sc;
+              mx[g] = std::max(mx[g], sc);
+            }
           }
-          float sum = 0;
-          for (int64_t t = 0; t < nk; ++t) {
-            scores[t] = std::exp(scores[t] - mx);
-            sum += scores[t];
+          for (int64_t g = 0; g < group; ++g) {
+            float* sg = scores.data() + g * nk;
+            float sm = 0;
+            for (int64_t t = 0; t < nk; ++t) {
+              sg[t] = std::exp(sg[t] - mx[g]);
+              sm += sg[t];
+            }
+            sum[g] = sm;
           }
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t t = 0; t < nk; ++t) {
-            const float* vh = s.v(layer, slots[t]) + kvh * head_dim;
-            const float wgt = scores[t];
-            for (int64_t e = 0; e < head_dim; ++e) acc[e] += wgt * vh[e];
+            const float* vh = s.v(layer, keys[t]) + kvh * head_dim;
+            for (int64_t g = 0; g < group; ++g) {
+              const float wgt = scores[static_cast<size_t>(g * nk + t)];
+              float* ag = acc.data() + g * head_dim;
+              for (int64_t e = 0; e < head_dim; ++e) ag[e] += wgt * vh[e];
+            }
           }
-          float* oh = out + (row * num_heads + h) * head_dim;
-          const float inv = 1.0f / sum;
-          for (int64_t e = 0; e < head_dim; ++e) oh[e] = acc[e] * inv;
+          for (int64_t g = 0; g < group; ++g) {
+            float* oh = out + (row * num_heads + kvh * group + g) * head_dim;
+            const float inv = 1.0f / sum[g];
+            for (int64_t e = 0; e < head_dim; ++e) oh[e] = acc[static_cast<size_t>(g * head_dim + e)] * inv;
+          }
         }
       }
     }

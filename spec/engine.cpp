@@ -177,7 +177,7 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
   if (!sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token)) is_stop_token = true;
   if (is_stop_token) {
     // The stop token ends the output and is not part of it.
-    if (s.decoder) s.text += s.decoder->flush();
+    if (s.decoder && !s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
     ev->text += s.text.substr(s.sent);
     s.sent = s.text.size();
     finish(s, FinishReason::kStop);
@@ -209,7 +209,10 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
   }
   const bool at_len = s.num_generated >= s.params.max_tokens ||
                       static_cast<int32_t>(s.tokens.size()) >= opts_.max_model_len;
-  if (at_len && s.decoder) s.text += s.decoder->flush();
+  if (at_len && s.decoder) {
+    // The output ends inside a multi-byte character: emit U+FFFD, never invalid UTF-8.
+    if (!s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
+  }
   // Hold back a possible partial stop string.
   const size_t hold = (at_len || s.max_stop_len == 0) ? 0 : s.max_stop_len - 1;
   if (s.decoder && s.text.size() > s.sent + hold) {

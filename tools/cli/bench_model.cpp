@@ -63,17 +63,37 @@ int run(const Args& a) {
   Transformer& m = *lm->model;
   const ModelConfig& c = m.config();
   const int bs = 16;
-  int max_len = 0;
-  for (int l : a.prompt_lengths) max_len = std::max(max_len, l);
+  ForwardOutput fo;
+  int max_len = 64;  // the decode phase starts after a 64-token prompt
+  for (int l : a.prompt_lengths) {
+    if (l < 1 || l >= c.context_length) {
+      std::fprintf(stderr, "specserve bench-model: --prompt-lengths: %d is not in 1..%lld\n", l,
+                   static_cast<long long>(c.context_length - 1));
+      return 1;
+    }
+    max_len = std::max(max_len, l);
+  }
   max_len += a.decode_tokens + 1;
+  if (max_len > c.context_length) {
+    std::fprintf(stderr, "specserve bench-model: prompt length + --decode-tokens %d exceed the context length %lld\n",
+                 a.decode_tokens, static_cast<long long>(c.context_length));
+    return 1;
+  }
   auto kv = m.create_kv((max_len + bs - 1) / bs + 1, bs);
-  if (!kv.ok()) return 1;
+  if (!kv.ok()) {
+    std::fprintf(stderr, "specserve bench-model: %s\n", kv.status().to_string().c_str());
+    return 1;
+  }
+  auto fwd = [&](const ForwardBatch& b) {
+    Status st = m.forward(b, **kv, &fo);
+    if (!st.ok()) std::fprintf(stderr, "specserve bench-model: forward: %s\n", st.to_string().c_str());
+    return st.ok();
+  };
   std::vector<int32_t> table;
   for (int i = 0; i < (max_len + bs - 1) / bs + 1; ++i) table.push_back(i);
   nlohmann::json out;
   out["model"] = path;
   out["threads"] = a.threads;
-  ForwardOutput fo;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;
     for (int r = 0; r < a.repeats; ++r) {
@@ -83,7 +103,7 @@ int run(const Args& a) {
       s.block_table = table;
       b.seqs.push_back(s);
       const double t0 = now_s();
-      if (!m.forward(b, **kv, &fo).ok()) return 1;
+      if (!fwd(b)) return 1;
       times.push_back(now_s() - t0);
     }
     const double tps = len / median(times);
@@ -98,7 +118,7 @@ int run(const Args& a) {
     for (int i = 0; i < 64; ++i) s.tokens.push_back(100 + i);
     s.block_table = table;
     b.seqs.push_back(s);
-    if (!m.forward(b, **kv, &fo).ok()) return 1;
+    if (!fwd(b)) return 1;
     const double t0 = now_s();
     for (int i = 0; i < a.decode_tokens; ++i) {
       ForwardBatch d;
@@ -107,7 +127,7 @@ int run(const Args& a) {
       x.num_cached = 64 + i;
       x.block_table = table;
       d.seqs.push_back(x);
-      if (!m.forward(d, **kv, &fo).ok()) return 1;
+      if (!fwd(d)) return 1;
     }
     rates.push_back(a.decode_tokens / (now_s() - t0));
   }

@@ -256,7 +256,9 @@ void add_bench_spec(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench-spec", "Speculative decoding on Spec-Bench: speedup, acceptance, per task (a benchmark)");
   sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)");
-  sub->add_option("--questions", a->questions, "Spec-Bench question.jsonl");
+  sub->add_option("--questions", a->questions,
+                 "Spec-Bench question.jsonl (default: the project's shared/ folder beside the checkout, "
+                 "../shared/data/spec_bench/question.jsonl)");
   sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80));
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");

@@ -141,9 +141,22 @@ void add_generate(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
-  register_command("generate", [args] {
-    if (args->prompt.empty() && args->chat.empty()) {
+  auto* seed = sub->get_option("--seed");
+  register_command("generate", [args, prompt, chat, seed] {
+    if (prompt->count() == 0 && chat->count() == 0) {
       std::fprintf(stderr, "specserve generate: one of --prompt or --chat is required\n");
+      return 2;
+    }
+    if (args->prompt.empty() && args->chat.empty()) {
+      std::fprintf(stderr, "specserve generate: %s is empty\n", prompt->count() ? "--prompt" : "--chat");
+      return 2;
+    }
+    if (seed->count() && args->seed < 0) {
+      std::fprintf(stderr, "specserve generate: --seed = %lld: must be >= 0\n", static_cast<long long>(args->seed));
+      return 2;
+    }
+    if (args->threads < 0) {
+      std::fprintf(stderr, "specserve generate: --threads = %d: must be >= 0 (0 = every core)\n", args->threads);
       return 2;
     }
     return run_generate(*args);

@@ -60,7 +60,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   std::string method, model = a.speculative_model;
   int k = a.num_speculative_tokens;
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
-  int lookup_min = -1, lookup_max = -1, num_layers = 0;
+  int lookup_min = -1, lookup_max = -1, num_layers = -1;
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -78,7 +78,9 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     auto get_int = [&](const char* key, int* dst) -> Status {
       if (!j.contains(key)) return Status();
       if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
-      *dst = j[key].get<int>();
+      const int64_t v = j[key].get<int64_t>();
+      if (v < -1000000 || v > 1000000) return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range");
+      *dst = static_cast<int>(v);
       return Status();
     };
     if (j.contains("method")) {
@@ -108,7 +110,17 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   }
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
   if (method.empty()) return std::unique_ptr<Proposer>();
+  if (k == 0) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
   if (k < 1 || k > 64) return invalid_argument("num_speculative_tokens = " + std::to_string(k) + ": must be in 1..64 when speculating");
+  if (method != "ngram" && (lookup_min != -1 || lookup_max != -1)) {
+    return invalid_argument("--speculative-config: prompt_lookup_min/max apply to method ngram only, not " + method);
+  }
+  if (method != "layer_skip" && num_layers != -1) {
+    return invalid_argument("--speculative-config: num_layers applies to method layer_skip only, not " + method);
+  }
+  if ((method == "ngram" || method == "layer_skip") && !model.empty()) {
+    return invalid_argument("speculative method " + method + " takes no model (got '" + model + "')");
+  }
   eo->num_speculative_tokens = k;
   if (method == "ngram") {
     if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;
@@ -122,7 +134,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   }
   if (method == "layer_skip") {
     const int64_t total = target.model->config().num_layers;
-    if (num_layers == 0) num_layers = static_cast<int>(total / 2);
+    if (num_layers == -1) num_layers = static_cast<int>(total / 2);
     if (num_layers < 1 || num_layers >= total) {
       return invalid_argument("--speculative-config: num_layers = " + std::to_string(num_layers) + ": must be in 1.." +
                               std::to_string(total - 1) + " for layer_skip");
