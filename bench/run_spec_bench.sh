@@ -17,9 +17,9 @@ day="$(date +%Y-%m-%d)"
 b1="$here/bench/results/spec_bench_b1_$day"
 "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 3 --max-tokens 128 \
   --batch-sizes 1 \
-  --spec '{"method":"ngram","num_speculative_tokens":4}' \
-  --spec '{"method":"ngram","num_speculative_tokens":4,"adaptive_k":false}' \
-  --spec '{"method":"ngram","num_speculative_tokens":8}' \
+  --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
+  --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5,"adaptive_k":false}' \
+  --spec '{"method":"ngram","num_speculative_tokens":8,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
   --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}' \
   --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24,"adaptive_k":false}' \
   --output "$b1.json" | tee "$b1.md"
@@ -27,7 +27,7 @@ b1="$here/bench/results/spec_bench_b1_$day"
 b8="$here/bench/results/spec_bench_b8_$day"
 "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 8 --max-tokens 64 \
   --batch-sizes 8 \
-  --spec '{"method":"ngram","num_speculative_tokens":4}' \
+  --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
   --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}' \
   --output "$b8.json" | tee "$b8.md"
 "$py" "$here/bench/plot_spec_bench.py" "$b8.json"
