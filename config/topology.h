@@ -76,8 +76,8 @@ struct SpeculativeSpec {
   SpeculativeMethod method = SpeculativeMethod::kNgram;
   std::string model;                      ///< absolute path; set exactly for draft_model, medusa, eagle
   int32_t num_speculative_tokens = 0;     ///< k, 1..64
-  int32_t prompt_lookup_min = 1;          ///< ngram only; 1 <= min <= max
-  int32_t prompt_lookup_max = 5;          ///< ngram only
+  int32_t prompt_lookup_min = 5;          ///< ngram only; 1 <= min <= max; vLLM's default 5 (= max when only max is given)
+  int32_t prompt_lookup_max = 5;          ///< ngram only; vLLM's default 5 (= min when only min is given)
   std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   int32_t draft_tensor_parallel_size = 1;

@@ -312,8 +312,11 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
     s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
   }
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
+  // vLLM's defaults: both 5 when neither is given; one given sets the other.
   if (lmin) s.prompt_lookup_min = static_cast<int32_t>(*lmin);
   if (lmax) s.prompt_lookup_max = static_cast<int32_t>(*lmax);
+  if (lmin && !lmax) s.prompt_lookup_max = s.prompt_lookup_min;
+  if (lmax && !lmin) s.prompt_lookup_min = s.prompt_lookup_max;
   if (layers) s.num_layers = static_cast<int32_t>(*layers);
   if (!method_ok) return;  // the method-specific checks below would only echo that error
 

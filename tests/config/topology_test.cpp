@@ -115,7 +115,6 @@ const BadCase kBadCases[] = {
   {"draft_model_needs_model", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5}", "method: draft_model, num_speculative_tokens: 4}", {"t.yaml:5:16:", "models.speculative.model", "missing required field", "'draft_model'"}},
   {"ngram_takes_no_model", "method: ngram,", "method: ngram, model: x.gguf,", {"t.yaml:5:39:", "models.speculative.model", "'x.gguf'"}},
   {"lookup_min_over_max", "prompt_lookup_min: 1, prompt_lookup_max: 5", "prompt_lookup_min: 6, prompt_lookup_max: 5", {"t.yaml:5:100:", "models.speculative.prompt_lookup_max", "'6'", "'5'"}},
-  {"lookup_min_over_default_max", ", prompt_lookup_min: 1, prompt_lookup_max: 5}", ", prompt_lookup_min: 7}", {"t.yaml:5:78:", "models.speculative.prompt_lookup_min", "'7'", "'5' (default)"}},
   {"lookup_bounds_for_layer_skip", "method: ngram", "method: layer_skip", {"t.yaml:5:83:", "models.speculative.prompt_lookup_min", "'1'", "'layer_skip'"}},
   {"unknown_method", "method: ngram", "method: lookahead", {"t.yaml:5:25:", "models.speculative.method", "'lookahead'"}},
   {"too_many_spec_tokens", "num_speculative_tokens: 4", "num_speculative_tokens: 65", {"t.yaml:5:56:", "models.speculative.num_speculative_tokens", "'65'", "1..64"}},
@@ -488,6 +487,32 @@ TEST(Ports, UnresolvableHostIsInvalidArgument) {
   Status st = check_ports_free(*t);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("'no-such-host.invalid'"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace specserve
+
+namespace specserve {
+namespace {
+
+// vLLM's n-gram defaults: both bounds 5 when neither is given; one given sets the other.
+TEST(TopologyNgramDefaults, FollowVllm) {
+  const std::string base = std::string(SPECSERVE_SOURCE_DIR) + "/examples/";
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n  speculative: {method: ngram, num_speculative_tokens: 4" + spec +
+           "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto none = parse_topology(make(""), "t.yaml");
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->models.speculative->prompt_lookup_min, 5);
+  EXPECT_EQ(none->models.speculative->prompt_lookup_max, 5);
+  auto only_min = parse_topology(make(", prompt_lookup_min: 7"), "t.yaml");
+  ASSERT_TRUE(only_min.ok()) << only_min.status().to_string();
+  EXPECT_EQ(only_min->models.speculative->prompt_lookup_max, 7);
+  auto only_max = parse_topology(make(", prompt_lookup_max: 3"), "t.yaml");
+  ASSERT_TRUE(only_max.ok()) << only_max.status().to_string();
+  EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
 }  // namespace
