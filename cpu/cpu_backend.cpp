@@ -157,10 +157,13 @@ class CpuBackend final : public Backend {
       corr_lo = std::max(0.0f, std::floor(yarn_corr_dim(nr, p.original_context, p.beta_fast, p.theta)));
       corr_hi = std::min(static_cast<float>(nr - 1), std::ceil(yarn_corr_dim(nr, p.original_context, p.beta_slow, p.theta)));
     }
-#pragma omp parallel for if (n > 4)
+#pragma omp parallel if (n > 4)
+    {
+    // cos/sin per pair, one buffer per thread (this runs twice per layer per step).
+    std::vector<float> cs(static_cast<size_t>(nr));
+#pragma omp for
     for (int64_t i = 0; i < n; ++i) {
-      // cos/sin per pair, computed as llama.cpp does (theta multiplied up pair by pair).
-      std::vector<float> cs(static_cast<size_t>(nr));
+      // Computed as llama.cpp does (theta multiplied up pair by pair).
       float theta_extrap = static_cast<float>(positions[i]);
       for (int64_t i0 = 0; i0 < nr; i0 += 2) {
         float theta_interp = p.freq_scale * theta_extrap;
@@ -186,6 +189,7 @@ class CpuBackend final : public Backend {
           v[b] = x0 * s + x1 * c;
         }
       }
+    }
     }
   }
 
