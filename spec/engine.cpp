@@ -89,31 +89,62 @@ Expected<std::unique_ptr<Engine>> Engine::create(Transformer& target, const Toke
 Expected<int64_t> Engine::add_request(GenerateParams params) {
   const int64_t vocab = target_.config().vocab_size;
   if (params.prompt.empty()) return invalid_argument("prompt: must hold at least one token");
-  for (int32_t t : params.prompt) {
-    if (t < 0 || t >= vocab) return invalid_argument("prompt: token id " + std::to_string(t) + " is outside the vocabulary (size " + std::to_string(vocab) + ")");
+  for (const auto* field : {&params.prompt, &params.resume_output}) {
+    const char* name = field == &params.prompt ? "prompt" : "resume_output";
+    for (int32_t t : *field) {
+      if (t < 0 || t >= vocab) {
+        return invalid_argument(std::string(name) + ": token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                                std::to_string(vocab) + ")");
+      }
+    }
   }
-  if (static_cast<int64_t>(params.prompt.size()) >= opts_.max_model_len) {
-    return out_of_range("prompt: " + std::to_string(params.prompt.size()) + " tokens leave no room in max_model_len " +
+  const int64_t num_tokens = static_cast<int64_t>(params.prompt.size() + params.resume_output.size());
+  const char* len_field = params.resume_output.empty() ? "prompt" : "prompt + resume_output";
+  if (num_tokens >= opts_.max_model_len) {
+    return out_of_range(std::string(len_field) + ": " + std::to_string(num_tokens) + " tokens leave no room in max_model_len " +
                         std::to_string(opts_.max_model_len));
   }
   if (params.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(params.max_tokens) + ": must be >= 1");
+  if (static_cast<int64_t>(params.resume_output.size()) >= params.max_tokens) {
+    return invalid_argument("resume_output: " + std::to_string(params.resume_output.size()) +
+                            " tokens leave nothing to generate within max_tokens = " + std::to_string(params.max_tokens));
+  }
   SPECSERVE_RETURN_IF_ERROR(params.sampling.validate());
   if (!params.stop.empty() && !tokenizer_) return invalid_argument("stop: stop strings need a tokenizer");
   for (const auto& s : params.stop) {
     if (s.empty()) return invalid_argument("stop: an empty stop string never matches");
   }
-  const int64_t need_blocks = (static_cast<int64_t>(params.prompt.size()) + 1 + opts_.block_size - 1) / opts_.block_size;
+  for (int32_t t : params.resume_output) {
+    if (is_stop_token(params.sampling, t)) {
+      return invalid_argument("resume_output: holds stop token " + std::to_string(t) + " (the request had already finished)");
+    }
+  }
+  const int64_t need_blocks = (num_tokens + 1 + opts_.block_size - 1) / opts_.block_size;
   if (need_blocks > pool_->num_blocks()) {
-    return out_of_range("prompt: " + std::to_string(params.prompt.size()) + " tokens need more KV blocks than the cache holds (" +
+    return out_of_range(std::string(len_field) + ": " + std::to_string(num_tokens) + " tokens need more KV blocks than the cache holds (" +
                         std::to_string(pool_->num_blocks()) + ")");
   }
   auto s = std::make_unique<Seq>();
   s->id = next_id_++;
   s->sampler.emplace(params.sampling);
   s->tokens = params.prompt;
+  s->tokens.insert(s->tokens.end(), params.resume_output.begin(), params.resume_output.end());
   s->prompt_len = static_cast<int32_t>(params.prompt.size());
+  s->num_generated = static_cast<int32_t>(params.resume_output.size());
   if (tokenizer_) s->decoder.emplace(*tokenizer_, false);
   for (const auto& st : params.stop) s->max_stop_len = std::max(s->max_stop_len, st.size());
+  if (s->decoder && !params.resume_output.empty()) {
+    for (int32_t t : params.resume_output) s->text += s->decoder->push(t);
+    for (const auto& st : params.stop) {
+      if (s->text.find(st) != std::string::npos) {
+        return invalid_argument("resume_output: its text already holds stop string \"" + st + "\" (the request had already finished)");
+      }
+    }
+    // NOTE: emit() holds back the last max_stop_len - 1 bytes after every token, so after
+    // these tokens the uninterrupted request had sent exactly this much of their text.
+    const size_t hold = s->max_stop_len == 0 ? 0 : s->max_stop_len - 1;
+    s->sent = s->text.size() > hold ? s->text.size() - hold : 0;
+  }
   s->k = opts_.num_speculative_tokens;
   s->spec.accepted_per_pos.assign(static_cast<size_t>(opts_.num_speculative_tokens), 0);
   s->params = std::move(params);
@@ -171,11 +202,13 @@ void Engine::admit() {
   }
 }
 
+bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
+  if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) return true;
+  return !sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token);
+}
+
 bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
-  const auto& sp = s.params.sampling;
-  bool is_stop_token = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end();
-  if (!sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token)) is_stop_token = true;
-  if (is_stop_token) {
+  if (is_stop_token(s.params.sampling, token)) {
     // The stop token ends the output and is not part of it.
     if (s.decoder && !s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
     ev->text += s.text.substr(s.sent);

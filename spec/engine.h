@@ -46,9 +46,21 @@ struct EngineOptions {
 struct GenerateParams {
   std::vector<int32_t> prompt;        ///< token ids, at least one
   SamplingParams sampling;
-  int32_t max_tokens = 256;           ///< >= 1
+  int32_t max_tokens = 256;           ///< >= 1; counts resume_output
   std::vector<std::string> stop;      ///< stop strings: output ends before the first match
   bool include_stop_str = false;
+  /// Output tokens this request already produced on another replica (failover): they follow
+  /// the prompt as OUTPUT — they count toward max_tokens and the context, take part in the
+  /// presence/frequency/repetition penalties as output, and their text is fed to the stream
+  /// decoder so that a stop string may start inside it. They are never emitted again: their
+  /// text counts as sent exactly as far as the uninterrupted request had sent it after these
+  /// tokens (a tail that may begin a stop string is still held back and comes in a later
+  /// SeqEvent), so the first replica's events followed by this one's equal the uninterrupted
+  /// request's. Greedy output continues exactly as without the interruption (the sampler's
+  /// random stream of a seeded sampling request restarts, so sampled output does not).
+  std::vector<int32_t> resume_output;
+  /// Scheduling priority: a lower value is admitted first and preempted last (vLLM's meaning).
+  int32_t priority = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -96,8 +108,11 @@ class Engine {
   ~Engine();
 
   /// Queues a request; returns its sequence id. Errors (kInvalidArgument / kOutOfRange naming
-  /// the field): empty prompt, token outside the vocabulary, prompt longer than max_model_len,
-  /// max_tokens < 1, invalid sampling params, stop strings without a tokenizer.
+  /// the field): empty prompt, token outside the vocabulary (prompt or resume_output), prompt
+  /// (plus resume_output) leaving no room in max_model_len or needing more KV blocks than the
+  /// cache holds, max_tokens < 1, resume_output.size() >= max_tokens, resume_output holding a
+  /// stop token, EOS (unless ignore_eos) or a complete stop string (the request would already
+  /// have finished), invalid sampling params, stop strings without a tokenizer.
   Expected<int64_t> add_request(GenerateParams params);
   /// Finishes a sequence now (FinishReason::kAbort reported on the next step); frees its KV.
   void abort(int64_t seq_id);
@@ -124,6 +139,9 @@ class Engine {
   void finish(Seq& s, FinishReason r);
   /// Appends `token` to s (stop rules); returns false when the sequence finished.
   bool emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev);
+  /// True when `token` ends the output of a request with params `sp` (stop_token_ids; EOS
+  /// unless ignore_eos, known only with a tokenizer).
+  bool is_stop_token(const SamplingParams& sp, int32_t token) const;
 
   Transformer& target_;
   const Tokenizer* tokenizer_;
