@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/sampling.h"
+#include "spec/sparse_probs.h"
 
 namespace specserve {
 
@@ -23,6 +24,12 @@ Expected<std::unique_ptr<ModelDrafter>> ModelDrafter::create(Transformer& model,
   const ModelConfig& c = model.config();
   if (o.num_layers < 0 || o.num_layers > c.num_layers) {
     return invalid_argument("num_layers = " + std::to_string(o.num_layers) + ": must be in 1.." + std::to_string(c.num_layers));
+  }
+  if (!(o.sparse_keep_mass > 0.0 && o.sparse_keep_mass <= 1.0)) {
+    return invalid_argument("sparse_keep_mass = " + std::to_string(o.sparse_keep_mass) + ": must be in (0, 1]");
+  }
+  if (o.sparse_max_entries < 0) {
+    return invalid_argument("sparse_max_entries = " + std::to_string(o.sparse_max_entries) + ": must be >= 0 (0: no limit)");
   }
   if (o.num_layers == 0) o.num_layers = c.num_layers;
   if (o.max_model_len <= 0 || o.max_model_len > c.context_length) o.max_model_len = static_cast<int32_t>(c.context_length);
@@ -89,6 +96,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
   batch.num_layers = opts_.num_layers;
   ForwardOutput fo;
   std::vector<float> probs, masked;
+  const bool sparse = opts_.sparse_keep_mass < 1.0 || opts_.sparse_max_entries > 0;
   auto draw = [&](const Work& w, const float* row) -> int32_t {
     const DraftRequest& r = reqs[w.req];
     masked.assign(row, row + vocab);
@@ -99,6 +107,9 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
     std::vector<int32_t> output(r.tokens.begin() + r.prompt_len, r.tokens.end());
     output.insert(output.end(), d.tokens.begin(), d.tokens.end());
     w.st->sampler->compute_probs(masked.data(), vocab, prompt, output, &probs);
+    // Truncate first, then draw from the truncated q: the reported q is the proposal (see
+    // DrafterOptions::sparse_keep_mass).
+    if (sparse) truncate_probs(&probs, opts_.sparse_keep_mass, opts_.sparse_max_entries);
     const int32_t t = w.st->sampler->sample_from(probs);
     // q over the target's vocabulary: padding rows get 0, missing rows (draft smaller) get 0.
     probs.resize(static_cast<size_t>(opts_.target_vocab_size), 0.0f);

@@ -26,11 +26,24 @@ struct DrafterOptions {
   int64_t num_kv_blocks = 0;         ///< 0: 4 * max_model_len / block_size
   int32_t max_model_len = 0;         ///< 0: the draft model's context length
   int32_t target_vocab_size = 0;     ///< ids >= this are padding in the draft and never proposed
+  /// Sparse draft distributions (spec/sparse_probs.h), for drafts that cross a process boundary.
+  /// When either limit is set, each sampled draft token's q is cut with
+  /// truncate_probs(q, sparse_keep_mass, sparse_max_entries) — the largest entries until they
+  /// hold sparse_keep_mass of the mass or sparse_max_entries are kept, renormalised — BEFORE the
+  /// draft token is drawn, and the token is drawn from that truncated q, which is also the q
+  /// reported in DraftTree::probs. So the reported q is exactly the proposal distribution, and
+  /// speculative sampling (Leviathan et al. 2023, Theorem 1: exact for any proposal q) stays
+  /// lossless; only the acceptance rate can drop. Greedy requests are unaffected (no q).
+  /// NOTE: truncating only the *reported* q after drawing from the full one would be lossy: a
+  /// token drawn from outside the kept set would be verified against q = 0.
+  double sparse_keep_mass = 1.0;     ///< in (0, 1]; 1: no mass limit
+  int32_t sparse_max_entries = 0;    ///< >= 0; 0: no entry limit
 };
 
 class ModelDrafter final : public Proposer {
  public:
-  /// `model` must outlive the drafter. Errors: KV allocation, num_layers out of range.
+  /// `model` must outlive the drafter. Errors: KV allocation, num_layers out of range,
+  /// sparse_keep_mass outside (0, 1], sparse_max_entries < 0 (kInvalidArgument naming the field).
   static Expected<std::unique_ptr<ModelDrafter>> create(Transformer& model, DrafterOptions options);
   ~ModelDrafter() override;
 

@@ -302,6 +302,26 @@ TEST(SpecDistribution, DraftModelMatchesTarget) {
   }
 }
 
+TEST(SpecDistribution, SparseDraftModelMatchesTarget) {
+  // The drafter truncates q to its top entries (at most 4 of 16, 80% of the mass) before drawing
+  // its token, as a draft worker in another process does (DrafterOptions::sparse_*): the proposal
+  // changes, the output distribution must not. Power: a drafter that drew from the full q and
+  // truncated only the q it reports (lossy) fails this test (chi-square ~600 against 352).
+  DrafterOptions o;
+  o.sparse_keep_mass = 0.8;
+  o.sparse_max_entries = 4;
+  auto d = ModelDrafter::create(*models().draft.model, o);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  const int32_t k = 2;
+  SpecStats spec;
+  const auto runs = sample_runs(d->get(), k, kShortPrompt, kN, 3000000, &spec);
+  const std::string where = "sparse draft_model k=2 (mass 0.8, <= 4 ids)";
+  expect_fits(pair_counts(runs, 0), pair_marginal(short_joint(), 0), where + ", tokens 0-1");
+  expect_fits(pair_counts(runs, 1), pair_marginal(short_joint(), 1), where + ", tokens 1-2");
+  EXPECT_GT(spec.num_accepted_tokens, spec.num_draft_tokens / 10) << where;
+  EXPECT_LT(spec.num_accepted_tokens, spec.num_draft_tokens * 9 / 10) << where;
+}
+
 TEST(SpecDistribution, NgramMatchesTarget) {
   // Every token appears in the prompt, so after the first generated token the n-gram lookup
   // always proposes (q one-hot): tokens 1 and 2 are draft positions 0 and 1.
