@@ -57,6 +57,9 @@ inline Status unsupported(std::string m) { return {StatusCode::kUnsupported, std
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 /// A value of type T or the Status explaining why there is none.
 template <typename T>

@@ -9,6 +9,7 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "model/model_loader.h"
 
 namespace specserve::cli {
 
@@ -17,15 +18,7 @@ namespace specserve::cli {
 /// exists, the first candidate (so the error names where it was looked for).
 std::string default_model_path();
 
-/// A GGUF file, its tokenizer and its transformer on a backend.
-struct LoadedModel {
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<Transformer> model;
-  double load_seconds = 0;
-};
-
-/// Loads `path` onto `backend`. Errors name the file (and field for corrupt files).
-Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet = false);
+using specserve::LoadedModel;
+using specserve::load_model;
 
 }  // namespace specserve::cli

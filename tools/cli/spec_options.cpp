@@ -5,45 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "spec/model_drafter.h"
-#include "spec/ngram_proposer.h"
+#include "actors/proposer_factory.h"
 
 namespace specserve::cli {
-
-namespace {
-
-// A draft model proposer that owns its model.
-class OwningDrafter final : public Proposer {
- public:
-  OwningDrafter(LoadedModel m, std::unique_ptr<ModelDrafter> d) : model_(std::move(m)), drafter_(std::move(d)) {}
-  std::string name() const override { return drafter_->name(); }
-  Status propose(const std::vector<DraftRequest>& r, std::vector<DraftTree>* out) override { return drafter_->propose(r, out); }
-  void release(int64_t id) override { drafter_->release(id); }
-
- private:
-  LoadedModel model_;
-  std::unique_ptr<ModelDrafter> drafter_;
-};
-
-Expected<std::unique_ptr<Proposer>> make_draft_model_proposer(const std::string& path, LoadedModel& target, Backend& backend,
-                                                             int32_t max_model_len) {
-  auto draft = load_model(path, backend);
-  if (!draft.ok()) return Status(draft.status().code(), "--speculative-model: " + draft.status().message());
-  std::vector<std::string> tt, dt;
-  for (int32_t i = 0; i < target.tokenizer->vocab_size(); ++i) tt.push_back(target.tokenizer->token_text(i));
-  for (int32_t i = 0; i < draft->tokenizer->vocab_size(); ++i) dt.push_back(draft->tokenizer->token_text(i));
-  SPECSERVE_RETURN_IF_ERROR(check_draft_vocab(tt, dt));
-  DrafterOptions o;
-  o.name = "draft_model";
-  o.max_model_len = std::min<int32_t>(max_model_len > 0 ? max_model_len : INT32_MAX,
-                                      static_cast<int32_t>(draft->model->config().context_length));
-  o.target_vocab_size = static_cast<int32_t>(target.model->config().vocab_size);
-  auto d = ModelDrafter::create(*draft->model, o);
-  if (!d.ok()) return d.status();
-  return std::unique_ptr<Proposer>(new OwningDrafter(std::move(*draft), std::move(*d)));
-}
-
-}  // namespace
 
 void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)");
@@ -55,8 +19,7 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
                  R"("adaptive_k": true})");
 }
 
-Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,
-                                                 EngineOptions* eo) {
+Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, EngineOptions* eo) {
   std::string method, model = a.speculative_model;
   int k = a.num_speculative_tokens;
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
@@ -109,7 +72,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     eo->max_model_len = mml;
   }
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
-  if (method.empty()) return std::unique_ptr<Proposer>();
+  if (method.empty()) return std::optional<SpeculativeSpec>();
   if (k == 0) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
   if (k < 1 || k > 64) return invalid_argument("num_speculative_tokens = " + std::to_string(k) + ": must be in 1..64 when speculating");
   if (method != "ngram" && (lookup_min != -1 || lookup_max != -1)) {
@@ -122,7 +85,12 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
     return invalid_argument("speculative method " + method + " takes no model (got '" + model + "')");
   }
   eo->num_speculative_tokens = k;
+  SpeculativeSpec spec;
+  spec.num_speculative_tokens = k;
+  spec.model = model;
+  spec.adaptive_k = eo->adaptive_k;
   if (method == "ngram") {
+    spec.method = SpeculativeMethod::kNgram;
     if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;
     else if (lookup_min == -1) lookup_min = lookup_max;
     else if (lookup_max == -1) lookup_max = lookup_min;
@@ -130,30 +98,35 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
       return invalid_argument("prompt_lookup_min = " + std::to_string(lookup_min) + ", prompt_lookup_max = " +
                               std::to_string(lookup_max) + ": need 1 <= min <= max");
     }
-    return std::unique_ptr<Proposer>(new NgramProposer(lookup_min, lookup_max));
-  }
-  if (method == "layer_skip") {
-    const int64_t total = target.model->config().num_layers;
-    if (num_layers == -1) num_layers = static_cast<int>(total / 2);
-    if (num_layers < 1 || num_layers >= total) {
-      return invalid_argument("--speculative-config: num_layers = " + std::to_string(num_layers) + ": must be in 1.." +
-                              std::to_string(total - 1) + " for layer_skip");
-    }
-    DrafterOptions o;
-    o.name = "layer_skip";
-    o.num_layers = num_layers;
-    o.max_model_len = eo->max_model_len;
-    auto d = ModelDrafter::create(*target.model, o);
-    if (!d.ok()) return d.status();
-    return std::unique_ptr<Proposer>(std::move(*d));
-  }
-  if (method == "draft_model") {
+    spec.prompt_lookup_min = lookup_min;
+    spec.prompt_lookup_max = lookup_max;
+  } else if (method == "layer_skip") {
+    spec.method = SpeculativeMethod::kLayerSkip;
+    if (num_layers != -1) spec.num_layers = num_layers;  // range checked against the model by build_proposer
+  } else if (method == "draft_model") {
+    spec.method = SpeculativeMethod::kDraftModel;
     if (model.empty()) {
       return invalid_argument("speculative method draft_model needs a model: --speculative-model PATH or \"model\" in --speculative-config");
     }
-    return make_draft_model_proposer(model, target, backend, eo->max_model_len);
+  } else {
+    return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip");
   }
-  return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip");
+  return std::optional<SpeculativeSpec>(spec);
+}
+
+Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,
+                                                 EngineOptions* eo) {
+  auto spec = parse_spec_args(a, eo);
+  if (!spec.ok()) return spec.status();
+  if (!spec->has_value()) return std::unique_ptr<Proposer>();
+  ProposerBuildOptions bo;
+  bo.max_model_len = eo->max_model_len;
+  auto p = build_proposer(**spec, target, backend, bo);
+  if (!p.ok()) {
+    const char* flag = (*spec)->method == SpeculativeMethod::kDraftModel ? "--speculative-model: " : "--speculative-config: ";
+    return Status(p.status().code(), flag + p.status().message());
+  }
+  return p;
 }
 
 void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals) {

@@ -4,8 +4,10 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "config/topology.h"
 #include "core/status.h"
 #include "model/backend.h"
 #include "spec/engine.h"
@@ -23,6 +25,11 @@ struct SpecArgs {
 
 /// Registers the flags on `sub`.
 void add_spec_options(CLI::App& sub, SpecArgs* args);
+
+/// Turns the flags into a `models.speculative` entry (nullopt: no speculation) and sets the
+/// engine's num_speculative_tokens / disable_by_batch_size / max_model_len / adaptive_k. Errors
+/// name the flag or JSON key and value (see make_proposer).
+Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, EngineOptions* engine_options);
 
 /// Builds the proposer the flags ask for (nullptr when none) and sets the engine's
 /// num_speculative_tokens / disable_by_batch_size / max_model_len. Errors name the flag or JSON

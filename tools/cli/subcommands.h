@@ -14,6 +14,9 @@ void add_bench_spec(CLI::App& app);
 /// `specserve bench-model`: prefill/decode tokens/s and the bandwidth bound.
 void add_bench_model(CLI::App& app);
 
+/// `specserve serve | up | node | worker | status | client`: the actor runtime.
+void add_cluster_commands(CLI::App& app);
+
 /// Runs the subcommand the user chose; returns the process exit code.
 int run_selected(CLI::App& app);
 

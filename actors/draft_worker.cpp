@@ -1,0 +1,208 @@
+#include "actors/draft_worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+
+#include <caf/io/all.hpp>
+
+#include "actors/messages.h"
+#include "actors/proposer_factory.h"
+#include "actors/runtime.h"
+#include "core/logging.h"
+#include "cpu/cpu_backend.h"
+#include "model/model_loader.h"
+
+namespace specserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct DraftSeqState {
+  std::vector<int32_t> tokens;
+  int32_t prompt_len = 0;
+};
+
+struct DraftState {
+  WorkerConfig cfg;
+  std::unique_ptr<Backend> backend;
+  LoadedModel target;  // tokenizer (vocabulary check) and, for layer_skip, the weights
+  std::unique_ptr<Proposer> proposer;
+  std::map<int64_t, DraftSeqState> seqs;
+  double load_s = 0, warmup_s = 0;
+  std::string host;
+  int32_t port = 0;
+};
+
+using Self = caf::stateful_actor<DraftState>*;
+
+WorkerHello hello(Self self, const std::string& state, const std::string& error = "") {
+  const auto& s = self->state;
+  WorkerHello h;
+  h.token = s.cfg.token;
+  h.node = s.cfg.node;
+  h.role = worker_role_name(WorkerRole::kDraftWorker);
+  h.replica = s.cfg.replica;
+  h.pid = static_cast<int32_t>(::getpid());
+  h.state = state;
+  h.error = error;
+  h.load_seconds = s.load_s;
+  h.warmup_seconds = s.warmup_s;
+  h.draft_host = s.host;
+  h.draft_port = s.port;
+  h.self = caf::actor_cast<caf::actor>(self);
+  return h;
+}
+
+Status load_and_warm(Self self) {
+  auto& s = self->state;
+  const Topology& t = s.cfg.topology;
+  if (!t.models.speculative) return invalid_argument("models.speculative: a draft_worker needs a speculative method");
+  const auto t0 = Clock::now();
+  s.backend = make_cpu_backend(s.cfg.threads);
+  auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
+  if (!m.ok()) return Status(m.status().code(), "models.target.path: " + m.status().message());
+  s.target = std::move(*m);
+  ProposerBuildOptions bo;
+  if (t.models.target.max_model_len) bo.max_model_len = *t.models.target.max_model_len;
+  // q crosses a process boundary: sample drafts from a truncated q (99.9% of the mass, at most
+  // 512 ids) — exact for the verifier, since the token really is drawn from what is sent.
+  bo.sparse_keep_mass = 0.999;
+  bo.sparse_max_entries = 512;
+  auto p = build_proposer(*t.models.speculative, s.target, *s.backend, bo);
+  if (!p.ok()) return Status(p.status().code(), t.where("models.speculative") + ": models.speculative: " + p.status().message());
+  s.proposer = std::move(*p);
+  s.load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  self->send(s.cfg.scheduler, hello(self, "warming"));
+  const auto t1 = Clock::now();
+  std::vector<int32_t> warm = s.target.tokenizer->encode("Warm-up: the quick brown fox jumps over the lazy dog. The quick brown fox", true, false);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  DraftRequest r;
+  r.seq_id = -1;
+  r.tokens = warm;
+  r.prompt_len = static_cast<int32_t>(warm.size());
+  r.num_tokens = t.models.speculative->num_speculative_tokens;
+  r.sampling = &greedy;
+  std::vector<DraftTree> out(1);
+  SPECSERVE_RETURN_IF_ERROR(s.proposer->propose({r}, &out));
+  s.proposer->release(-1);
+  s.warmup_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  return Status();
+}
+
+ProposeReply propose(Self self, ProposeMsg& m) {
+  auto& s = self->state;
+  ProposeReply reply;
+  if (!token_matches(m.token, s.cfg.token)) {
+    get_logger("actors")->warn("draft worker: refused a propose request without the cluster token");
+    reply.error = "refused: wrong cluster token";
+    return reply;
+  }
+  reply.seqs.resize(m.seqs.size());
+  std::vector<DraftRequest> reqs;
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < m.seqs.size(); ++i) {
+    DraftSeq& d = m.seqs[i];
+    DraftSeqState& st = s.seqs[d.seq_id];
+    if (d.offset == 0) {
+      st.tokens = std::move(d.new_tokens);
+    } else if (d.offset == static_cast<int32_t>(st.tokens.size())) {
+      st.tokens.insert(st.tokens.end(), d.new_tokens.begin(), d.new_tokens.end());
+    } else {
+      reply.seqs[i].resync = true;
+      s.seqs.erase(d.seq_id);
+      continue;
+    }
+    st.prompt_len = d.prompt_len;
+    DraftRequest r;
+    r.seq_id = d.seq_id;
+    r.tokens = st.tokens;
+    r.prompt_len = d.prompt_len;
+    r.num_tokens = d.num_tokens;
+    r.sampling = &d.sampling;
+    reqs.push_back(r);
+    idx.push_back(i);
+  }
+  if (reqs.empty()) return reply;
+  std::vector<DraftTree> out(reqs.size());
+  Status st = s.proposer->propose(reqs, &out);
+  if (!st.ok()) {
+    reply.error = st.to_string();
+    return reply;
+  }
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    DraftReplySeq& r = reply.seqs[idx[j]];
+    DraftTree& d = out[j];
+    r.tokens = std::move(d.tokens);
+    r.parents = std::move(d.parents);
+    for (const auto& q : d.probs) {
+      std::vector<int32_t> ids;
+      std::vector<float> vals;
+      for (size_t t = 0; t < q.size(); ++t) {
+        if (q[t] > 0.0f) {
+          ids.push_back(static_cast<int32_t>(t));
+          vals.push_back(q[t]);
+        }
+      }
+      r.prob_ids.push_back(std::move(ids));
+      r.prob_values.push_back(std::move(vals));
+    }
+  }
+  return reply;
+}
+
+caf::behavior draft_worker(Self self, WorkerConfig cfg) {
+  auto& s = self->state;
+  s.cfg = std::move(cfg);
+  auto log = get_logger("actors");
+  self->monitor(s.cfg.scheduler);
+  self->set_down_handler([self, log](caf::down_msg& m) {
+    if (m.source == self->state.cfg.scheduler.address()) {
+      log->warn("replica {}: the scheduler went away; the draft worker stops", self->state.cfg.replica);
+      self->quit();
+    }
+  });
+  if (!s.cfg.listen_host.empty()) {
+    auto port = self->system().middleman().publish(caf::actor_cast<caf::actor>(self), 0, s.cfg.listen_host.c_str(), true);
+    if (!port) {
+      self->send(s.cfg.scheduler, hello(self, "failed", "cannot open a port on " + s.cfg.listen_host + ": " +
+                                                            self->system().render(port.error())));
+      self->quit(caf::exit_reason::user_shutdown);
+      return {};
+    }
+    s.host = s.cfg.listen_host;
+    s.port = *port;
+  }
+  self->send(s.cfg.scheduler, hello(self, "loading"));
+  Status st = load_and_warm(self);
+  if (!st.ok()) {
+    log->error("replica {} draft worker: {}", s.cfg.replica, st.to_string());
+    self->send(s.cfg.scheduler, hello(self, "failed", st.to_string()));
+    self->quit(caf::exit_reason::user_shutdown);
+    return {};
+  }
+  log->info("replica {} draft worker ({}) ready: loaded in {:.2f} s, warmed up in {:.2f} s", s.cfg.replica,
+            s.proposer->name(), s.load_s, s.warmup_s);
+  self->send(s.cfg.scheduler, hello(self, "ready"));
+  return {
+      [self](ProposeMsg& m) -> ProposeReply { return propose(self, m); },
+      [self](const ReleaseMsg& m) {
+        auto& s = self->state;
+        if (!token_matches(m.token, s.cfg.token)) return;
+        for (int64_t id : m.seq_ids) {
+          s.seqs.erase(id);
+          s.proposer->release(id);
+        }
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_draft_worker(caf::actor_system& sys, WorkerConfig config) {
+  return sys.spawn<caf::detached>(draft_worker, std::move(config));
+}
+
+}  // namespace specserve

@@ -1,0 +1,57 @@
+#include "actors/head.h"
+
+#include "actors/messages.h"
+#include "core/logging.h"
+
+namespace specserve {
+
+Expected<std::unique_ptr<Head>> Head::start(ActorRuntime& runtime, const Topology& topology, std::string token,
+                                            bool publish) {
+  std::unique_ptr<Head> h(new Head(runtime));
+  h->token_ = token;
+  auto f = GgufFile::open(topology.models.target.path);
+  if (!f.ok()) return Status(f.status().code(), topology.where("models.target.path") + ": models.target.path: " + f.status().message());
+  auto gguf = std::make_shared<GgufFile>(std::move(*f));
+  auto tok = Tokenizer::from_gguf(*gguf);
+  if (!tok.ok()) return Status(tok.status().code(), topology.where("models.target.path") + ": models.target.path: " + tok.status().message());
+  h->gguf_ = gguf;
+  h->tokenizer_ = std::make_shared<Tokenizer>(std::move(*tok));
+  SchedulerConfig sc;
+  sc.topology = topology;
+  sc.token = std::move(token);
+  sc.gguf = h->gguf_;
+  sc.tokenizer = h->tokenizer_;
+  h->scheduler_ = spawn_scheduler(runtime.system(), std::move(sc));
+  if (publish) {
+    auto port = runtime.middleman().publish(h->scheduler_, static_cast<uint16_t>(topology.head.actor_port),
+                                            topology.head.host.c_str(), true);
+    if (!port) {
+      caf::anon_send_exit(h->scheduler_, caf::exit_reason::user_shutdown);
+      return unavailable(topology.where("head.actor_port") + ": head.actor_port: cannot listen on " + topology.head.host +
+                         ":" + std::to_string(topology.head.actor_port) + ": " + runtime.system().render(port.error()));
+    }
+    h->port_ = *port;
+    get_logger("actors")->info("head: actor port {}:{} (cluster '{}'; peers must present the cluster token)",
+                               topology.head.host, h->port_, topology.cluster.name);
+  }
+  return h;
+}
+
+Head::~Head() { stop(); }
+
+Status Head::drain(std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{runtime_.system()};
+  Status st;
+  self->request(scheduler_, timeout, drain_atom::value, token_)
+      .receive([&](bool) {}, [&](caf::error& e) { st = deadline_exceeded("drain: " + runtime_.system().render(e)); });
+  return st;
+}
+
+void Head::stop() {
+  if (!scheduler_) return;
+  if (port_) runtime_.middleman().unpublish(scheduler_, port_);
+  caf::anon_send_exit(scheduler_, caf::exit_reason::user_shutdown);
+  scheduler_ = caf::actor{};
+}
+
+}  // namespace specserve

@@ -1,0 +1,44 @@
+// specserve actors: the head of a cluster in one object — the scheduler actor, the target's
+// tokenizer, and the actor port (published on head.host:head.actor_port).
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+#include <string>
+
+#include "actors/runtime.h"
+#include "actors/scheduler.h"
+#include "config/topology.h"
+
+namespace specserve {
+
+class Head {
+ public:
+  /// Opens the target GGUF (tokenizer and chat template only; weights stay with the workers),
+  /// spawns the scheduler and, when `publish`, opens the actor port (head.host, head.actor_port;
+  /// port 0 picks a free one). Errors name the field: an unreadable model, a port in use.
+  static Expected<std::unique_ptr<Head>> start(ActorRuntime& runtime, const Topology& topology, std::string token,
+                                               bool publish = true);
+  ~Head();
+
+  caf::actor scheduler() const { return scheduler_; }
+  /// The actor port actually bound (0 when not published).
+  uint16_t actor_port() const { return port_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  /// Stops accepting requests and waits for the in-flight ones (at most `timeout`).
+  Status drain(std::chrono::milliseconds timeout);
+  /// Stops the scheduler (workers watching it quit).
+  void stop();
+
+ private:
+  Head(ActorRuntime& rt) : runtime_(rt) {}
+  ActorRuntime& runtime_;
+  std::string token_;
+  std::shared_ptr<const GgufFile> gguf_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  caf::actor scheduler_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace specserve

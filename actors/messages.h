@@ -1,0 +1,355 @@
+// specserve actors: every message that travels between actors, declared once.
+//
+// Only token ids, small index arrays, sparse probabilities and counters travel here
+// (DESIGN.md section 2); activations and KV blocks never do. Each top-level message is a
+// struct with a CAF type ID (CAF 0.17.6: CAF_BEGIN_TYPE_ID_BLOCK / CAF_ADD_TYPE_ID and the
+// old-style `inspect`), registered on an actor_system_config by `add_message_types`.
+//
+// Who sends what:
+//   client   -> scheduler : SubmitMsg (reply: int64 request id | error), CancelMsg, StatusQuery (reply: ClusterStatus)
+//   scheduler-> request   : RequeueMsg (its replica died)
+//   request  -> client    : StreamChunk (tokens, text, finish, counters)
+//   scheduler-> shard     : WorkItem, AbortMsg, AttachDraftMsg
+//   shard    -> request   : ShardEvent
+//   shard    -> scheduler : ShardLoad (after every step)
+//   worker   -> scheduler : WorkerHello (register and every state change; the token is checked)
+//   shard    -> draft     : ProposeMsg (reply: ProposeReply), ReleaseMsg
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/sampling.h"
+
+namespace specserve {
+
+/// One chat turn ("system", "user", "assistant").
+struct ChatTurn {
+  std::string role;
+  std::string content;
+};
+
+/// What a client asks for. Exactly one of `prompt`, `messages`, `prompt_token_ids` is set.
+struct GenerateRequest {
+  std::string prompt;                    ///< raw text, tokenized with the model's BOS rule
+  std::vector<ChatTurn> messages;        ///< rendered with the model's chat template (generation prompt added)
+  std::vector<int32_t> prompt_token_ids; ///< token ids, used as given
+  SamplingParams sampling;               ///< temperature 0 = greedy (see model/sampling.h)
+  int32_t max_tokens = 256;              ///< >= 1
+  std::vector<std::string> stop;         ///< stop strings; output ends before the first match
+  bool include_stop_str = false;
+  int32_t priority = 0;                  ///< lower is served first (vLLM's meaning)
+  double timeout_s = 0;                  ///< > 0: the request finishes with "timeout" after this long
+};
+
+/// Client -> scheduler. Reply: the request id (int64_t) or an error.
+struct SubmitMsg {
+  std::string token;      ///< the cluster token
+  GenerateRequest request;
+  caf::actor sink;        ///< receives StreamChunk messages
+};
+
+/// Client -> scheduler: finish a request now (finish reason "abort").
+struct CancelMsg {
+  std::string token;
+  int64_t request_id = 0;
+};
+
+/// Request actor -> client: what the request produced since the last chunk.
+struct StreamChunk {
+  int64_t request_id = 0;
+  std::vector<int32_t> tokens;      ///< new output token ids
+  std::vector<float> logprobs;      ///< log-probability of each new token (raw logits, natural log)
+  std::string text;                 ///< new complete text
+  std::string finish_reason;        ///< "" while running; "stop", "length", "abort", "timeout", "error"
+  std::string error;                ///< finish_reason "error": why
+  int32_t prompt_tokens = 0;        ///< set on the last chunk
+  int32_t completion_tokens = 0;    ///< set on the last chunk
+  int64_t num_drafts = 0;           ///< speculative counters (vLLM's meanings), set on the last chunk
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  int32_t num_requeues = 0;         ///< times the request moved to another replica after a failure
+};
+
+/// What a replica runs for one request (prompt and sampling in token space).
+struct WorkItem {
+  int64_t request_id = 0;
+  int32_t attempt = 0;                  ///< increases on every re-queue; stale events are dropped
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> resume_output;   ///< output produced before a failover (not re-emitted)
+  SamplingParams sampling;
+  int32_t max_tokens = 256;
+  std::vector<std::string> stop;
+  bool include_stop_str = false;
+  int32_t priority = 0;
+  caf::actor request_actor;             ///< receives ShardEvent messages
+};
+
+/// Scheduler -> shard: stop generating for a request.
+struct AbortMsg {
+  int64_t request_id = 0;
+};
+
+/// Shard -> request actor: one step's output for one request.
+struct ShardEvent {
+  int64_t request_id = 0;
+  int32_t attempt = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::string text;
+  std::string finish_reason;  ///< "" while running
+  std::string error;          ///< set when the shard refused the request
+  int64_t num_drafts = 0;     ///< counters, set when finished
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+};
+
+/// Shard -> scheduler after each step (and when it becomes idle): its load.
+struct ShardLoad {
+  int32_t replica = 0;
+  int32_t free_kv_blocks = 0;
+  int32_t total_kv_blocks = 0;
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int64_t num_steps = 0;
+  int64_t generated_tokens = 0;
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  double forward_seconds = 0;
+  double draft_seconds = 0;
+  std::vector<int64_t> finished;  ///< request ids that finished in this step
+};
+
+/// Worker -> scheduler: registration and every later state change.
+struct WorkerHello {
+  std::string token;
+  std::string node;
+  std::string role;       ///< "target_shard", "draft_worker"
+  int32_t replica = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  std::string state;      ///< "loading", "warming", "ready", "failed"
+  std::string error;      ///< state "failed": why
+  double load_seconds = 0;
+  double warmup_seconds = 0;
+  std::string draft_host; ///< draft_worker: where its own port listens (the shard connects there)
+  int32_t draft_port = 0; ///< 0: same actor system, use `self` directly
+  int32_t total_kv_blocks = 0;
+  int32_t block_size = 0;
+  int32_t max_num_seqs = 0;
+  int32_t max_model_len = 0;
+  caf::actor self;
+};
+
+/// Scheduler -> shard: the replica's draft worker is ready (in-process handle, or host:port).
+struct AttachDraftMsg {
+  caf::actor draft;        ///< valid when draft_port == 0
+  std::string draft_host;
+  int32_t draft_port = 0;
+};
+
+/// One sequence in a propose request. The draft worker keeps each sequence's tokens; a message
+/// carries only those past `offset` (the number it already holds).
+struct DraftSeq {
+  int64_t seq_id = 0;
+  int32_t prompt_len = 0;
+  int32_t offset = 0;                 ///< tokens the worker already has for this sequence
+  std::vector<int32_t> new_tokens;    ///< tokens[offset:]
+  int32_t num_tokens = 0;             ///< k
+  SamplingParams sampling;
+};
+
+/// Shard -> draft worker. Reply: ProposeReply.
+struct ProposeMsg {
+  std::string token;
+  std::vector<DraftSeq> seqs;
+};
+
+/// A draft for one sequence; probabilities are sparse (ids, values) per draft token.
+struct DraftReplySeq {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> parents;
+  std::vector<std::vector<int32_t>> prob_ids;
+  std::vector<std::vector<float>> prob_values;
+  bool resync = false;  ///< the worker's copy of the tokens did not match `offset`: send them all again
+};
+
+struct ProposeReply {
+  std::string error;  ///< non-empty: the worker failed (the step decodes without drafts)
+  std::vector<DraftReplySeq> seqs;
+};
+
+/// Shard -> draft worker: drop these sequences' state.
+struct ReleaseMsg {
+  std::string token;
+  std::vector<int64_t> seq_ids;
+};
+
+/// Anyone with the token -> scheduler. Reply: ClusterStatus.
+struct StatusQuery {
+  std::string token;
+};
+
+struct WorkerStatus {
+  std::string node;
+  std::string role;
+  int32_t replica = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  std::string state;
+  std::string error;
+  double load_seconds = 0;
+  double warmup_seconds = 0;
+};
+
+struct ReplicaStatus {
+  int32_t replica = 0;
+  bool ready = false;
+  int32_t assigned = 0;       ///< requests on it now
+  ShardLoad load;
+};
+
+struct ClusterStatus {
+  std::string cluster;
+  std::string model;
+  std::string speculative_method;  ///< "" when none
+  std::vector<WorkerStatus> workers;
+  std::vector<ReplicaStatus> replicas;
+  int32_t queued = 0;
+  int32_t running = 0;
+  int64_t finished = 0;
+  int64_t requeued = 0;
+  bool draining = false;
+};
+
+// ---- inspect (CAF 0.17's serialization hook) ----
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.has_seed,
+           x.presence_penalty, x.frequency_penalty, x.repetition_penalty, x.logprobs, x.stop_token_ids, x.ignore_eos);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChatTurn& x) {
+  return f(caf::meta::type_name("ChatTurn"), x.role, x.content);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerateRequest& x) {
+  return f(caf::meta::type_name("GenerateRequest"), x.prompt, x.messages, x.prompt_token_ids, x.sampling, x.max_tokens,
+           x.stop, x.include_stop_str, x.priority, x.timeout_s);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SubmitMsg& x) {
+  return f(caf::meta::type_name("SubmitMsg"), x.token, x.request, x.sink);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CancelMsg& x) {
+  return f(caf::meta::type_name("CancelMsg"), x.token, x.request_id);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StreamChunk& x) {
+  return f(caf::meta::type_name("StreamChunk"), x.request_id, x.tokens, x.logprobs, x.text, x.finish_reason, x.error,
+           x.prompt_tokens, x.completion_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.num_requeues);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
+  return f(caf::meta::type_name("WorkItem"), x.request_id, x.attempt, x.prompt, x.resume_output, x.sampling, x.max_tokens,
+           x.stop, x.include_stop_str, x.priority, x.request_actor);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
+  return f(caf::meta::type_name("AbortMsg"), x.request_id);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardEvent& x) {
+  return f(caf::meta::type_name("ShardEvent"), x.request_id, x.attempt, x.tokens, x.logprobs, x.text, x.finish_reason,
+           x.error, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
+  return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
+           x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
+           x.draft_seconds, x.finished);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
+  return f(caf::meta::type_name("WorkerHello"), x.token, x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
+           x.load_seconds, x.warmup_seconds, x.draft_host, x.draft_port, x.total_kv_blocks, x.block_size, x.max_num_seqs,
+           x.max_model_len, x.self);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AttachDraftMsg& x) {
+  return f(caf::meta::type_name("AttachDraftMsg"), x.draft, x.draft_host, x.draft_port);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DraftSeq& x) {
+  return f(caf::meta::type_name("DraftSeq"), x.seq_id, x.prompt_len, x.offset, x.new_tokens, x.num_tokens, x.sampling);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ProposeMsg& x) {
+  return f(caf::meta::type_name("ProposeMsg"), x.token, x.seqs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DraftReplySeq& x) {
+  return f(caf::meta::type_name("DraftReplySeq"), x.tokens, x.parents, x.prob_ids, x.prob_values, x.resync);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ProposeReply& x) {
+  return f(caf::meta::type_name("ProposeReply"), x.error, x.seqs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseMsg& x) {
+  return f(caf::meta::type_name("ReleaseMsg"), x.token, x.seq_ids);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StatusQuery& x) {
+  return f(caf::meta::type_name("StatusQuery"), x.token);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerStatus& x) {
+  return f(caf::meta::type_name("WorkerStatus"), x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
+           x.load_seconds, x.warmup_seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
+  return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
+  return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
+           x.running, x.finished, x.requeued, x.draining);
+}
+
+// ---- atoms (CAF 0.17: at most 10 characters) ----
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using requeue_atom = caf::atom_constant<caf::atom("requeue")>;
+using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// Registers the message types above (and CAF's I/O module) on `cfg`.
+void add_message_types(caf::actor_system_config& cfg);
+
+}  // namespace specserve
+
+CAF_BEGIN_TYPE_ID_BLOCK(specserve, caf::first_custom_type_id)
+CAF_ADD_TYPE_ID(specserve, (specserve::SubmitMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::CancelMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::StreamChunk))
+CAF_ADD_TYPE_ID(specserve, (specserve::WorkItem))
+CAF_ADD_TYPE_ID(specserve, (specserve::AbortMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::ShardEvent))
+CAF_ADD_TYPE_ID(specserve, (specserve::ShardLoad))
+CAF_ADD_TYPE_ID(specserve, (specserve::WorkerHello))
+CAF_ADD_TYPE_ID(specserve, (specserve::AttachDraftMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::ProposeMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::ProposeReply))
+CAF_ADD_TYPE_ID(specserve, (specserve::ReleaseMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::StatusQuery))
+CAF_ADD_TYPE_ID(specserve, (specserve::ClusterStatus))
+CAF_ADD_TYPE_ID(specserve, (specserve::GenerateRequest))
+CAF_END_TYPE_ID_BLOCK(specserve)

@@ -1,0 +1,32 @@
+// specserve actors: builds the proposer a `models.speculative` entry (or the equivalent CLI
+// flags) asks for, on a worker that has the target loaded.
+#pragma once
+
+#include <memory>
+
+#include "config/topology.h"
+#include "core/status.h"
+#include "model/backend.h"
+#include "model/model_loader.h"
+#include "spec/proposer.h"
+
+namespace specserve {
+
+struct ProposerBuildOptions {
+  int32_t max_model_len = 0;      ///< 0: the model's context length
+  /// > 0: draft_model / layer_skip sample drafts from a truncated q (this much mass, at most
+  /// `sparse_max_entries` ids) so that q travels sparse between processes and speculative
+  /// sampling stays exactly lossless. 0: dense q (in-process).
+  double sparse_keep_mass = 0;
+  int32_t sparse_max_entries = 0;
+};
+
+/// ngram -> NgramProposer(prompt_lookup_min, prompt_lookup_max); layer_skip -> the first
+/// num_layers (default half) layers of `target`; draft_model -> loads spec.model onto `backend`
+/// and checks its vocabulary against the target's. Errors name the field and value:
+/// `models.speculative.method` medusa/eagle (not built yet), num_layers out of range, a draft
+/// model that cannot be loaded or whose vocabulary differs.
+Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
+                                                   const ProposerBuildOptions& options);
+
+}  // namespace specserve

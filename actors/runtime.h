@@ -1,0 +1,56 @@
+// specserve actors: the actor system every specserve process runs, and the cluster token.
+//
+// One `ActorRuntime` per process: CAF 0.17's actor system with the I/O middleman loaded, the
+// message types of actors/messages.h registered, and heartbeats on (CAF leaves them off, so a
+// silent peer would go unnoticed): every `heartbeat_s` each connection carries a heartbeat,
+// and a connection silent for `connection_timeout_s` is closed, which kills the proxies of its
+// actors and delivers down messages to whoever monitors them.
+#pragma once
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+
+namespace specserve {
+
+struct RuntimeOptions {
+  double heartbeat_s = 1.0;           ///< > 0
+  double connection_timeout_s = 5.0;  ///< > heartbeat_s
+  int32_t scheduler_threads = 0;      ///< CAF worker threads; 0: CAF's default (cores)
+};
+
+class ActorRuntime {
+ public:
+  explicit ActorRuntime(const RuntimeOptions& options = {});
+  ~ActorRuntime();
+  caf::actor_system& system() { return *system_; }
+  caf::io::middleman& middleman() { return system_->middleman(); }
+
+ private:
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+};
+
+/// Reads the cluster token (first line, whitespace trimmed) from `path` (~ expanded).
+/// Errors: kNotFound (missing, naming the path and how to create it), kInvalidArgument (empty,
+/// or readable by group/others).
+Expected<std::string> read_cluster_token(const std::string& path);
+
+/// Reads the token at `path`, or creates it (32 random bytes as hex, mode 0600, parent folders
+/// 0700) when the file does not exist.
+Expected<std::string> ensure_cluster_token(const std::string& path);
+
+/// Constant-time comparison of a presented token with the cluster's.
+bool token_matches(const std::string& presented, const std::string& expected);
+
+/// "host:port" -> (host, port). kInvalidArgument naming `field` and the value otherwise.
+Expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text, const std::string& field);
+
+/// CAF error -> text, using the system's renderers.
+std::string caf_error_text(caf::actor_system& sys, const caf::error& e);
+
+}  // namespace specserve

@@ -1,0 +1,510 @@
+#include "actors/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "actors/messages.h"
+#include "actors/runtime.h"
+#include "core/logging.h"
+#include "model/chat_template.h"
+#include "scheduler/dispatch.h"
+
+namespace specserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---------------------------------------------------------------- request actor
+
+struct RequestState {
+  int64_t id = 0;
+  std::string token;
+  caf::actor scheduler;
+  caf::actor sink;
+  WorkItem item;                 // prompt + params; resume_output grows with the stream
+  std::vector<int32_t> output;   // every token streamed to the client
+  int32_t requeues = 0;
+  bool timed_out = false;
+  bool finished = false;
+  int64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
+};
+
+using RequestSelf = caf::stateful_actor<RequestState>*;
+
+void finish_request(RequestSelf self, StreamChunk last) {
+  auto& s = self->state;
+  if (s.finished) return;
+  s.finished = true;
+  last.request_id = s.id;
+  last.prompt_tokens = static_cast<int32_t>(s.item.prompt.size());
+  last.completion_tokens = static_cast<int32_t>(s.output.size());
+  last.num_drafts = s.num_drafts;
+  last.num_draft_tokens = s.num_draft_tokens;
+  last.num_accepted_tokens = s.num_accepted_tokens;
+  last.num_requeues = s.requeues;
+  if (s.timed_out && last.finish_reason == "abort") last.finish_reason = "timeout";
+  self->send(s.sink, std::move(last));
+  self->send(s.scheduler, done_atom::value, s.id);
+  self->quit();
+}
+
+caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf::actor scheduler, caf::actor sink,
+                            WorkItem item, double timeout_s) {
+  auto& s = self->state;
+  s.id = id;
+  s.token = std::move(token);
+  s.scheduler = std::move(scheduler);
+  s.sink = std::move(sink);
+  s.item = std::move(item);
+  s.item.request_actor = caf::actor_cast<caf::actor>(self);
+  self->monitor(s.sink);
+  self->set_down_handler([self](caf::down_msg& m) {
+    auto& s = self->state;
+    if (m.source == s.sink.address() && !s.finished) {
+      // The client went away: nobody reads the stream; free the replica's slot.
+      get_logger("actors")->info("request {}: client gone, cancelling", s.id);
+      self->send(s.scheduler, CancelMsg{s.token, s.id});
+    }
+  });
+  if (timeout_s > 0) {
+    self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)), timeout_atom::value);
+  }
+  return {
+      [self](ShardEvent& ev) {
+        auto& s = self->state;
+        if (s.finished || ev.attempt != s.item.attempt) return;  // a stale attempt (its replica died)
+        s.output.insert(s.output.end(), ev.tokens.begin(), ev.tokens.end());
+        s.item.resume_output.insert(s.item.resume_output.end(), ev.tokens.begin(), ev.tokens.end());
+        s.num_drafts += ev.num_drafts;
+        s.num_draft_tokens += ev.num_draft_tokens;
+        s.num_accepted_tokens += ev.num_accepted_tokens;
+        StreamChunk c;
+        c.request_id = s.id;
+        c.tokens = std::move(ev.tokens);
+        c.logprobs = std::move(ev.logprobs);
+        c.text = std::move(ev.text);
+        if (ev.finish_reason.empty()) {
+          self->send(s.sink, std::move(c));
+          return;
+        }
+        c.finish_reason = ev.finish_reason;
+        c.error = ev.error;
+        finish_request(self, std::move(c));
+      },
+      [self](requeue_atom) -> WorkItem {
+        auto& s = self->state;
+        ++s.requeues;
+        ++s.item.attempt;
+        return s.item;
+      },
+      [self](timeout_atom) {
+        auto& s = self->state;
+        if (s.finished) return;
+        s.timed_out = true;
+        self->send(s.scheduler, CancelMsg{s.token, s.id});
+      },
+  };
+}
+
+// ---------------------------------------------------------------- scheduler actor
+
+struct WorkerEntry {
+  WorkerHello hello;
+  Clock::time_point since;
+};
+
+struct ReplicaEntry {
+  caf::actor shard;
+  caf::actor draft;
+  bool shard_ready = false;
+  bool needs_draft = false;   // the topology gives it a draft worker
+  bool draft_settled = false; // the draft worker is ready, failed or gone
+  bool draft_attached = false;
+  WorkerHello shard_hello, draft_hello;
+  ShardLoad load;
+  int32_t pending_blocks = 0;  // promised since the last load report
+  std::set<int64_t> assigned;
+  bool ready() const { return shard && shard_ready && (!needs_draft || draft_settled); }
+};
+
+struct Pending {
+  WorkItem item;
+  int64_t arrival = 0;
+  double enqueued_at = 0;
+};
+
+struct SchedulerState {
+  SchedulerConfig cfg;
+  Clock::time_point t0 = Clock::now();
+  std::map<caf::actor_addr, WorkerEntry> workers;
+  std::map<int32_t, ReplicaEntry> replicas;
+  std::map<int64_t, Pending> queue;            // by request id
+  std::map<int64_t, int32_t> running;          // request id -> replica
+  std::map<int64_t, caf::actor> request_actors;
+  int64_t next_id = 1;
+  int64_t next_arrival = 1;
+  int64_t finished = 0;
+  int64_t requeued = 0;
+  bool draining = false;
+  std::vector<caf::response_promise> drain_waiters;
+  int32_t max_model_len = 0;
+};
+
+using SchedSelf = caf::stateful_actor<SchedulerState>*;
+
+double now_s(SchedSelf self) { return seconds_since(self->state.t0); }
+
+void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const std::string& error) {
+  auto& s = self->state;
+  auto it = s.queue.find(id);
+  if (it == s.queue.end()) return;
+  ShardEvent ev;
+  ev.request_id = id;
+  ev.attempt = it->second.item.attempt;
+  ev.finish_reason = reason;
+  ev.error = error;
+  self->send(it->second.item.request_actor, std::move(ev));
+  s.queue.erase(it);
+}
+
+void maybe_drained(SchedSelf self) {
+  auto& s = self->state;
+  if (!s.draining || !s.queue.empty() || !s.running.empty() || !s.request_actors.empty()) return;
+  for (auto& rp : s.drain_waiters) rp.deliver(true);
+  s.drain_waiters.clear();
+}
+
+void dispatch(SchedSelf self) {
+  auto& s = self->state;
+  if (s.queue.empty()) return;
+  std::vector<QueuedRequest> q;
+  for (const auto& [id, p] : s.queue) {
+    QueuedRequest r;
+    r.id = id;
+    r.priority = p.item.priority;
+    r.arrival_seq = p.arrival;
+    r.enqueued_at_s = p.enqueued_at;
+    r.num_tokens = static_cast<int32_t>(p.item.prompt.size() + p.item.resume_output.size());
+    r.max_new_tokens = p.item.max_tokens - static_cast<int32_t>(p.item.resume_output.size());
+    q.push_back(r);
+  }
+  std::vector<ReplicaLoad> loads;
+  for (const auto& [rid, r] : s.replicas) {
+    if (!r.shard) continue;
+    ReplicaLoad l;
+    l.replica = rid;
+    l.ready = r.ready();
+    l.total_kv_blocks = r.shard_hello.total_kv_blocks;
+    l.free_kv_blocks = (r.load.total_kv_blocks ? r.load.free_kv_blocks : r.shard_hello.total_kv_blocks) - r.pending_blocks;
+    l.block_size = r.shard_hello.block_size;
+    l.num_assigned = static_cast<int32_t>(r.assigned.size());
+    l.max_num_seqs = r.shard_hello.max_num_seqs;
+    l.max_model_len = r.shard_hello.max_model_len;
+    if (l.block_size <= 0) continue;
+    loads.push_back(l);
+  }
+  DispatchOptions opts;
+  opts.aging_s = s.cfg.aging_s;
+  DispatchPlan plan = plan_dispatch(std::move(q), loads, now_s(self), opts);
+  for (const auto& [id, why] : plan.reject) fail_queued(self, id, "error", "prompt too long: " + why);
+  for (const Assignment& a : plan.assign) {
+    auto it = s.queue.find(a.request_id);
+    if (it == s.queue.end()) continue;
+    ReplicaEntry& r = s.replicas[a.replica];
+    WorkItem item = std::move(it->second.item);
+    s.queue.erase(it);
+    r.assigned.insert(item.request_id);
+    r.pending_blocks += static_cast<int32_t>(
+        blocks_needed(static_cast<int64_t>(item.prompt.size() + item.resume_output.size()), r.shard_hello.block_size));
+    s.running[item.request_id] = a.replica;
+    self->send(r.shard, std::move(item));
+  }
+}
+
+void enqueue(SchedSelf self, WorkItem item, int64_t arrival) {
+  auto& s = self->state;
+  Pending p;
+  p.arrival = arrival;
+  p.enqueued_at = now_s(self);
+  const int64_t id = item.request_id;
+  p.item = std::move(item);
+  s.queue[id] = std::move(p);
+}
+
+// The replica's target shard is gone: its requests go back to the queue, first in line.
+void replica_lost(SchedSelf self, int32_t replica_id) {
+  auto& s = self->state;
+  auto& r = s.replicas[replica_id];
+  auto log = get_logger("actors");
+  log->warn("replica {}: target shard down; re-queueing {} request(s)", replica_id, r.assigned.size());
+  std::set<int64_t> lost = std::move(r.assigned);
+  r.assigned.clear();
+  r.shard = caf::actor{};
+  r.shard_ready = false;
+  r.draft_attached = false;
+  r.pending_blocks = 0;
+  r.load = ShardLoad{};
+  for (int64_t id : lost) {
+    s.running.erase(id);
+    auto ra = s.request_actors.find(id);
+    if (ra == s.request_actors.end()) continue;
+    ++s.requeued;
+    // The request actor answers with its WorkItem: prompt, tokens streamed so far, next attempt.
+    self->request(ra->second, caf::infinite, requeue_atom::value)
+        .then([self, id](WorkItem& w) {
+          // NOTE: arrival 0 puts it ahead of every request that arrived after it.
+          enqueue(self, std::move(w), 0);
+          get_logger("actors")->info("request {}: re-queued after its replica failed", id);
+          dispatch(self);
+        },
+        [](caf::error&) {});
+  }
+}
+
+void attach_draft_if_ready(SchedSelf self, ReplicaEntry& r) {
+  if (!r.shard || !r.shard_ready || !r.draft || r.draft_attached || r.draft_hello.state != "ready") return;
+  AttachDraftMsg a;
+  a.draft_port = r.draft_hello.draft_port;
+  a.draft_host = r.draft_hello.draft_host;
+  if (a.draft_port == 0) a.draft = r.draft;
+  self->send(r.shard, std::move(a));
+  r.draft_attached = true;
+}
+
+Expected<WorkItem> to_work_item(SchedulerState& s, GenerateRequest& req) {
+  WorkItem w;
+  const int n = (!req.prompt.empty()) + (!req.messages.empty()) + (!req.prompt_token_ids.empty());
+  if (n != 1) return invalid_argument("request: give exactly one of prompt, messages, prompt_token_ids (got " + std::to_string(n) + ")");
+  if (!req.prompt_token_ids.empty()) {
+    const int32_t vocab = s.cfg.tokenizer->vocab_size();
+    for (int32_t t : req.prompt_token_ids) {
+      if (t < 0 || t >= vocab) return invalid_argument("prompt_token_ids: token id " + std::to_string(t) + " is outside the vocabulary (size " + std::to_string(vocab) + ")");
+    }
+    w.prompt = std::move(req.prompt_token_ids);
+  } else if (!req.messages.empty()) {
+    std::vector<ChatMessage> msgs;
+    for (const ChatTurn& t : req.messages) msgs.push_back({t.role, t.content});
+    auto text = apply_chat_template(*s.cfg.gguf, msgs, true);
+    if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
+    w.prompt = s.cfg.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
+  } else {
+    w.prompt = s.cfg.tokenizer->encode(req.prompt, /*add_special=*/true, /*parse_special=*/false);
+  }
+  if (w.prompt.empty()) return invalid_argument("prompt: empty after tokenization");
+  if (req.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(req.max_tokens) + ": must be >= 1");
+  SPECSERVE_RETURN_IF_ERROR(req.sampling.validate());
+  if (s.max_model_len > 0 && static_cast<int32_t>(w.prompt.size()) >= s.max_model_len) {
+    return out_of_range("prompt: " + std::to_string(w.prompt.size()) + " tokens leave no room in max_model_len " +
+                        std::to_string(s.max_model_len));
+  }
+  for (const auto& st : req.stop) {
+    if (st.empty()) return invalid_argument("stop: an empty stop string never matches");
+  }
+  if (!(req.timeout_s >= 0)) return invalid_argument("timeout_s = " + std::to_string(req.timeout_s) + ": must be >= 0");
+  w.sampling = std::move(req.sampling);
+  w.max_tokens = req.max_tokens;
+  w.stop = std::move(req.stop);
+  w.include_stop_str = req.include_stop_str;
+  w.priority = req.priority;
+  return w;
+}
+
+void send_cancel(SchedSelf self, int64_t id) {
+  auto& s = self->state;
+  if (s.queue.count(id)) {
+    fail_queued(self, id, "abort", "");
+    return;
+  }
+  auto it = s.running.find(id);
+  if (it == s.running.end()) return;
+  auto& r = s.replicas[it->second];
+  if (r.shard) self->send(r.shard, AbortMsg{id});
+}
+
+ClusterStatus make_status(SchedSelf self) {
+  auto& s = self->state;
+  ClusterStatus c;
+  c.cluster = s.cfg.topology.cluster.name;
+  c.model = s.cfg.topology.models.target.path;
+  if (s.cfg.topology.models.speculative) c.speculative_method = speculative_method_name(s.cfg.topology.models.speculative->method);
+  for (const auto& [addr, w] : s.workers) {
+    WorkerStatus ws;
+    ws.node = w.hello.node;
+    ws.role = w.hello.role;
+    ws.replica = w.hello.replica;
+    ws.rank = w.hello.rank;
+    ws.pid = w.hello.pid;
+    ws.state = w.hello.state;
+    ws.error = w.hello.error;
+    ws.load_seconds = w.hello.load_seconds;
+    ws.warmup_seconds = w.hello.warmup_seconds;
+    c.workers.push_back(ws);
+  }
+  std::sort(c.workers.begin(), c.workers.end(), [](const WorkerStatus& a, const WorkerStatus& b) {
+    return std::tie(a.replica, a.role, a.rank, a.node) < std::tie(b.replica, b.role, b.rank, b.node);
+  });
+  for (const auto& [rid, r] : s.replicas) {
+    ReplicaStatus rs;
+    rs.replica = rid;
+    rs.ready = r.ready();
+    rs.assigned = static_cast<int32_t>(r.assigned.size());
+    rs.load = r.load;
+    rs.load.finished.clear();
+    c.replicas.push_back(rs);
+  }
+  c.queued = static_cast<int32_t>(s.queue.size());
+  c.running = static_cast<int32_t>(s.running.size());
+  c.finished = s.finished;
+  c.requeued = s.requeued;
+  c.draining = s.draining;
+  return c;
+}
+
+caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
+  auto& s = self->state;
+  s.cfg = std::move(cfg);
+  // Replicas the topology declares, and which of them have a draft worker.
+  for (const NodeSpec& n : s.cfg.topology.nodes) {
+    for (const WorkerSpec& w : n.workers) {
+      if (w.role == WorkerRole::kTargetShard) s.replicas[w.replica];
+      if (w.role == WorkerRole::kDraftWorker) s.replicas[w.replica].needs_draft = true;
+    }
+  }
+  self->set_down_handler([self](caf::down_msg& m) {
+    auto& s = self->state;
+    auto it = s.workers.find(m.source);
+    if (it == s.workers.end()) return;
+    const WorkerHello h = it->second.hello;
+    s.workers.erase(it);
+    get_logger("actors")->warn("worker {} {} of replica {} (node {}, pid {}) is down: {}", h.role, h.rank, h.replica, h.node,
+                               h.pid, self->system().render(m.reason));
+    auto& r = s.replicas[h.replica];
+    if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
+      if (r.shard && r.shard.address() == m.source) replica_lost(self, h.replica);
+    } else if (r.draft && r.draft.address() == m.source) {
+      r.draft = caf::actor{};
+      r.draft_settled = true;  // serve without drafts; the shard's proposer calls fail fast
+    }
+    dispatch(self);
+  });
+  return {
+      [self](WorkerHello& h) {
+        auto& s = self->state;
+        auto log = get_logger("actors");
+        if (!token_matches(h.token, s.cfg.token)) {
+          log->warn("refused worker registration from node '{}' (pid {}): wrong cluster token", h.node, h.pid);
+          return;
+        }
+        if (!h.self) return;
+        const bool is_new = !s.workers.count(h.self.address());
+        if (is_new) self->monitor(h.self);
+        auto& w = s.workers[h.self.address()];
+        w.hello = h;
+        w.hello.token.clear();
+        if (is_new) w.since = Clock::now();
+        auto& r = s.replicas[h.replica];
+        if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
+          if (h.rank != 0) return;  // tensor-parallel ranks > 0 follow rank 0 (issue 9)
+          if (r.shard && r.shard.address() != h.self.address() && r.shard_ready) {
+            log->warn("replica {}: a second target shard registered (pid {}); keeping the first", h.replica, h.pid);
+            return;
+          }
+          r.shard = h.self;
+          r.shard_hello = h;
+          r.shard_ready = h.state == "ready";
+          if (r.shard_ready && h.max_model_len > 0) {
+            s.max_model_len = s.max_model_len ? std::max(s.max_model_len, h.max_model_len) : h.max_model_len;
+          }
+        } else if (h.role == worker_role_name(WorkerRole::kDraftWorker)) {
+          r.needs_draft = true;
+          r.draft = h.self;
+          r.draft_hello = h;
+          r.draft_attached = false;
+          r.draft_settled = h.state == "ready" || h.state == "failed";
+        }
+        log->info("worker {} of replica {} on node {} (pid {}): {}{}", h.role, h.replica, h.node, h.pid, h.state,
+                  h.state == "ready" ? fmt::format(" (load {:.2f} s, warm-up {:.2f} s)", h.load_seconds, h.warmup_seconds)
+                                     : (h.error.empty() ? "" : ": " + h.error));
+        attach_draft_if_ready(self, r);
+        dispatch(self);
+      },
+      [self](SubmitMsg& m) -> std::tuple<int64_t, int32_t, std::string> {
+        auto& s = self->state;
+        if (!token_matches(m.token, s.cfg.token)) {
+          get_logger("actors")->warn("refused a request: wrong cluster token");
+          return {0, static_cast<int32_t>(StatusCode::kInvalidArgument), "refused: wrong cluster token"};
+        }
+        if (s.draining) return {0, static_cast<int32_t>(StatusCode::kUnavailable), "the server is draining: no new requests"};
+        if (!m.sink) return {0, static_cast<int32_t>(StatusCode::kInvalidArgument), "request: no sink actor"};
+        const double timeout_s = m.request.timeout_s;
+        auto w = to_work_item(s, m.request);
+        if (!w.ok()) return {0, static_cast<int32_t>(w.status().code()), w.status().message()};
+        const int64_t id = s.next_id++;
+        w->request_id = id;
+        auto ra = self->spawn(request_actor, id, s.cfg.token, caf::actor_cast<caf::actor>(self), m.sink, *w, timeout_s);
+        w->request_actor = ra;
+        s.request_actors[id] = ra;
+        enqueue(self, std::move(*w), s.next_arrival++);
+        dispatch(self);
+        return {id, 0, ""};
+      },
+      [self](const CancelMsg& m) {
+        auto& s = self->state;
+        if (!token_matches(m.token, s.cfg.token)) return;
+        send_cancel(self, m.request_id);
+      },
+      [self](done_atom, int64_t id) {
+        auto& s = self->state;
+        s.request_actors.erase(id);
+        s.queue.erase(id);
+        auto it = s.running.find(id);
+        if (it != s.running.end()) {
+          s.replicas[it->second].assigned.erase(id);
+          s.running.erase(it);
+        }
+        ++s.finished;
+        dispatch(self);
+        maybe_drained(self);
+      },
+      [self](ShardLoad& l) {
+        auto& s = self->state;
+        auto it = s.replicas.find(l.replica);
+        if (it == s.replicas.end()) return;
+        ReplicaEntry& r = it->second;
+        if (!r.shard || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(r.shard)) return;
+        for (int64_t id : l.finished) r.assigned.erase(id);
+        r.load = std::move(l);
+        r.pending_blocks = 0;
+        dispatch(self);
+      },
+      [self](const StatusQuery& q) -> caf::result<ClusterStatus> {
+        if (!token_matches(q.token, self->state.cfg.token)) {
+          get_logger("actors")->warn("refused a status query: wrong cluster token");
+          return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
+        }
+        return make_status(self);
+      },
+      [self](drain_atom, const std::string& token) -> caf::result<bool> {
+        auto& s = self->state;
+        if (!token_matches(token, s.cfg.token)) return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
+        s.draining = true;
+        auto rp = self->make_response_promise<bool>();
+        s.drain_waiters.push_back(rp);
+        maybe_drained(self);
+        return rp;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig config) {
+  return sys.spawn(scheduler_actor, std::move(config));
+}
+
+}  // namespace specserve

@@ -1,0 +1,286 @@
+#include "actors/target_shard.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+
+#include <caf/io/all.hpp>
+
+#include "actors/messages.h"
+#include "actors/proposer_factory.h"
+#include "actors/remote_proposer.h"
+#include "core/logging.h"
+#include "cpu/cpu_backend.h"
+#include "model/model_loader.h"
+
+namespace specserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Running {
+  int64_t seq_id = 0;
+  int32_t attempt = 0;
+  caf::actor request_actor;
+};
+
+struct ShardState {
+  WorkerConfig cfg;
+  std::unique_ptr<Backend> backend;
+  LoadedModel model;
+  std::unique_ptr<Proposer> local_proposer;  // built here (no draft worker)
+  std::unique_ptr<ProposerSlot> slot;        // filled by AttachDraftMsg
+  std::unique_ptr<Engine> engine;
+  EngineOptions engine_options;
+  std::map<int64_t, Running> by_request;
+  std::map<int64_t, int64_t> by_seq;  // seq id -> request id
+  bool step_pending = false;
+  double load_s = 0, warmup_s = 0;
+  std::string method;
+};
+
+using Self = caf::stateful_actor<ShardState>*;
+
+WorkerHello hello(Self self, const std::string& state, const std::string& error = "") {
+  const auto& s = self->state;
+  WorkerHello h;
+  h.token = s.cfg.token;
+  h.node = s.cfg.node;
+  h.role = worker_role_name(WorkerRole::kTargetShard);
+  h.replica = s.cfg.replica;
+  h.rank = s.cfg.rank;
+  h.pid = static_cast<int32_t>(::getpid());
+  h.state = state;
+  h.error = error;
+  h.load_seconds = s.load_s;
+  h.warmup_seconds = s.warmup_s;
+  h.total_kv_blocks = static_cast<int32_t>(s.engine_options.num_kv_blocks);
+  h.block_size = s.engine_options.block_size;
+  h.max_num_seqs = s.engine_options.max_num_seqs;
+  h.max_model_len = s.engine ? s.engine->options().max_model_len : 0;
+  h.self = caf::actor_cast<caf::actor>(self);
+  return h;
+}
+
+Status build_engine(ShardState& s) {
+  Proposer* p = s.local_proposer ? s.local_proposer.get() : s.slot.get();
+  auto e = Engine::create(*s.model.model, s.model.tokenizer.get(), p, s.engine_options);
+  if (!e.ok()) return e.status();
+  s.engine = std::move(*e);
+  return Status();
+}
+
+// Loads the model and proposer, runs a warm-up request through the engine, and rebuilds the
+// engine so that counters start at zero.
+Status load_and_warm(Self self) {
+  auto& s = self->state;
+  const Topology& t = s.cfg.topology;
+  s.backend = make_cpu_backend(s.cfg.threads);
+  auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
+  if (!m.ok()) return Status(m.status().code(), t.where("models.target.path") + ": models.target.path: " + m.status().message());
+  s.model = std::move(*m);
+  s.load_s = s.model.load_seconds;
+  auto eo = engine_options_for(t, s.model.model->config());
+  if (!eo.ok()) return eo.status();
+  s.engine_options = *eo;
+  if (t.models.speculative) {
+    s.method = speculative_method_name(t.models.speculative->method);
+    if (s.cfg.remote_draft) {
+      s.slot = std::make_unique<ProposerSlot>(s.method);
+    } else {
+      ProposerBuildOptions bo;
+      bo.max_model_len = s.engine_options.max_model_len;
+      auto p = build_proposer(*t.models.speculative, s.model, *s.backend, bo);
+      if (!p.ok()) return Status(p.status().code(), t.where("models.speculative") + ": models.speculative: " + p.status().message());
+      s.local_proposer = std::move(*p);
+    }
+  }
+  SPECSERVE_RETURN_IF_ERROR(build_engine(s));
+  self->send(s.cfg.scheduler, hello(self, "warming"));
+  const auto t0 = Clock::now();
+  GenerateParams warm;
+  warm.prompt = s.model.tokenizer->encode("Warm-up: the quick brown fox jumps over the lazy dog. The quick brown fox", true, false);
+  warm.max_tokens = 8;
+  warm.sampling.temperature = 0;
+  warm.sampling.ignore_eos = true;
+  auto id = s.engine->add_request(warm);
+  if (!id.ok()) return id.status();
+  std::vector<SeqEvent> events;
+  while (s.engine->has_work()) SPECSERVE_RETURN_IF_ERROR(s.engine->step(&events));
+  SPECSERVE_RETURN_IF_ERROR(build_engine(s));
+  s.warmup_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return Status();
+}
+
+void schedule_step(Self self) {
+  if (self->state.step_pending) return;
+  self->state.step_pending = true;
+  self->send(self, step_atom::value);
+}
+
+ShardLoad load_of(ShardState& s) {
+  ShardLoad l;
+  l.replica = s.cfg.replica;
+  const BlockPool& pool = s.engine->block_pool();
+  l.free_kv_blocks = pool.num_free();
+  l.total_kv_blocks = pool.num_blocks();
+  l.num_running = s.engine->num_running();
+  l.num_waiting = s.engine->num_waiting();
+  const EngineStats& st = s.engine->stats();
+  l.num_steps = st.num_steps;
+  l.generated_tokens = st.generated_tokens;
+  l.num_drafts = st.spec.num_drafts;
+  l.num_draft_tokens = st.spec.num_draft_tokens;
+  l.num_accepted_tokens = st.spec.num_accepted_tokens;
+  l.forward_seconds = st.forward_seconds;
+  l.draft_seconds = st.draft_seconds;
+  return l;
+}
+
+void do_step(Self self) {
+  auto& s = self->state;
+  s.step_pending = false;
+  std::vector<SeqEvent> events;
+  Status st = s.engine->step(&events);
+  ShardLoad load;
+  if (!st.ok()) {
+    // NOTE: a failed step (a KV cache too small for one sequence) fails the running requests,
+    // not the shard.
+    get_logger("actors")->error("replica {}: step failed: {}", s.cfg.replica, st.to_string());
+    for (auto& [rid, r] : s.by_request) {
+      ShardEvent ev;
+      ev.request_id = rid;
+      ev.attempt = r.attempt;
+      ev.finish_reason = "error";
+      ev.error = st.to_string();
+      self->send(r.request_actor, std::move(ev));
+      s.engine->abort(r.seq_id);
+      load.finished.push_back(rid);
+    }
+    s.by_request.clear();
+    s.by_seq.clear();
+    std::vector<SeqEvent> drop;
+    while (s.engine->has_work()) {
+      if (!s.engine->step(&drop).ok()) break;
+    }
+  }
+  for (SeqEvent& e : events) {
+    auto it = s.by_seq.find(e.seq_id);
+    if (it == s.by_seq.end()) continue;
+    const int64_t rid = it->second;
+    Running& r = s.by_request[rid];
+    ShardEvent ev;
+    ev.request_id = rid;
+    ev.attempt = r.attempt;
+    ev.tokens = std::move(e.tokens);
+    for (const auto& lp : e.logprobs) ev.logprobs.push_back(lp.logprob);
+    ev.text = std::move(e.text);
+    if (e.finish != FinishReason::kNone) {
+      ev.finish_reason = finish_reason_name(e.finish);
+      if (auto sp = s.engine->take_finished_stats(e.seq_id)) {
+        ev.num_drafts = sp->num_drafts;
+        ev.num_draft_tokens = sp->num_draft_tokens;
+        ev.num_accepted_tokens = sp->num_accepted_tokens;
+      }
+    }
+    if (!ev.tokens.empty() || !ev.text.empty() || !ev.finish_reason.empty()) self->send(r.request_actor, std::move(ev));
+    if (e.finish != FinishReason::kNone) {
+      load.finished.push_back(rid);
+      s.by_request.erase(rid);
+      s.by_seq.erase(it);
+    }
+  }
+  ShardLoad l = load_of(s);
+  l.finished = std::move(load.finished);
+  self->send(s.cfg.scheduler, std::move(l));
+  if (s.engine->has_work()) schedule_step(self);
+}
+
+caf::behavior target_shard(Self self, WorkerConfig cfg) {
+  auto& s = self->state;
+  s.cfg = std::move(cfg);
+  auto log = get_logger("actors");
+  self->monitor(s.cfg.scheduler);
+  self->set_down_handler([self, log](caf::down_msg& m) {
+    if (m.source == self->state.cfg.scheduler.address()) {
+      log->warn("replica {}: the scheduler went away; the shard stops", self->state.cfg.replica);
+      self->quit();
+    }
+  });
+  self->send(s.cfg.scheduler, hello(self, "loading"));
+  Status st = load_and_warm(self);
+  if (!st.ok()) {
+    log->error("replica {} target shard: {}", s.cfg.replica, st.to_string());
+    self->send(s.cfg.scheduler, hello(self, "failed", st.to_string()));
+    self->quit(caf::exit_reason::user_shutdown);
+    return {};
+  }
+  log->info("replica {} target shard ready: loaded in {:.2f} s, warmed up in {:.2f} s, {} KV blocks of {} tokens",
+            s.cfg.replica, s.load_s, s.warmup_s, s.engine_options.num_kv_blocks, s.engine_options.block_size);
+  self->send(s.cfg.scheduler, hello(self, "ready"));
+  return {
+      [self](WorkItem& w) {
+        auto& s = self->state;
+        GenerateParams p;
+        p.prompt = std::move(w.prompt);
+        p.resume_output = std::move(w.resume_output);
+        p.sampling = std::move(w.sampling);
+        p.max_tokens = w.max_tokens;
+        p.stop = std::move(w.stop);
+        p.include_stop_str = w.include_stop_str;
+        p.priority = w.priority;
+        auto id = s.engine->add_request(std::move(p));
+        if (!id.ok()) {
+          ShardEvent ev;
+          ev.request_id = w.request_id;
+          ev.attempt = w.attempt;
+          ev.finish_reason = "error";
+          ev.error = id.status().to_string();
+          self->send(w.request_actor, std::move(ev));
+          ShardLoad l = load_of(s);
+          l.finished.push_back(w.request_id);
+          self->send(s.cfg.scheduler, std::move(l));
+          return;
+        }
+        s.by_request[w.request_id] = Running{*id, w.attempt, w.request_actor};
+        s.by_seq[*id] = w.request_id;
+        schedule_step(self);
+      },
+      [self](const AbortMsg& a) {
+        auto& s = self->state;
+        auto it = s.by_request.find(a.request_id);
+        if (it == s.by_request.end()) return;
+        s.engine->abort(it->second.seq_id);
+        schedule_step(self);
+      },
+      [self](const AttachDraftMsg& a) {
+        auto& s = self->state;
+        if (!s.slot) return;
+        caf::actor draft = a.draft;
+        if (a.draft_port != 0) {
+          auto h = self->system().middleman().remote_actor(a.draft_host, static_cast<uint16_t>(a.draft_port));
+          if (!h) {
+            get_logger("actors")->warn("replica {}: cannot reach the draft worker at {}:{}: {}; decoding without drafts",
+                                       s.cfg.replica, a.draft_host, a.draft_port, self->system().render(h.error()));
+            return;
+          }
+          draft = *h;
+        }
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(s.cfg.draft_timeout_s * 1000));
+        s.slot->attach(std::make_unique<RemoteProposer>(self->system(), draft, s.cfg.token, s.method,
+                                                        static_cast<int32_t>(s.model.model->config().vocab_size), timeout));
+        get_logger("actors")->info("replica {}: draft worker attached ({})", s.cfg.replica,
+                                   a.draft_port ? a.draft_host + ":" + std::to_string(a.draft_port) : "in process");
+      },
+      [self](step_atom) { do_step(self); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_target_shard(caf::actor_system& sys, WorkerConfig config) {
+  return sys.spawn<caf::detached>(target_shard, std::move(config));
+}
+
+}  // namespace specserve

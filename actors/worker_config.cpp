@@ -1,0 +1,29 @@
+#include "actors/worker_config.h"
+
+namespace specserve {
+
+Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig& m) {
+  EngineOptions o;
+  o.max_num_seqs = t.scheduler.max_num_seqs;
+  o.max_num_batched_tokens = t.scheduler.max_num_batched_tokens;
+  o.block_size = t.scheduler.block_size;
+  if (t.models.target.max_model_len) o.max_model_len = *t.models.target.max_model_len;
+  const int64_t per_token = 2 * m.num_layers * m.kv_dim() * static_cast<int64_t>(sizeof(float));
+  const int64_t per_block = per_token * o.block_size;
+  o.num_kv_blocks = per_block > 0 ? t.scheduler.kv_cache_bytes / per_block : 0;
+  if (o.num_kv_blocks < 1) {
+    return invalid_argument(t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " +
+                            std::to_string(t.scheduler.kv_cache_bytes) + " holds no KV block of " +
+                            std::to_string(per_block) + " bytes for this model");
+  }
+  if (t.models.speculative) {
+    const SpeculativeSpec& s = *t.models.speculative;
+    o.num_speculative_tokens = s.num_speculative_tokens;
+    o.disable_by_batch_size = s.disable_by_batch_size.value_or(0);
+    o.adaptive_k = s.adaptive_k;
+  }
+  SPECSERVE_RETURN_IF_ERROR(o.validate());
+  return o;
+}
+
+}  // namespace specserve

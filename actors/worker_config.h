@@ -1,0 +1,36 @@
+// specserve actors: what a worker actor (target shard or draft worker) is told at spawn.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <string>
+
+#include "config/topology.h"
+#include "spec/engine.h"
+
+namespace specserve {
+
+struct WorkerConfig {
+  std::string node;                ///< the node it runs on (for status and logs)
+  WorkerRole role = WorkerRole::kTargetShard;
+  int32_t replica = 0;
+  int32_t rank = 0;
+  Topology topology;               ///< models, scheduler limits
+  /// Target shard: the replica has a draft_worker, so drafts come from it (attached by the
+  /// scheduler once it is ready); false: the proposer runs inside the shard.
+  bool remote_draft = false;
+  int32_t threads = 0;             ///< CPU backend threads; 0: OpenMP's default
+  double draft_timeout_s = 10.0;   ///< one propose round trip, then the step decodes plainly
+  std::string token;               ///< the cluster token
+  caf::actor scheduler;            ///< where to register
+  /// Draft worker in its own process: the host its port listens on (port chosen by the OS).
+  /// Empty: in the scheduler's process (no port).
+  std::string listen_host;
+};
+
+/// The engine limits a topology asks for, with the KV cache sized from
+/// scheduler.kv_cache_bytes for `model` (K and V, fp32, every layer). Errors name the field:
+/// a cache too small for one block.
+Expected<EngineOptions> engine_options_for(const Topology& topology, const ModelConfig& model);
+
+}  // namespace specserve

@@ -1,0 +1,299 @@
+#include "cluster/launch.h"
+
+#include <unistd.h>
+
+#include <caf/io/all.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "actors/client.h"
+#include "actors/draft_worker.h"
+#include "actors/head.h"
+#include "actors/messages.h"
+#include "actors/runtime.h"
+#include "actors/target_shard.h"
+#include "cluster/process.h"
+#include "core/logging.h"
+
+namespace specserve {
+namespace {
+
+int fail(const char* cmd, const Status& st) {
+  std::fprintf(stderr, "specserve %s: %s\n", cmd, st.message().c_str());
+  return 1;
+}
+
+int32_t default_threads(int32_t workers_here) {
+  const int32_t cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, workers_here));
+}
+
+bool has_draft_worker(const Topology& t, int32_t replica) {
+  for (const NodeSpec& n : t.nodes) {
+    for (const WorkerSpec& w : n.workers) {
+      if (w.role == WorkerRole::kDraftWorker && w.replica == replica) return true;
+    }
+  }
+  return false;
+}
+
+// Polls the head until every declared replica is ready (or a stop signal / `timeout_s`).
+bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string last;
+  while (std::chrono::steady_clock::now() < end && !stop_requested()) {
+    auto st = client.status(std::chrono::seconds(5));
+    if (st.ok()) {
+      size_t ready = 0;
+      for (const auto& r : st->replicas) ready += r.ready;
+      for (const auto& w : st->workers) {
+        if (w.state == "failed") {
+          std::fprintf(stderr, "specserve: worker %s of replica %d on node %s failed: %s\n", w.role.c_str(), w.replica,
+                       w.node.c_str(), w.error.c_str());
+          *failed = true;
+          return false;
+        }
+      }
+      std::string line = "waiting for replicas: " + std::to_string(ready) + "/" + std::to_string(replicas) + " ready, " +
+                         std::to_string(st->workers.size()) + " worker(s) registered";
+      if (line != last) std::fprintf(stderr, "specserve: %s\n", line.c_str());
+      last = line;
+      if (ready >= replicas && replicas > 0) return true;
+    }
+    wait_for_stop(0.25);
+  }
+  return false;
+}
+
+void write_ready_file(const std::string& path, const std::string& endpoint) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << endpoint << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void print_status_line(Client& client) {
+  auto st = client.status(std::chrono::seconds(5));
+  if (!st.ok()) return;
+  for (const auto& w : st->workers) {
+    std::fprintf(stderr, "  %-13s replica %d rank %d on %-8s pid %-7d %-8s load %.2f s  warm-up %.2f s\n", w.role.c_str(),
+                 w.replica, w.rank, w.node.c_str(), w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds);
+  }
+}
+
+// Drains, stops the head, then the children.
+void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s) {
+  std::fprintf(stderr, "specserve: stopping: draining in-flight requests (up to %.0f s)...\n", drain_timeout_s);
+  Status st = head.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
+  if (!st.ok()) std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
+  head.stop();
+  if (children) stop_children(children, 10.0);
+  std::fprintf(stderr, "specserve: stopped\n");
+}
+
+}  // namespace
+
+int run_up(const UpOptions& o) {
+  install_stop_signals();
+  auto topo = load_topology_file(o.config_path);
+  if (!topo.ok()) return fail("up", topo.status());
+  for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
+  Status ports = check_ports_free(*topo);
+  if (!ports.ok()) return fail("up", ports);
+  auto token = ensure_cluster_token(topo->cluster.token_file);
+  if (!token.ok()) return fail("up", token.status());
+  ActorRuntime rt;
+  auto head = Head::start(rt, *topo, *token);
+  if (!head.ok()) return fail("up", head.status());
+  const std::string endpoint = topo->head.host + ":" + std::to_string((*head)->actor_port());
+  std::vector<Child> children;
+  std::vector<std::string> remote;
+  for (const NodeSpec& n : topo->nodes) {
+    if (!is_loopback_host(n.host) && n.host != topo->head.host) {
+      remote.push_back("specserve node --join " + endpoint + " --name " + n.name + " --config " + o.config_path);
+      continue;
+    }
+    std::vector<std::string> argv = {self_executable(), "node", "--join", endpoint, "--name", n.name, "--config",
+                                     o.config_path};
+    if (o.threads_per_worker > 0) {
+      argv.push_back("--threads-per-worker");
+      argv.push_back(std::to_string(o.threads_per_worker));
+    }
+    auto c = spawn_child(argv, {}, "node " + n.name);
+    if (!c.ok()) {
+      shut_down(**head, &children, 0);
+      return fail("up", c.status());
+    }
+    children.push_back(*c);
+  }
+  std::fprintf(stderr, "specserve up: cluster '%s': head actor port %s (token in %s); %zu node process(es) started\n",
+               topo->cluster.name.c_str(), endpoint.c_str(), topo->cluster.token_file.c_str(), children.size());
+  for (const auto& r : remote) std::fprintf(stderr, "specserve up: on the node's host, run: %s\n", r.c_str());
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);
+  bool failed = false;
+  const size_t replicas = topo->replica_ids().size();
+  if (wait_ready(*client, replicas, 1e9, &failed)) {
+    std::fprintf(stderr, "specserve up: ready: %zu replica(s) serve %s\n", replicas, topo->models.target.path.c_str());
+    print_status_line(*client);
+    std::fprintf(stderr, "specserve up: submit with: specserve client --connect %s --token-file %s --chat \"Hello\"\n",
+                 endpoint.c_str(), topo->cluster.token_file.c_str());
+    write_ready_file(o.ready_file, endpoint);
+  }
+  int rc = failed ? 1 : 0;
+  while (!failed && !stop_requested()) {
+    for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
+    wait_for_stop(0.2);
+  }
+  shut_down(**head, &children, failed ? 0 : o.drain_timeout_s);
+  return rc;
+}
+
+int run_node(const NodeOptions& o) {
+  install_stop_signals();
+  auto topo = load_topology_file(o.config_path);
+  if (!topo.ok()) return fail("node", topo.status());
+  const NodeSpec* node = nullptr;
+  std::string names;
+  for (const NodeSpec& n : topo->nodes) {
+    if (n.name == o.name) node = &n;
+    names += (names.empty() ? "" : ", ") + n.name;
+  }
+  if (!node) return fail("node", invalid_argument("--name '" + o.name + "': no such node in " + o.config_path + " (nodes: " + names + ")"));
+  auto hp = parse_host_port(o.join, "--join");
+  if (!hp.ok()) return fail("node", hp.status());
+  const int32_t threads = o.threads_per_worker > 0 ? o.threads_per_worker
+                                                   : default_threads(static_cast<int32_t>(node->workers.size()));
+  std::vector<Child> children;
+  for (size_t j = 0; j < node->workers.size(); ++j) {
+    const WorkerSpec& w = node->workers[j];
+    std::vector<std::string> argv = {self_executable(), "worker", "--join", o.join, "--node", o.name, "--config",
+                                     o.config_path, "--index", std::to_string(j), "--threads", std::to_string(threads)};
+    // Passive OpenMP waits: workers share cores, and spinning threads starve each other.
+    auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}},
+                         "worker " + o.name + "/" + std::to_string(j) + " " + worker_role_name(w.role));
+    if (!c.ok()) {
+      stop_children(&children, 5);
+      return fail("node", c.status());
+    }
+    children.push_back(*c);
+  }
+  get_logger("cluster")->info("node {}: {} worker process(es) started, joining {}", o.name, children.size(), o.join);
+  while (!stop_requested() && !children.empty()) {
+    for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("node {}: {}", o.name, line);
+    wait_for_stop(0.2);
+  }
+  stop_children(&children, 10.0);
+  return 0;
+}
+
+int run_worker(const WorkerOptions& o) {
+  install_stop_signals();
+  auto topo = load_topology_file(o.config_path);
+  if (!topo.ok()) return fail("worker", topo.status());
+  const NodeSpec* node = nullptr;
+  for (const NodeSpec& n : topo->nodes) {
+    if (n.name == o.node) node = &n;
+  }
+  if (!node) return fail("worker", invalid_argument("--node '" + o.node + "': no such node in " + o.config_path));
+  if (o.index < 0 || o.index >= static_cast<int32_t>(node->workers.size())) {
+    return fail("worker", invalid_argument("--index " + std::to_string(o.index) + ": node " + o.node + " has " +
+                                           std::to_string(node->workers.size()) + " worker(s)"));
+  }
+  const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
+  if (spec.device.kind != DeviceKind::kCpu) {
+    return fail("worker", unsupported(topo->where("nodes") + ": device " + spec.device.to_string() +
+                                      ": the CUDA backend is not built yet (issue 9); use cpu"));
+  }
+  if (topo->models.target.tensor_parallel_size != 1) {
+    return fail("worker", unsupported(topo->where("models.target.tensor_parallel_size") +
+                                      ": models.target.tensor_parallel_size > 1 needs the CUDA backend and NCCL (issue 9)"));
+  }
+  auto token = read_cluster_token(topo->cluster.token_file);
+  if (!token.ok()) return fail("worker", token.status());
+  auto hp = parse_host_port(o.join, "--join");
+  if (!hp.ok()) return fail("worker", hp.status());
+  ActorRuntime rt;
+  caf::actor head;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.connect_timeout_s);
+  std::string last_error;
+  while (!head && std::chrono::steady_clock::now() < end && !stop_requested()) {
+    auto h = rt.middleman().remote_actor(hp->first, hp->second);
+    if (h) {
+      head = *h;
+    } else {
+      last_error = rt.system().render(h.error());
+      wait_for_stop(0.5);
+    }
+  }
+  if (!head) return fail("worker", unavailable("cannot reach the head at " + o.join + ": " + last_error));
+  WorkerConfig wc;
+  wc.node = o.node;
+  wc.role = spec.role;
+  wc.replica = spec.replica;
+  wc.rank = spec.rank;
+  wc.topology = *topo;
+  wc.remote_draft = has_draft_worker(*topo, spec.replica);
+  wc.threads = o.threads;
+  wc.token = *token;
+  wc.scheduler = head;
+  caf::actor a;
+  if (spec.role == WorkerRole::kTargetShard) {
+    a = spawn_target_shard(rt.system(), wc);
+  } else if (spec.role == WorkerRole::kDraftWorker) {
+    wc.listen_host = node->host;
+    a = spawn_draft_worker(rt.system(), wc);
+  } else {
+    return fail("worker", unsupported(std::string("role ") + worker_role_name(spec.role) + ": not available yet"));
+  }
+  // Runs until the actor quits (the head went away, or loading failed) or a stop signal.
+  caf::scoped_actor self{rt.system()};
+  self->monitor(a);
+  bool done = false;
+  while (!done) {
+    self->receive([&](caf::down_msg&) { done = true; }, caf::after(std::chrono::milliseconds(200)) >> [&] {
+      if (stop_requested()) {
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      }
+    });
+  }
+  return 0;
+}
+
+int run_serve(const ServeOptions& o) {
+  install_stop_signals();
+  const Topology& t = o.topology;
+  Status ports = check_ports_free(t);
+  if (!ports.ok()) return fail("serve", ports);
+  auto token = ensure_cluster_token(t.cluster.token_file);
+  if (!token.ok()) return fail("serve", token.status());
+  ActorRuntime rt;
+  auto head = Head::start(rt, t, *token);
+  if (!head.ok()) return fail("serve", head.status());
+  WorkerConfig wc;
+  wc.node = t.nodes.empty() ? "local" : t.nodes[0].name;
+  wc.role = WorkerRole::kTargetShard;
+  wc.topology = t;
+  wc.threads = o.threads;
+  wc.token = *token;
+  wc.scheduler = (*head)->scheduler();
+  spawn_target_shard(rt.system(), wc);
+  const std::string endpoint = t.head.host + ":" + std::to_string((*head)->actor_port());
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);
+  bool failed = false;
+  if (wait_ready(*client, 1, 1e9, &failed)) {
+    std::fprintf(stderr, "specserve serve: ready on %s (token in %s)\n", endpoint.c_str(), t.cluster.token_file.c_str());
+    print_status_line(*client);
+    write_ready_file(o.ready_file, endpoint);
+  }
+  while (!failed && !stop_requested()) wait_for_stop(0.2);
+  shut_down(**head, nullptr, failed ? 0 : o.drain_timeout_s);
+  return failed ? 1 : 0;
+}
+
+}  // namespace specserve

@@ -1,0 +1,56 @@
+// specserve cluster: the launcher commands — `serve` (one process), `up` (head + local nodes
+// from a topology), `node --join` (a node's workers), `worker` (one worker process).
+//
+// Process tree of `specserve up cluster.yaml`:
+//   up (head: scheduler actor, actor port)  ->  node <name> (one per node on this host)
+//                                               ->  worker <name>/<j> (one per worker: target shard, draft worker)
+// Workers connect to the head's actor port, present the cluster token, load, warm up and
+// report ready. Ctrl-C / SIGTERM on `up` drains in-flight requests, then stops every process it
+// started. A node on another host joins with `specserve node --join HEAD:PORT --name NODE
+// --config cluster.yaml` (the same file and token file on that host).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "config/topology.h"
+
+namespace specserve {
+
+struct UpOptions {
+  std::string config_path;
+  int32_t threads_per_worker = 0;  ///< 0: this host's cores / workers on its node (at least 1)
+  double drain_timeout_s = 60;
+  /// Called once every replica is ready (tests and scripts wait for it); also printed.
+  std::string ready_file;          ///< non-empty: written with "HOST:PORT\n" when ready
+};
+/// `specserve up`: returns the process exit code.
+int run_up(const UpOptions& options);
+
+struct NodeOptions {
+  std::string join;         ///< HEAD_HOST:PORT
+  std::string name;         ///< node name in the topology
+  std::string config_path;
+  int32_t threads_per_worker = 0;
+};
+int run_node(const NodeOptions& options);
+
+struct WorkerOptions {
+  std::string join;
+  std::string node;
+  std::string config_path;
+  int32_t index = 0;        ///< position in the node's `workers` list
+  int32_t threads = 0;
+  double connect_timeout_s = 30;
+};
+int run_worker(const WorkerOptions& options);
+
+struct ServeOptions {
+  Topology topology;        ///< built from the flags: one node, one target shard with its proposer
+  int32_t threads = 0;
+  double drain_timeout_s = 60;
+  std::string ready_file;
+};
+int run_serve(const ServeOptions& options);
+
+}  // namespace specserve

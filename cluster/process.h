@@ -1,0 +1,43 @@
+// specserve cluster: child processes and stop signals for the launcher commands.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace specserve {
+
+/// Installs SIGINT/SIGTERM handlers that set the flag returned by stop_requested() (and SIGPIPE
+/// ignored). Idempotent.
+void install_stop_signals();
+/// True once SIGINT or SIGTERM arrived.
+bool stop_requested();
+/// Sleeps up to `seconds`, returning early (true) when a stop signal arrives.
+bool wait_for_stop(double seconds);
+
+/// This executable's path (/proc/self/exe).
+std::string self_executable();
+
+/// A child process started by `spawn_child`.
+struct Child {
+  pid_t pid = -1;
+  std::string name;  ///< for logs: "node node0", "worker node0/1 target_shard"
+};
+
+/// Starts `argv` (argv[0] is the program path) with `env` added to this process's environment.
+/// Errors: kUnavailable with errno's text.
+Expected<Child> spawn_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                            const std::string& name);
+/// Sends `sig` to every child still running.
+void signal_children(const std::vector<Child>& children, int sig);
+/// Reaps children that exited (non-blocking); returns a line per exit ("<name> (pid N) exited with code C").
+std::vector<std::string> reap_children(std::vector<Child>* children);
+/// SIGTERM, wait up to `grace_s`, then SIGKILL what is left; reaps all.
+void stop_children(std::vector<Child>* children, double grace_s);
+
+}  // namespace specserve

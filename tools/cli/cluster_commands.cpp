@@ -1,0 +1,358 @@
+// `specserve serve | up | node | worker | status | client`: the actor runtime's commands.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/client.h"
+#include "cluster/launch.h"
+#include "cluster/process.h"
+#include "tools/cli/common.h"
+#include "tools/cli/registry.h"
+#include "tools/cli/spec_options.h"
+#include "tools/cli/subcommands.h"
+
+namespace specserve::cli {
+namespace {
+
+constexpr const char* kDefaultTokenFile = "~/.config/specserve/token";
+
+// ---------------------------------------------------------------- serve
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", token_file = kDefaultTokenFile, ready_file;
+  int actor_port = 7420, max_num_seqs = 64, max_num_batched_tokens = 2048, block_size = 16, max_model_len = 0, threads = 0;
+  std::string kv_cache_bytes = "1GiB";
+  double drain_timeout = 60;
+  SpecArgs spec;
+};
+
+int run_serve_cmd(const ServeArgs& a) {
+  Topology t;
+  t.source = "(serve flags)";
+  t.cluster.name = "serve";
+  auto tf = expand_user_path(a.token_file);
+  if (!tf.ok()) return std::fprintf(stderr, "specserve serve: --token-file: %s\n", tf.status().message().c_str()), 2;
+  t.cluster.token_file = *tf;
+  t.head.host = a.host;
+  t.head.actor_port = a.actor_port;
+  t.head.http_port = a.actor_port;  // no HTTP front end yet: check only the actor port
+  t.models.target.path = a.model.empty() ? default_model_path() : a.model;
+  if (a.max_model_len > 0) t.models.target.max_model_len = a.max_model_len;
+  EngineOptions eo;
+  eo.max_model_len = a.max_model_len;
+  auto spec = parse_spec_args(a.spec, &eo);
+  if (!spec.ok()) return std::fprintf(stderr, "specserve serve: %s\n", spec.status().message().c_str()), 2;
+  if (spec->has_value()) {
+    t.models.speculative = **spec;
+    t.models.speculative->disable_by_batch_size = eo.disable_by_batch_size;
+    t.models.speculative->adaptive_k = eo.adaptive_k;
+    if (eo.max_model_len > 0) t.models.target.max_model_len = eo.max_model_len;
+  }
+  auto kv = parse_byte_size(a.kv_cache_bytes);
+  if (!kv.ok()) return std::fprintf(stderr, "specserve serve: --kv-cache-bytes: %s\n", kv.status().message().c_str()), 2;
+  t.scheduler.kv_cache_bytes = *kv;
+  t.scheduler.max_num_seqs = a.max_num_seqs;
+  t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  t.scheduler.block_size = a.block_size;
+  NodeSpec n;
+  n.name = "local";
+  n.devices.push_back(DeviceSpec{});
+  WorkerSpec w;
+  w.model = "target";
+  n.workers.push_back(w);
+  t.nodes.push_back(n);
+  ServeOptions o;
+  o.topology = std::move(t);
+  o.threads = a.threads;
+  o.drain_timeout_s = a.drain_timeout;
+  o.ready_file = a.ready_file;
+  return run_serve(o);
+}
+
+// ---------------------------------------------------------------- client
+
+struct ClientArgs {
+  std::string connect, token_file, config, system;
+  std::vector<std::string> prompts, chats, stop;
+  int max_tokens = 128, top_k = -1, priority = 0, logprobs = 0;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int64_t seed = -1;
+  double timeout = 0;
+  bool ignore_eos = false, json = false;
+};
+
+// Connection target and token: --connect/--token-file, else the topology's head and token file.
+Expected<std::unique_ptr<Client>> connect_client(const std::string& connect, const std::string& token_file,
+                                                 const std::string& config) {
+  std::string endpoint = connect, tf = token_file;
+  if (!config.empty()) {
+    auto t = load_topology_file(config);
+    if (!t.ok()) return t.status();
+    if (endpoint.empty()) endpoint = t->head.host + ":" + std::to_string(t->head.actor_port);
+    if (tf.empty()) tf = t->cluster.token_file;
+  }
+  if (endpoint.empty()) return invalid_argument("--connect HOST:PORT (or --config cluster.yaml) is required");
+  if (tf.empty()) tf = kDefaultTokenFile;
+  auto hp = parse_host_port(endpoint, "--connect");
+  if (!hp.ok()) return hp.status();
+  auto token = read_cluster_token(tf);
+  if (!token.ok()) return token.status();
+  return Client::connect(hp->first, hp->second, *token);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c == '\n') o += "\\n";
+    else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); o += b; }
+    else o += static_cast<char>(c);
+  }
+  return o;
+}
+
+int run_client(const ClientArgs& a) {
+  auto client = connect_client(a.connect, a.token_file, a.config);
+  if (!client.ok()) return std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str()), 1;
+  std::vector<GenerateRequest> reqs;
+  auto base = [&] {
+    GenerateRequest r;
+    r.max_tokens = a.max_tokens;
+    r.sampling.temperature = a.temperature;
+    r.sampling.top_k = a.top_k;
+    r.sampling.top_p = a.top_p;
+    r.sampling.min_p = a.min_p;
+    r.sampling.logprobs = a.logprobs;
+    r.sampling.ignore_eos = a.ignore_eos;
+    if (a.seed >= 0) r.sampling.seed = static_cast<uint64_t>(a.seed), r.sampling.has_seed = true;
+    r.stop = a.stop;
+    r.priority = a.priority;
+    r.timeout_s = a.timeout;
+    return r;
+  };
+  for (const auto& p : a.prompts) {
+    GenerateRequest r = base();
+    r.prompt = p;
+    reqs.push_back(std::move(r));
+  }
+  for (const auto& c : a.chats) {
+    GenerateRequest r = base();
+    if (!a.system.empty()) r.messages.push_back({"system", a.system});
+    r.messages.push_back({"user", c});
+    reqs.push_back(std::move(r));
+  }
+  const bool stream = reqs.size() == 1 && !a.json;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& r : reqs) {
+    auto h = (*client)->submit(std::move(r));
+    if (!h.ok()) {
+      std::fprintf(stderr, "specserve client: request %zu: %s\n", handles.size() + 1, h.status().message().c_str());
+      for (auto& prev : handles) prev->cancel();
+      return 1;
+    }
+    handles.push_back(*h);
+  }
+  int rc = 0;
+  int64_t total_tokens = 0, drafts = 0, draft_tokens = 0, accepted = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (stream) {
+      while (auto c = handles[i]->next()) {
+        std::fwrite(c->text.data(), 1, c->text.size(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    auto res = handles[i]->wait();
+    if (!res.ok()) {
+      std::fprintf(stderr, "specserve client: request %zu failed: %s\n", i + 1, res.status().message().c_str());
+      rc = 1;
+      continue;
+    }
+    total_tokens += res->completion_tokens;
+    drafts += res->num_drafts;
+    draft_tokens += res->num_draft_tokens;
+    accepted += res->num_accepted_tokens;
+    const double mal = res->num_drafts ? 1.0 + double(res->num_accepted_tokens) / res->num_drafts : 1.0;
+    if (a.json) {
+      std::printf("{\"request_id\": %lld, \"text\": \"%s\", \"finish_reason\": \"%s\", \"prompt_tokens\": %d, "
+                  "\"completion_tokens\": %d, \"num_drafts\": %lld, \"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, "
+                  "\"num_requeues\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f, \"tokens\": [",
+                  static_cast<long long>(res->request_id), json_escape(res->text).c_str(), res->finish_reason.c_str(),
+                  res->prompt_tokens, res->completion_tokens, static_cast<long long>(res->num_drafts),
+                  static_cast<long long>(res->num_draft_tokens), static_cast<long long>(res->num_accepted_tokens),
+                  res->num_requeues, res->seconds, res->first_token_seconds);
+      for (size_t t = 0; t < res->tokens.size(); ++t) std::printf("%s%d", t ? ", " : "", res->tokens[t]);
+      std::printf("]}\n");
+    } else {
+      if (!stream) std::printf("=== [%zu] %s\n%s\n", i + 1, i < a.prompts.size() ? a.prompts[i].c_str() : a.chats[i - a.prompts.size()].c_str(), res->text.c_str());
+      else std::printf("\n");
+      std::fprintf(stderr, "--- [%zu] finish %s | prompt %d | completion %d tokens in %.2f s (first token %.0f ms) | "
+                   "acceptance rate %.3f | mean acceptance length %.2f%s\n",
+                   i + 1, res->finish_reason.c_str(), res->prompt_tokens, res->completion_tokens, res->seconds,
+                   res->first_token_seconds * 1e3, res->acceptance_rate(), mal,
+                   res->num_requeues ? (" | re-queued " + std::to_string(res->num_requeues) + "x").c_str() : "");
+    }
+    std::fflush(stdout);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.json && handles.size() > 1) {
+    std::fprintf(stderr, "--- %zu requests: %lld tokens in %.2f s = %.1f tokens/s | drafts %lld | draft tokens %lld | "
+                 "accepted %lld | acceptance rate %.3f | mean acceptance length %.2f\n",
+                 handles.size(), static_cast<long long>(total_tokens), wall, total_tokens / std::max(wall, 1e-9),
+                 static_cast<long long>(drafts), static_cast<long long>(draft_tokens), static_cast<long long>(accepted),
+                 draft_tokens ? double(accepted) / draft_tokens : 0.0, drafts ? 1.0 + double(accepted) / drafts : 1.0);
+  }
+  return rc;
+}
+
+// ---------------------------------------------------------------- status
+
+int run_status(const std::string& connect, const std::string& token_file, const std::string& config, bool json) {
+  auto client = connect_client(connect, token_file, config);
+  if (!client.ok()) return std::fprintf(stderr, "specserve status: %s\n", client.status().message().c_str()), 1;
+  auto st = (*client)->status();
+  if (!st.ok()) return std::fprintf(stderr, "specserve status: %s\n", st.status().message().c_str()), 1;
+  const ClusterStatus& s = *st;
+  if (json) {
+    std::printf("{\"cluster\": \"%s\", \"model\": \"%s\", \"speculative_method\": \"%s\", \"queued\": %d, \"running\": %d, "
+                "\"finished\": %lld, \"requeued\": %lld, \"draining\": %s, \"workers\": [",
+                json_escape(s.cluster).c_str(), json_escape(s.model).c_str(), s.speculative_method.c_str(), s.queued,
+                s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued), s.draining ? "true" : "false");
+    for (size_t i = 0; i < s.workers.size(); ++i) {
+      const auto& w = s.workers[i];
+      std::printf("%s{\"node\": \"%s\", \"role\": \"%s\", \"replica\": %d, \"rank\": %d, \"pid\": %d, \"state\": \"%s\", "
+                  "\"error\": \"%s\", \"load_seconds\": %.3f, \"warmup_seconds\": %.3f}",
+                  i ? ", " : "", json_escape(w.node).c_str(), w.role.c_str(), w.replica, w.rank, w.pid, w.state.c_str(),
+                  json_escape(w.error).c_str(), w.load_seconds, w.warmup_seconds);
+    }
+    std::printf("], \"replicas\": [");
+    for (size_t i = 0; i < s.replicas.size(); ++i) {
+      const auto& r = s.replicas[i];
+      std::printf("%s{\"replica\": %d, \"ready\": %s, \"assigned\": %d, \"kv_blocks_used\": %d, \"kv_blocks_total\": %d, "
+                  "\"num_running\": %d, \"num_waiting\": %d, \"generated_tokens\": %lld, \"num_drafts\": %lld, "
+                  "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld}",
+                  i ? ", " : "", r.replica, r.ready ? "true" : "false", r.assigned,
+                  r.load.total_kv_blocks - r.load.free_kv_blocks, r.load.total_kv_blocks, r.load.num_running,
+                  r.load.num_waiting, static_cast<long long>(r.load.generated_tokens),
+                  static_cast<long long>(r.load.num_drafts), static_cast<long long>(r.load.num_draft_tokens),
+                  static_cast<long long>(r.load.num_accepted_tokens));
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld%s\n",
+              s.cluster.c_str(), s.model.c_str(), s.speculative_method.empty() ? "off" : s.speculative_method.c_str(),
+              s.queued, s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
+              s.draining ? " | draining" : "");
+  std::printf("%-14s %-8s %-7s %-5s %-8s %-9s %-9s %-9s\n", "WORKER", "NODE", "REPLICA", "RANK", "PID", "STATE", "LOAD_S", "WARMUP_S");
+  for (const auto& w : s.workers) {
+    std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank, w.pid,
+                w.state.c_str(), w.load_seconds, w.warmup_seconds, w.error.empty() ? "" : "  ", w.error.c_str());
+  }
+  std::printf("%-7s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s\n", "REPLICA", "READY", "ASSIGNED", "RUNNING", "WAITING",
+              "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN");
+  for (const auto& r : s.replicas) {
+    const auto& l = r.load;
+    const double acc = l.num_draft_tokens ? double(l.num_accepted_tokens) / l.num_draft_tokens : 0.0;
+    const double mal = l.num_drafts ? 1.0 + double(l.num_accepted_tokens) / l.num_drafts : 1.0;
+    const std::string kv = std::to_string(l.total_kv_blocks - l.free_kv_blocks) + "/" + std::to_string(l.total_kv_blocks);
+    std::printf("%-7d %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f\n", r.replica, r.ready ? "yes" : "no", r.assigned,
+                l.num_running, l.num_waiting, kv.c_str(), static_cast<long long>(l.generated_tokens), acc, mal);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_cluster_commands(CLI::App& app) {
+  {
+    auto a = std::make_shared<ServeArgs>();
+    auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port) and one replica with its proposer");
+    sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+    sub->add_option("--host", a->host, "Address the actor port listens on (default 127.0.0.1)");
+    sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535));
+    sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)");
+    sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->check(CLI::Range(1, 4096));
+    sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20));
+    sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
+    sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 1GiB)");
+    sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
+    sub->add_option("--threads", a->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
+    sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
+    add_spec_options(*sub, &a->spec);
+    register_command("serve", [a] { return run_serve_cmd(*a); });
+  }
+  {
+    auto o = std::make_shared<UpOptions>();
+    auto* sub = app.add_subcommand("up", "Launch a cluster from a YAML topology: the head here, each local node as its own process");
+    sub->add_option("config", o->config_path, "Topology file (see examples/cluster-local.yaml)")->required();
+    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
+    sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
+    sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once every replica is ready");
+    register_command("up", [o] { return run_up(*o); });
+  }
+  {
+    auto o = std::make_shared<NodeOptions>();
+    auto* sub = app.add_subcommand("node", "Run one node of a topology: start its workers and join the head");
+    sub->add_option("--join", o->join, "The head's actor endpoint HOST:PORT")->required();
+    sub->add_option("--name", o->name, "This node's name in the topology")->required();
+    sub->add_option("--config", o->config_path, "Topology file (the same as the head's)")->required();
+    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers)");
+    register_command("node", [o] { return run_node(*o); });
+  }
+  {
+    auto o = std::make_shared<WorkerOptions>();
+    auto* sub = app.add_subcommand("worker", "Run one worker of a node (started by `specserve node`)");
+    sub->add_option("--join", o->join, "The head's actor endpoint HOST:PORT")->required();
+    sub->add_option("--node", o->node, "The node's name in the topology")->required();
+    sub->add_option("--config", o->config_path, "Topology file")->required();
+    sub->add_option("--index", o->index, "Position in the node's workers list")->required();
+    sub->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+    register_command("worker", [o] { return run_worker(*o); });
+  }
+  {
+    auto connect = std::make_shared<std::string>(), token = std::make_shared<std::string>(),
+         config = std::make_shared<std::string>();
+    auto json = std::make_shared<bool>(false);
+    auto* sub = app.add_subcommand("status", "Show a cluster's workers, replicas, queue, KV use and acceptance rate");
+    sub->add_option("--connect", *connect, "The head's actor endpoint HOST:PORT");
+    sub->add_option("--token-file", *token, "Cluster token file (default ~/.config/specserve/token)");
+    sub->add_option("--config", *config, "Topology file: head endpoint and token file from it");
+    sub->add_flag("--json", *json, "Print JSON");
+    register_command("status", [=] { return run_status(*connect, *token, *config, *json); });
+  }
+  {
+    auto a = std::make_shared<ClientArgs>();
+    auto* sub = app.add_subcommand("client", "Submit generation jobs to a running head through the actor client API");
+    sub->add_option("--connect", a->connect, "The head's actor endpoint HOST:PORT");
+    sub->add_option("--token-file", a->token_file, "Cluster token file (default ~/.config/specserve/token)");
+    sub->add_option("--config", a->config, "Topology file: head endpoint and token file from it");
+    sub->add_option("--prompt", a->prompts, "Plain-text prompt (repeatable: submitted concurrently)");
+    sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
+    sub->add_option("--system", a->system, "System message for --chat");
+    sub->add_option("--max-tokens", a->max_tokens, "Maximum tokens per request")->check(CLI::Range(1, 1 << 20));
+    sub->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
+    sub->add_option("--top-k", a->top_k, "Top-k filter (<= 0: off)");
+    sub->add_option("--top-p", a->top_p, "Nucleus filter in (0, 1]");
+    sub->add_option("--min-p", a->min_p, "Min-p filter in [0, 1]");
+    sub->add_option("--seed", a->seed, "Random seed")->check(CLI::Range(int64_t{0}, INT64_MAX));
+    sub->add_option("--logprobs", a->logprobs, "Top logprobs per token (0..20)");
+    sub->add_option("--stop", a->stop, "Stop string (repeatable)");
+    sub->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
+    sub->add_option("--priority", a->priority, "Lower is served first (default 0)");
+    sub->add_option("--timeout", a->timeout, "Seconds before the request ends with finish reason 'timeout' (0: none)");
+    sub->add_flag("--json", a->json, "One JSON object per request on stdout");
+    register_command("client", [a] {
+      if (a->prompts.empty() && a->chats.empty()) {
+        std::fprintf(stderr, "specserve client: give at least one --prompt or --chat\n");
+        return 2;
+      }
+      return run_client(*a);
+    });
+  }
+}
+
+}  // namespace specserve::cli
