@@ -36,6 +36,7 @@ Status EngineOptions::validate() const {
   if (max_model_len < 0) return bad("max_model_len", max_model_len, "must be >= 0");
   if (num_speculative_tokens < 0 || num_speculative_tokens > 64) return bad("num_speculative_tokens", num_speculative_tokens, "must be in 0..64");
   if (disable_by_batch_size < 0) return bad("disable_by_batch_size", disable_by_batch_size, "must be >= 0");
+  if (priority_aging_steps < 0) return bad("priority_aging_steps", priority_aging_steps, "must be >= 0");
   return Status();
 }
 
@@ -53,6 +54,7 @@ struct Engine::Seq {
   size_t max_stop_len = 0;
   int32_t num_generated = 0;
   int32_t k = 0;                // current speculation length (adaptive)
+  int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
   FinishReason finish = FinishReason::kNone;
   SpecStats spec;
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
@@ -186,22 +188,6 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
   return s;
 }
 
-void Engine::admit() {
-  // FCFS: the head of the queue waits until its prompt's blocks are free (no skipping ahead,
-  // so a long prompt is never starved by short ones).
-  // Blocks are reserved later, in step(): count the ones promised to sequences admitted in this
-  // pass, or every waiting sequence is admitted against the same free blocks and then preempted.
-  int32_t num_free = pool_->num_free();
-  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opts_.max_num_seqs) {
-    Seq& s = *waiting_.front();
-    const int32_t need = (static_cast<int32_t>(s.tokens.size()) + opts_.block_size) / opts_.block_size;
-    if (need > num_free) break;
-    num_free -= need;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-  }
-}
-
 bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
   if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) return true;
   return !sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token);
@@ -285,6 +271,47 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
 
 }  // namespace
 
+StepState Engine::step_state() const {
+  StepState st;
+  st.num_free_blocks = pool_->num_free();
+  st.block_size = opts_.block_size;
+  for (const auto& r : running_) {
+    RunningSeq x;
+    x.id = r->id;
+    x.priority = r->params.priority;
+    x.arrival = r->id;  // ids follow arrival order
+    x.num_tokens = static_cast<int32_t>(r->tokens.size());
+    x.num_cached = r->num_cached;
+    x.num_blocks = static_cast<int32_t>(r->blocks.blocks().size());
+    x.k = r->k;
+    x.num_output_left = r->params.max_tokens - r->num_generated;
+    x.num_steps_waited = r->num_steps_waited;
+    st.running.push_back(x);
+  }
+  for (const auto& w : waiting_) {
+    WaitingSeq x;
+    x.id = w->id;
+    x.priority = w->params.priority;
+    x.arrival = w->id;
+    x.num_tokens = static_cast<int32_t>(w->tokens.size());
+    x.num_steps_waited = w->num_steps_waited;
+    st.waiting.push_back(x);
+  }
+  return st;
+}
+
+StepLimits Engine::step_limits() const {
+  StepLimits l;
+  l.max_num_seqs = opts_.max_num_seqs;
+  l.max_num_batched_tokens = opts_.max_num_batched_tokens;
+  l.max_model_len = opts_.max_model_len;
+  l.num_speculative_tokens = opts_.num_speculative_tokens;
+  l.disable_by_batch_size = opts_.disable_by_batch_size;
+  l.has_proposer = proposer_ != nullptr;
+  l.priority_aging_steps = opts_.priority_aging_steps;
+  return l;
+}
+
 Status Engine::step(std::vector<SeqEvent>* events) {
   for (int64_t id : aborted_) {
     SeqEvent ev;
@@ -295,116 +322,106 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   aborted_.clear();
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s->finish != FinishReason::kNone; }),
                  running_.end());
-  admit();
-  if (running_.empty()) return Status();
-  ++stats_.num_steps;
+  if (running_.empty() && waiting_.empty()) return Status();
 
-  // ---- plan: decode sequences first (1 + k rows each), then prefill chunks ----
-  struct Planned { Seq* seq; int32_t rows; bool completes; DraftTree draft; };
-  std::vector<Planned> plan;
-  int32_t budget = opts_.max_num_batched_tokens;
-  const bool spec_on = proposer_ && opts_.num_speculative_tokens > 0 &&
-                       (opts_.disable_by_batch_size == 0 || static_cast<int32_t>(running_.size()) <= opts_.disable_by_batch_size);
+  // ---- plan (spec/step_policy.h): admission, rows and draft budget, preemption ----
+  const StepState state = step_state();
+  const StepLimits limits = step_limits();
+  auto planned = plan_step(state, limits);
+  if (!planned.ok()) return planned.status();
+  StepPlan plan = std::move(*planned);
+  for (int64_t id : plan.admitted) {
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id == id; });
+    SPECSERVE_CHECK(it != waiting_.end(), "admitted seq " + std::to_string(id) + " is not waiting");
+    running_.push_back(std::move(*it));
+    waiting_.erase(it);
+  }
+  // Aging (StepLimits::priority_aging_steps) counts the steps a sequence spends waiting.
+  for (auto& w : waiting_) ++w->num_steps_waited;
+  for (int64_t id : plan.preempted) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->id == id; });
+    SPECSERVE_CHECK(it != running_.end(), "preempted seq " + std::to_string(id) + " is not running");
+    Seq& victim = **it;
+    victim.blocks.release_all(*pool_);
+    victim.num_cached = 0;
+    if (proposer_) proposer_->release(victim.id);
+    get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim.id);
+    waiting_.push_back(std::move(*it));
+    running_.erase(it);
+  }
+  if (plan.scheduled.empty()) return Status();
+  ++stats_.num_steps;
+  std::map<int64_t, Seq*> by_id;
+  for (auto& r : running_) by_id[r->id] = r.get();
+
+  // ---- drafts for the decode entries that may speculate ----
+  std::vector<DraftTree> drafts(plan.scheduled.size());
   std::vector<DraftRequest> dreqs;
-  std::vector<size_t> dreq_plan;
-  for (auto& sp : running_) {
-    Seq& s = *sp;
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_cached;
-    if (pending != 1 || budget < 1) continue;
-    plan.push_back({&s, 1, true, {}});
-    budget -= 1;
-    if (spec_on) {
-      // Draft no further than the output can go: max_tokens, the context, the budget.
-      int32_t k = std::min({s.k, s.params.max_tokens - s.num_generated - 1,
-                            opts_.max_model_len - s.num_cached - 2, budget});
-      if (k > 0) {
-        DraftRequest r;
-        r.seq_id = s.id;
-        r.tokens = std::span<const int32_t>(s.tokens);
-        r.prompt_len = s.prompt_len;
-        r.num_tokens = k;
-        r.sampling = &s.params.sampling;
-        dreqs.push_back(r);
-        dreq_plan.push_back(plan.size() - 1);
-        budget -= k;  // reserve; unused draft budget is returned below
-      }
-    }
+  std::vector<size_t> dreq_entry;
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const ScheduledSeq& e = plan.scheduled[i];
+    if (e.num_draft_tokens == 0) continue;
+    const Seq& s = *by_id.at(e.id);
+    DraftRequest r;
+    r.seq_id = s.id;
+    r.tokens = std::span<const int32_t>(s.tokens);
+    r.prompt_len = s.prompt_len;
+    r.num_tokens = e.num_draft_tokens;
+    r.sampling = &s.params.sampling;
+    dreqs.push_back(r);
+    dreq_entry.push_back(i);
   }
   if (!dreqs.empty()) {
-    std::vector<DraftTree> drafts(dreqs.size());
+    std::vector<DraftTree> proposed(dreqs.size());
     const auto t0 = std::chrono::steady_clock::now();
-    Status st = proposer_->propose(dreqs, &drafts);
+    Status st = proposer_->propose(dreqs, &proposed);
     stats_.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (st.ok() && drafts.size() != dreqs.size()) {
-      st = internal_error("returned " + std::to_string(drafts.size()) + " drafts for " + std::to_string(dreqs.size()) + " sequences");
+    if (st.ok() && proposed.size() != dreqs.size()) {
+      st = internal_error("returned " + std::to_string(proposed.size()) + " drafts for " + std::to_string(dreqs.size()) + " sequences");
     }
     if (!st.ok()) {
       // NOTE: a failing proposer degrades this step to plain decoding; the requests go on.
       get_logger("spec")->warn("proposer {} failed, decoding without drafts this step: {}", proposer_->name(), st.to_string());
-      drafts.assign(dreqs.size(), DraftTree{});
+      proposed.assign(dreqs.size(), DraftTree{});
     }
+    const int64_t vocab = target_.config().vocab_size;
     for (size_t i = 0; i < dreqs.size(); ++i) {
-      Planned& p = plan[dreq_plan[i]];
-      DraftTree& d = drafts[i];
+      DraftTree& d = proposed[i];
       const int32_t k = dreqs[i].num_tokens;
-      budget += k;
-      const int64_t vocab = target_.config().vocab_size;
       bool ok = static_cast<int32_t>(d.tokens.size()) <= k && d.parents.empty();
       for (int32_t t : d.tokens) ok = ok && t >= 0 && t < vocab;
       if (!d.probs.empty()) ok = ok && d.probs.size() == d.tokens.size();
       for (const auto& q : d.probs) ok = ok && static_cast<int64_t>(q.size()) == vocab;  // q is dense [vocab]
       if (!ok) {
-        get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored", p.seq->id, proposer_->name());
+        get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored", dreqs[i].seq_id, proposer_->name());
         d = DraftTree{};
       }
-      p.draft = std::move(d);
-      p.rows += static_cast<int32_t>(p.draft.tokens.size());
-      budget -= static_cast<int32_t>(p.draft.tokens.size());
+      drafts[dreq_entry[i]] = std::move(d);
     }
   }
-  for (auto& sp : running_) {
-    Seq& s = *sp;
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_cached;
-    if (pending <= 1 || budget < 1) continue;
-    const int32_t chunk = std::min(pending, budget);
-    plan.push_back({&s, chunk, chunk == pending, {}});
-    budget -= chunk;
+  // The draft budget the proposer left unused goes to prefill (and to decodes left out).
+  std::vector<int32_t> num_drafted(plan.scheduled.size());
+  for (size_t i = 0; i < drafts.size(); ++i) num_drafted[i] = static_cast<int32_t>(drafts[i].tokens.size());
+  std::map<int64_t, DraftTree> draft_of;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (!drafts[i].tokens.empty()) draft_of[plan.scheduled[i].id] = std::move(drafts[i]);
   }
+  plan = plan_prefill_after_drafts(state, limits, std::move(plan), num_drafted);
 
-  // ---- KV blocks; preempt (recompute) the youngest sequences when they run out ----
-  for (size_t i = 0; i < plan.size();) {
-    Seq& s = *plan[i].seq;
-    bool self_preempted = false;
-    while (!s.blocks.reserve(*pool_, s.num_cached + plan[i].rows).ok()) {
-      Seq* victim = running_.back().get();
-      if (victim == &s && running_.size() == 1) {
-        return resource_exhausted("KV cache too small for one sequence of " + std::to_string(s.num_cached + plan[i].rows) + " tokens");
-      }
-      victim->blocks.release_all(*pool_);
-      victim->num_cached = 0;
-      if (proposer_) proposer_->release(victim->id);
-      get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim->id);
-      // NOTE: decode entries come before prefill chunks, so the victim's entry may sit before
-      // i; keep i on s's entry (or, when s itself goes, on the entry that follows it).
-      auto vit = std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.seq == victim; });
-      if (vit != plan.end()) {
-        if (static_cast<size_t>(vit - plan.begin()) < i) --i;
-        plan.erase(vit);
-      }
-      waiting_.push_front(std::move(running_.back()));
-      running_.pop_back();
-      if (victim == &s) {
-        self_preempted = true;
-        break;
-      }
-    }
-    if (!self_preempted) ++i;
+  // ---- KV blocks: the plan fits the free blocks by construction ----
+  struct Planned { Seq* seq; int32_t rows; bool completes; DraftTree draft; };
+  std::vector<Planned> batch_plan;
+  for (const ScheduledSeq& e : plan.scheduled) {
+    Seq& s = *by_id.at(e.id);
+    Status st = s.blocks.reserve(*pool_, s.num_cached + e.rows);
+    SPECSERVE_CHECK(st.ok(), "seq " + std::to_string(s.id) + ": the step plan does not fit the KV cache: " + st.to_string());
+    auto d = draft_of.find(e.id);
+    batch_plan.push_back({&s, e.rows, e.completes, d == draft_of.end() ? DraftTree{} : std::move(d->second)});
   }
-  if (plan.empty()) return Status();
 
   // ---- one target forward ----
   ForwardBatch batch;
-  for (const Planned& p : plan) {
+  for (const Planned& p : batch_plan) {
     SequenceInput in;
     Seq& s = *p.seq;
     in.num_cached = s.num_cached;
@@ -424,8 +441,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   // ---- verify and emit ----
   const int32_t vocab = static_cast<int32_t>(out.vocab_size);
   std::vector<float> p_probs, resid;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Planned& pl = plan[i];
+  for (size_t i = 0; i < batch_plan.size(); ++i) {
+    Planned& pl = batch_plan[i];
     Seq& s = *pl.seq;
     if (!pl.completes) {
       s.num_cached += pl.rows;

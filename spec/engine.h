@@ -6,7 +6,9 @@
 // which are verified in the same pass (greedy: longest matching prefix plus the bonus token;
 // sampling: lossless speculative sampling, Leviathan et al. 2023 / Chen et al. 2023).
 // Greedy output is token-for-token identical with and without speculation because every
-// backend op is batch-invariant (model/backend.h).
+// backend op is batch-invariant (model/backend.h). Which sequences run, how many rows and
+// draft tokens each gets, and which are preempted is decided by the pure step policy
+// (spec/step_policy.h): priorities, aging, the token budget, KV blocks.
 // Thread-safety: one thread drives an Engine.
 #pragma once
 
@@ -25,6 +27,7 @@
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "spec/proposer.h"
+#include "spec/step_policy.h"
 
 namespace specserve {
 
@@ -38,6 +41,9 @@ struct EngineOptions {
   int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off
   int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
   bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine.cpp)
+  /// > 0: a waiting request's priority improves by one level per this many steps it waited
+  /// (spec/step_policy.h), so low priorities are not starved forever; 0: no aging.
+  int32_t priority_aging_steps = 100;
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
 };
@@ -59,7 +65,9 @@ struct GenerateParams {
   /// request's. Greedy output continues exactly as without the interruption (the sampler's
   /// random stream of a seeded sampling request restarts, so sampled output does not).
   std::vector<int32_t> resume_output;
-  /// Scheduling priority: a lower value is admitted first and preempted last (vLLM's meaning).
+  /// Scheduling priority: a lower value is admitted first and preempted last (vLLM's meaning);
+  /// first come first served within a priority. A waiting request gains one level per
+  /// EngineOptions::priority_aging_steps steps waited (spec/step_policy.h).
   int32_t priority = 0;
 };
 
@@ -118,7 +126,12 @@ class Engine {
   void abort(int64_t seq_id);
   /// True while any request is queued or running.
   bool has_work() const { return !waiting_.empty() || !running_.empty() || !aborted_.empty(); }
-  /// Runs one forward pass; appends what it produced to *events.
+  /// Plans the step (spec/step_policy.h: admission, preemption, rows and draft tokens per
+  /// sequence), asks the proposer for drafts, runs one target forward pass over every scheduled
+  /// sequence, verifies and appends what it produced to *events (aborts first). Errors:
+  /// kResourceExhausted when one sequence alone no longer fits in the KV cache (num_kv_blocks
+  /// smaller than its tokens); the target's forward errors. A proposer error is not an error:
+  /// the step decodes without drafts.
   Status step(std::vector<SeqEvent>* events);
 
   /// Per-sequence speculative counters (available until the sequence is released by
@@ -135,7 +148,9 @@ class Engine {
  private:
   struct Seq;
   Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o);
-  void admit();
+  /// The engine's queues as the step policy sees them (spec/step_policy.h).
+  StepState step_state() const;
+  StepLimits step_limits() const;
   void finish(Seq& s, FinishReason r);
   /// Appends `token` to s (stop rules); returns false when the sequence finished.
   bool emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev);
