@@ -145,7 +145,8 @@ struct WorkerHello {
   caf::actor self;
 };
 
-/// Scheduler -> shard: the replica's draft worker is ready (in-process handle, or host:port).
+/// Scheduler -> shard: the replica's draft worker is ready (in-process handle, or host:port);
+/// both unset: it is gone, decode without drafts.
 struct AttachDraftMsg {
   caf::actor draft;        ///< valid when draft_port == 0
   std::string draft_host;

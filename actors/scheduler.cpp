@@ -388,7 +388,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       if (r.shard && r.shard.address() == m.source) replica_lost(self, h.replica);
     } else if (r.draft && r.draft.address() == m.source) {
       r.draft = caf::actor{};
-      r.draft_settled = true;  // serve without drafts; the shard's proposer calls fail fast
+      r.draft_settled = true;
+      // The replica keeps serving without drafts (lossless: the target alone decides).
+      if (r.shard && r.draft_attached) self->send(r.shard, AttachDraftMsg{});
+      r.draft_attached = false;
     }
     dispatch(self);
   });

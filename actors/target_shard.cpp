@@ -257,6 +257,11 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
       [self](const AttachDraftMsg& a) {
         auto& s = self->state;
         if (!s.slot) return;
+        if (!a.draft && a.draft_port == 0) {
+          s.slot->attach(nullptr);
+          get_logger("actors")->warn("replica {}: draft worker gone; decoding without drafts", s.cfg.replica);
+          return;
+        }
         caf::actor draft = a.draft;
         if (a.draft_port != 0) {
           auto h = self->system().middleman().remote_actor(a.draft_host, static_cast<uint16_t>(a.draft_port));

@@ -1,0 +1,298 @@
+// Real processes on loopback: `specserve up` with a topology, workers in their own processes,
+// the Client API over the CAF middleman. Two replicas: one target shard is killed with SIGKILL
+// mid-generation; its requests must finish on the other replica with the same greedy output,
+// and the client must see no error. And the README's cluster-local layout (draft worker and
+// target shard in separate processes).
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "actors/client.h"
+#include "cluster/process.h"
+#include "cpu/cpu_backend.h"
+#include "model/model_loader.h"
+#include "spec/engine.h"
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
+  EngineOptions eo;
+  eo.max_model_len = 512;
+  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
+  GenerateParams p;
+  p.prompt = prompt;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add_request(p).ok());
+  std::vector<int32_t> out;
+  std::vector<SeqEvent> ev;
+  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
+  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+  return out;
+}
+
+// A topology in a fresh temp folder, `up` started on it, the client connected.
+class UpProcess {
+ public:
+  explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml) {
+    dir_ = ::testing::TempDir() + "specserve_cluster_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
+    std::filesystem::create_directories(dir_);
+    port_ = free_port();
+    const int http = free_port();
+    config_ = dir_ + "/cluster.yaml";
+    std::ofstream(config_) << "cluster: { name: test, token_file: " << dir_ << "/token }\n"
+                           << "head: { host: 127.0.0.1, actor_port: " << port_ << ", http_port: " << http << " }\n"
+                           << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512 }\n"
+                           << speculative_yaml << "nodes:\n" << nodes_yaml
+                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: 64MiB }\n";
+    ready_ = dir_ + "/ready";
+    auto c = spawn_child({SPECSERVE_BIN, "up", config_, "--ready-file", ready_, "--threads-per-worker", "1",
+                          "--drain-timeout", "30"},
+                         {{"OMP_WAIT_POLICY", "PASSIVE"}}, "up");
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    up_ = *c;
+  }
+  ~UpProcess() {
+    if (up_.pid > 0) {
+      ::kill(up_.pid, SIGKILL);
+      ::waitpid(up_.pid, nullptr, 0);
+    }
+    for (int pid : worker_pids_) ::kill(pid, SIGKILL);
+    std::filesystem::remove_all(dir_);
+  }
+  // Waits for the ready file, then connects.
+  Client* connect() {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+    while (!std::filesystem::exists(ready_) && std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(up_.pid, &status, WNOHANG) == up_.pid) {
+        ADD_FAILURE() << "specserve up exited before it was ready (status " << status << ")";
+        up_.pid = -1;
+        return nullptr;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!std::filesystem::exists(ready_)) {
+      ADD_FAILURE() << "specserve up was not ready within 180 s";
+      return nullptr;
+    }
+    std::ifstream in(dir_ + "/token");
+    std::getline(in, token_);
+    auto c = Client::connect("127.0.0.1", static_cast<uint16_t>(port_), token_);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    if (!c.ok()) return nullptr;
+    client_ = std::move(*c);
+    auto st = client_->status();
+    if (st.ok()) {
+      for (const auto& w : st->workers) worker_pids_.push_back(w.pid);
+    }
+    return client_.get();
+  }
+  // SIGTERM, then the exit code (-1 when it did not exit within `seconds`).
+  int terminate(double seconds) {
+    client_.reset();
+    ::kill(up_.pid, SIGTERM);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(up_.pid, &status, WNOHANG) == up_.pid) {
+        up_.pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+  const std::vector<int>& worker_pids() const { return worker_pids_; }
+  int port() const { return port_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string dir_, config_, ready_, token_;
+  int port_ = 0;
+  Child up_;
+  std::unique_ptr<Client> client_;
+  std::vector<int> worker_pids_;
+};
+
+bool alive(int pid) { return ::kill(pid, 0) == 0; }
+
+std::vector<std::vector<int32_t>> prompt_ids() {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  auto f = GgufFile::open(testing::default_model_path());
+  auto tok = Tokenizer::from_gguf(*f);
+  const char* texts[] = {
+      "The history of the Roman Empire begins with",
+      "A recipe for pancakes: first, take",
+      "The three laws of motion state that",
+      "In a small village by the sea there lived",
+  };
+  std::vector<std::vector<int32_t>> out;
+  for (const char* t : texts) out.push_back(tok->encode(t, true, false));
+  return out;
+}
+
+GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) {
+  GenerateRequest r;
+  r.prompt_token_ids = ids;
+  r.max_tokens = n;
+  r.sampling.temperature = 0;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput) {
+  const int32_t kTokens = 64;
+  auto prompts = prompt_ids();
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(reference(p, kTokens));
+
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n"
+               "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 1, device: cpu } ] }\n",
+               "  speculative: { method: ngram, num_speculative_tokens: 3, prompt_lookup_min: 1, prompt_lookup_max: 3 }\n");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const auto& p : prompts) {
+    auto h = c->submit(greedy(p, kTokens));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  // Wait until both replicas are generating, then kill replica 0's target shard.
+  int victim = -1;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (victim < 0 && std::chrono::steady_clock::now() < end) {
+    auto st = c->status();
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    bool both = st->replicas.size() == 2;
+    for (const auto& r : st->replicas) both = both && r.assigned > 0 && r.load.generated_tokens >= 4;
+    if (both) {
+      for (const auto& w : st->workers) {
+        if (w.role == "target_shard" && w.replica == 0) victim = w.pid;
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_GT(victim, 0) << "replica 0 never started generating";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+
+  int32_t requeues = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(r->tokens, expected[i]) << "request " << i << " (re-queued " << r->num_requeues << "x)";
+    requeues += r->num_requeues;
+  }
+  EXPECT_GE(requeues, 1) << "no request was on the killed replica";
+  auto st = c->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->requeued, 1);
+  for (const auto& r : st->replicas) {
+    if (r.replica == 0) EXPECT_FALSE(r.ready);
+    if (r.replica == 1) EXPECT_TRUE(r.ready);
+  }
+  // The survivor still serves.
+  auto again = c->generate(greedy(prompts[0], 8));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->tokens, std::vector<int32_t>(expected[0].begin(), expected[0].begin() + 8));
+
+  const std::vector<int> pids = up.worker_pids();
+  EXPECT_EQ(up.terminate(60), 0);
+  for (int pid : pids) EXPECT_FALSE(alive(pid)) << "worker pid " << pid << " outlived `specserve up`";
+}
+
+TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
+  const int32_t kTokens = 24;
+  auto prompts = prompt_ids();
+  UpProcess up("  - name: n0\n    host: 127.0.0.1\n    devices: [cpu]\n    workers:\n"
+               "      - { role: target_shard, replica: 0, device: cpu }\n      - { role: draft_worker, replica: 0, device: cpu }\n",
+               "  speculative: { method: draft_model, model: " + testing::default_model_path() +
+                   ", num_speculative_tokens: 3 }\n");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  auto st = c->status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->workers.size(), 2u);
+  std::set<int32_t> pids;
+  for (const auto& w : st->workers) {
+    EXPECT_EQ(w.state, "ready") << w.role;
+    EXPECT_GT(w.load_seconds, 0.0) << w.role;
+    pids.insert(w.pid);
+  }
+  EXPECT_EQ(pids.size(), 2u) << "draft worker and target shard must be separate processes";
+  EXPECT_EQ(pids.count(static_cast<int32_t>(::getpid())), 0u);
+  auto r = c->generate(greedy(prompts[1], kTokens));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, reference(prompts[1], kTokens));
+  EXPECT_GT(r->num_drafts, 0);
+  EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "the draft is the target itself: every draft token is accepted";
+
+  // A peer with the wrong token is refused, and the cluster keeps serving.
+  auto bad = Client::connect("127.0.0.1", static_cast<uint16_t>(up.port()), "not-the-token");
+  ASSERT_TRUE(bad.ok());
+  auto h = (*bad)->submit(greedy(prompts[0], 4));
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("token"), std::string::npos) << h.status().message();
+  EXPECT_FALSE((*bad)->status().ok());
+  bad->reset();
+  auto ok = c->generate(greedy(prompts[0], 4));
+  EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+
+  // A silent draft worker (SIGSTOP: its socket stays open) is noticed by the heartbeat within
+  // seconds; the replica goes on without drafts, with the same greedy output.
+  int draft_pid = -1;
+  for (const auto& w : st->workers) {
+    if (w.role == "draft_worker") draft_pid = w.pid;
+  }
+  ASSERT_GT(draft_pid, 0);
+  ASSERT_EQ(::kill(draft_pid, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool gone = false;
+  while (!gone && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    auto s2 = c->status();
+    ASSERT_TRUE(s2.ok());
+    gone = s2->workers.size() == 1;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double noticed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(gone) << "the stopped draft worker was not noticed within 20 s";
+  EXPECT_LT(noticed_s, 15.0);
+  auto plain = c->generate(greedy(prompts[1], kTokens));
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->tokens, r->tokens);
+  EXPECT_EQ(plain->num_drafts, 0);
+  ::kill(draft_pid, SIGKILL);
+  EXPECT_EQ(up.terminate(60), 0);
+}
+
+}  // namespace
+}  // namespace specserve
