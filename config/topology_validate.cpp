@@ -33,6 +33,7 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
   // replica -> rank -> first worker path
   std::map<int32_t, std::map<int32_t, std::string>> shards;
   std::map<int32_t, std::string> other_workers;  // replica -> path of a draft/prefill worker
+  std::map<int32_t, std::string> draft_workers;  // replica -> path of its draft worker
   for (size_t i = 0; i < topo_.nodes.size(); ++i) {
     const NodeSpec& node = topo_.nodes[i];
     for (size_t j = 0; j < node.workers.size(); ++j) {
@@ -56,6 +57,14 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
         }
       } else {
         other_workers.emplace(w.replica, wp);
+        if (w.role == WorkerRole::kDraftWorker) {
+          const std::string rp = explicit_.count(wp + ".role") ? wp + ".role" : wp;
+          auto [it, inserted] = draft_workers.emplace(w.replica, wp);
+          if (!inserted) {
+            error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(w.replica)) + " already has a draft_worker: " +
+                                              it->second);
+          }
+        }
       }
     }
   }

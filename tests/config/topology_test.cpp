@@ -515,5 +515,27 @@ TEST(TopologyNgramDefaults, FollowVllm) {
   EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
+TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
+  const std::string model = std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  auto make = [&](const std::string& spec, const std::string& workers) {
+    return "models:\n  target: {path: " + model + "}\n" + spec + "nodes:\n  - name: n0\n    devices: [cpu]\n    workers:\n" + workers;
+  };
+  const std::string shard = "      - {role: target_shard, device: cpu}\n";
+  const std::string draft = "      - {role: draft_worker, device: cpu}\n";
+  const std::string ngram = "  speculative: {method: ngram, num_speculative_tokens: 4}\n";
+  auto ok = parse_topology(make(ngram, shard + draft), "t.yaml");
+  EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+  auto no_method = parse_topology(make("", shard + draft), "t.yaml");
+  ASSERT_FALSE(no_method.ok());
+  EXPECT_NE(no_method.status().message().find("t.yaml:8:16: nodes[0].workers[1].role: 'draft_worker' needs models.speculative"),
+            std::string::npos)
+      << no_method.status().message();
+  auto two = parse_topology(make(ngram, shard + draft + draft), "t.yaml");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("nodes[0].workers[2].role: replica '0' already has a draft_worker: nodes[0].workers[1]"),
+            std::string::npos)
+      << two.status().message();
+}
+
 }  // namespace
 }  // namespace specserve
