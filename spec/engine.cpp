@@ -53,7 +53,8 @@ struct Engine::Seq {
   size_t sent = 0;              // bytes of text already emitted
   size_t max_stop_len = 0;
   int32_t num_generated = 0;
-  int32_t k = 0;                // current speculation length (adaptive)
+  int32_t k = 0;                // current speculation length (adaptive), within [1, max_k] once it drafted
+  int32_t max_k = 0;            // this request's cap: min(GenerateParams::num_speculative_tokens, the engine's); 0: never drafts
   int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
   FinishReason finish = FinishReason::kNone;
   SpecStats spec;
@@ -111,6 +112,10 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
     return invalid_argument("resume_output: " + std::to_string(params.resume_output.size()) +
                             " tokens leave nothing to generate within max_tokens = " + std::to_string(params.max_tokens));
   }
+  if (params.num_speculative_tokens < -1 || params.num_speculative_tokens > 64) {
+    return invalid_argument("num_speculative_tokens = " + std::to_string(params.num_speculative_tokens) +
+                            ": must be -1 (the engine's setting), 0 (no speculation) or 1..64");
+  }
   SPECSERVE_RETURN_IF_ERROR(params.sampling.validate());
   if (!params.stop.empty() && !tokenizer_) return invalid_argument("stop: stop strings need a tokenizer");
   for (const auto& s : params.stop) {
@@ -147,8 +152,12 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
     const size_t hold = s->max_stop_len == 0 ? 0 : s->max_stop_len - 1;
     s->sent = s->text.size() > hold ? s->text.size() - hold : 0;
   }
-  s->k = opts_.num_speculative_tokens;
-  s->spec.accepted_per_pos.assign(static_cast<size_t>(opts_.num_speculative_tokens), 0);
+  // NOTE: a request may lower the engine's k, never raise it: the engine's setting is what the
+  // operator sized the token budget and the draft worker for.
+  s->max_k = params.num_speculative_tokens < 0 ? opts_.num_speculative_tokens
+                                               : std::min(params.num_speculative_tokens, opts_.num_speculative_tokens);
+  s->k = s->max_k;
+  s->spec.accepted_per_pos.assign(static_cast<size_t>(s->max_k), 0);
   s->params = std::move(params);
   stats_.prompt_tokens += s->prompt_len;
   const int64_t id = s->id;
@@ -175,7 +184,7 @@ void Engine::abort(int64_t seq_id) {
 void Engine::finish(Seq& s, FinishReason r) {
   s.finish = r;
   s.blocks.release_all(*pool_);
-  if (proposer_) proposer_->release(s.id);
+  if (may_draft(s)) proposer_->release(s.id);
   finished_stats_[s.id] = s.spec;
   stats_.spec.add(s.spec);
 }
@@ -187,6 +196,8 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
   finished_stats_.erase(it);
   return s;
 }
+
+bool Engine::may_draft(const Seq& s) const { return proposer_ != nullptr && s.max_k > 0; }
 
 bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
   if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) return true;
@@ -283,7 +294,7 @@ StepState Engine::step_state() const {
     x.num_tokens = static_cast<int32_t>(r->tokens.size());
     x.num_cached = r->num_cached;
     x.num_blocks = static_cast<int32_t>(r->blocks.blocks().size());
-    x.k = r->k;
+    x.k = r->k;  // within the request's cap (0: never drafts), which the policy honours
     x.num_output_left = r->params.max_tokens - r->num_generated;
     x.num_steps_waited = r->num_steps_waited;
     st.running.push_back(x);
@@ -344,7 +355,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     Seq& victim = **it;
     victim.blocks.release_all(*pool_);
     victim.num_cached = 0;
-    if (proposer_) proposer_->release(victim.id);
+    if (may_draft(victim)) proposer_->release(victim.id);
     get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim.id);
     waiting_.push_back(std::move(*it));
     running_.erase(it);
@@ -362,6 +373,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     const ScheduledSeq& e = plan.scheduled[i];
     if (e.num_draft_tokens == 0) continue;
     const Seq& s = *by_id.at(e.id);
+    SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
+                                                       " draft tokens planned over its cap " + std::to_string(s.max_k));
     DraftRequest r;
     r.seq_id = s.id;
     r.tokens = std::span<const int32_t>(s.tokens);
@@ -514,8 +527,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       }
       if (opts_.adaptive_k) {
         // NOTE: adaptive k follows Hugging Face's assisted-generation heuristic: +2 after a
-        // fully accepted draft, -1 after any rejection, kept within [1, num_speculative_tokens].
-        s.k = accepted == k ? std::min(s.k + 2, opts_.num_speculative_tokens) : std::max(1, s.k - 1);
+        // fully accepted draft, -1 after any rejection, kept within [1, the request's cap].
+        s.k = accepted == k ? std::min(s.k + 2, s.max_k) : std::max(1, s.k - 1);
       }
     }
     if (s.finish == FinishReason::kNone) {

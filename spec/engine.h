@@ -38,7 +38,7 @@ struct EngineOptions {
   int32_t block_size = 16;               ///< KV block size in tokens
   int64_t num_kv_blocks = 0;             ///< 0: enough for max_model_len * 4 tokens
   int32_t max_model_len = 0;             ///< 0: the model's context length
-  int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off
+  int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off (a request may only lower it: GenerateParams)
   int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
   bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine.cpp)
   /// > 0: a waiting request's priority improves by one level per this many steps it waited
@@ -69,6 +69,19 @@ struct GenerateParams {
   /// first come first served within a priority. A waiting request gains one level per
   /// EngineOptions::priority_aging_steps steps waited (spec/step_policy.h).
   int32_t priority = 0;
+  /// Speculation for this request (vLLM's num_speculative_tokens, set per request):
+  ///  -1     the engine's setting: up to EngineOptions::num_speculative_tokens draft tokens per
+  ///         step, adaptive k as EngineOptions::adaptive_k says (the default; as before).
+  ///   0     this request never speculates: plain decoding, and the proposer never sees it (no
+  ///         propose() nor release() call for its sequence). Greedy output is the same either way.
+  ///  1..64  at most this many draft tokens per step, and never more than the engine's
+  ///         num_speculative_tokens: the request's cap is min(this, engine's). Adaptive k starts at
+  ///         the cap and moves within [1, cap]; without adaptive_k every step asks for the cap.
+  /// The cap also sizes SpecStats::accepted_per_pos. On an engine without a proposer (or with
+  /// num_speculative_tokens 0) a value > 0 is accepted and drafts nothing: there is nothing to
+  /// draft with. Batch-level rules still apply on top (disable_by_batch_size, the token budget,
+  /// KV blocks, max_tokens and the context, spec/step_policy.h). Other values: kInvalidArgument.
+  int32_t num_speculative_tokens = -1;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -120,7 +133,8 @@ class Engine {
   /// (plus resume_output) leaving no room in max_model_len or needing more KV blocks than the
   /// cache holds, max_tokens < 1, resume_output.size() >= max_tokens, resume_output holding a
   /// stop token, EOS (unless ignore_eos) or a complete stop string (the request would already
-  /// have finished), invalid sampling params, stop strings without a tokenizer.
+  /// have finished), invalid sampling params, stop strings without a tokenizer,
+  /// num_speculative_tokens outside -1..64.
   Expected<int64_t> add_request(GenerateParams params);
   /// Finishes a sequence now (FinishReason::kAbort reported on the next step); frees its KV.
   void abort(int64_t seq_id);
@@ -157,6 +171,9 @@ class Engine {
   /// True when `token` ends the output of a request with params `sp` (stop_token_ids; EOS
   /// unless ignore_eos, known only with a tokenizer).
   bool is_stop_token(const SamplingParams& sp, int32_t token) const;
+  /// True when the proposer may be asked for drafts for s (then it may hold state for s, and
+  /// release() is due when s finishes or is preempted).
+  bool may_draft(const Seq& s) const;
 
   Transformer& target_;
   const Tokenizer* tokenizer_;

@@ -33,9 +33,13 @@
 //      disable_by_batch_size).
 //   4. Decode first. Every sequence with exactly one token not yet in the KV cache, in rank
 //      order while the budget (max_num_batched_tokens) lasts, gets 1 row plus k draft rows:
-//      k = min(its adaptive k, num_speculative_tokens, output tokens left - 1,
+//      k = min(its k, num_speculative_tokens, output tokens left - 1,
 //      max_model_len - num_tokens - 1, budget left - 1), at least 0 — draft tokens count
-//      against the budget like any other token (vLLM v1).
+//      against the budget like any other token (vLLM v1). "Its k" (RunningSeq::k) is the
+//      sequence's adaptive k within its request's cap, so a request's per-request
+//      num_speculative_tokens holds here: k 0 (a request that never speculates) gets 1 row and
+//      no drafts while others in the same step draft; such a sequence still counts toward
+//      disable_by_batch_size (it is part of the batch).
 //   5. Prefill next. Every sequence with more than one uncached token, in rank order, gets a
 //      chunk of min(uncached tokens, budget left) rows (chunked prefill).
 //   6. KV blocks. Each entry needs the blocks for num_cached + rows tokens less those it holds.
@@ -76,7 +80,9 @@ struct RunningSeq {
   int32_t num_tokens = 0;        ///< prompt + output tokens known, >= 1
   int32_t num_cached = 0;        ///< tokens whose KV is in the cache, < num_tokens
   int32_t num_blocks = 0;        ///< KV blocks it holds (they free on preemption)
-  int32_t k = 0;                 ///< draft tokens it would like this step (adaptive k)
+  /// Draft tokens it would like this step: its adaptive k, which the Engine keeps within the
+  /// request's own cap (GenerateParams::num_speculative_tokens); 0: it never drafts (rule 4).
+  int32_t k = 0;
   int32_t num_output_left = 1;   ///< max_tokens - output tokens so far, >= 1
   int64_t num_steps_waited = 0;  ///< steps it spent waiting since it arrived, for aging
 };

@@ -158,6 +158,10 @@ std::vector<Row> rows() {
                {}, {}, {D(1, 4), D(2, 2)}, true});
   t.push_back({"k_is_the_adaptive_k_capped_by_num_speculative_tokens", S({Rdec(1, 9, 2), Rdec(2, 9, 8)}, {}, 20), spec(L(8, 64), 5),
                {}, {}, {D(1, 2), D(2, 5)}, true});
+  // Seq 1's request never speculates (GenerateParams::num_speculative_tokens 0: the engine
+  // gives it k 0): one row, while seq 2 in the same step drafts its 3.
+  t.push_back({"k_zero_never_drafts_next_to_one_that_does", S({Rdec(1, 9, 0), Rdec(2, 9, 3)}, {}, 20), spec(L(8, 64), 4),
+               {}, {}, {D(1), D(2, 3)}, true});
   t.push_back({"k_capped_by_output_left", S({Rdec(1, 9, 4, 3), Rdec(2, 9, 4, 1)}, {}, 20), spec(L(8, 64), 4),
                {}, {}, {D(1, 2), D(2, 0)}, true});
   // max_model_len 20, 17 tokens known: at most 20 - 17 - 1 = 2 drafts (plus the bonus token).
