@@ -1,5 +1,9 @@
 #include "actors/client.h"
 
+#include "actors/gateway.h"
+
+#include <algorithm>
+
 namespace specserve {
 
 struct RequestHandle::Shared {
@@ -63,7 +67,11 @@ Status status_from(int32_t code, const std::string& msg) {
 
 RequestHandle::RequestHandle(std::shared_ptr<Shared> shared, caf::actor scheduler, std::string token)
     : shared_(std::move(shared)), scheduler_(std::move(scheduler)), token_(std::move(token)) {}
-RequestHandle::~RequestHandle() = default;
+RequestHandle::~RequestHandle() {
+  // Nobody will read the rest: free the replica's slot.
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  if (!shared_->finished && shared_->id > 0) caf::anon_send(scheduler_, CancelMsg{token_, shared_->id});
+}
 
 int64_t RequestHandle::id() const { return shared_->id; }
 
@@ -82,6 +90,7 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
   acc_.tokens.insert(acc_.tokens.end(), c.tokens.begin(), c.tokens.end());
   acc_.logprobs.insert(acc_.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
   acc_.text += c.text;
+  if (c.finish_reason == "error") error_ = c.error.empty() ? "request failed" : c.error;
   if (!c.finish_reason.empty()) {
     acc_.request_id = shared_->id;
     acc_.finish_reason = c.finish_reason;
@@ -100,10 +109,9 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
 void RequestHandle::cancel() { caf::anon_send(scheduler_, CancelMsg{token_, shared_->id}); }
 
 Expected<GenerateResult> RequestHandle::wait() {
-  std::string error;
-  while (auto c = next()) {
-    if (c->finish_reason == "error") error = c->error.empty() ? "request failed" : c->error;
+  while (next()) {
   }
+  const std::string error = error_;
   if (!error.empty()) {
     if (error.rfind("lost the connection", 0) == 0) return unavailable(error);
     return invalid_argument(error);
@@ -111,17 +119,18 @@ Expected<GenerateResult> RequestHandle::wait() {
   return acc_;
 }
 
-Client::~Client() = default;
+Client::~Client() {
+  std::lock_guard<std::mutex> lock(sinks_mu_);
+  for (auto& s : sinks_) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
 
 Expected<std::unique_ptr<Client>> Client::connect(const std::string& host, uint16_t port, std::string token,
                                                   const RuntimeOptions& options) {
   std::unique_ptr<Client> c(new Client());
   c->runtime_ = std::make_unique<ActorRuntime>(options);
   c->sys_ = &c->runtime_->system();
-  auto h = c->runtime_->middleman().remote_actor(host, port);
-  if (!h) {
-    return unavailable("cannot connect to the head at " + host + ":" + std::to_string(port) + ": " + c->sys_->render(h.error()));
-  }
+  auto h = connect_through_gateway(*c->sys_, host, port, token, std::chrono::seconds(30));
+  if (!h.ok()) return Status(h.status().code(), "the head at " + h.status().message());
   c->scheduler_ = *h;
   c->token_ = std::move(token);
   return c;
@@ -140,6 +149,14 @@ Expected<std::shared_ptr<RequestHandle>> Client::submit(GenerateRequest request,
   auto shared = std::make_shared<RequestHandle::Shared>();
   shared->on_chunk = std::move(on_chunk);
   auto sink = sys_->spawn(sink_actor, shared, scheduler_);
+  {
+    std::lock_guard<std::mutex> lock(sinks_mu_);
+    // Forget sinks that finished (their handle is all that is left).
+    sinks_.erase(std::remove_if(sinks_.begin(), sinks_.end(),
+                                [](const caf::actor& a) { return a->getf(caf::abstract_actor::is_terminated_flag); }),
+                 sinks_.end());
+    sinks_.push_back(sink);
+  }
   caf::scoped_actor self{*sys_};
   Status st;
   int64_t id = 0;

@@ -69,6 +69,7 @@ class RequestHandle {
   caf::actor scheduler_;
   std::string token_;
   GenerateResult acc_;
+  std::string error_;  ///< the server's error, from the last chunk (finish reason "error")
 };
 
 class Client {
@@ -102,6 +103,8 @@ class Client {
   caf::actor_system* sys_ = nullptr;
   caf::actor scheduler_;
   std::string token_;
+  std::mutex sinks_mu_;
+  std::vector<caf::actor> sinks_;  // stopped by the destructor so the actor system can shut down
 };
 
 }  // namespace specserve

@@ -7,6 +7,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/gateway.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/runtime.h"
@@ -165,10 +166,11 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
     }
   });
   if (!s.cfg.listen_host.empty()) {
-    auto port = self->system().middleman().publish(caf::actor_cast<caf::actor>(self), 0, s.cfg.listen_host.c_str(), true);
-    if (!port) {
+    auto port = publish_with_gateway(self->system(), caf::actor_cast<caf::actor>(self), s.cfg.token, s.cfg.listen_host, 0,
+                                     "draft worker");
+    if (!port.ok()) {
       self->send(s.cfg.scheduler, hello(self, "failed", "cannot open a port on " + s.cfg.listen_host + ": " +
-                                                            self->system().render(port.error())));
+                                                            port.status().message()));
       self->quit(caf::exit_reason::user_shutdown);
       return {};
     }

@@ -1,5 +1,6 @@
 #include "actors/head.h"
 
+#include "actors/gateway.h"
 #include "actors/messages.h"
 #include "core/logging.h"
 
@@ -23,12 +24,12 @@ Expected<std::unique_ptr<Head>> Head::start(ActorRuntime& runtime, const Topolog
   sc.tokenizer = h->tokenizer_;
   h->scheduler_ = spawn_scheduler(runtime.system(), std::move(sc));
   if (publish) {
-    auto port = runtime.middleman().publish(h->scheduler_, static_cast<uint16_t>(topology.head.actor_port),
-                                            topology.head.host.c_str(), true);
-    if (!port) {
+    auto port = publish_with_gateway(runtime.system(), h->scheduler_, h->token_, topology.head.host,
+                                     static_cast<uint16_t>(topology.head.actor_port), "head");
+    if (!port.ok()) {
       caf::anon_send_exit(h->scheduler_, caf::exit_reason::user_shutdown);
       return unavailable(topology.where("head.actor_port") + ": head.actor_port: cannot listen on " + topology.head.host +
-                         ":" + std::to_string(topology.head.actor_port) + ": " + runtime.system().render(port.error()));
+                         ":" + std::to_string(topology.head.actor_port) + ": " + port.status().message());
     }
     h->port_ = *port;
     get_logger("actors")->info("head: actor port {}:{} (cluster '{}'; peers must present the cluster token)",
@@ -49,7 +50,6 @@ Status Head::drain(std::chrono::milliseconds timeout) {
 
 void Head::stop() {
   if (!scheduler_) return;
-  if (port_) runtime_.middleman().unpublish(scheduler_, port_);
   caf::anon_send_exit(scheduler_, caf::exit_reason::user_shutdown);
   scheduler_ = caf::actor{};
 }

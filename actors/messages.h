@@ -43,6 +43,9 @@ struct GenerateRequest {
   bool include_stop_str = false;
   int32_t priority = 0;                  ///< lower is served first (vLLM's meaning)
   double timeout_s = 0;                  ///< > 0: the request finishes with "timeout" after this long
+  /// Speculation for this request: -1 the server's setting, 0 off, 1..64 at most this many
+  /// draft tokens per step (capped by the server's num_speculative_tokens).
+  int32_t num_speculative_tokens = -1;
 };
 
 /// Client -> scheduler. Reply: the request id (int64_t) or an error.
@@ -85,6 +88,7 @@ struct WorkItem {
   std::vector<std::string> stop;
   bool include_stop_str = false;
   int32_t priority = 0;
+  int32_t num_speculative_tokens = -1;  ///< see GenerateRequest
   caf::actor request_actor;             ///< receives ShardEvent messages
 };
 
@@ -122,6 +126,7 @@ struct ShardLoad {
   double forward_seconds = 0;
   double draft_seconds = 0;
   std::vector<int64_t> finished;  ///< request ids that finished in this step
+  int64_t received = 0;           ///< WorkItems received so far (the head's in-flight accounting)
 };
 
 /// Worker -> scheduler: registration and every later state change.
@@ -241,7 +246,7 @@ typename Inspector::result_type inspect(Inspector& f, ChatTurn& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateRequest& x) {
   return f(caf::meta::type_name("GenerateRequest"), x.prompt, x.messages, x.prompt_token_ids, x.sampling, x.max_tokens,
-           x.stop, x.include_stop_str, x.priority, x.timeout_s);
+           x.stop, x.include_stop_str, x.priority, x.timeout_s, x.num_speculative_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SubmitMsg& x) {
@@ -259,7 +264,7 @@ typename Inspector::result_type inspect(Inspector& f, StreamChunk& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
   return f(caf::meta::type_name("WorkItem"), x.request_id, x.attempt, x.prompt, x.resume_output, x.sampling, x.max_tokens,
-           x.stop, x.include_stop_str, x.priority, x.request_actor);
+           x.stop, x.include_stop_str, x.priority, x.num_speculative_tokens, x.request_actor);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
@@ -274,7 +279,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
-           x.draft_seconds, x.finished);
+           x.draft_seconds, x.finished, x.received);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
@@ -331,6 +336,7 @@ using requeue_atom = caf::atom_constant<caf::atom("requeue")>;
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 
 /// Registers the message types above (and CAF's I/O module) on `cfg`.
 void add_message_types(caf::actor_system_config& cfg);

@@ -26,7 +26,9 @@ void RemoteProposer::flush_releases() {
 Status RemoteProposer::propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) {
   if (!draft_) return unavailable("no draft worker");
   flush_releases();
-  if (!self_) self_ = std::make_unique<caf::scoped_actor>(sys_);
+  // NOTE: a fresh scoped actor per call: CAF 0.17 still delivers a request's timeout message
+  // after its reply, and a long-lived receiver would collect one stale message per step.
+  caf::scoped_actor self{sys_};
   ProposeMsg msg;
   msg.token = token_;
   for (const DraftRequest& r : requests) {
@@ -42,7 +44,7 @@ Status RemoteProposer::propose(const std::vector<DraftRequest>& requests, std::v
   }
   ProposeReply reply;
   std::string err;
-  (*self_)->request(draft_, timeout_, std::move(msg))
+  self->request(draft_, timeout_, std::move(msg))
       .receive([&](ProposeReply& r) { reply = std::move(r); },
                [&](caf::error& e) { err = sys_.render(e); });
   if (!err.empty()) {

@@ -41,7 +41,6 @@ class RemoteProposer final : public Proposer {
   std::string method_;
   int32_t vocab_size_;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<caf::scoped_actor> self_;
   std::map<int64_t, int32_t> sent_;  ///< seq id -> tokens the worker holds
   std::vector<int64_t> pending_release_;
 };

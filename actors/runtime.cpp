@@ -25,6 +25,10 @@ ActorRuntime::ActorRuntime(const RuntimeOptions& o) {
               caf::timespan{static_cast<int64_t>(o.connection_timeout_s * 1e9)});
   config_.set("logger.console", caf::atom("none"));
   if (o.scheduler_threads > 0) config_.set("scheduler.max-threads", static_cast<size_t>(o.scheduler_threads));
+  // NOTE: the system waits for every actor when it is destroyed (CAF's default; destroying
+  // live actors crashes in 0.17). Every actor here therefore monitors whatever it waits for:
+  // request actors and workers the scheduler, client sinks the scheduler (and the Client kills
+  // its sinks when destroyed).
   system_ = std::make_unique<caf::actor_system>(config_);
 }
 
@@ -66,7 +70,7 @@ Expected<std::string> ensure_cluster_token(const std::string& path_in) {
   if (std::filesystem::exists(*path)) return read_cluster_token(*path);
   std::error_code ec;
   const auto dir = std::filesystem::path(*path).parent_path();
-  if (!dir.empty()) {
+  if (!dir.empty() && !std::filesystem::exists(dir)) {
     std::filesystem::create_directories(dir, ec);
     if (ec) return unavailable("cluster token file " + *path + ": cannot create " + dir.string() + ": " + ec.message());
     ::chmod(dir.c_str(), 0700);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -30,6 +31,7 @@ struct RequestState {
   std::vector<int32_t> output;   // every token streamed to the client
   int32_t requeues = 0;
   bool timed_out = false;
+  bool cancelled = false;
   bool finished = false;
   int64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
 };
@@ -63,8 +65,17 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
   s.item = std::move(item);
   s.item.request_actor = caf::actor_cast<caf::actor>(self);
   self->monitor(s.sink);
+  self->monitor(s.scheduler);
   self->set_down_handler([self](caf::down_msg& m) {
     auto& s = self->state;
+    if (m.source == s.scheduler.address()) {
+      StreamChunk c;
+      c.finish_reason = "error";
+      c.error = "the head stopped before the request finished";
+      finish_request(self, std::move(c));
+      self->quit();
+      return;
+    }
     if (m.source == s.sink.address() && !s.finished) {
       // The client went away: nobody reads the stream; free the replica's slot.
       get_logger("actors")->info("request {}: client gone, cancelling", s.id);
@@ -96,12 +107,20 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         c.error = ev.error;
         finish_request(self, std::move(c));
       },
-      [self](requeue_atom) -> WorkItem {
+      [self](requeue_atom) -> caf::result<WorkItem> {
         auto& s = self->state;
+        if (s.cancelled || s.timed_out) {
+          // Cancelled while its replica died: finish here instead of running it again.
+          StreamChunk c;
+          c.finish_reason = "abort";
+          finish_request(self, std::move(c));
+          return caf::make_error(caf::sec::request_receiver_down);
+        }
         ++s.requeues;
         ++s.item.attempt;
         return s.item;
       },
+      [self](cancel_atom) { self->state.cancelled = true; },
       [self](timeout_atom) {
         auto& s = self->state;
         if (s.finished) return;
@@ -127,7 +146,9 @@ struct ReplicaEntry {
   bool draft_attached = false;
   WorkerHello shard_hello, draft_hello;
   ShardLoad load;
-  int32_t pending_blocks = 0;  // promised since the last load report
+  int32_t pending_blocks = 0;  // promised to WorkItems the shard has not confirmed yet
+  int64_t sent = 0;            // WorkItems sent
+  std::deque<std::pair<int64_t, int32_t>> in_flight;  // (sequence number, blocks) not yet confirmed
   std::set<int64_t> assigned;
   bool ready() const { return shard && shard_ready && (!needs_draft || draft_settled); }
 };
@@ -205,7 +226,7 @@ void dispatch(SchedSelf self) {
     l.num_assigned = static_cast<int32_t>(r.assigned.size());
     l.max_num_seqs = r.shard_hello.max_num_seqs;
     l.max_model_len = r.shard_hello.max_model_len;
-    if (l.block_size <= 0) continue;
+    if (l.block_size <= 0 || l.max_model_len <= 0) continue;  // still loading: limits unknown
     loads.push_back(l);
   }
   DispatchOptions opts;
@@ -219,8 +240,10 @@ void dispatch(SchedSelf self) {
     WorkItem item = std::move(it->second.item);
     s.queue.erase(it);
     r.assigned.insert(item.request_id);
-    r.pending_blocks += static_cast<int32_t>(
+    const auto blocks = static_cast<int32_t>(
         blocks_needed(static_cast<int64_t>(item.prompt.size() + item.resume_output.size()), r.shard_hello.block_size));
+    r.pending_blocks += blocks;
+    r.in_flight.emplace_back(++r.sent, blocks);
     s.running[item.request_id] = a.replica;
     self->send(r.shard, std::move(item));
   }
@@ -248,6 +271,8 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.shard_ready = false;
   r.draft_attached = false;
   r.pending_blocks = 0;
+  r.sent = 0;
+  r.in_flight.clear();
   r.load = ShardLoad{};
   for (int64_t id : lost) {
     s.running.erase(id);
@@ -280,6 +305,13 @@ Expected<WorkItem> to_work_item(SchedulerState& s, GenerateRequest& req) {
   WorkItem w;
   const int n = (!req.prompt.empty()) + (!req.messages.empty()) + (!req.prompt_token_ids.empty());
   if (n != 1) return invalid_argument("request: give exactly one of prompt, messages, prompt_token_ids (got " + std::to_string(n) + ")");
+  size_t bytes = req.prompt.size();
+  for (const ChatTurn& t : req.messages) bytes += t.content.size() + t.role.size();
+  constexpr size_t kMaxPromptBytes = size_t{16} << 20;
+  if (bytes > kMaxPromptBytes || req.prompt_token_ids.size() > (size_t{1} << 22) || req.messages.size() > 100000) {
+    return out_of_range("prompt: " + std::to_string(bytes) + " bytes / " + std::to_string(req.messages.size()) +
+                        " messages / " + std::to_string(req.prompt_token_ids.size()) + " token ids is more than any context holds");
+  }
   if (!req.prompt_token_ids.empty()) {
     const int32_t vocab = s.cfg.tokenizer->vocab_size();
     for (int32_t t : req.prompt_token_ids) {
@@ -305,17 +337,25 @@ Expected<WorkItem> to_work_item(SchedulerState& s, GenerateRequest& req) {
   for (const auto& st : req.stop) {
     if (st.empty()) return invalid_argument("stop: an empty stop string never matches");
   }
-  if (!(req.timeout_s >= 0)) return invalid_argument("timeout_s = " + std::to_string(req.timeout_s) + ": must be >= 0");
+  if (!(req.timeout_s >= 0 && req.timeout_s <= 1e6)) {
+    return invalid_argument("timeout_s = " + std::to_string(req.timeout_s) + ": must be in [0, 1e6] seconds (0: none)");
+  }
   w.sampling = std::move(req.sampling);
   w.max_tokens = req.max_tokens;
   w.stop = std::move(req.stop);
   w.include_stop_str = req.include_stop_str;
   w.priority = req.priority;
+  if (req.num_speculative_tokens < -1 || req.num_speculative_tokens > 64) {
+    return invalid_argument("num_speculative_tokens = " + std::to_string(req.num_speculative_tokens) +
+                            ": must be -1 (the server's setting), 0 (no speculation) or 1..64");
+  }
+  w.num_speculative_tokens = req.num_speculative_tokens;
   return w;
 }
 
 void send_cancel(SchedSelf self, int64_t id) {
   auto& s = self->state;
+  if (auto ra = s.request_actors.find(id); ra != s.request_actors.end()) self->send(ra->second, cancel_atom::value);
   if (s.queue.count(id)) {
     fail_queued(self, id, "abort", "");
     return;
@@ -380,7 +420,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     auto it = s.workers.find(m.source);
     if (it == s.workers.end()) return;
     const WorkerHello h = it->second.hello;
-    s.workers.erase(it);
+    if (it->second.hello.state != "failed") it->second.hello.state = "down";  // kept for `status`
     get_logger("actors")->warn("worker {} {} of replica {} (node {}, pid {}) is down: {}", h.role, h.rank, h.replica, h.node,
                                h.pid, self->system().render(m.reason));
     auto& r = s.replicas[h.replica];
@@ -463,7 +503,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       },
       [self](done_atom, int64_t id) {
         auto& s = self->state;
-        s.request_actors.erase(id);
+        auto ra = s.request_actors.find(id);
+        if (ra == s.request_actors.end() || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(ra->second)) return;
+        s.request_actors.erase(ra);
         s.queue.erase(id);
         auto it = s.running.find(id);
         if (it != s.running.end()) {
@@ -481,8 +523,11 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         ReplicaEntry& r = it->second;
         if (!r.shard || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(r.shard)) return;
         for (int64_t id : l.finished) r.assigned.erase(id);
+        while (!r.in_flight.empty() && r.in_flight.front().first <= l.received) {
+          r.pending_blocks -= r.in_flight.front().second;
+          r.in_flight.pop_front();
+        }
         r.load = std::move(l);
-        r.pending_blocks = 0;
         dispatch(self);
       },
       [self](const StatusQuery& q) -> caf::result<ClusterStatus> {

@@ -7,6 +7,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/gateway.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/remote_proposer.h"
@@ -36,6 +37,7 @@ struct ShardState {
   std::map<int64_t, Running> by_request;
   std::map<int64_t, int64_t> by_seq;  // seq id -> request id
   bool step_pending = false;
+  int64_t received = 0;  // WorkItems received
   double load_s = 0, warmup_s = 0;
   std::string method;
 };
@@ -135,6 +137,7 @@ ShardLoad load_of(ShardState& s) {
   l.num_accepted_tokens = st.spec.num_accepted_tokens;
   l.forward_seconds = st.forward_seconds;
   l.draft_seconds = st.draft_seconds;
+  l.received = s.received;
   return l;
 }
 
@@ -222,6 +225,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
   return {
       [self](WorkItem& w) {
         auto& s = self->state;
+        ++s.received;
         GenerateParams p;
         p.prompt = std::move(w.prompt);
         p.resume_output = std::move(w.resume_output);
@@ -230,6 +234,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         p.stop = std::move(w.stop);
         p.include_stop_str = w.include_stop_str;
         p.priority = w.priority;
+        p.num_speculative_tokens = w.num_speculative_tokens;
         auto id = s.engine->add_request(std::move(p));
         if (!id.ok()) {
           ShardEvent ev;
@@ -264,10 +269,11 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         }
         caf::actor draft = a.draft;
         if (a.draft_port != 0) {
-          auto h = self->system().middleman().remote_actor(a.draft_host, static_cast<uint16_t>(a.draft_port));
-          if (!h) {
-            get_logger("actors")->warn("replica {}: cannot reach the draft worker at {}:{}: {}; decoding without drafts",
-                                       s.cfg.replica, a.draft_host, a.draft_port, self->system().render(h.error()));
+          auto h = connect_through_gateway(self->system(), a.draft_host, static_cast<uint16_t>(a.draft_port), s.cfg.token,
+                                           std::chrono::seconds(10));
+          if (!h.ok()) {
+            get_logger("actors")->warn("replica {}: cannot reach the draft worker: {}; decoding without drafts",
+                                       s.cfg.replica, h.status().message());
             return;
           }
           draft = *h;

@@ -11,6 +11,7 @@
 
 #include "actors/client.h"
 #include "actors/draft_worker.h"
+#include "actors/gateway.h"
 #include "actors/head.h"
 #include "actors/messages.h"
 #include "actors/runtime.h"
@@ -41,10 +42,19 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
 }
 
 // Polls the head until every declared replica is ready (or a stop signal / `timeout_s`).
-bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed) {
+// `children` (may be null): processes that must stay alive until then.
+bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed, std::vector<Child>* children = nullptr) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last;
   while (std::chrono::steady_clock::now() < end && !stop_requested()) {
+    if (children) {
+      auto exited = reap_children(children);
+      if (!exited.empty()) {
+        for (const auto& line : exited) std::fprintf(stderr, "specserve: %s before the cluster was ready\n", line.c_str());
+        *failed = true;
+        return false;
+      }
+    }
     auto st = client.status(std::chrono::seconds(5));
     if (st.ok()) {
       size_t ready = 0;
@@ -120,7 +130,7 @@ int run_up(const UpOptions& o) {
       continue;
     }
     std::vector<std::string> argv = {self_executable(), "node", "--join", endpoint, "--name", n.name, "--config",
-                                     o.config_path};
+                                     o.config_path, "--exit-with-parent"};
     if (o.threads_per_worker > 0) {
       argv.push_back("--threads-per-worker");
       argv.push_back(std::to_string(o.threads_per_worker));
@@ -138,7 +148,7 @@ int run_up(const UpOptions& o) {
   auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);
   bool failed = false;
   const size_t replicas = topo->replica_ids().size();
-  if (wait_ready(*client, replicas, 1e9, &failed)) {
+  if (wait_ready(*client, replicas, 1e9, &failed, &children)) {
     std::fprintf(stderr, "specserve up: ready: %zu replica(s) serve %s\n", replicas, topo->models.target.path.c_str());
     print_status_line(*client);
     std::fprintf(stderr, "specserve up: submit with: specserve client --connect %s --token-file %s --chat \"Hello\"\n",
@@ -156,6 +166,7 @@ int run_up(const UpOptions& o) {
 
 int run_node(const NodeOptions& o) {
   install_stop_signals();
+  if (o.exit_with_parent && !exit_with_parent()) return 0;
   auto topo = load_topology_file(o.config_path);
   if (!topo.ok()) return fail("node", topo.status());
   const NodeSpec* node = nullptr;
@@ -184,16 +195,22 @@ int run_node(const NodeOptions& o) {
     children.push_back(*c);
   }
   get_logger("cluster")->info("node {}: {} worker process(es) started, joining {}", o.name, children.size(), o.join);
+  int rc = 0;
   while (!stop_requested() && !children.empty()) {
-    for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("node {}: {}", o.name, line);
+    for (const auto& line : reap_children(&children)) {
+      get_logger("cluster")->warn("node {}: {}", o.name, line);
+      if (line.find("exited with code 0") == std::string::npos) rc = 1;
+    }
     wait_for_stop(0.2);
   }
   stop_children(&children, 10.0);
-  return 0;
+  return rc;
 }
 
 int run_worker(const WorkerOptions& o) {
   install_stop_signals();
+  // Workers are started by `specserve node`: they stop with it.
+  if (!exit_with_parent()) return 0;
   auto topo = load_topology_file(o.config_path);
   if (!topo.ok()) return fail("worker", topo.status());
   const NodeSpec* node = nullptr;
@@ -223,11 +240,14 @@ int run_worker(const WorkerOptions& o) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.connect_timeout_s);
   std::string last_error;
   while (!head && std::chrono::steady_clock::now() < end && !stop_requested()) {
-    auto h = rt.middleman().remote_actor(hp->first, hp->second);
-    if (h) {
+    auto h = connect_through_gateway(rt.system(), hp->first, hp->second, *token, std::chrono::seconds(10));
+    if (h.ok()) {
       head = *h;
+    } else if (h.status().code() == StatusCode::kInvalidArgument) {
+      return fail("worker", invalid_argument("the head at " + h.status().message() + " (token file " +
+                                             topo->cluster.token_file + ")"));
     } else {
-      last_error = rt.system().render(h.error());
+      last_error = h.status().message();
       wait_for_stop(0.5);
     }
   }
@@ -254,15 +274,23 @@ int run_worker(const WorkerOptions& o) {
   // Runs until the actor quits (the head went away, or loading failed) or a stop signal.
   caf::scoped_actor self{rt.system()};
   self->monitor(a);
-  bool done = false;
+  bool done = false, failed = false, stopping = false;
   while (!done) {
-    self->receive([&](caf::down_msg&) { done = true; }, caf::after(std::chrono::milliseconds(200)) >> [&] {
-      if (stop_requested()) {
-        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-      }
-    });
+    self->receive(
+        [&](caf::down_msg& m) {
+          done = true;
+          // A worker that could not load quits with user_shutdown (its error is in the log and
+          // in `specserve status`); one whose head went away quits normally.
+          failed = !stopping && m.reason == caf::exit_reason::user_shutdown;
+        },
+        caf::after(std::chrono::milliseconds(200)) >> [&] {
+          if (stop_requested() && !stopping) {
+            stopping = true;
+            caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+          }
+        });
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 int run_serve(const ServeOptions& o) {

@@ -32,6 +32,7 @@ struct NodeOptions {
   std::string name;         ///< node name in the topology
   std::string config_path;
   int32_t threads_per_worker = 0;
+  bool exit_with_parent = false;  ///< set by `up`: stop when the launcher dies
 };
 int run_node(const NodeOptions& options);
 

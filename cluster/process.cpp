@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +40,12 @@ bool wait_for_stop(double seconds) {
   return g_stop.load();
 }
 
+bool exit_with_parent() {
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  return ::getppid() == parent && parent != 1;
+}
+
 std::string self_executable() {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -68,7 +75,10 @@ Expected<Child> spawn_child(const std::vector<std::string>& argv, const std::map
   sigemptyset(&def);
   sigaddset(&def, SIGPIPE);
   posix_spawnattr_setsigdefault(&attr, &def);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+  // Own process group: a terminal's Ctrl-C reaches only the launcher, which drains first and
+  // then stops its children itself.
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, cargv[0], nullptr, &attr, cargv.data(), cenv.data());
   posix_spawnattr_destroy(&attr);

@@ -20,6 +20,11 @@ bool stop_requested();
 /// Sleeps up to `seconds`, returning early (true) when a stop signal arrives.
 bool wait_for_stop(double seconds);
 
+/// Asks the kernel to send SIGTERM to this process when its parent dies (Linux
+/// PR_SET_PDEATHSIG), so children of a killed launcher do not linger. Returns false when the
+/// parent is already gone.
+bool exit_with_parent();
+
 /// This executable's path (/proc/self/exe).
 std::string self_executable();
 

@@ -182,6 +182,24 @@ TEST_F(ActorsNgram, ConcurrentGreedyRequestsMatchTheTargetAlone) {
   EXPECT_GT(drafts, 0) << "the n-gram proposer never drafted on repetitive prompts";
 }
 
+TEST_F(ActorsNgram, PerRequestSpeculationSetting) {
+  auto ps = prompts(cluster_->head());
+  GenerateRequest off = greedy(ps[0], 16);
+  off.num_speculative_tokens = 0;
+  GenerateRequest one = greedy(ps[0], 16);
+  one.num_speculative_tokens = 1;
+  auto h0 = cluster_->client().submit(off);
+  auto h1 = cluster_->client().submit(one);
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  auto r0 = (*h0)->wait();
+  auto r1 = (*h1)->wait();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_EQ(r0->num_drafts, 0);
+  EXPECT_GT(r1->num_drafts, 0);
+  EXPECT_EQ(r1->num_draft_tokens, r1->num_drafts) << "a cap of 1 drafts one token per step";
+  EXPECT_EQ(r0->tokens, r1->tokens);
+}
+
 TEST_F(ActorsNgram, StreamsChunksBeforeTheEnd) {
   auto ps = prompts(cluster_->head());
   std::atomic<int> chunks{0};
@@ -252,6 +270,9 @@ TEST_F(ActorsNgram, BadRequestsAreRefusedWithTheField) {
   cases.push_back({topp, "top_p"});
   GenerateRequest long_prompt = greedy(std::vector<int32_t>(600, 5), 4);
   cases.push_back({long_prompt, "max_model_len"});
+  GenerateRequest bad_k = greedy({1, 2, 3}, 4);
+  bad_k.num_speculative_tokens = 65;
+  cases.push_back({bad_k, "num_speculative_tokens = 65"});
   GenerateRequest empty_stop = greedy({1, 2, 3}, 4);
   empty_stop.stop = {""};
   cases.push_back({empty_stop, "stop"});
@@ -271,6 +292,31 @@ TEST_F(ActorsNgram, WrongTokenIsRefused) {
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.status().message().find("token"), std::string::npos);
   EXPECT_FALSE(bad->status().ok());
+}
+
+TEST(ActorsQueue, RequestSubmittedBeforeAnyReplicaIsReadyWaitsForOne) {
+  ActorRuntime rt;
+  Topology t = make_topology(std::nullopt, false);
+  auto head = Head::start(rt, t, kToken, /*publish=*/false);
+  ASSERT_TRUE(head.ok());
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
+  auto h = client->submit(greedy({1, 2, 3, 4}, 4));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE((*h)->done());
+  WorkerConfig wc;
+  wc.node = "local";
+  wc.topology = t;
+  wc.threads = 1;
+  wc.token = kToken;
+  wc.scheduler = (*head)->scheduler();
+  spawn_target_shard(rt.system(), wc);  // loads while the request waits in the queue
+  auto r = (*h)->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->finish_reason, "length");
+  EXPECT_EQ(r->tokens, reference({1, 2, 3, 4}, 4));
+  client.reset();
+  (*head)->stop();
 }
 
 TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {

@@ -39,7 +39,8 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+// Greedy tokens (and, in *text, the streamed text) of the target alone.
+std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens, std::string* text = nullptr) {
   static std::unique_ptr<Backend> backend = make_cpu_backend(1);
   static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
   EngineOptions eo;
@@ -54,14 +55,18 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_t
   std::vector<int32_t> out;
   std::vector<SeqEvent> ev;
   while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
-  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+  for (auto& x : ev) {
+    out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+    if (text) *text += x.text;
+  }
   return out;
 }
 
 // A topology in a fresh temp folder, `up` started on it, the client connected.
 class UpProcess {
  public:
-  explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml) {
+  explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml,
+                     const std::string& kv_cache = "64MiB") {
     dir_ = ::testing::TempDir() + "specserve_cluster_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
     std::filesystem::create_directories(dir_);
     port_ = free_port();
@@ -71,7 +76,7 @@ class UpProcess {
                            << "head: { host: 127.0.0.1, actor_port: " << port_ << ", http_port: " << http << " }\n"
                            << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512 }\n"
                            << speculative_yaml << "nodes:\n" << nodes_yaml
-                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: 64MiB }\n";
+                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << " }\n";
     ready_ = dir_ + "/ready";
     auto c = spawn_child({SPECSERVE_BIN, "up", config_, "--ready-file", ready_, "--threads-per-worker", "1",
                           "--drain-timeout", "30"},
@@ -119,6 +124,10 @@ class UpProcess {
   int terminate(double seconds) {
     client_.reset();
     ::kill(up_.pid, SIGTERM);
+    return wait_exit(seconds);
+  }
+  // The exit code once `up` exits by itself (-1 when it did not within `seconds`).
+  int wait_exit(double seconds) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (std::chrono::steady_clock::now() < end) {
       int status = 0;
@@ -131,6 +140,7 @@ class UpProcess {
     return -1;
   }
   const std::vector<int>& worker_pids() const { return worker_pids_; }
+  const std::string& token() const { return token_; }
   int port() const { return port_; }
 
  private:
@@ -143,6 +153,7 @@ class UpProcess {
 };
 
 bool alive(int pid) { return ::kill(pid, 0) == 0; }
+std::string read_token(const UpProcess& up) { return up.token(); }
 
 std::vector<std::vector<int32_t>> prompt_ids() {
   static std::unique_ptr<Backend> backend = make_cpu_backend(1);
@@ -172,7 +183,8 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   const int32_t kTokens = 64;
   auto prompts = prompt_ids();
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& p : prompts) expected.push_back(reference(p, kTokens));
+  std::vector<std::string> expected_text(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(reference(prompts[i], kTokens, &expected_text[i]));
 
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n"
                "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 1, device: cpu } ] }\n",
@@ -210,6 +222,7 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
     ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
     EXPECT_EQ(r->finish_reason, "length");
     EXPECT_EQ(r->tokens, expected[i]) << "request " << i << " (re-queued " << r->num_requeues << "x)";
+    EXPECT_EQ(r->text, expected_text[i]) << "request " << i << ": the streamed text must survive the failover";
     requeues += r->num_requeues;
   }
   EXPECT_GE(requeues, 1) << "no request was on the killed replica";
@@ -256,16 +269,26 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   EXPECT_GT(r->num_drafts, 0);
   EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "the draft is the target itself: every draft token is accepted";
 
-  // A peer with the wrong token is refused, and the cluster keeps serving.
+  // A peer with the wrong token is refused at the port's gateway, and the cluster keeps serving.
   auto bad = Client::connect("127.0.0.1", static_cast<uint16_t>(up.port()), "not-the-token");
-  ASSERT_TRUE(bad.ok());
-  auto h = (*bad)->submit(greedy(prompts[0], 4));
-  ASSERT_FALSE(h.ok());
-  EXPECT_NE(h.status().message().find("token"), std::string::npos) << h.status().message();
-  EXPECT_FALSE((*bad)->status().ok());
-  bad->reset();
-  auto ok = c->generate(greedy(prompts[0], 4));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("refused: wrong cluster token"), std::string::npos) << bad.status().message();
+  // Without the token, the port offers only the gateway: exit messages and other messages
+  // change nothing (CAF's untrappable `kill` is the known gap: see actors/gateway.h).
+  {
+    ActorRuntime rt;
+    auto g = rt.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(up.port()));
+    ASSERT_TRUE(static_cast<bool>(g));
+    caf::anon_send_exit(*g, caf::exit_reason::user_shutdown);
+    caf::anon_send(*g, CancelMsg{"", 1});
+    caf::anon_send(*g, WorkItem{});
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto again = Client::connect("127.0.0.1", static_cast<uint16_t>(up.port()), read_token(up));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  auto ok = (*again)->generate(greedy(prompts[0], 4));
   EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+  again->reset();
 
   // A silent draft worker (SIGSTOP: its socket stays open) is noticed by the heartbeat within
   // seconds; the replica goes on without drafts, with the same greedy output.
@@ -280,7 +303,8 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   while (!gone && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
     auto s2 = c->status();
     ASSERT_TRUE(s2.ok());
-    gone = s2->workers.size() == 1;
+    gone = false;
+    for (const auto& w : s2->workers) gone = gone || (w.role == "draft_worker" && w.state == "down");
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const double noticed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -292,6 +316,13 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   EXPECT_EQ(plain->num_drafts, 0);
   ::kill(draft_pid, SIGKILL);
   EXPECT_EQ(up.terminate(60), 0);
+}
+
+TEST(Cluster, WorkerThatCannotLoadStopsUpWithItsError) {
+  // 1 KiB of KV cache holds no block: the target shard fails after loading, `up` says why and exits 1.
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
+               "", "1KiB");
+  EXPECT_EQ(up.wait_exit(180), 1);
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ int run_serve_cmd(const ServeArgs& a) {
 struct ClientArgs {
   std::string connect, token_file, config, system;
   std::vector<std::string> prompts, chats, stop;
-  int max_tokens = 128, top_k = -1, priority = 0, logprobs = 0;
+  int max_tokens = 128, top_k = -1, priority = 0, logprobs = 0, num_speculative_tokens = -1;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int64_t seed = -1;
   double timeout = 0;
@@ -130,6 +130,7 @@ int run_client(const ClientArgs& a) {
     r.stop = a.stop;
     r.priority = a.priority;
     r.timeout_s = a.timeout;
+    r.num_speculative_tokens = a.num_speculative_tokens;
     return r;
   };
   for (const auto& p : a.prompts) {
@@ -301,6 +302,7 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--name", o->name, "This node's name in the topology")->required();
     sub->add_option("--config", o->config_path, "Topology file (the same as the head's)")->required();
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers)");
+    sub->add_flag("--exit-with-parent", o->exit_with_parent, "Stop when the parent process dies (set by `specserve up`)");
     register_command("node", [o] { return run_node(*o); });
   }
   {
@@ -344,6 +346,9 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
     sub->add_option("--priority", a->priority, "Lower is served first (default 0)");
     sub->add_option("--timeout", a->timeout, "Seconds before the request ends with finish reason 'timeout' (0: none)");
+    sub->add_option("--num-speculative-tokens", a->num_speculative_tokens,
+                    "Draft tokens per step for these requests: -1 the server's setting, 0 off, 1..64 a cap")
+        ->check(CLI::Range(-1, 64));
     sub->add_flag("--json", a->json, "One JSON object per request on stdout");
     register_command("client", [a] {
       if (a->prompts.empty() && a->chats.empty()) {

@@ -1,0 +1,66 @@
+#include "actors/gateway.h"
+
+#include <caf/io/all.hpp>
+
+#include "core/logging.h"
+#include "actors/runtime.h"
+
+namespace specserve {
+namespace {
+
+caf::behavior gateway(caf::event_based_actor* self, caf::actor target, std::string token, std::string what) {
+  self->set_exit_handler([](caf::exit_msg&) {});  // remote peers must not stop it
+  // It lives as long as its target.
+  self->monitor(target);
+  self->set_down_handler([self, addr = target.address()](caf::down_msg& m) {
+    if (m.source == addr) self->quit();
+  });
+  self->set_default_handler([what](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> {
+    get_logger("actors")->warn("{} gateway: dropped a message that was not a connect request", what);
+    return caf::make_error(caf::sec::unexpected_message);
+  });
+  return {
+      [=](connect_atom, const std::string& presented) -> std::tuple<caf::actor, std::string> {
+        if (!token_matches(presented, token)) {
+          get_logger("actors")->warn("{}: refused a peer: wrong cluster token", what);
+          return {caf::actor{}, "refused: wrong cluster token"};
+        }
+        return {target, ""};
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_gateway(caf::actor_system& sys, caf::actor target, std::string token, std::string what) {
+  return sys.spawn(gateway, std::move(target), std::move(token), std::move(what));
+}
+
+Expected<caf::actor> connect_through_gateway(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                             const std::string& token, std::chrono::milliseconds timeout) {
+  auto g = sys.middleman().remote_actor(host, port);
+  if (!g) return unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " + sys.render(g.error()));
+  caf::scoped_actor self{sys};
+  Expected<caf::actor> out = unavailable("no answer from " + host + ":" + std::to_string(port));
+  self->request(*g, timeout, connect_atom::value, token)
+      .receive(
+          [&](caf::actor& a, std::string& err) {
+            if (a) out = a;
+            else out = invalid_argument(host + ":" + std::to_string(port) + ": " + err);
+          },
+          [&](caf::error& e) { out = unavailable(host + ":" + std::to_string(port) + ": " + sys.render(e)); });
+  return out;
+}
+
+Expected<uint16_t> publish_with_gateway(caf::actor_system& sys, caf::actor target, const std::string& token,
+                                        const std::string& host, uint16_t port, const std::string& what) {
+  auto g = spawn_gateway(sys, target, token, what);
+  auto p = sys.middleman().publish(g, port, host.c_str(), true);
+  if (!p) {
+    caf::anon_send_exit(g, caf::exit_reason::kill);
+    return unavailable(sys.render(p.error()));
+  }
+  return *p;
+}
+
+}  // namespace specserve
