@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -24,6 +25,7 @@ struct Running {
   int64_t seq_id = 0;
   int32_t attempt = 0;
   caf::actor request_actor;
+  int64_t num_tokens = 0;  // prompt + output so far
 };
 
 struct ShardState {
@@ -147,32 +149,33 @@ void do_step(Self self) {
   std::vector<SeqEvent> events;
   Status st = s.engine->step(&events);
   ShardLoad load;
-  if (!st.ok()) {
-    // NOTE: a failed step (a KV cache too small for one sequence) fails the running requests,
-    // not the shard.
-    get_logger("actors")->error("replica {}: step failed: {}", s.cfg.replica, st.to_string());
-    for (auto& [rid, r] : s.by_request) {
-      ShardEvent ev;
-      ev.request_id = rid;
-      ev.attempt = r.attempt;
-      ev.finish_reason = "error";
-      ev.error = st.to_string();
-      self->send(r.request_actor, std::move(ev));
-      s.engine->abort(r.seq_id);
-      load.finished.push_back(rid);
-    }
-    s.by_request.clear();
-    s.by_seq.clear();
-    std::vector<SeqEvent> drop;
-    while (s.engine->has_work()) {
-      if (!s.engine->step(&drop).ok()) break;
-    }
+  if (!st.ok() && !s.by_request.empty()) {
+    // NOTE: a failed step (one sequence outgrew the whole KV cache) fails the longest request,
+    // not its batch-mates nor the shard; the next step runs without it.
+    auto victim = std::max_element(s.by_request.begin(), s.by_request.end(), [](const auto& a, const auto& b) {
+      return a.second.num_tokens < b.second.num_tokens;
+    });
+    const int64_t rid = victim->first;
+    Running r = victim->second;
+    get_logger("actors")->error("replica {}: step failed: {}; failing request {} ({} tokens)", s.cfg.replica,
+                                st.to_string(), rid, r.num_tokens);
+    ShardEvent ev;
+    ev.request_id = rid;
+    ev.attempt = r.attempt;
+    ev.finish_reason = "error";
+    ev.error = st.to_string() + " (request of " + std::to_string(r.num_tokens) + " tokens)";
+    self->send(r.request_actor, std::move(ev));
+    s.engine->abort(r.seq_id);
+    load.finished.push_back(rid);
+    s.by_request.erase(rid);
+    s.by_seq.erase(r.seq_id);
   }
   for (SeqEvent& e : events) {
     auto it = s.by_seq.find(e.seq_id);
     if (it == s.by_seq.end()) continue;
     const int64_t rid = it->second;
     Running& r = s.by_request[rid];
+    r.num_tokens += static_cast<int64_t>(e.tokens.size());
     ShardEvent ev;
     ev.request_id = rid;
     ev.attempt = r.attempt;
@@ -226,6 +229,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
       [self](WorkItem& w) {
         auto& s = self->state;
         ++s.received;
+        const auto known = static_cast<int64_t>(w.prompt.size() + w.resume_output.size());
         GenerateParams p;
         p.prompt = std::move(w.prompt);
         p.resume_output = std::move(w.resume_output);
@@ -248,7 +252,8 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
           self->send(s.cfg.scheduler, std::move(l));
           return;
         }
-        s.by_request[w.request_id] = Running{*id, w.attempt, w.request_actor};
+        s.by_request[w.request_id] =
+            Running{*id, w.attempt, w.request_actor, known};
         s.by_seq[*id] = w.request_id;
         schedule_step(self);
       },

@@ -22,7 +22,7 @@ namespace {
 
 const char* kToken = "test-token-0123456789";
 
-Topology make_topology(std::optional<SpeculativeSpec> spec, bool draft_worker) {
+Topology make_topology(std::optional<SpeculativeSpec> spec, bool draft_worker, int64_t kv_bytes = int64_t{64} << 20) {
   Topology t;
   t.source = "(test)";
   t.cluster.name = "test";
@@ -30,7 +30,7 @@ Topology make_topology(std::optional<SpeculativeSpec> spec, bool draft_worker) {
   t.models.target.max_model_len = 512;
   t.models.speculative = spec;
   t.scheduler.max_num_seqs = 8;
-  t.scheduler.kv_cache_bytes = int64_t{64} << 20;
+  t.scheduler.kv_cache_bytes = kv_bytes;
   NodeSpec n;
   n.name = "local";
   WorkerSpec w;
@@ -69,8 +69,8 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_t
 
 class Cluster {
  public:
-  Cluster(std::optional<SpeculativeSpec> spec, bool draft_worker) {
-    topo_ = make_topology(spec, draft_worker);
+  Cluster(std::optional<SpeculativeSpec> spec, bool draft_worker, int64_t kv_bytes = int64_t{64} << 20) {
+    topo_ = make_topology(spec, draft_worker, kv_bytes);
     auto h = Head::start(rt_, topo_, kToken, /*publish=*/false);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     head_ = std::move(*h);
@@ -317,6 +317,28 @@ TEST(ActorsQueue, RequestSubmittedBeforeAnyReplicaIsReadyWaitsForOne) {
   EXPECT_EQ(r->tokens, reference({1, 2, 3, 4}, 4));
   client.reset();
   (*head)->stop();
+}
+
+TEST(ActorsKv, ASequenceThatOutgrowsTheCacheFailsAloneAndItsBatchMateFinishes) {
+  // 4 KV blocks of 16 tokens: the long request cannot fit 64 + 1 positions.
+  const int64_t block_bytes = 2 * 30 * 3 * 64 * 4 * 16;  // K and V, 30 layers, 3 KV heads x 64, fp32, 16 tokens
+  Cluster c(std::nullopt, false, 4 * block_bytes);
+  auto st = c.client().status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 1u);
+  ASSERT_TRUE(st->replicas[0].ready);
+  auto long_req = c.client().submit(greedy({1, 2, 3, 4, 5, 6, 7, 8}, 200));
+  auto short_req = c.client().submit(greedy({1, 2, 3, 4, 5}, 6));
+  ASSERT_TRUE(long_req.ok() && short_req.ok());
+  auto rs = (*short_req)->wait();
+  ASSERT_TRUE(rs.ok()) << rs.status().to_string();
+  EXPECT_EQ(rs->tokens, reference({1, 2, 3, 4, 5}, 6));
+  auto rl = (*long_req)->wait();
+  ASSERT_FALSE(rl.ok());
+  EXPECT_NE(rl.status().message().find("KV"), std::string::npos) << rl.status().message();
+  // The replica keeps serving.
+  auto again = c.client().generate(greedy({1, 2, 3}, 4));
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
 }
 
 TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {
