@@ -13,6 +13,7 @@ void add_bench_spec(CLI::App& app);
 
 /// `specserve bench-model`: prefill/decode tokens/s and the bandwidth bound.
 void add_bench_model(CLI::App& app);
+void add_bench_actors(CLI::App& app);  ///< `specserve bench-actors`: actor-path overhead vs the Engine; tokens/s vs clients.
 
 /// `specserve serve | up | node | worker | status | client`: the actor runtime.
 void add_cluster_commands(CLI::App& app);

@@ -1,0 +1,1180 @@
+// `specserve bench-actors`: what the actor runtime costs on top of the Engine, and how output
+// tokens/s grow with the number of concurrent clients.
+//
+//   overhead:    the same greedy requests at batch 1 through (a) the Engine called directly
+//                (add_request + step loop), (b) the actor path in this process (Head + target
+//                shard actor + in-process Client) and (c) the actor path over loopback (`specserve
+//                up` in a child process: head there, the target shard in its own worker process,
+//                the Client here connected over the CAF middleman). Runs are interleaved
+//                (a, b, c rotate) and repeated; overhead = (actor - direct) / direct per repeat.
+//                Steps come from EngineStats (direct) and ShardLoad::num_steps via ClusterStatus
+//                (actors), so the overhead is also given per step. Once without speculation, once
+//                with the speculative flags (default: n-gram, k = 4, lookup 1..5).
+//   concurrency: N clients (threads) in a closed loop, each submitting Spec-Bench questions
+//                (first turn, chat template), greedy; total output tokens/s and time to first
+//                token, for the actor path and, as the peer, the Engine driven directly with the
+//                same closed loop.
+//
+// All three paths get one topology (written as YAML, parsed by the same code `up` uses), so the
+// engine options, the proposer and the CPU threads of the target are the same in each.
+// NOTE: CPU time of every other process during each phase is measured from /proc and printed,
+// because on a shared 2-core machine a neighbour's build is the largest error term.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/client.h"
+#include "actors/head.h"
+#include "actors/proposer_factory.h"
+#include "actors/target_shard.h"
+#include "actors/worker_config.h"
+#include "cluster/process.h"
+#include "config/topology.h"
+#include "cpu/cpu_backend.h"
+#include "model/chat_template.h"
+#include "spec/engine.h"
+#include "tools/cli/common.h"
+#include "tools/cli/registry.h"
+#include "tools/cli/spec_options.h"
+#include "tools/cli/subcommands.h"
+
+namespace specserve::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+const char* kInProcessToken = "bench-actors-in-process-token";
+
+struct BenchArgs {
+  std::string model;
+  std::string questions = std::string(SPECSERVE_SOURCE_DIR) + "/../shared/data/spec_bench/question.jsonl";
+  std::string mode = "all";
+  int threads = 0;
+  int max_tokens = 128;
+  int repeats = 5;
+  int num_prompts = 2;
+  int max_prompt_tokens = 256;
+  std::vector<int> concurrency = {1, 2, 4, 8, 16, 32};
+  int sweep_max_tokens = 64;
+  int requests_per_client = 1;
+  int min_requests = 4;
+  bool processes = false;
+  bool no_network = false;
+  bool no_sweep_direct = false;
+  bool sweep_speculative = false;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 4096;
+  int scheduler_threads = 0;
+  std::string kv_cache_bytes = "2GiB";
+  std::string out;
+  SpecArgs spec;
+};
+
+// ---------------------------------------------------------------- machine load
+
+// CPU seconds (all cores) from /proc/stat, and of this process tree from /proc/<pid>/stat.
+struct CpuSample {
+  Clock::time_point at = Clock::now();
+  double busy_s = 0;   // user + nice + system + irq + softirq, every core
+  double steal_s = 0;
+  double ours_s = 0;   // this process and its descendants (the `up` tree)
+};
+
+std::map<int, std::pair<int, double>> proc_table() {  // pid -> (ppid, utime + stime seconds)
+  std::map<int, std::pair<int, double>> t;
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const size_t rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    std::vector<std::string> f;
+    std::string x;
+    while (rest >> x && f.size() < 13) f.push_back(x);
+    if (f.size() < 13) continue;
+    t[std::stoi(name)] = {std::stoi(f[1]), (std::stod(f[11]) + std::stod(f[12])) / hz};
+  }
+  return t;
+}
+
+CpuSample cpu_sample() {
+  CpuSample s;
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double v[10] = {0};
+  in >> cpu;
+  for (double& x : v) in >> x;
+  s.busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
+  s.steal_s = v[7] / hz;
+  const auto t = proc_table();
+  std::set<int> ours = {static_cast<int>(::getpid())};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& [pid, e] : t) {
+      if (!ours.count(pid) && ours.count(e.first)) grew = ours.insert(pid).second;
+    }
+  }
+  for (int pid : ours) {
+    auto it = t.find(pid);
+    if (it != t.end()) s.ours_s += it->second.second;
+  }
+  return s;
+}
+
+// CPU seconds and context switches of this process tree (every thread of it), per run.
+struct TreeCounters {
+  double cpu_s = 0;
+  int64_t voluntary = 0;    // a thread blocked (futex, sleep, poll)
+  int64_t involuntary = 0;  // a thread was preempted
+};
+
+TreeCounters tree_counters() {
+  TreeCounters c;
+  const auto t = proc_table();
+  std::set<int> ours = {static_cast<int>(::getpid())};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& [pid, e] : t) {
+      if (!ours.count(pid) && ours.count(e.first)) grew = ours.insert(pid).second;
+    }
+  }
+  for (int pid : ours) {
+    auto it = t.find(pid);
+    if (it != t.end()) c.cpu_s += it->second.second;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::ifstream in(task.path() / "status");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("voluntary_ctxt_switches:", 0) == 0) c.voluntary += std::stoll(line.substr(24));
+        if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) c.involuntary += std::stoll(line.substr(27));
+      }
+    }
+  }
+  return c;
+}
+
+// What the rest of the machine did between two samples, in cores (1.0 = one core busy).
+json others_between(const CpuSample& a, const CpuSample& b) {
+  const double wall = std::chrono::duration<double>(b.at - a.at).count();
+  const double others = std::max(0.0, (b.busy_s - a.busy_s) - (b.ours_s - a.ours_s));
+  return {{"wall_s", wall},
+          {"other_processes_cores", wall > 0 ? others / wall : 0.0},
+          {"this_benchmark_cores", wall > 0 ? (b.ours_s - a.ours_s) / wall : 0.0},
+          {"steal_cores", wall > 0 ? (b.steal_s - a.steal_s) / wall : 0.0}};
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// ---------------------------------------------------------------- prompts
+
+struct Question {
+  int id = 0;
+  std::string task;
+  std::string text;               // first turn
+  std::vector<int32_t> prompt;    // chat template applied, tokenized as the head does
+};
+
+std::string task_of(const std::string& category) {
+  static const std::set<std::string> kOwn = {"translation", "summarization", "qa", "math_reasoning", "rag"};
+  return kOwn.count(category) ? category : "mt_bench";
+}
+
+// Spec-Bench questions, round-robin over its six tasks (mt_bench, translation, summarization, qa,
+// math_reasoning, rag), those with more than `max_prompt_tokens` prompt tokens left out.
+Expected<std::vector<Question>> load_questions(const std::string& path, const LoadedModel& lm, int max_prompt_tokens,
+                                               int* skipped) {
+  std::ifstream in(path);
+  if (!in) return not_found("--questions: cannot read " + path);
+  std::map<std::string, std::vector<Question>> by_task;
+  std::string line;
+  int lineno = 0;
+  *skipped = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const std::exception& e) {
+      return invalid_argument("--questions: " + path + ":" + std::to_string(lineno) + ": malformed JSON: " + e.what());
+    }
+    if (!j.contains("turns") || !j["turns"].is_array() || j["turns"].empty() || !j.contains("category")) {
+      return invalid_argument("--questions: " + path + ":" + std::to_string(lineno) + ": needs 'category' and a non-empty 'turns'");
+    }
+    Question q;
+    q.id = j.value("question_id", lineno);
+    q.task = task_of(j["category"].get<std::string>());
+    q.text = j["turns"][0].get<std::string>();
+    auto text = apply_chat_template(*lm.file, {{"user", q.text}}, true);
+    if (!text.ok()) return text.status();
+    // The scheduler's tokenization of `messages` (actors/scheduler.cpp to_work_item).
+    q.prompt = lm.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
+    if (static_cast<int>(q.prompt.size()) > max_prompt_tokens) {
+      ++*skipped;
+      continue;
+    }
+    by_task[q.task].push_back(std::move(q));
+  }
+  std::vector<Question> out;
+  const char* order[] = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"};
+  for (size_t i = 0;; ++i) {
+    bool any = false;
+    for (const char* t : order) {
+      auto& v = by_task[t];
+      if (i < v.size()) out.push_back(v[i]), any = true;
+    }
+    if (!any) break;
+  }
+  if (out.empty()) return invalid_argument("--questions: no question of " + path + " has <= " + std::to_string(max_prompt_tokens) + " prompt tokens");
+  return out;
+}
+
+// ---------------------------------------------------------------- the topology shared by all paths
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
+  if (!s) return "";
+  std::ostringstream o;
+  o << "  speculative: { method: " << speculative_method_name(s->method)
+    << ", num_speculative_tokens: " << s->num_speculative_tokens;
+  if (s->method == SpeculativeMethod::kNgram) {
+    o << ", prompt_lookup_min: " << s->prompt_lookup_min << ", prompt_lookup_max: " << s->prompt_lookup_max;
+  }
+  if (!s->model.empty()) o << ", model: \"" << s->model << "\"";
+  if (s->num_layers) o << ", num_layers: " << *s->num_layers;
+  if (s->disable_by_batch_size && *s->disable_by_batch_size > 0) o << ", disable_by_batch_size: " << *s->disable_by_batch_size;
+  o << ", adaptive_k: " << (s->adaptive_k ? "true" : "false") << " }\n";
+  return o.str();
+}
+
+// Writes DIR/cluster.yaml (one node, one target shard, loopback) and parses it back: the parsed
+// Topology is what every path runs with.
+Expected<Topology> write_topology(const std::string& dir, const BenchArgs& a, const std::string& model,
+                                  const std::optional<SpeculativeSpec>& spec, std::string* yaml_path) {
+  *yaml_path = dir + "/cluster.yaml";
+  std::ofstream(*yaml_path) << "cluster: { name: bench-actors, token_file: " << dir << "/token }\n"
+                            << "head: { host: 127.0.0.1, actor_port: " << free_port() << ", http_port: " << free_port() << " }\n"
+                            << "models:\n  target: { path: \"" << model << "\", max_model_len: " << a.max_model_len << " }\n"
+                            << speculative_yaml(spec)
+                            << "nodes:\n  - { name: n0, host: 127.0.0.1, devices: [cpu], "
+                               "workers: [ { role: target_shard, replica: 0, rank: 0, device: cpu } ] }\n"
+                            << "scheduler: { max_num_seqs: " << a.max_num_seqs
+                            << ", max_num_batched_tokens: " << a.max_num_batched_tokens
+                            << ", kv_cache_bytes: " << a.kv_cache_bytes << " }\n";
+  return load_topology_file(*yaml_path);
+}
+
+// ---------------------------------------------------------------- one request, three ways
+
+struct Sample {
+  std::string path;
+  double seconds = 0;      // submit / add_request to the last token
+  double ttft_s = 0;       // to the first token
+  int64_t tokens = 0;
+  int64_t steps = 0;       // engine steps this request took (batch 1: all of them)
+  double forward_s = 0;    // target forward passes (EngineStats / ShardLoad)
+  double draft_s = 0;      // proposer
+  TreeCounters cost;       // CPU and context switches of the whole process tree during the run
+  std::vector<int32_t> output;
+};
+
+// The Engine called directly, as bench-spec and generate do.
+class DirectPath {
+ public:
+  /// `lm` and `backend` (created with the target's thread count) must outlive the path.
+  Status start(const Topology& t, LoadedModel* lm, Backend* backend) {
+    auto eo = engine_options_for(t, lm->model->config());
+    if (!eo.ok()) return eo.status();
+    if (t.models.speculative) {
+      ProposerBuildOptions bo;
+      bo.max_model_len = eo->max_model_len;
+      auto p = build_proposer(*t.models.speculative, *lm, *backend, bo);
+      if (!p.ok()) return p.status();
+      proposer_ = std::move(*p);
+    }
+    auto e = Engine::create(*lm->model, lm->tokenizer.get(), proposer_.get(), *eo);
+    if (!e.ok()) return e.status();
+    engine_ = std::move(*e);
+    return Status();
+  }
+
+  Expected<Sample> run(const std::vector<int32_t>& prompt, int max_tokens, int64_t* first_token_steps = nullptr) {
+    const EngineStats before = engine_->stats();
+    GenerateParams p;
+    p.prompt = prompt;
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = 0;
+    p.sampling.ignore_eos = true;
+    Sample s;
+    s.path = "direct";
+    const auto t0 = Clock::now();
+    auto id = engine_->add_request(p);
+    if (!id.ok()) return id.status();
+    std::vector<SeqEvent> ev;
+    int64_t steps = 0;
+    while (engine_->has_work()) {
+      ev.clear();
+      SPECSERVE_RETURN_IF_ERROR(engine_->step(&ev));
+      ++steps;
+      for (auto& e : ev) {
+        if (s.output.empty() && !e.tokens.empty()) {
+          s.ttft_s = since(t0);
+          if (first_token_steps) *first_token_steps = steps;
+        }
+        s.output.insert(s.output.end(), e.tokens.begin(), e.tokens.end());
+      }
+    }
+    s.seconds = since(t0);
+    engine_->take_finished_stats(*id);
+    const EngineStats& after = engine_->stats();
+    s.tokens = static_cast<int64_t>(s.output.size());
+    s.steps = after.num_steps - before.num_steps;
+    s.forward_s = after.forward_seconds - before.forward_seconds;
+    s.draft_s = after.draft_seconds - before.draft_seconds;
+    return s;
+  }
+
+  Engine& engine() { return *engine_; }
+
+ private:
+  std::unique_ptr<Proposer> proposer_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// Polls the head until its replica reported the load after the last step (no running or waiting
+// sequence), then returns that load.
+Expected<ShardLoad> settled_load(Client& c) {
+  const auto end = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < end) {
+    auto st = c.status();
+    if (!st.ok()) return st.status();
+    if (!st->replicas.empty() && st->replicas[0].load.num_running == 0 && st->replicas[0].load.num_waiting == 0 &&
+        st->replicas[0].assigned == 0) {
+      return st->replicas[0].load;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return deadline_exceeded("the replica did not report idle within 30 s");
+}
+
+Expected<Sample> run_client(Client& c, const std::string& name, const std::vector<int32_t>& prompt, int max_tokens) {
+  auto before = settled_load(c);
+  if (!before.ok()) return before.status();
+  GenerateRequest r;
+  r.prompt_token_ids = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.sampling.ignore_eos = true;
+  Sample s;
+  s.path = name;
+  const auto t0 = Clock::now();
+  auto h = c.submit(std::move(r));
+  if (!h.ok()) return h.status();
+  auto res = (*h)->wait();
+  s.seconds = since(t0);
+  if (!res.ok()) return res.status();
+  s.ttft_s = res->first_token_seconds;
+  s.output = res->tokens;
+  s.tokens = static_cast<int64_t>(s.output.size());
+  auto after = settled_load(c);
+  if (!after.ok()) return after.status();
+  s.steps = after->num_steps - before->num_steps;
+  s.forward_s = after->forward_seconds - before->forward_seconds;
+  s.draft_s = after->draft_seconds - before->draft_seconds;
+  return s;
+}
+
+Status wait_ready(Client& c, double timeout_s) {
+  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < end) {
+    auto st = c.status(std::chrono::seconds(5));
+    if (st.ok()) {
+      for (const auto& w : st->workers) {
+        if (w.state == "failed") return internal_error("worker " + w.role + " failed: " + w.error);
+      }
+      if (!st->replicas.empty() && st->replicas[0].ready) return Status();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return deadline_exceeded("the replica was not ready within " + std::to_string(timeout_s) + " s");
+}
+
+// (b) Head + target shard actor + Client, all in this process.
+class InProcessPath {
+ public:
+  Status start(const Topology& t, int threads, int scheduler_threads) {
+    RuntimeOptions o;
+    o.scheduler_threads = scheduler_threads;
+    rt_ = std::make_unique<ActorRuntime>(o);
+    auto h = Head::start(*rt_, t, kInProcessToken, /*publish=*/false);
+    if (!h.ok()) return h.status();
+    head_ = std::move(*h);
+    WorkerConfig wc;
+    wc.node = "n0";
+    wc.topology = t;
+    wc.threads = threads;
+    wc.token = kInProcessToken;
+    wc.scheduler = head_->scheduler();
+    spawn_target_shard(rt_->system(), wc);
+    client_ = Client::in_process(rt_->system(), head_->scheduler(), kInProcessToken);
+    return wait_ready(*client_, 600);
+  }
+  ~InProcessPath() {
+    client_.reset();
+    if (head_) head_->stop();
+    head_.reset();
+    rt_.reset();
+  }
+  Client& client() { return *client_; }
+
+ private:
+  std::unique_ptr<ActorRuntime> rt_;
+  std::unique_ptr<Head> head_;
+  std::unique_ptr<Client> client_;
+};
+
+// (c) `specserve up` in a child process (its node starts the target shard as a worker process);
+// the Client connects over loopback.
+class NetworkPath {
+ public:
+  Status start(const std::string& dir, const std::string& yaml, const Topology& t, int threads, int scheduler_threads) {
+    const std::string ready = dir + "/ready";
+    log_ = dir + "/up.log";
+    // The children's log lines go to DIR/up.log, not to the benchmark's terminal.
+    auto c = spawn_child({"/bin/sh", "-c", "exec \"$0\" up \"$1\" --ready-file \"$2\" --threads-per-worker \"$3\" "
+                                           "--drain-timeout 5 2>\"$4\"",
+                          self_executable(), yaml, ready, std::to_string(threads), log_},
+                         {}, "specserve up");
+    if (!c.ok()) return c.status();
+    up_ = *c;
+    const auto end = Clock::now() + std::chrono::seconds(600);
+    while (!std::filesystem::exists(ready)) {
+      int status = 0;
+      if (::waitpid(up_.pid, &status, WNOHANG) == up_.pid) {
+        up_.pid = -1;
+        return unavailable("specserve up exited before it was ready; its log: " + log_ + "\n" + tail_log());
+      }
+      if (Clock::now() > end) return deadline_exceeded("specserve up was not ready within 600 s; its log: " + log_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    auto token = read_cluster_token(t.cluster.token_file);
+    if (!token.ok()) return token.status();
+    RuntimeOptions o;
+    o.scheduler_threads = scheduler_threads;
+    auto cl = Client::connect(t.head.host, static_cast<uint16_t>(t.head.actor_port), *token, o);
+    if (!cl.ok()) return cl.status();
+    client_ = std::move(*cl);
+    return wait_ready(*client_, 60);
+  }
+  ~NetworkPath() {
+    client_.reset();
+    if (up_.pid > 0) {
+      std::vector<Child> cs = {up_};
+      stop_children(&cs, 20.0);  // SIGTERM: up drains, stops its node, which stops the worker
+    }
+  }
+  Client& client() { return *client_; }
+
+ private:
+  std::string tail_log() {
+    std::ifstream in(log_);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all.size() > 2000 ? all.substr(all.size() - 2000) : all;
+  }
+  Child up_;
+  std::string log_;
+  std::unique_ptr<Client> client_;
+};
+
+// ---------------------------------------------------------------- statistics
+
+struct Spread {
+  double mean = 0, median = 0, min = 0, max = 0, stdev = 0;
+  json to_json() const { return {{"mean", mean}, {"median", median}, {"min", min}, {"max", max}, {"stdev", stdev}}; }
+};
+
+Spread spread(const std::vector<double>& v) {
+  Spread s;
+  if (v.empty()) return s;
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  s.min = *std::min_element(v.begin(), v.end());
+  s.max = *std::max_element(v.begin(), v.end());
+  double ss = 0;
+  for (double x : v) ss += (x - s.mean) * (x - s.mean);
+  s.stdev = v.size() > 1 ? std::sqrt(ss / static_cast<double>(v.size() - 1)) : 0.0;
+  std::vector<double> sorted = v;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  s.median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  return s;
+}
+
+// Sums of one path over the prompts of one repeat.
+struct RepeatTotals {
+  double seconds = 0, decode_seconds = 0, forward_s = 0, draft_s = 0, ttft_s = 0;
+  int64_t tokens = 0, steps = 0, decode_steps = 0;
+  TreeCounters cost;
+};
+
+// ---------------------------------------------------------------- overhead
+
+struct OverheadConfig {
+  std::string name;
+  std::optional<SpeculativeSpec> spec;
+};
+
+Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int threads, LoadedModel* lm, Backend* backend,
+                            const std::vector<Question>& questions, const OverheadConfig& cfg, std::string* markdown) {
+  char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
+  if (!::mkdtemp(tmpl)) return internal_error("mkdtemp failed");
+  const std::string dir = tmpl;
+  std::string yaml;
+  auto topo = write_topology(dir, a, model, cfg.spec, &yaml);
+  if (!topo.ok()) return topo.status();
+  std::vector<std::string> paths = {"direct", "actor"};
+  if (!a.no_network) paths.push_back("network");
+  std::fprintf(stderr, "[bench-actors] overhead, speculation %s: starting the paths (%s)\n", cfg.name.c_str(),
+               a.no_network ? "direct, in-process actors" : "direct, in-process actors, `specserve up` over loopback");
+  DirectPath direct;
+  SPECSERVE_RETURN_IF_ERROR(direct.start(*topo, lm, backend));
+  InProcessPath actor;
+  SPECSERVE_RETURN_IF_ERROR(actor.start(*topo, threads, a.scheduler_threads));
+  std::unique_ptr<NetworkPath> network;
+  if (!a.no_network) {
+    network = std::make_unique<NetworkPath>();
+    SPECSERVE_RETURN_IF_ERROR(network->start(dir, yaml, *topo, threads, a.scheduler_threads));
+  }
+  const size_t np = std::min<size_t>(static_cast<size_t>(a.num_prompts), questions.size());
+  auto run_path = [&](const std::string& p, size_t q, int64_t* fts, int max_tokens) -> Expected<Sample> {
+    const TreeCounters c0 = tree_counters();
+    Expected<Sample> s = p == "direct"  ? direct.run(questions[q].prompt, max_tokens, fts)
+                         : p == "actor" ? run_client(actor.client(), "actor", questions[q].prompt, max_tokens)
+                                        : run_client(network->client(), "network", questions[q].prompt, max_tokens);
+    const TreeCounters c1 = tree_counters();
+    if (s.ok()) s->cost = {c1.cpu_s - c0.cpu_s, c1.voluntary - c0.voluntary, c1.involuntary - c0.involuntary};
+    return s;
+  };
+  // Warm-up: a short request per prompt and path (first-touch allocations, the middleman's
+  // connection); the direct Engine's full-length output is the reference.
+  std::vector<int64_t> first_token_steps(np, 1);
+  std::vector<std::vector<int32_t>> reference(np);
+  for (size_t q = 0; q < np; ++q) {
+    for (const auto& p : paths) {
+      auto s = run_path(p, q, nullptr, std::min(a.max_tokens, 16));
+      if (!s.ok()) return Status(s.status().code(), "warm-up, " + p + ": " + s.status().message());
+    }
+    auto s = run_path("direct", q, &first_token_steps[q], a.max_tokens);
+    if (!s.ok()) return Status(s.status().code(), "reference, direct: " + s.status().message());
+    reference[q] = s->output;
+  }
+  std::fprintf(stderr, "[bench-actors] overhead, speculation %s: warmed up; %d repeats x %zu prompts x %zu paths, %d tokens each\n",
+               cfg.name.c_str(), a.repeats, np, paths.size(), a.max_tokens);
+  // The runtimes idle (every path started, nothing submitted): what they cost the other paths.
+  json idle;
+  {
+    const TreeCounters i0 = tree_counters();
+    const auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const TreeCounters i1 = tree_counters();
+    const double w = since(t0);
+    idle = {{"cores", (i1.cpu_s - i0.cpu_s) / w},
+            {"context_switches_per_s", static_cast<double>(i1.voluntary - i0.voluntary + i1.involuntary - i0.involuntary) / w}};
+  }
+  const CpuSample c0 = cpu_sample();
+  const std::string load0 = loadavg();
+  json runs = json::array();
+  std::map<std::string, std::vector<RepeatTotals>> totals;
+  int mismatches = 0;
+  for (int r = 0; r < a.repeats; ++r) {
+    std::map<std::string, RepeatTotals> rt;
+    for (size_t q = 0; q < np; ++q) {
+      // Rotate the order so that no path always runs first or last.
+      std::string line;
+      for (size_t k = 0; k < paths.size(); ++k) {
+        const std::string& p = paths[(k + static_cast<size_t>(r) + q) % paths.size()];
+        auto s = run_path(p, q, nullptr, a.max_tokens);
+        if (!s.ok()) return Status(s.status().code(), p + ": " + s.status().message());
+        const bool match = s->output == reference[q];
+        mismatches += !match;
+        if (s->steps <= 0) return internal_error(p + ": no steps counted");
+        RepeatTotals& t = rt[p];
+        t.seconds += s->seconds;
+        t.ttft_s += s->ttft_s;
+        t.decode_seconds += s->seconds - s->ttft_s;
+        t.tokens += s->tokens;
+        t.steps += s->steps;
+        t.decode_steps += s->steps - first_token_steps[q];
+        t.forward_s += s->forward_s;
+        t.draft_s += s->draft_s;
+        t.cost.cpu_s += s->cost.cpu_s;
+        t.cost.voluntary += s->cost.voluntary;
+        t.cost.involuntary += s->cost.involuntary;
+        runs.push_back({{"repeat", r}, {"prompt", q}, {"question_id", questions[q].id}, {"path", p},
+                        {"seconds", s->seconds}, {"ttft_s", s->ttft_s}, {"tokens", s->tokens}, {"steps", s->steps},
+                        {"forward_s", s->forward_s}, {"draft_s", s->draft_s}, {"cpu_s", s->cost.cpu_s},
+                        {"voluntary_context_switches", s->cost.voluntary},
+                        {"involuntary_context_switches", s->cost.involuntary}, {"matches_direct", match}});
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "  %s %.3f s (%lld steps)", p.c_str(), s->seconds, static_cast<long long>(s->steps));
+        line += buf;
+      }
+      std::fprintf(stderr, "[bench-actors] %s repeat %d/%d prompt %zu/%zu:%s\n", cfg.name.c_str(), r + 1, a.repeats, q + 1,
+                   np, line.c_str());
+    }
+    for (auto& [p, t] : rt) totals[p].push_back(t);
+  }
+  const CpuSample c1 = cpu_sample();
+  json out;
+  out["speculation"] = cfg.name;
+  out["topology_yaml"] = [&] {
+    std::ifstream in(yaml);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  out["loadavg_before"] = load0;
+  out["loadavg_after"] = loadavg();
+  out["machine_during"] = others_between(c0, c1);
+  out["runtimes_idle"] = idle;
+  out["greedy_mismatches"] = mismatches;
+  out["runs"] = runs;
+  json summary;
+  const auto& base = totals["direct"];
+  for (const auto& p : paths) {
+    const auto& v = totals[p];
+    RepeatTotals sum;
+    std::vector<double> overhead, decode_overhead, per_step_us;
+    for (size_t r = 0; r < v.size(); ++r) {
+      sum.seconds += v[r].seconds;
+      sum.decode_seconds += v[r].decode_seconds;
+      sum.tokens += v[r].tokens;
+      sum.steps += v[r].steps;
+      sum.decode_steps += v[r].decode_steps;
+      sum.forward_s += v[r].forward_s;
+      sum.draft_s += v[r].draft_s;
+      sum.ttft_s += v[r].ttft_s;
+      sum.cost.cpu_s += v[r].cost.cpu_s;
+      sum.cost.voluntary += v[r].cost.voluntary;
+      sum.cost.involuntary += v[r].cost.involuntary;
+      overhead.push_back(v[r].seconds / base[r].seconds - 1);
+      decode_overhead.push_back(v[r].decode_seconds / base[r].decode_seconds - 1);
+      per_step_us.push_back((v[r].seconds - base[r].seconds) / static_cast<double>(v[r].steps) * 1e6);
+    }
+    const double n = static_cast<double>(v.size());
+    json js;
+    js["ms_per_output_token"] = sum.seconds / static_cast<double>(sum.tokens) * 1e3;
+    js["ms_per_step"] = sum.seconds / static_cast<double>(sum.steps) * 1e3;
+    js["ms_per_decode_step"] = sum.decode_seconds / static_cast<double>(std::max<int64_t>(1, sum.decode_steps)) * 1e3;
+    js["steps_per_request"] = static_cast<double>(sum.steps) / (n * static_cast<double>(np));
+    js["tokens_per_step"] = static_cast<double>(sum.tokens) / static_cast<double>(sum.steps);
+    js["mean_ttft_ms"] = sum.ttft_s / (n * static_cast<double>(np)) * 1e3;
+    js["forward_ms_per_step"] = sum.forward_s / static_cast<double>(sum.steps) * 1e3;
+    js["draft_ms_per_step"] = sum.draft_s / static_cast<double>(sum.steps) * 1e3;
+    // Wall time per step outside the target's forward pass and the proposer: the engine's own
+    // bookkeeping, plus (actor paths) messaging and waiting.
+    js["outside_engine_ms_per_step"] = (sum.seconds - sum.forward_s - sum.draft_s) / static_cast<double>(sum.steps) * 1e3;
+    js["cpu_ms_per_step"] = sum.cost.cpu_s / static_cast<double>(sum.steps) * 1e3;
+    js["cpu_cores_busy"] = sum.cost.cpu_s / sum.seconds;
+    js["voluntary_context_switches_per_step"] = static_cast<double>(sum.cost.voluntary) / static_cast<double>(sum.steps);
+    js["involuntary_context_switches_per_step"] = static_cast<double>(sum.cost.involuntary) / static_cast<double>(sum.steps);
+    js["overhead_vs_direct"] = spread(overhead).to_json();
+    js["decode_overhead_vs_direct"] = spread(decode_overhead).to_json();
+    js["overhead_us_per_step"] = spread(per_step_us).to_json();
+    summary[p] = js;
+  }
+  out["summary"] = summary;
+  // Markdown rows: speculation | path | ms/token | ms/step | tokens/step | forward ms/step | outside ms/step | overhead | decode overhead | us/step
+  char buf[512];
+  for (const auto& p : paths) {
+    const json& s = summary[p];
+    auto pct = [](const json& sp) {
+      char b[96];
+      std::snprintf(b, sizeof b, "%+.2f%% (median %+.2f) [%+.2f, %+.2f]", sp["mean"].get<double>() * 100,
+                    sp["median"].get<double>() * 100, sp["min"].get<double>() * 100, sp["max"].get<double>() * 100);
+      return std::string(b);
+    };
+    const bool is_base = p == "direct";
+    std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.1f | %.1f / %.1f | %s | %s | %s |\n", cfg.name.c_str(),
+                  p == "direct" ? "direct Engine" : p == "actor" ? "actors, one process" : "actors, worker process + loopback",
+                  s["ms_per_output_token"].get<double>(), s["ms_per_step"].get<double>(),
+                  s["tokens_per_step"].get<double>(), s["forward_ms_per_step"].get<double>(),
+                  s["outside_engine_ms_per_step"].get<double>(), s["cpu_ms_per_step"].get<double>(),
+                  s["voluntary_context_switches_per_step"].get<double>(),
+                  s["involuntary_context_switches_per_step"].get<double>(),
+                  is_base ? "peer" : pct(s["overhead_vs_direct"]).c_str(),
+                  is_base ? "peer" : pct(s["decode_overhead_vs_direct"]).c_str(),
+                  is_base ? "-"
+                          : (std::to_string(static_cast<int>(std::lround(s["overhead_us_per_step"]["mean"].get<double>()))) + " µs")
+                                .c_str());
+    *markdown += buf;
+  }
+  if (out["machine_during"]["other_processes_cores"].get<double>() > 0.1) {
+    std::fprintf(stderr, "[bench-actors] WARNING: other processes kept %.2f cores busy: the paths competed with them for "
+                 "the CPU, and the spread below is mostly theirs\n", out["machine_during"]["other_processes_cores"].get<double>());
+  }
+  std::fprintf(stderr, "[bench-actors] overhead, speculation %s: other processes used %.2f cores meanwhile (load %s -> %s); "
+               "greedy mismatches %d\n",
+               cfg.name.c_str(), out["machine_during"]["other_processes_cores"].get<double>(), load0.c_str(),
+               out["loadavg_after"].get<std::string>().c_str(), mismatches);
+  std::error_code ec;
+  network.reset();
+  std::filesystem::remove_all(dir, ec);
+  return out;
+}
+
+// ---------------------------------------------------------------- concurrency
+
+struct LevelResult {
+  int clients = 0;
+  int requests = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  std::vector<double> ttft;
+  int errors = 0;
+  json to_json() const {
+    const Spread t = spread(ttft);
+    std::vector<double> s = ttft;
+    std::sort(s.begin(), s.end());
+    return {{"clients", clients}, {"requests", requests}, {"tokens", tokens}, {"seconds", seconds},
+            {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"mean_ttft_s", t.mean},
+            {"p50_ttft_s", s.empty() ? 0.0 : s[s.size() / 2]}, {"max_ttft_s", t.max}, {"errors", errors}};
+  }
+};
+
+// Request j of a level goes to client j % N; each client submits its next request when the
+// previous one finished (closed loop).
+int level_requests(const BenchArgs& a, int n) { return std::max(n * a.requests_per_client, a.min_requests); }
+
+LevelResult sweep_clients(Client& c, const std::vector<Question>& qs, int n, int requests, int max_tokens) {
+  LevelResult lr;
+  lr.clients = n;
+  lr.requests = requests;
+  std::mutex mu;
+  std::atomic<int64_t> tokens{0};
+  std::atomic<int> errors{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      for (int j = i; j < requests; j += n) {
+        GenerateRequest r;
+        r.messages = {{"user", qs[static_cast<size_t>(j) % qs.size()].text}};
+        r.max_tokens = max_tokens;
+        r.sampling.temperature = 0;
+        r.sampling.ignore_eos = true;
+        auto res = c.generate(std::move(r));
+        if (!res.ok()) {
+          ++errors;
+          std::lock_guard<std::mutex> l(mu);
+          std::fprintf(stderr, "[bench-actors] request failed: %s\n", res.status().message().c_str());
+          continue;
+        }
+        tokens += res->completion_tokens;
+        std::lock_guard<std::mutex> l(mu);
+        lr.ttft.push_back(res->first_token_seconds);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  lr.seconds = since(t0);
+  lr.tokens = tokens.load();
+  lr.errors = errors.load();
+  return lr;
+}
+
+// The same closed loop on the Engine directly: a finished request's client adds its next one
+// before the next step.
+Expected<LevelResult> sweep_direct(Engine& e, const std::vector<Question>& qs, int n, int requests, int max_tokens) {
+  LevelResult lr;
+  lr.clients = n;
+  lr.requests = requests;
+  struct InFlight { int client; Clock::time_point t0; bool first = false; };
+  std::map<int64_t, InFlight> by_seq;
+  std::vector<int> next(static_cast<size_t>(n));
+  const auto t0 = Clock::now();
+  auto submit = [&](int client) -> Status {
+    const int j = next[static_cast<size_t>(client)];
+    if (j >= requests) return Status();
+    next[static_cast<size_t>(client)] = j + n;
+    GenerateParams p;
+    p.prompt = qs[static_cast<size_t>(j) % qs.size()].prompt;
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = 0;
+    p.sampling.ignore_eos = true;
+    auto id = e.add_request(p);
+    if (!id.ok()) return id.status();
+    by_seq[*id] = InFlight{client, Clock::now()};
+    return Status();
+  };
+  for (int i = 0; i < n; ++i) {
+    next[static_cast<size_t>(i)] = i;
+    SPECSERVE_RETURN_IF_ERROR(submit(i));
+  }
+  std::vector<SeqEvent> ev;
+  while (e.has_work()) {
+    ev.clear();
+    SPECSERVE_RETURN_IF_ERROR(e.step(&ev));
+    for (auto& x : ev) {
+      auto it = by_seq.find(x.seq_id);
+      if (it == by_seq.end()) continue;
+      lr.tokens += static_cast<int64_t>(x.tokens.size());
+      if (!it->second.first && !x.tokens.empty()) {
+        it->second.first = true;
+        lr.ttft.push_back(since(it->second.t0));
+      }
+      if (x.finish != FinishReason::kNone) {
+        const int client = it->second.client;
+        e.take_finished_stats(x.seq_id);
+        by_seq.erase(it);
+        SPECSERVE_RETURN_IF_ERROR(submit(client));
+      }
+    }
+  }
+  lr.seconds = since(t0);
+  return lr;
+}
+
+Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int threads, LoadedModel* lm, Backend* backend,
+                               const std::vector<Question>& qs, const std::optional<SpeculativeSpec>& spec,
+                               std::string* markdown) {
+  char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
+  if (!::mkdtemp(tmpl)) return internal_error("mkdtemp failed");
+  const std::string dir = tmpl;
+  std::string yaml;
+  auto topo = write_topology(dir, a, model, spec, &yaml);
+  if (!topo.ok()) return topo.status();
+  const std::string actor_name = a.processes ? "network" : "actor";
+  std::fprintf(stderr, "[bench-actors] concurrency: starting the %s\n",
+               a.processes ? "cluster (`specserve up`: worker process, client over loopback)" : "in-process actors");
+  std::unique_ptr<DirectPath> direct;
+  if (!a.no_sweep_direct) {
+    direct = std::make_unique<DirectPath>();
+    SPECSERVE_RETURN_IF_ERROR(direct->start(*topo, lm, backend));
+  }
+  std::unique_ptr<InProcessPath> inproc;
+  std::unique_ptr<NetworkPath> network;
+  Client* client = nullptr;
+  if (a.processes) {
+    network = std::make_unique<NetworkPath>();
+    SPECSERVE_RETURN_IF_ERROR(network->start(dir, yaml, *topo, threads, a.scheduler_threads));
+    client = &network->client();
+  } else {
+    inproc = std::make_unique<InProcessPath>();
+    SPECSERVE_RETURN_IF_ERROR(inproc->start(*topo, threads, a.scheduler_threads));
+    client = &inproc->client();
+  }
+  // Warm-up: a short batch on each.
+  {
+    const int w = std::min(4, a.concurrency.empty() ? 1 : *std::max_element(a.concurrency.begin(), a.concurrency.end()));
+    sweep_clients(*client, qs, w, w, 8);
+    if (direct) {
+      auto r = sweep_direct(direct->engine(), qs, w, w, 8);
+      if (!r.ok()) return r.status();
+    }
+  }
+  const CpuSample c0 = cpu_sample();
+  const std::string load0 = loadavg();
+  json levels = json::array();
+  for (int n : a.concurrency) {
+    const int requests = level_requests(a, n);
+    json lv;
+    lv["clients"] = n;
+    std::string line;
+    LevelResult d;
+    if (direct) {
+      auto r = sweep_direct(direct->engine(), qs, n, requests, a.sweep_max_tokens);
+      if (!r.ok()) return r.status();
+      d = *r;
+      lv["direct"] = d.to_json();
+    }
+    LevelResult x = sweep_clients(*client, qs, n, requests, a.sweep_max_tokens);
+    lv[actor_name] = x.to_json();
+    levels.push_back(lv);
+    const double xt = x.seconds > 0 ? x.tokens / x.seconds : 0;
+    const double dt = d.seconds > 0 ? d.tokens / d.seconds : 0;
+    char buf[400];
+    const Spread xs = spread(x.ttft), ds = spread(d.ttft);
+    if (direct) {
+      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | %.1f | %.3f | %.0f | %.0f | %.3f | %d |\n", n, requests, xt, dt,
+                    dt > 0 ? xt / dt : 0.0, xs.mean * 1e3, ds.mean * 1e3, ds.mean > 0 ? xs.mean / ds.mean : 0.0, x.errors);
+    } else {
+      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | - | - | %.0f | - | - | %d |\n", n, requests, xt, xs.mean * 1e3,
+                    x.errors);
+    }
+    *markdown += buf;
+    std::fprintf(stderr, "[bench-actors] concurrency %2d clients, %3d requests: %s %.1f tokens/s (mean TTFT %.0f ms)%s\n", n,
+                 requests, actor_name.c_str(), xt, xs.mean * 1e3,
+                 direct ? (", direct " + std::to_string(static_cast<int>(std::lround(dt))) + " tokens/s (mean TTFT " +
+                           std::to_string(static_cast<int>(std::lround(ds.mean * 1e3))) + " ms)").c_str()
+                        : "");
+    if (x.errors) return internal_error(std::to_string(x.errors) + " request(s) failed at concurrency " + std::to_string(n));
+  }
+  const CpuSample c1 = cpu_sample();
+  json out;
+  out["path"] = actor_name;
+  out["speculation"] = spec ? speculative_yaml(spec) : "off";
+  out["topology_yaml"] = [&] {
+    std::ifstream in(yaml);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  out["loadavg_before"] = load0;
+  out["loadavg_after"] = loadavg();
+  out["machine_during"] = others_between(c0, c1);
+  out["levels"] = levels;
+  std::fprintf(stderr, "[bench-actors] concurrency: other processes used %.2f cores meanwhile (load %s -> %s)\n",
+               out["machine_during"]["other_processes_cores"].get<double>(), load0.c_str(),
+               out["loadavg_after"].get<std::string>().c_str());
+  network.reset();
+  inproc.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return out;
+}
+
+// ---------------------------------------------------------------- main
+
+std::string spec_name(const SpeculativeSpec& s) {
+  std::string n = speculative_method_name(s.method);
+  n += " k=" + std::to_string(s.num_speculative_tokens);
+  if (s.method == SpeculativeMethod::kNgram) {
+    n += " lookup " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
+  }
+  if (!s.adaptive_k) n += " fixed k";
+  return n;
+}
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "specserve bench-actors: %s\n", st.message().c_str());
+  return 1;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.mode != "overhead" && a.mode != "concurrency" && a.mode != "all") {
+    return fail(invalid_argument("--mode " + a.mode + ": one of overhead, concurrency, all"));
+  }
+  // NOTE: Ctrl-C reaches the `up` child too (same process group): it drains and stops its workers.
+  ::signal(SIGPIPE, SIG_IGN);
+  ::setenv("SPECSERVE_LOG_LEVEL", "warn", /*overwrite=*/0);  // the shards' info lines would bury the progress
+  const std::string model = std::filesystem::absolute(a.model.empty() ? default_model_path() : a.model).string();
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The speculative configuration: the flags, or n-gram k = 4 with lookup 1..5 (bench/results' setting).
+  EngineOptions eo;
+  eo.max_model_len = a.max_model_len;
+  auto parsed = parse_spec_args(a.spec, &eo);
+  if (!parsed.ok()) return fail(parsed.status());
+  SpeculativeSpec spec;
+  if (parsed->has_value()) {
+    spec = **parsed;
+    if (eo.disable_by_batch_size > 0) spec.disable_by_batch_size = eo.disable_by_batch_size;
+  } else {
+    spec.method = SpeculativeMethod::kNgram;
+    spec.num_speculative_tokens = 4;
+    spec.prompt_lookup_min = 1;
+    spec.prompt_lookup_max = 5;
+  }
+  std::fprintf(stderr, "[bench-actors] model %s, %d threads for the target, load average %s\n", model.c_str(), threads,
+               loadavg().c_str());
+  auto backend = make_cpu_backend(threads);
+  auto lm = load_model(model, *backend, /*quiet=*/true);
+  if (!lm.ok()) return fail(lm.status());
+  int skipped = 0;
+  auto qs = load_questions(a.questions, *lm, a.max_prompt_tokens, &skipped);
+  if (!qs.ok()) return fail(qs.status());
+  std::fprintf(stderr, "[bench-actors] %zu Spec-Bench questions with <= %d prompt tokens (%d longer ones left out)\n",
+               qs->size(), a.max_prompt_tokens, skipped);
+  json report;
+  report["command"] = "specserve bench-actors";
+  report["model"] = model;
+  report["threads"] = threads;
+  report["max_tokens"] = a.max_tokens;
+  report["repeats"] = a.repeats;
+  report["num_prompts"] = a.num_prompts;
+  report["max_prompt_tokens"] = a.max_prompt_tokens;
+  report["questions_left_out"] = skipped;
+  report["sweep_max_tokens"] = a.sweep_max_tokens;
+  report["hardware_concurrency"] = std::thread::hardware_concurrency();
+  report["scheduler_threads"] = a.scheduler_threads;
+  report["loadavg_start"] = loadavg();
+  std::string md;
+  const auto t_start = Clock::now();
+  if (a.mode == "overhead" || a.mode == "all") {
+    std::string rows;
+    json ov = json::array();
+    for (const OverheadConfig& cfg : {OverheadConfig{"off", std::nullopt}, OverheadConfig{spec_name(spec), spec}}) {
+      auto r = run_overhead(a, model, threads, &*lm, backend.get(), *qs, cfg, &rows);
+      if (!r.ok()) return fail(r.status());
+      ov.push_back(*r);
+    }
+    report["overhead"] = ov;
+    char head[400];
+    const size_t np = std::min<size_t>(static_cast<size_t>(a.num_prompts), qs->size());
+    std::snprintf(head, sizeof head,
+                  "\n## Control overhead at batch 1: greedy, %zu Spec-Bench prompts x %d repeats (interleaved), %d tokens, "
+                  "%d threads\n\n",
+                  np, a.repeats, a.max_tokens, threads);
+    md += head;
+    md += "| speculation | path | ms / output token | ms / step | tokens / step | target forward ms / step | "
+          "outside forward+draft ms / step | CPU ms / step (process tree) | context switches / step (voluntary / involuntary) | "
+          "overhead vs direct, mean (median) [min, max] | decode-phase overhead | overhead per step |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += rows;
+    int mism = 0;
+    for (const auto& o : ov) mism += o["greedy_mismatches"].get<int>();
+    char tail[600];
+    std::snprintf(tail, sizeof tail,
+                  "\nOverhead: (actor - direct) / direct of each repeat's total wall time (submit to last token, "
+                  "prefill included); decode phase: after the first token. Overhead per step: the wall-time "
+                  "difference divided by the engine steps (EngineStats / ShardLoad::num_steps). Greedy outputs "
+                  "differing from the direct Engine's: %d.\n",
+                  mism);
+    md += tail;
+    for (const auto& o : ov) {
+      char b[300];
+      std::snprintf(b, sizeof b,
+                    "Speculation %s: other processes used %.2f cores during the runs (load average %s before); the "
+                    "runtimes idle (all paths up, nothing submitted) used %.3f cores and %.0f context switches/s.\n",
+                    o["speculation"].get<std::string>().c_str(), o["machine_during"]["other_processes_cores"].get<double>(),
+                    o["loadavg_before"].get<std::string>().c_str(), o["runtimes_idle"]["cores"].get<double>(),
+                    o["runtimes_idle"]["context_switches_per_s"].get<double>());
+      md += b;
+    }
+  }
+  if (a.mode == "concurrency" || a.mode == "all") {
+    std::string rows;
+    std::optional<SpeculativeSpec> sweep_spec;
+    if (a.sweep_speculative) sweep_spec = spec;
+    auto r = run_concurrency(a, model, threads, &*lm, backend.get(), *qs, sweep_spec, &rows);
+    if (!r.ok()) return fail(r.status());
+    report["concurrency"] = *r;
+    char head[400];
+    std::snprintf(head, sizeof head,
+                  "\n## Output tokens/s vs concurrent clients: %s, speculation %s, greedy, %d tokens per request, "
+                  "%d threads\n\n",
+                  a.processes ? "actors with the target shard in a worker process, client over loopback"
+                              : "actors in one process",
+                  a.sweep_speculative ? spec_name(spec).c_str() : "off", a.sweep_max_tokens, threads);
+    md += head;
+    md += "| clients | requests | actor tokens/s | direct tokens/s | actor / direct | actor mean TTFT ms | "
+          "direct mean TTFT ms | TTFT actor / direct | errors |\n|---|---|---|---|---|---|---|---|---|\n";
+    md += rows;
+    char b[600];
+    std::snprintf(b, sizeof b,
+                  "\nEach client (a thread) submits its next request when the previous one finished; request j goes to "
+                  "client j mod N and asks Spec-Bench question j of the round-robin over the six tasks (first turn, "
+                  "chat template; questions over %d prompt tokens left out). Direct: the Engine with the same closed "
+                  "loop and engine options. Other processes used %.2f cores during the sweep.\n",
+                  a.max_prompt_tokens, (*r)["machine_during"]["other_processes_cores"].get<double>());
+    md += b;
+  }
+  report["seconds"] = since(t_start);
+  report["loadavg_end"] = loadavg();
+  report["markdown"] = md;
+  std::printf("%s", md.c_str());
+  std::fflush(stdout);
+  if (!a.out.empty()) {
+    std::ofstream o(a.out);
+    o << report.dump(1) << "\n";
+    std::fprintf(stderr, "[bench-actors] wrote %s (%.0f s)\n", a.out.c_str(), report["seconds"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_actors(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  auto* sub = app.add_subcommand(
+      "bench-actors",
+      "Control overhead of the actor path against the Engine at batch 1, and output tokens/s vs concurrent clients (a benchmark)");
+  sub->add_option("--mode", a->mode, "overhead | concurrency | all")->check(CLI::IsMember({"overhead", "concurrency", "all"}));
+  sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)");
+  sub->add_option("--questions", a->questions,
+                  "Spec-Bench question.jsonl (default: ../shared/data/spec_bench/question.jsonl beside the checkout)");
+  sub->add_option("--threads", a->threads, "CPU threads of the target in every path (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+  sub->add_option("--max-tokens", a->max_tokens, "Overhead: tokens per request (ignore_eos)")->check(CLI::Range(1, 4096));
+  sub->add_option("--repeats", a->repeats, "Overhead: interleaved repeats")->check(CLI::Range(1, 1000));
+  sub->add_option("--prompts", a->num_prompts, "Overhead: prompts per repeat (the first N of the task round-robin)")
+      ->check(CLI::Range(1, 480));
+  sub->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Leave out questions with longer prompts (prefill on 2 cores is slow)")
+      ->check(CLI::Range(8, 1 << 20));
+  sub->add_flag("--no-network", a->no_network, "Overhead: skip path (c), the target shard in a worker process");
+  sub->add_option("--concurrency", a->concurrency, "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--sweep-max-tokens", a->sweep_max_tokens, "Concurrency: tokens per request (ignore_eos)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--requests-per-client", a->requests_per_client,
+                  "Concurrency: requests per client at each level (at least --min-requests in all)")
+      ->check(CLI::Range(1, 1000));
+  sub->add_option("--min-requests", a->min_requests, "Concurrency: requests per level at least")->check(CLI::Range(1, 100000));
+  sub->add_flag("--processes", a->processes,
+                "Concurrency: run the target shard in a worker process (`specserve up`), the clients over loopback");
+  sub->add_flag("--no-sweep-direct", a->no_sweep_direct, "Concurrency: skip the direct-Engine peer");
+  sub->add_flag("--sweep-speculative", a->sweep_speculative, "Concurrency: with the speculative configuration (default: off)");
+  sub->add_option("--max-num-seqs", a->max_num_seqs, "Engine: sequences running at once")->check(CLI::Range(1, 4096));
+  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Engine: tokens per forward pass")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-model-len", a->max_model_len, "Engine: context length")->check(CLI::Range(16, 1 << 20));
+  sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "Engine: KV cache size (e.g. 2GiB)");
+  sub->add_option("--scheduler-threads", a->scheduler_threads,
+                  "CAF worker threads of this process's actor systems (in-process head and shard, the client); "
+                  "0: CAF's default (cores). `up`'s processes keep their default")
+      ->check(CLI::Range(0, 1024));
+  sub->add_option("--out", a->out, "Write the results as JSON here");
+  add_spec_options(*sub, &a->spec);
+  sub->footer(
+      "The overhead runs once without speculation and once with the speculative flags (default: "
+      "{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_min\":1,\"prompt_lookup_max\":5}).\n"
+      "Progress goes to stderr, the Markdown tables to stdout. bench/run_actor_bench.sh records a run.");
+  register_command("bench-actors", [a] { return run_bench(*a); });
+}
+
+}  // namespace specserve::cli
