@@ -3,6 +3,7 @@
 #include "actors/gateway.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace specserve {
 
@@ -130,7 +131,10 @@ Expected<std::unique_ptr<Client>> Client::connect(const std::string& host, uint1
   c->runtime_ = std::make_unique<ActorRuntime>(options);
   c->sys_ = &c->runtime_->system();
   auto h = connect_through_gateway(*c->sys_, host, port, token, std::chrono::seconds(30));
-  if (!h.ok()) return Status(h.status().code(), "the head at " + h.status().message());
+  if (!h.ok()) {
+    return Status(h.status().code(), "head " + host + ":" + std::to_string(port) + ": " + h.status().message() +
+                                         (h.status().code() == StatusCode::kUnavailable ? " (is the cluster running?)" : ""));
+  }
   c->scheduler_ = *h;
   c->token_ = std::move(token);
   return c;
@@ -144,8 +148,25 @@ std::unique_ptr<Client> Client::in_process(caf::actor_system& sys, caf::actor sc
   return c;
 }
 
+namespace {
+// Checks what CAF 0.17 cannot carry (it loops on an infinite float and mangles NaN) before
+// anything is sent; the head checks everything again.
+Status check_sendable(const GenerateRequest& r) {
+  SPECSERVE_RETURN_IF_ERROR(r.sampling.validate());
+  if (!std::isfinite(r.timeout_s) || r.timeout_s < 0 || r.timeout_s > 1e6) {
+    return invalid_argument("timeout_s: must be a finite number of seconds in [0, 1e6]");
+  }
+  if (r.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(r.max_tokens) + ": must be >= 1");
+  if (r.prompt.empty() && r.messages.empty() && r.prompt_token_ids.empty()) {
+    return invalid_argument("prompt: empty (give a prompt, messages or prompt_token_ids)");
+  }
+  return Status();
+}
+}  // namespace
+
 Expected<std::shared_ptr<RequestHandle>> Client::submit(GenerateRequest request,
                                                         std::function<void(const StreamChunk&)> on_chunk) {
+  SPECSERVE_RETURN_IF_ERROR(check_sendable(request));
   auto shared = std::make_shared<RequestHandle::Shared>();
   shared->on_chunk = std::move(on_chunk);
   auto sink = sys_->spawn(sink_actor, shared, scheduler_);

@@ -144,6 +144,7 @@ struct ReplicaEntry {
   bool needs_draft = false;   // the topology gives it a draft worker
   bool draft_settled = false; // the draft worker is ready, failed or gone
   bool draft_attached = false;
+  bool lost = false;          // its target shard died (shards are not restarted yet)
   WorkerHello shard_hello, draft_hello;
   ShardLoad load;
   int32_t pending_blocks = 0;  // promised to WorkItems the shard has not confirmed yet
@@ -203,6 +204,16 @@ void maybe_drained(SchedSelf self) {
 void dispatch(SchedSelf self) {
   auto& s = self->state;
   if (s.queue.empty()) return;
+  // Every replica's target shard died: nothing will serve the queue (workers are not restarted
+  // yet), so fail it now instead of letting clients wait forever.
+  bool all_lost = !s.replicas.empty();
+  for (const auto& [rid, r] : s.replicas) all_lost = all_lost && r.lost && !r.shard;
+  if (all_lost) {
+    std::vector<int64_t> ids;
+    for (const auto& [id, p] : s.queue) ids.push_back(id);
+    for (int64_t id : ids) fail_queued(self, id, "error", "no replica is left: every target shard is down");
+    return;
+  }
   std::vector<QueuedRequest> q;
   for (const auto& [id, p] : s.queue) {
     QueuedRequest r;
@@ -269,6 +280,7 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.assigned.clear();
   r.shard = caf::actor{};
   r.shard_ready = false;
+  r.lost = true;
   r.draft_attached = false;
   r.pending_blocks = 0;
   r.sent = 0;
@@ -458,6 +470,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
             return;
           }
           r.shard = h.self;
+          r.lost = false;
           r.shard_hello = h;
           r.shard_ready = h.state == "ready";
           if (r.shard_ready && h.max_model_len > 0) {

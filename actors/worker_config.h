@@ -20,7 +20,7 @@ struct WorkerConfig {
   /// scheduler once it is ready); false: the proposer runs inside the shard.
   bool remote_draft = false;
   int32_t threads = 0;             ///< CPU backend threads; 0: OpenMP's default
-  double draft_timeout_s = 10.0;   ///< one propose round trip, then the step decodes plainly
+  double draft_timeout_s = 3.0;    ///< one propose round trip, then the step decodes plainly
   std::string token;               ///< the cluster token
   caf::actor scheduler;            ///< where to register
   /// Draft worker in its own process: the host its port listens on (port chosen by the OS).

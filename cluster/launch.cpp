@@ -114,7 +114,8 @@ int run_up(const UpOptions& o) {
   auto topo = load_topology_file(o.config_path);
   if (!topo.ok()) return fail("up", topo.status());
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
-  Status ports = check_ports_free(*topo);
+  // NOTE: only the actor port: no HTTP front end listens yet (issue 5).
+  Status ports = check_ports_free(*topo, /*include_http=*/false);
   if (!ports.ok()) return fail("up", ports);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
@@ -296,7 +297,7 @@ int run_worker(const WorkerOptions& o) {
 int run_serve(const ServeOptions& o) {
   install_stop_signals();
   const Topology& t = o.topology;
-  Status ports = check_ports_free(t);
+  Status ports = check_ports_free(t, /*include_http=*/false);
   if (!ports.ok()) return fail("serve", ports);
   auto token = ensure_cluster_token(t.cluster.token_file);
   if (!token.ok()) return fail("serve", token.status());

@@ -168,7 +168,8 @@ Expected<Topology> parse_topology(const std::string& yaml_text, const std::strin
 /// socket with SO_REUSEADDR, bound and closed at once). kUnavailable naming the field, the
 /// host:port, its location in the file and the errno name (EADDRINUSE when another process
 /// listens there); kInvalidArgument when head.host does not resolve.
-Status check_ports_free(const Topology& topology);
+/// `include_http` false: only head.actor_port (while no HTTP front end listens).
+Status check_ports_free(const Topology& topology, bool include_http = true);
 
 // ---------------------------------------------------------------- helpers (also for tests)
 

@@ -121,12 +121,13 @@ using topology_internal::quote;
 
 // ---------------------------------------------------------------- ports
 
-Status check_ports_free(const Topology& topology) {
+Status check_ports_free(const Topology& topology, bool include_http) {
   const HeadSpec& head = topology.head;
   std::string problems;
   StatusCode code = StatusCode::kOk;
-  for (const auto& [field, port] : {std::pair<std::string, int32_t>{"head.actor_port", head.actor_port},
-                                    std::pair<std::string, int32_t>{"head.http_port", head.http_port}}) {
+  std::vector<std::pair<std::string, int32_t>> ports = {{"head.actor_port", head.actor_port}};
+  if (include_http) ports.emplace_back("head.http_port", head.http_port);
+  for (const auto& [field, port] : ports) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

@@ -20,6 +20,7 @@ for _ in $(seq 600); do
   kill -0 $up_pid 2>/dev/null || { echo "scripts/run.sh: specserve up failed (see above)" >&2; exit 1; }
   sleep 0.2
 done
+[[ -f "$ready" ]] || { echo "scripts/run.sh: the cluster was not ready within 120 s" >&2; exit 1; }
 set -x
 "$bin" client --config "$config" --max-tokens 64 \
   --chat "Explain speculative decoding in two sentences." \

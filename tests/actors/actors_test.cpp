@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "actors/client.h"
@@ -260,7 +261,19 @@ TEST_F(ActorsNgram, BadRequestsAreRefusedWithTheField) {
     std::string expect;
   };
   std::vector<Case> cases;
-  cases.push_back({GenerateRequest{}, "exactly one of prompt, messages, prompt_token_ids"});
+  cases.push_back({GenerateRequest{}, "prompt: empty"});
+  GenerateRequest two = greedy({1, 2}, 4);
+  two.prompt = "text too";
+  cases.push_back({two, "exactly one of prompt, messages, prompt_token_ids"});
+  GenerateRequest inf_p = greedy({1, 2, 3}, 4);
+  inf_p.sampling.top_p = std::numeric_limits<float>::infinity();
+  cases.push_back({inf_p, "top_p"});
+  GenerateRequest nan_t = greedy({1, 2, 3}, 4);
+  nan_t.sampling.temperature = std::numeric_limits<float>::quiet_NaN();
+  cases.push_back({nan_t, "temperature"});
+  GenerateRequest inf_timeout = greedy({1, 2, 3}, 4);
+  inf_timeout.timeout_s = std::numeric_limits<double>::infinity();
+  cases.push_back({inf_timeout, "timeout_s"});
   GenerateRequest oov = greedy({1, 2, 999999}, 4);
   cases.push_back({oov, "prompt_token_ids: token id 999999"});
   GenerateRequest zero = greedy({1, 2, 3}, 0);

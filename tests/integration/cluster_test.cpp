@@ -238,6 +238,19 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   EXPECT_EQ(again->tokens, std::vector<int32_t>(expected[0].begin(), expected[0].begin() + 8));
 
+  // With the last replica gone too, a request fails at once instead of waiting forever.
+  for (const auto& w : st->workers) {
+    if (w.role == "target_shard" && w.replica == 1) ::kill(w.pid, SIGKILL);
+  }
+  const auto t_fail = std::chrono::steady_clock::now();
+  auto none = c->generate(greedy(prompts[0], 8));
+  while (none.ok() && std::chrono::steady_clock::now() - t_fail < std::chrono::seconds(10)) {
+    // The request may have finished before the kill landed: try again.
+    none = c->generate(greedy(prompts[0], 8));
+  }
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no replica is left"), std::string::npos) << none.status().message();
+
   const std::vector<int> pids = up.worker_pids();
   EXPECT_EQ(up.terminate(60), 0);
   for (int pid : pids) EXPECT_FALSE(alive(pid)) << "worker pid " << pid << " outlived `specserve up`";

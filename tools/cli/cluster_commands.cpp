@@ -37,7 +37,7 @@ int run_serve_cmd(const ServeArgs& a) {
   t.cluster.token_file = *tf;
   t.head.host = a.host;
   t.head.actor_port = a.actor_port;
-  t.head.http_port = a.actor_port;  // no HTTP front end yet: check only the actor port
+  t.source = "--actor-port";
   t.models.target.path = a.model.empty() ? default_model_path() : a.model;
   if (a.max_model_len > 0) t.models.target.max_model_len = a.max_model_len;
   EngineOptions eo;
@@ -335,8 +335,13 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--prompt", a->prompts, "Plain-text prompt (repeatable: submitted concurrently)");
     sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
     sub->add_option("--system", a->system, "System message for --chat");
-    sub->add_option("--max-tokens", a->max_tokens, "Maximum tokens per request")->check(CLI::Range(1, 1 << 20));
-    sub->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
+    // The last one wins, so scripts/run.sh's defaults can be overridden by its arguments.
+    sub->add_option("--max-tokens", a->max_tokens, "Maximum tokens per request (default 128)")
+        ->check(CLI::Range(1, 1 << 20))
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    sub->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy (default)")
+        ->check(CLI::Range(0.0, 100.0))
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--top-k", a->top_k, "Top-k filter (<= 0: off)");
     sub->add_option("--top-p", a->top_p, "Nucleus filter in (0, 1]");
     sub->add_option("--min-p", a->min_p, "Min-p filter in [0, 1]");
@@ -345,7 +350,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--stop", a->stop, "Stop string (repeatable)");
     sub->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
     sub->add_option("--priority", a->priority, "Lower is served first (default 0)");
-    sub->add_option("--timeout", a->timeout, "Seconds before the request ends with finish reason 'timeout' (0: none)");
+    sub->add_option("--timeout", a->timeout, "Seconds before the request ends with finish reason 'timeout' (0: none)")
+        ->check(CLI::Range(0.0, 1e6));
     sub->add_option("--num-speculative-tokens", a->num_speculative_tokens,
                     "Draft tokens per step for these requests: -1 the server's setting, 0 off, 1..64 a cap")
         ->check(CLI::Range(-1, 64));
