@@ -21,13 +21,15 @@ COLORS = {"actor": "C0", "network": "C1"}
 
 def plot_overhead(ax, report):
     blocks = report.get("overhead", [])
-    paths = [p for p in ("actor", "network") if any(p in b["summary"] for b in blocks)]
+    # The units the Markdown table reports: the quiet ones when there were enough, else all.
+    summaries = [b["summary_quiet"] if b.get("table_from") == "quiet units" else b["summary_all"] for b in blocks]
+    paths = [p for p in ("actor", "network") if any(p in s for s in summaries)]
     width = 0.8 / max(1, 2 * len(paths))
     for i, p in enumerate(paths):
         for j, key in enumerate(("overhead_vs_direct", "decode_overhead_vs_direct")):
             xs, ys, lo, hi = [], [], [], []
             for k, b in enumerate(blocks):
-                s = b["summary"].get(p)
+                s = summaries[k].get(p)
                 if not s:
                     continue
                 sp = s[key]
@@ -41,8 +43,9 @@ def plot_overhead(ax, report):
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(3, color="red", lw=0.8, ls="--", label="aim: 3%")
     ax.set_xticks([k + (2 * len(paths) - 1) * width / 2 for k in range(len(blocks))])
-    ax.set_xticklabels([f"speculation {b['speculation']}\n(other processes: {b['machine_during']['other_processes_cores']:.2f} cores)"
-                        for b in blocks])
+    ax.set_xticklabels([f"speculation {b['speculation']}\n({b['table_from']}: {summaries[k][paths[0]]['units']} of "
+                        f"{b['units']}; other processes {b['machine_during']['other_processes_cores']:.2f} cores)"
+                        for k, b in enumerate(blocks)])
     ax.set_ylabel("wall time vs. direct Engine (%)")
     ax.set_title(f"Control overhead at batch 1, {report['max_tokens']} tokens, {report['threads']} threads\n"
                  "(bar: mean over repeats; whisker: min..max)")

@@ -91,6 +91,8 @@ struct BenchArgs {
   int max_num_batched_tokens = 2048;
   int max_model_len = 4096;
   int scheduler_threads = 0;
+  double quiet_cores = 0.1;
+  int retries = 1;
   std::string kv_cache_bytes = "2GiB";
   std::string out;
   SpecArgs spec;
@@ -128,6 +130,16 @@ std::map<int, std::pair<int, double>> proc_table() {  // pid -> (ppid, utime + s
   return t;
 }
 
+double cpu_sample_busy() {
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double v[10] = {0};
+  in >> cpu;
+  for (double& x : v) in >> x;
+  return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
+}
+
 CpuSample cpu_sample() {
   CpuSample s;
   const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
@@ -155,6 +167,8 @@ CpuSample cpu_sample() {
 
 // CPU seconds and context switches of this process tree (every thread of it), per run.
 struct TreeCounters {
+  Clock::time_point at = Clock::now();
+  double busy_s = 0;        // the whole machine (/proc/stat)
   double cpu_s = 0;
   int64_t voluntary = 0;    // a thread blocked (futex, sleep, poll)
   int64_t involuntary = 0;  // a thread was preempted
@@ -162,6 +176,7 @@ struct TreeCounters {
 
 TreeCounters tree_counters() {
   TreeCounters c;
+  c.busy_s = cpu_sample_busy();
   const auto t = proc_table();
   std::set<int> ours = {static_cast<int>(::getpid())};
   for (bool grew = true; grew;) {
@@ -324,6 +339,7 @@ struct Sample {
   double forward_s = 0;    // target forward passes (EngineStats / ShardLoad)
   double draft_s = 0;      // proposer
   TreeCounters cost;       // CPU and context switches of the whole process tree during the run
+  double others_cores = 0; // CPU other processes used meanwhile (cores)
   std::vector<int32_t> output;
 };
 
@@ -558,12 +574,74 @@ Spread spread(const std::vector<double>& v) {
   return s;
 }
 
-// Sums of one path over the prompts of one repeat.
-struct RepeatTotals {
-  double seconds = 0, decode_seconds = 0, forward_s = 0, draft_s = 0, ttft_s = 0;
-  int64_t tokens = 0, steps = 0, decode_steps = 0;
-  TreeCounters cost;
+// One prompt of one repeat: the same request through every path, back to back.
+struct Unit {
+  int repeat = 0;
+  size_t prompt = 0;
+  int64_t decode_steps_offset = 1;  // steps up to the first token (the direct Engine's count)
+  std::map<std::string, Sample> s;  // by path
+  double others_max = 0;            // the most CPU other processes used during one of its runs
+  bool quiet = false;
 };
+
+// Per path over `units` (only the quiet ones when `quiet_only`): times per token and per step,
+// where the step time goes, and the overhead against the direct Engine of the same unit.
+json summarize(const std::vector<Unit>& units, const std::vector<std::string>& paths, bool quiet_only) {
+  json summary;
+  for (const auto& p : paths) {
+    double seconds = 0, decode_seconds = 0, forward_s = 0, draft_s = 0, ttft_s = 0;
+    int64_t tokens = 0, steps = 0, decode_steps = 0, n = 0;
+    TreeCounters cost;
+    std::vector<double> overhead, decode_overhead, per_step_us;
+    for (const Unit& u : units) {
+      if (quiet_only && !u.quiet) continue;
+      const Sample& x = u.s.at(p);
+      const Sample& d = u.s.at("direct");
+      ++n;
+      seconds += x.seconds;
+      decode_seconds += x.seconds - x.ttft_s;
+      forward_s += x.forward_s;
+      draft_s += x.draft_s;
+      ttft_s += x.ttft_s;
+      tokens += x.tokens;
+      steps += x.steps;
+      decode_steps += x.steps - u.decode_steps_offset;
+      cost.cpu_s += x.cost.cpu_s;
+      cost.voluntary += x.cost.voluntary;
+      cost.involuntary += x.cost.involuntary;
+      overhead.push_back(x.seconds / d.seconds - 1);
+      decode_overhead.push_back((x.seconds - x.ttft_s) / (d.seconds - d.ttft_s) - 1);
+      per_step_us.push_back((x.seconds - d.seconds) / static_cast<double>(x.steps) * 1e6);
+    }
+    json js;
+    js["units"] = n;
+    if (n == 0) {
+      summary[p] = js;
+      continue;
+    }
+    const double st = static_cast<double>(steps);
+    js["ms_per_output_token"] = seconds / static_cast<double>(tokens) * 1e3;
+    js["ms_per_step"] = seconds / st * 1e3;
+    js["ms_per_decode_step"] = decode_seconds / static_cast<double>(std::max<int64_t>(1, decode_steps)) * 1e3;
+    js["steps_per_request"] = st / static_cast<double>(n);
+    js["tokens_per_step"] = static_cast<double>(tokens) / st;
+    js["mean_ttft_ms"] = ttft_s / static_cast<double>(n) * 1e3;
+    js["forward_ms_per_step"] = forward_s / st * 1e3;
+    js["draft_ms_per_step"] = draft_s / st * 1e3;
+    // Wall time per step outside the target's forward pass and the proposer: the engine's own
+    // bookkeeping, plus (actor paths) messaging and waiting.
+    js["outside_engine_ms_per_step"] = (seconds - forward_s - draft_s) / st * 1e3;
+    js["cpu_ms_per_step"] = cost.cpu_s / st * 1e3;
+    js["cpu_cores_busy"] = cost.cpu_s / seconds;
+    js["voluntary_context_switches_per_step"] = static_cast<double>(cost.voluntary) / st;
+    js["involuntary_context_switches_per_step"] = static_cast<double>(cost.involuntary) / st;
+    js["overhead_vs_direct"] = spread(overhead).to_json();
+    js["decode_overhead_vs_direct"] = spread(decode_overhead).to_json();
+    js["overhead_us_per_step"] = spread(per_step_us).to_json();
+    summary[p] = js;
+  }
+  return summary;
+}
 
 // ---------------------------------------------------------------- overhead
 
@@ -600,7 +678,13 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
                          : p == "actor" ? run_client(actor.client(), "actor", questions[q].prompt, max_tokens)
                                         : run_client(network->client(), "network", questions[q].prompt, max_tokens);
     const TreeCounters c1 = tree_counters();
-    if (s.ok()) s->cost = {c1.cpu_s - c0.cpu_s, c1.voluntary - c0.voluntary, c1.involuntary - c0.involuntary};
+    if (s.ok()) {
+      s->cost.cpu_s = c1.cpu_s - c0.cpu_s;
+      s->cost.voluntary = c1.voluntary - c0.voluntary;
+      s->cost.involuntary = c1.involuntary - c0.involuntary;
+      const double wall = std::chrono::duration<double>(c1.at - c0.at).count();
+      s->others_cores = std::max(0.0, (c1.busy_s - c0.busy_s) - s->cost.cpu_s) / std::max(wall, 1e-9);
+    }
     return s;
   };
   // Warm-up: a short request per prompt and path (first-touch allocations, the middleman's
@@ -632,45 +716,46 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   const CpuSample c0 = cpu_sample();
   const std::string load0 = loadavg();
   json runs = json::array();
-  std::map<std::string, std::vector<RepeatTotals>> totals;
-  int mismatches = 0;
+  std::vector<Unit> units;
+  int mismatches = 0, retried = 0;
   for (int r = 0; r < a.repeats; ++r) {
-    std::map<std::string, RepeatTotals> rt;
     for (size_t q = 0; q < np; ++q) {
-      // Rotate the order so that no path always runs first or last.
-      std::string line;
-      for (size_t k = 0; k < paths.size(); ++k) {
-        const std::string& p = paths[(k + static_cast<size_t>(r) + q) % paths.size()];
-        auto s = run_path(p, q, nullptr, a.max_tokens);
-        if (!s.ok()) return Status(s.status().code(), p + ": " + s.status().message());
-        const bool match = s->output == reference[q];
-        mismatches += !match;
-        if (s->steps <= 0) return internal_error(p + ": no steps counted");
-        RepeatTotals& t = rt[p];
-        t.seconds += s->seconds;
-        t.ttft_s += s->ttft_s;
-        t.decode_seconds += s->seconds - s->ttft_s;
-        t.tokens += s->tokens;
-        t.steps += s->steps;
-        t.decode_steps += s->steps - first_token_steps[q];
-        t.forward_s += s->forward_s;
-        t.draft_s += s->draft_s;
-        t.cost.cpu_s += s->cost.cpu_s;
-        t.cost.voluntary += s->cost.voluntary;
-        t.cost.involuntary += s->cost.involuntary;
-        runs.push_back({{"repeat", r}, {"prompt", q}, {"question_id", questions[q].id}, {"path", p},
-                        {"seconds", s->seconds}, {"ttft_s", s->ttft_s}, {"tokens", s->tokens}, {"steps", s->steps},
-                        {"forward_s", s->forward_s}, {"draft_s", s->draft_s}, {"cpu_s", s->cost.cpu_s},
-                        {"voluntary_context_switches", s->cost.voluntary},
-                        {"involuntary_context_switches", s->cost.involuntary}, {"matches_direct", match}});
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "  %s %.3f s (%lld steps)", p.c_str(), s->seconds, static_cast<long long>(s->steps));
-        line += buf;
+      for (int attempt = 0;; ++attempt) {
+        Unit u;
+        u.repeat = r;
+        u.prompt = q;
+        u.decode_steps_offset = first_token_steps[q];
+        std::string line;
+        // Rotate the order so that no path always runs first or last.
+        for (size_t k = 0; k < paths.size(); ++k) {
+          const std::string& p = paths[(k + static_cast<size_t>(r) + q) % paths.size()];
+          auto s = run_path(p, q, nullptr, a.max_tokens);
+          if (!s.ok()) return Status(s.status().code(), p + ": " + s.status().message());
+          if (s->steps <= 0) return internal_error(p + ": no steps counted");
+          const bool match = s->output == reference[q];
+          mismatches += !match;
+          u.others_max = std::max(u.others_max, s->others_cores);
+          runs.push_back({{"repeat", r}, {"prompt", q}, {"attempt", attempt}, {"question_id", questions[q].id},
+                          {"path", p}, {"seconds", s->seconds}, {"ttft_s", s->ttft_s}, {"tokens", s->tokens},
+                          {"steps", s->steps}, {"forward_s", s->forward_s}, {"draft_s", s->draft_s},
+                          {"cpu_s", s->cost.cpu_s}, {"voluntary_context_switches", s->cost.voluntary},
+                          {"involuntary_context_switches", s->cost.involuntary},
+                          {"other_processes_cores", s->others_cores}, {"matches_direct", match}});
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "  %s %.3f s", p.c_str(), s->seconds);
+          line += buf;
+          u.s[p] = std::move(*s);
+        }
+        u.quiet = u.others_max <= a.quiet_cores;
+        std::fprintf(stderr, "[bench-actors] %s repeat %d/%d prompt %zu/%zu:%s  (%lld steps; other processes %.2f cores%s)\n",
+                     cfg.name.c_str(), r + 1, a.repeats, q + 1, np, line.c_str(),
+                     static_cast<long long>(u.s["direct"].steps), u.others_max, u.quiet ? "" : ": noisy");
+        units.push_back(std::move(u));
+        if (units.back().quiet || attempt >= a.retries) break;
+        ++retried;
+        std::this_thread::sleep_for(std::chrono::seconds(5));  // let the neighbour's burst pass
       }
-      std::fprintf(stderr, "[bench-actors] %s repeat %d/%d prompt %zu/%zu:%s\n", cfg.name.c_str(), r + 1, a.repeats, q + 1,
-                   np, line.c_str());
     }
-    for (auto& [p, t] : rt) totals[p].push_back(t);
   }
   const CpuSample c1 = cpu_sample();
   json out;
@@ -684,54 +769,20 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   out["machine_during"] = others_between(c0, c1);
   out["runtimes_idle"] = idle;
   out["greedy_mismatches"] = mismatches;
+  out["quiet_cores_threshold"] = a.quiet_cores;
+  out["units"] = units.size();
+  int num_quiet = 0;
+  for (const auto& u : units) num_quiet += u.quiet;
+  out["quiet_units"] = num_quiet;
+  out["retried_units"] = retried;
   out["runs"] = runs;
-  json summary;
-  const auto& base = totals["direct"];
-  for (const auto& p : paths) {
-    const auto& v = totals[p];
-    RepeatTotals sum;
-    std::vector<double> overhead, decode_overhead, per_step_us;
-    for (size_t r = 0; r < v.size(); ++r) {
-      sum.seconds += v[r].seconds;
-      sum.decode_seconds += v[r].decode_seconds;
-      sum.tokens += v[r].tokens;
-      sum.steps += v[r].steps;
-      sum.decode_steps += v[r].decode_steps;
-      sum.forward_s += v[r].forward_s;
-      sum.draft_s += v[r].draft_s;
-      sum.ttft_s += v[r].ttft_s;
-      sum.cost.cpu_s += v[r].cost.cpu_s;
-      sum.cost.voluntary += v[r].cost.voluntary;
-      sum.cost.involuntary += v[r].cost.involuntary;
-      overhead.push_back(v[r].seconds / base[r].seconds - 1);
-      decode_overhead.push_back(v[r].decode_seconds / base[r].decode_seconds - 1);
-      per_step_us.push_back((v[r].seconds - base[r].seconds) / static_cast<double>(v[r].steps) * 1e6);
-    }
-    const double n = static_cast<double>(v.size());
-    json js;
-    js["ms_per_output_token"] = sum.seconds / static_cast<double>(sum.tokens) * 1e3;
-    js["ms_per_step"] = sum.seconds / static_cast<double>(sum.steps) * 1e3;
-    js["ms_per_decode_step"] = sum.decode_seconds / static_cast<double>(std::max<int64_t>(1, sum.decode_steps)) * 1e3;
-    js["steps_per_request"] = static_cast<double>(sum.steps) / (n * static_cast<double>(np));
-    js["tokens_per_step"] = static_cast<double>(sum.tokens) / static_cast<double>(sum.steps);
-    js["mean_ttft_ms"] = sum.ttft_s / (n * static_cast<double>(np)) * 1e3;
-    js["forward_ms_per_step"] = sum.forward_s / static_cast<double>(sum.steps) * 1e3;
-    js["draft_ms_per_step"] = sum.draft_s / static_cast<double>(sum.steps) * 1e3;
-    // Wall time per step outside the target's forward pass and the proposer: the engine's own
-    // bookkeeping, plus (actor paths) messaging and waiting.
-    js["outside_engine_ms_per_step"] = (sum.seconds - sum.forward_s - sum.draft_s) / static_cast<double>(sum.steps) * 1e3;
-    js["cpu_ms_per_step"] = sum.cost.cpu_s / static_cast<double>(sum.steps) * 1e3;
-    js["cpu_cores_busy"] = sum.cost.cpu_s / sum.seconds;
-    js["voluntary_context_switches_per_step"] = static_cast<double>(sum.cost.voluntary) / static_cast<double>(sum.steps);
-    js["involuntary_context_switches_per_step"] = static_cast<double>(sum.cost.involuntary) / static_cast<double>(sum.steps);
-    js["overhead_vs_direct"] = spread(overhead).to_json();
-    js["decode_overhead_vs_direct"] = spread(decode_overhead).to_json();
-    js["overhead_us_per_step"] = spread(per_step_us).to_json();
-    summary[p] = js;
-  }
-  out["summary"] = summary;
-  // Markdown rows: speculation | path | ms/token | ms/step | tokens/step | forward ms/step | outside ms/step | overhead | decode overhead | us/step
-  char buf[512];
+  out["summary_all"] = summarize(units, paths, false);
+  out["summary_quiet"] = summarize(units, paths, true);
+  // The table reports the quiet units when there are enough of them.
+  const bool use_quiet = num_quiet >= std::max(3, static_cast<int>(units.size()) / 2);
+  out["table_from"] = use_quiet ? "quiet units" : "all units";
+  const json& summary = use_quiet ? out["summary_quiet"] : out["summary_all"];
+  char buf[600];
   for (const auto& p : paths) {
     const json& s = summary[p];
     auto pct = [](const json& sp) {
@@ -741,9 +792,12 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
       return std::string(b);
     };
     const bool is_base = p == "direct";
-    std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.1f | %.1f / %.1f | %s | %s | %s |\n", cfg.name.c_str(),
+    const std::string units_cell = std::to_string(use_quiet ? num_quiet : static_cast<int>(units.size())) + " of " +
+                                   std::to_string(units.size()) + (use_quiet ? " (quiet)" : num_quiet < static_cast<int>(units.size()) ? " (all; noisy)" : " (all)");
+    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.1f | %.1f / %.1f | %s | %s | %s |\n",
+                  cfg.name.c_str(),
                   p == "direct" ? "direct Engine" : p == "actor" ? "actors, one process" : "actors, worker process + loopback",
-                  s["ms_per_output_token"].get<double>(), s["ms_per_step"].get<double>(),
+                  units_cell.c_str(), s["ms_per_output_token"].get<double>(), s["ms_per_step"].get<double>(),
                   s["tokens_per_step"].get<double>(), s["forward_ms_per_step"].get<double>(),
                   s["outside_engine_ms_per_step"].get<double>(), s["cpu_ms_per_step"].get<double>(),
                   s["voluntary_context_switches_per_step"].get<double>(),
@@ -751,7 +805,7 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
                   is_base ? "peer" : pct(s["overhead_vs_direct"]).c_str(),
                   is_base ? "peer" : pct(s["decode_overhead_vs_direct"]).c_str(),
                   is_base ? "-"
-                          : (std::to_string(static_cast<int>(std::lround(s["overhead_us_per_step"]["mean"].get<double>()))) + " µs")
+                          : (std::to_string(static_cast<int>(std::lround(s["overhead_us_per_step"]["median"].get<double>()))) + " µs")
                                 .c_str());
     *markdown += buf;
   }
@@ -929,24 +983,31 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
     std::string line;
     LevelResult d;
     if (direct) {
+      const CpuSample m0 = cpu_sample();
       auto r = sweep_direct(direct->engine(), qs, n, requests, a.sweep_max_tokens);
       if (!r.ok()) return r.status();
       d = *r;
       lv["direct"] = d.to_json();
+      lv["direct"]["machine_during"] = others_between(m0, cpu_sample());
     }
+    const CpuSample m0 = cpu_sample();
     LevelResult x = sweep_clients(*client, qs, n, requests, a.sweep_max_tokens);
     lv[actor_name] = x.to_json();
+    lv[actor_name]["machine_during"] = others_between(m0, cpu_sample());
+    double others = lv[actor_name]["machine_during"]["other_processes_cores"].get<double>();
+    if (direct) others = std::max(others, lv["direct"]["machine_during"]["other_processes_cores"].get<double>());
     levels.push_back(lv);
     const double xt = x.seconds > 0 ? x.tokens / x.seconds : 0;
     const double dt = d.seconds > 0 ? d.tokens / d.seconds : 0;
     char buf[400];
     const Spread xs = spread(x.ttft), ds = spread(d.ttft);
     if (direct) {
-      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | %.1f | %.3f | %.0f | %.0f | %.3f | %d |\n", n, requests, xt, dt,
-                    dt > 0 ? xt / dt : 0.0, xs.mean * 1e3, ds.mean * 1e3, ds.mean > 0 ? xs.mean / ds.mean : 0.0, x.errors);
-    } else {
-      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | - | - | %.0f | - | - | %d |\n", n, requests, xt, xs.mean * 1e3,
+      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | %.1f | %.3f | %.0f | %.0f | %.3f | %.2f | %d |\n", n, requests, xt,
+                    dt, dt > 0 ? xt / dt : 0.0, xs.mean * 1e3, ds.mean * 1e3, ds.mean > 0 ? xs.mean / ds.mean : 0.0, others,
                     x.errors);
+    } else {
+      std::snprintf(buf, sizeof buf, "| %d | %d | %.1f | - | - | %.0f | - | - | %.2f | %d |\n", n, requests, xt,
+                    xs.mean * 1e3, others, x.errors);
     }
     *markdown += buf;
     std::fprintf(stderr, "[bench-actors] concurrency %2d clients, %3d requests: %s %.1f tokens/s (mean TTFT %.0f ms)%s\n", n,
@@ -1060,29 +1121,33 @@ int run_bench(const BenchArgs& a) {
                   "%d threads\n\n",
                   np, a.repeats, a.max_tokens, threads);
     md += head;
-    md += "| speculation | path | ms / output token | ms / step | tokens / step | target forward ms / step | "
+    md += "| speculation | path | units | ms / output token | ms / step | tokens / step | target forward ms / step | "
           "outside forward+draft ms / step | CPU ms / step (process tree) | context switches / step (voluntary / involuntary) | "
-          "overhead vs direct, mean (median) [min, max] | decode-phase overhead | overhead per step |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+          "overhead vs direct, mean (median) [min, max] | decode-phase overhead | overhead per step (median) |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     md += rows;
     int mism = 0;
     for (const auto& o : ov) mism += o["greedy_mismatches"].get<int>();
-    char tail[600];
+    char tail[900];
     std::snprintf(tail, sizeof tail,
-                  "\nOverhead: (actor - direct) / direct of each repeat's total wall time (submit to last token, "
-                  "prefill included); decode phase: after the first token. Overhead per step: the wall-time "
-                  "difference divided by the engine steps (EngineStats / ShardLoad::num_steps). Greedy outputs "
-                  "differing from the direct Engine's: %d.\n",
-                  mism);
+                  "\nA unit is one prompt through every path back to back (order rotated). Overhead: (actor - direct) / "
+                  "direct wall time of each unit (submit to last token, prefill included); decode phase: after the first "
+                  "token. Overhead per step: the wall-time difference over the unit's engine steps (EngineStats / "
+                  "ShardLoad::num_steps). Quiet: other processes used <= %.2f cores during each run of the unit (noisy "
+                  "units were run again up to %d time(s)). CPU and context switches: every thread of this process and its "
+                  "children (the `up` tree), idle runtimes of the other paths included. Greedy outputs differing from the "
+                  "direct Engine's: %d.\n",
+                  a.quiet_cores, a.retries, mism);
     md += tail;
     for (const auto& o : ov) {
-      char b[300];
+      char b[500];
       std::snprintf(b, sizeof b,
-                    "Speculation %s: other processes used %.2f cores during the runs (load average %s before); the "
-                    "runtimes idle (all paths up, nothing submitted) used %.3f cores and %.0f context switches/s.\n",
-                    o["speculation"].get<std::string>().c_str(), o["machine_during"]["other_processes_cores"].get<double>(),
-                    o["loadavg_before"].get<std::string>().c_str(), o["runtimes_idle"]["cores"].get<double>(),
-                    o["runtimes_idle"]["context_switches_per_s"].get<double>());
+                    "Speculation %s: %d of %d units quiet; other processes used %.2f cores on average during the runs "
+                    "(load average %s before); the runtimes idle (all paths up, nothing submitted) used %.3f cores and "
+                    "%.0f context switches/s.\n",
+                    o["speculation"].get<std::string>().c_str(), o["quiet_units"].get<int>(), o["units"].get<int>(),
+                    o["machine_during"]["other_processes_cores"].get<double>(), o["loadavg_before"].get<std::string>().c_str(),
+                    o["runtimes_idle"]["cores"].get<double>(), o["runtimes_idle"]["context_switches_per_s"].get<double>());
       md += b;
     }
   }
@@ -1102,7 +1167,8 @@ int run_bench(const BenchArgs& a) {
                   a.sweep_speculative ? spec_name(spec).c_str() : "off", a.sweep_max_tokens, threads);
     md += head;
     md += "| clients | requests | actor tokens/s | direct tokens/s | actor / direct | actor mean TTFT ms | "
-          "direct mean TTFT ms | TTFT actor / direct | errors |\n|---|---|---|---|---|---|---|---|---|\n";
+          "direct mean TTFT ms | TTFT actor / direct | other processes (cores, max of the two runs) | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|---|\n";
     md += rows;
     char b[600];
     std::snprintf(b, sizeof b,
@@ -1146,6 +1212,11 @@ void add_bench_actors(CLI::App& app) {
   sub->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Leave out questions with longer prompts (prefill on 2 cores is slow)")
       ->check(CLI::Range(8, 1 << 20));
   sub->add_flag("--no-network", a->no_network, "Overhead: skip path (c), the target shard in a worker process");
+  sub->add_option("--quiet-cores", a->quiet_cores,
+                  "Overhead: a unit (one prompt through every path) is quiet when other processes used at most this many "
+                  "cores during each of its runs; the table reports the quiet units when at least half are")
+      ->check(CLI::Range(0.0, 1024.0));
+  sub->add_option("--retries", a->retries, "Overhead: times a noisy unit is run again (after 5 s)")->check(CLI::Range(0, 100));
   sub->add_option("--concurrency", a->concurrency, "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
