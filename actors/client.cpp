@@ -90,6 +90,11 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
   if (!c.finish_reason.empty()) shared_->consumed = true;
   acc_.tokens.insert(acc_.tokens.end(), c.tokens.begin(), c.tokens.end());
   acc_.logprobs.insert(acc_.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+  // Chunks without tokens (the scheduler's own last chunk, errors) carry top_n 0: keep the
+  // request's value from the chunks that have tokens.
+  if (c.top_n > 0) acc_.top_n = c.top_n;
+  acc_.top_logprob_ids.insert(acc_.top_logprob_ids.end(), c.top_logprob_ids.begin(), c.top_logprob_ids.end());
+  acc_.top_logprob_values.insert(acc_.top_logprob_values.end(), c.top_logprob_values.begin(), c.top_logprob_values.end());
   acc_.text += c.text;
   if (c.finish_reason == "error") error_ = c.error.empty() ? "request failed" : c.error;
   if (!c.finish_reason.empty()) {

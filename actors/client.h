@@ -33,7 +33,10 @@ namespace specserve {
 struct GenerateResult {
   int64_t request_id = 0;
   std::vector<int32_t> tokens;  ///< output token ids (stop tokens excluded)
-  std::vector<float> logprobs;  ///< per output token
+  std::vector<float> logprobs;  ///< [tokens.size()]: each output token's raw logprob (natural log)
+  int32_t top_n = 0;                          ///< top logprobs per token (= sampling.logprobs; 0 with no tokens)
+  std::vector<int32_t> top_logprob_ids;       ///< [tokens.size() * top_n], row-major, highest first
+  std::vector<float> top_logprob_values;      ///< same shape, natural log
   std::string text;             ///< the output text (stop strings cut)
   std::string finish_reason;    ///< "stop", "length", "abort", "timeout"
   int32_t prompt_tokens = 0;

@@ -26,6 +26,8 @@ class Head {
   /// The actor port actually bound (0 when not published).
   uint16_t actor_port() const { return port_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  /// The target's GGUF metadata (chat template, vocabulary); valid while the Head lives.
+  const GgufFile& gguf() const { return *gguf_; }
   /// Stops accepting requests and waits for the in-flight ones (at most `timeout`).
   Status drain(std::chrono::milliseconds timeout);
   /// Stops the scheduler (workers watching it quit).

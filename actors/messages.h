@@ -66,6 +66,11 @@ struct StreamChunk {
   int64_t request_id = 0;
   std::vector<int32_t> tokens;      ///< new output token ids
   std::vector<float> logprobs;      ///< log-probability of each new token (raw logits, natural log)
+  // Top-n logprobs of each new token under the same raw log_softmax, ties by lower id; the
+  // arrays are empty when top_n == 0 (the request asked for none, or the chunk has no tokens).
+  int32_t top_n = 0;                          ///< top logprobs per token (= sampling.logprobs)
+  std::vector<int32_t> top_logprob_ids;       ///< [tokens.size() * top_n], row-major, highest first
+  std::vector<float> top_logprob_values;      ///< same shape, natural log
   std::string text;                 ///< new complete text
   std::string finish_reason;        ///< "" while running; "stop", "length", "abort", "timeout", "error"
   std::string error;                ///< finish_reason "error": why
@@ -102,7 +107,10 @@ struct ShardEvent {
   int64_t request_id = 0;
   int32_t attempt = 0;
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
+  std::vector<float> logprobs;  ///< [tokens.size()]: the chosen token's raw logprob (natural log)
+  int32_t top_n = 0;                          ///< top logprobs per token (= sampling.logprobs)
+  std::vector<int32_t> top_logprob_ids;       ///< [tokens.size() * top_n], row-major, highest first
+  std::vector<float> top_logprob_values;      ///< same shape, natural log
   std::string text;
   std::string finish_reason;  ///< "" while running
   std::string error;          ///< set when the shard refused the request
@@ -127,6 +135,11 @@ struct ShardLoad {
   double draft_seconds = 0;
   std::vector<int64_t> finished;  ///< request ids that finished in this step
   int64_t received = 0;           ///< WorkItems received so far (the head's in-flight accounting)
+  int64_t prompt_tokens = 0;      ///< prompt tokens of every request added (EngineStats::prompt_tokens)
+  /// [k]: engine-wide totals of SpecStats::accepted_per_pos — drafts whose token at position i
+  /// was accepted (vLLM's spec_decode_num_accepted_tokens_per_pos); sums to num_accepted_tokens.
+  /// Counted when a sequence finishes, like the other speculative counters.
+  std::vector<int64_t> accepted_per_pos;
 };
 
 /// Worker -> scheduler: registration and every later state change.
@@ -230,6 +243,7 @@ struct ClusterStatus {
   int64_t finished = 0;
   int64_t requeued = 0;
   bool draining = false;
+  int32_t max_model_len = 0;  ///< smallest max_model_len among registered target shards (WorkerHello::max_model_len); 0 when none
 };
 
 // ---- inspect (CAF 0.17's serialization hook) ----
@@ -258,7 +272,8 @@ typename Inspector::result_type inspect(Inspector& f, CancelMsg& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StreamChunk& x) {
-  return f(caf::meta::type_name("StreamChunk"), x.request_id, x.tokens, x.logprobs, x.text, x.finish_reason, x.error,
+  return f(caf::meta::type_name("StreamChunk"), x.request_id, x.tokens, x.logprobs, x.top_n, x.top_logprob_ids,
+           x.top_logprob_values, x.text, x.finish_reason, x.error,
            x.prompt_tokens, x.completion_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.num_requeues);
 }
 template <class Inspector>
@@ -272,14 +287,14 @@ typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardEvent& x) {
-  return f(caf::meta::type_name("ShardEvent"), x.request_id, x.attempt, x.tokens, x.logprobs, x.text, x.finish_reason,
-           x.error, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens);
+  return f(caf::meta::type_name("ShardEvent"), x.request_id, x.attempt, x.tokens, x.logprobs, x.top_n, x.top_logprob_ids,
+           x.top_logprob_values, x.text, x.finish_reason, x.error, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
-           x.draft_seconds, x.finished, x.received);
+           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
@@ -327,7 +342,7 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
-           x.running, x.finished, x.requeued, x.draining);
+           x.running, x.finished, x.requeued, x.draining, x.max_model_len);
 }
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----

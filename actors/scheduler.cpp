@@ -7,9 +7,9 @@
 #include <set>
 
 #include "actors/messages.h"
+#include "actors/prompt.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
-#include "model/chat_template.h"
 #include "scheduler/dispatch.h"
 
 namespace specserve {
@@ -98,6 +98,9 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         c.request_id = s.id;
         c.tokens = std::move(ev.tokens);
         c.logprobs = std::move(ev.logprobs);
+        c.top_n = ev.top_n;
+        c.top_logprob_ids = std::move(ev.top_logprob_ids);
+        c.top_logprob_values = std::move(ev.top_logprob_values);
         c.text = std::move(ev.text);
         if (ev.finish_reason.empty()) {
           self->send(s.sink, std::move(c));
@@ -315,31 +318,9 @@ void attach_draft_if_ready(SchedSelf self, ReplicaEntry& r) {
 
 Expected<WorkItem> to_work_item(SchedulerState& s, GenerateRequest& req) {
   WorkItem w;
-  const int n = (!req.prompt.empty()) + (!req.messages.empty()) + (!req.prompt_token_ids.empty());
-  if (n != 1) return invalid_argument("request: give exactly one of prompt, messages, prompt_token_ids (got " + std::to_string(n) + ")");
-  size_t bytes = req.prompt.size();
-  for (const ChatTurn& t : req.messages) bytes += t.content.size() + t.role.size();
-  constexpr size_t kMaxPromptBytes = size_t{16} << 20;
-  if (bytes > kMaxPromptBytes || req.prompt_token_ids.size() > (size_t{1} << 22) || req.messages.size() > 100000) {
-    return out_of_range("prompt: " + std::to_string(bytes) + " bytes / " + std::to_string(req.messages.size()) +
-                        " messages / " + std::to_string(req.prompt_token_ids.size()) + " token ids is more than any context holds");
-  }
-  if (!req.prompt_token_ids.empty()) {
-    const int32_t vocab = s.cfg.tokenizer->vocab_size();
-    for (int32_t t : req.prompt_token_ids) {
-      if (t < 0 || t >= vocab) return invalid_argument("prompt_token_ids: token id " + std::to_string(t) + " is outside the vocabulary (size " + std::to_string(vocab) + ")");
-    }
-    w.prompt = std::move(req.prompt_token_ids);
-  } else if (!req.messages.empty()) {
-    std::vector<ChatMessage> msgs;
-    for (const ChatTurn& t : req.messages) msgs.push_back({t.role, t.content});
-    auto text = apply_chat_template(*s.cfg.gguf, msgs, true);
-    if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
-    w.prompt = s.cfg.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
-  } else {
-    w.prompt = s.cfg.tokenizer->encode(req.prompt, /*add_special=*/true, /*parse_special=*/false);
-  }
-  if (w.prompt.empty()) return invalid_argument("prompt: empty after tokenization");
+  auto prompt = tokenize_prompt(*s.cfg.gguf, *s.cfg.tokenizer, req);
+  if (!prompt.ok()) return prompt.status();
+  w.prompt = std::move(*prompt);
   if (req.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(req.max_tokens) + ": must be >= 1");
   SPECSERVE_RETURN_IF_ERROR(req.sampling.validate());
   if (s.max_model_len > 0 && static_cast<int32_t>(w.prompt.size()) >= s.max_model_len) {
@@ -414,6 +395,12 @@ ClusterStatus make_status(SchedSelf self) {
   c.finished = s.finished;
   c.requeued = s.requeued;
   c.draining = s.draining;
+  // NOTE: the smallest limit, not s.max_model_len (the largest, used to refuse prompts that fit
+  // nowhere): a front end that checks against this never sends a prompt some replica refuses.
+  for (const auto& [rid, r] : s.replicas) {
+    const int32_t len = r.shard ? r.shard_hello.max_model_len : 0;
+    if (len > 0) c.max_model_len = c.max_model_len ? std::min(c.max_model_len, len) : len;
+  }
   return c;
 }
 

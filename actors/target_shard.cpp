@@ -26,6 +26,7 @@ struct Running {
   int32_t attempt = 0;
   caf::actor request_actor;
   int64_t num_tokens = 0;  // prompt + output so far
+  int32_t top_n = 0;       // top logprobs per token: sampling.logprobs, at most the vocabulary
 };
 
 struct ShardState {
@@ -140,7 +141,32 @@ ShardLoad load_of(ShardState& s) {
   l.forward_seconds = st.forward_seconds;
   l.draft_seconds = st.draft_seconds;
   l.received = s.received;
+  l.prompt_tokens = st.prompt_tokens;
+  l.accepted_per_pos = st.spec.accepted_per_pos;
   return l;
+}
+
+// The engine's per-token SampleResults into the event's flat arrays: logprobs [n], and
+// top_logprob_ids / top_logprob_values [n * top_n] row-major, highest first. The engine returns
+// exactly min(sampling.logprobs, vocab) = top_n entries per token and one SampleResult per
+// emitted token; anything else is a bug.
+void fill_logprobs(const std::vector<SampleResult>& lps, int32_t top_n, ShardEvent* ev) {
+  SPECSERVE_CHECK(lps.size() == ev->tokens.size(),
+                  "engine returned " + std::to_string(lps.size()) + " logprobs for " + std::to_string(ev->tokens.size()) + " tokens");
+  ev->top_n = top_n;
+  ev->logprobs.reserve(lps.size());
+  ev->top_logprob_ids.reserve(lps.size() * static_cast<size_t>(top_n));
+  ev->top_logprob_values.reserve(lps.size() * static_cast<size_t>(top_n));
+  for (const SampleResult& lp : lps) {
+    ev->logprobs.push_back(lp.logprob);
+    if (top_n == 0) continue;
+    SPECSERVE_CHECK(lp.top_logprobs.size() == static_cast<size_t>(top_n),
+                    "engine returned " + std::to_string(lp.top_logprobs.size()) + " top logprobs, expected " + std::to_string(top_n));
+    for (const TokenLogprob& t : lp.top_logprobs) {
+      ev->top_logprob_ids.push_back(t.token);
+      ev->top_logprob_values.push_back(t.logprob);
+    }
+  }
 }
 
 void do_step(Self self) {
@@ -180,7 +206,7 @@ void do_step(Self self) {
     ev.request_id = rid;
     ev.attempt = r.attempt;
     ev.tokens = std::move(e.tokens);
-    for (const auto& lp : e.logprobs) ev.logprobs.push_back(lp.logprob);
+    fill_logprobs(e.logprobs, r.top_n, &ev);
     ev.text = std::move(e.text);
     if (e.finish != FinishReason::kNone) {
       ev.finish_reason = finish_reason_name(e.finish);
@@ -230,6 +256,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         auto& s = self->state;
         ++s.received;
         const auto known = static_cast<int64_t>(w.prompt.size() + w.resume_output.size());
+        const int32_t top_n = w.sampling.logprobs;
         GenerateParams p;
         p.prompt = std::move(w.prompt);
         p.resume_output = std::move(w.resume_output);
@@ -252,8 +279,9 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
           self->send(s.cfg.scheduler, std::move(l));
           return;
         }
+        const int32_t vocab = static_cast<int32_t>(s.model.model->config().vocab_size);
         s.by_request[w.request_id] =
-            Running{*id, w.attempt, w.request_actor, known};
+            Running{*id, w.attempt, w.request_actor, known, std::min(top_n, vocab)};
         s.by_seq[*id] = w.request_id;
         schedule_step(self);
       },

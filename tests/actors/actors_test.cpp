@@ -68,6 +68,53 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_t
   return out;
 }
 
+// Greedy reference with top-n logprobs: the engine alone, no proposer; one SampleResult per token.
+std::vector<SampleResult> reference_logprobs(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_n) {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
+  EngineOptions eo;
+  eo.max_model_len = 512;
+  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
+  EXPECT_TRUE(e.ok());
+  GenerateParams p;
+  p.prompt = prompt;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.ignore_eos = true;
+  p.sampling.logprobs = top_n;
+  EXPECT_TRUE((*e)->add_request(p).ok());
+  std::vector<SampleResult> out;
+  std::vector<SeqEvent> ev;
+  while ((*e)->has_work()) {
+    EXPECT_TRUE((*e)->step(&ev).ok());
+  }
+  for (auto& x : ev) out.insert(out.end(), x.logprobs.begin(), x.logprobs.end());
+  return out;
+}
+
+// Polls the status until `pred` holds for replica 0's load (the last ShardLoad may still be on
+// its way when the client has its result), at most 10 s.
+template <class Pred>
+ClusterStatus status_when(Client& c, Pred pred) {
+  ClusterStatus last;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    auto st = c.status();
+    if (st.ok()) {
+      last = *st;
+      if (!last.replicas.empty() && pred(last.replicas[0].load)) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return last;
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
 class Cluster {
  public:
   Cluster(std::optional<SpeculativeSpec> spec, bool draft_worker, int64_t kv_bytes = int64_t{64} << 20) {
@@ -235,6 +282,87 @@ TEST_F(ActorsNgram, ChatMessagesAndTextPrompts) {
   EXPECT_EQ(res2->completion_tokens, static_cast<int32_t>(res2->tokens.size()));
 }
 
+TEST_F(ActorsNgram, TopLogprobsMatchTheEngineAlone) {
+  constexpr int32_t kTopN = 5, kTokens = 20;
+  auto ps = prompts(cluster_->head());
+  GenerateRequest r = greedy(ps[0], kTokens);
+  r.sampling.logprobs = kTopN;
+  auto h = cluster_->client().submit(r);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  // Every chunk is consistent on its own: tokens, logprobs and top arrays of matching lengths.
+  while (auto c = (*h)->next()) {
+    EXPECT_EQ(c->logprobs.size(), c->tokens.size());
+    if (!c->tokens.empty()) EXPECT_EQ(c->top_n, kTopN);
+    EXPECT_EQ(c->top_logprob_ids.size(), c->tokens.size() * static_cast<size_t>(c->top_n));
+    EXPECT_EQ(c->top_logprob_values.size(), c->top_logprob_ids.size());
+  }
+  auto res = (*h)->wait();
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  ASSERT_GT(res->num_drafts, 0) << "the logprobs must also come through verification steps";
+  const auto ref = reference_logprobs(ps[0], kTokens, kTopN);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kTokens));
+  ASSERT_EQ(res->tokens.size(), ref.size());
+  EXPECT_EQ(res->top_n, kTopN);
+  ASSERT_EQ(res->logprobs.size(), ref.size());
+  ASSERT_EQ(res->top_logprob_ids.size(), ref.size() * kTopN);
+  ASSERT_EQ(res->top_logprob_values.size(), ref.size() * kTopN);
+  for (size_t t = 0; t < ref.size(); ++t) {
+    EXPECT_EQ(res->tokens[t], ref[t].token) << "token " << t;
+    // NOTE: exact equality: every backend op is batch-invariant (model/backend.h), so a verify
+    // row's logits equal a plain decode row's bit for bit.
+    EXPECT_EQ(res->logprobs[t], ref[t].logprob) << "token " << t;
+    ASSERT_EQ(ref[t].top_logprobs.size(), static_cast<size_t>(kTopN));
+    for (int32_t j = 0; j < kTopN; ++j) {
+      EXPECT_EQ(res->top_logprob_ids[t * kTopN + j], ref[t].top_logprobs[j].token) << "token " << t << " rank " << j;
+      EXPECT_EQ(res->top_logprob_values[t * kTopN + j], ref[t].top_logprobs[j].logprob) << "token " << t << " rank " << j;
+    }
+    // Greedy: the chosen token is the top-1, with the same logprob.
+    EXPECT_EQ(res->top_logprob_ids[t * kTopN], res->tokens[t]) << "token " << t;
+    EXPECT_EQ(res->top_logprob_values[t * kTopN], res->logprobs[t]) << "token " << t;
+  }
+  // Without logprobs nothing extra travels.
+  auto plain = cluster_->client().generate(greedy(ps[0], 4));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->top_n, 0);
+  EXPECT_TRUE(plain->top_logprob_ids.empty());
+  EXPECT_TRUE(plain->top_logprob_values.empty());
+  EXPECT_EQ(plain->logprobs.size(), plain->tokens.size());
+}
+
+TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) {
+  auto before = cluster_->client().status();
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->replicas.size(), 1u);
+  const int64_t prompt_before = before->replicas[0].load.prompt_tokens;
+  const int64_t accepted_before = before->replicas[0].load.num_accepted_tokens;
+  auto ps = prompts(cluster_->head());
+  int64_t prompt_sum = 0, accepted = 0;
+  for (const auto& p : ps) {
+    auto r = cluster_->client().generate(greedy(p, 16));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    prompt_sum += static_cast<int64_t>(p.size());
+    accepted += r->num_accepted_tokens;
+  }
+  ASSERT_GT(accepted, 0) << "the n-gram proposer never had a draft accepted on repetitive prompts";
+  const ClusterStatus st = status_when(cluster_->client(), [&](const ShardLoad& l) {
+    return l.prompt_tokens >= prompt_before + prompt_sum && l.num_accepted_tokens >= accepted_before + accepted;
+  });
+  ASSERT_EQ(st.replicas.size(), 1u);
+  const ShardLoad& l = st.replicas[0].load;
+  // No other request runs in this suite at the same time: the engine total grew by exactly ours.
+  EXPECT_EQ(l.prompt_tokens, prompt_before + prompt_sum);
+  EXPECT_EQ(l.num_accepted_tokens, accepted_before + accepted);
+  ASSERT_EQ(l.accepted_per_pos.size(), 4u) << "one entry per draft position up to num_speculative_tokens";
+  EXPECT_EQ(sum(l.accepted_per_pos), l.num_accepted_tokens);
+  EXPECT_GT(l.accepted_per_pos[0], 0);
+  for (size_t i = 1; i < l.accepted_per_pos.size(); ++i) {
+    // Position i is accepted only after position i - 1 was.
+    EXPECT_LE(l.accepted_per_pos[i], l.accepted_per_pos[i - 1]) << "position " << i;
+  }
+  EXPECT_LE(l.accepted_per_pos[0], l.num_drafts);
+  EXPECT_EQ(st.max_model_len, 512);
+}
+
 TEST_F(ActorsNgram, CancelAndTimeout) {
   auto ps = prompts(cluster_->head());
   auto h = cluster_->client().submit(greedy(ps[0], 400));
@@ -313,6 +441,9 @@ TEST(ActorsQueue, RequestSubmittedBeforeAnyReplicaIsReadyWaitsForOne) {
   auto head = Head::start(rt, t, kToken, /*publish=*/false);
   ASSERT_TRUE(head.ok());
   auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
+  auto none = client->status();
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->max_model_len, 0) << "no target shard registered yet";
   auto h = client->submit(greedy({1, 2, 3, 4}, 4));
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -371,6 +502,14 @@ TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {
   EXPECT_EQ(r->tokens, reference(ps[2], 20));
   EXPECT_GT(r->num_drafts, 0);
   EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "a draft equal to the target must always be accepted";
+  const ClusterStatus after = status_when(c.client(), [&](const ShardLoad& l) { return l.num_drafts >= r->num_drafts; });
+  ASSERT_EQ(after.replicas.size(), 1u);
+  const ShardLoad& l = after.replicas[0].load;
+  EXPECT_EQ(l.num_accepted_tokens, r->num_accepted_tokens);
+  ASSERT_EQ(l.accepted_per_pos.size(), 3u);
+  EXPECT_EQ(sum(l.accepted_per_pos), l.num_accepted_tokens);
+  EXPECT_EQ(l.accepted_per_pos[0], l.num_drafts) << "every draft's first token is accepted";
+  EXPECT_EQ(l.prompt_tokens, static_cast<int64_t>(ps[2].size()));
   // Sampling goes through the sparse q path; the request completes with the asked length.
   GenerateRequest sr = greedy(ps[0], 12);
   sr.sampling.temperature = 0.8f;

@@ -192,8 +192,11 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   Client* c = up.connect();
   ASSERT_NE(c, nullptr);
   std::vector<std::shared_ptr<RequestHandle>> hs;
+  constexpr int32_t kTopN = 3;  // top logprobs must stay aligned with the tokens across the failover
   for (const auto& p : prompts) {
-    auto h = c->submit(greedy(p, kTokens));
+    GenerateRequest r = greedy(p, kTokens);
+    r.sampling.logprobs = kTopN;
+    auto h = c->submit(r);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     hs.push_back(*h);
   }
@@ -223,6 +226,15 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
     EXPECT_EQ(r->finish_reason, "length");
     EXPECT_EQ(r->tokens, expected[i]) << "request " << i << " (re-queued " << r->num_requeues << "x)";
     EXPECT_EQ(r->text, expected_text[i]) << "request " << i << ": the streamed text must survive the failover";
+    EXPECT_EQ(r->top_n, kTopN);
+    ASSERT_EQ(r->logprobs.size(), r->tokens.size()) << "request " << i;
+    ASSERT_EQ(r->top_logprob_ids.size(), r->tokens.size() * kTopN) << "request " << i;
+    ASSERT_EQ(r->top_logprob_values.size(), r->top_logprob_ids.size()) << "request " << i;
+    for (size_t t = 0; t < r->tokens.size(); ++t) {
+      // Greedy: the chosen token is the top-1 entry of its own row.
+      EXPECT_EQ(r->top_logprob_ids[t * kTopN], r->tokens[t]) << "request " << i << " token " << t;
+      EXPECT_EQ(r->top_logprob_values[t * kTopN], r->logprobs[t]) << "request " << i << " token " << t;
+    }
     requeues += r->num_requeues;
   }
   EXPECT_GE(requeues, 1) << "no request was on the killed replica";

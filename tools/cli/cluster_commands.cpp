@@ -1,6 +1,8 @@
 // `specserve serve | up | node | worker | status | client`: the actor runtime's commands.
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,7 +76,7 @@ int run_serve_cmd(const ServeArgs& a) {
 // ---------------------------------------------------------------- client
 
 struct ClientArgs {
-  std::string connect, token_file, config, system;
+  std::string connect, token_file, config, system, tokenizer;
   std::vector<std::string> prompts, chats, stop;
   int max_tokens = 128, top_k = -1, priority = 0, logprobs = 0, num_speculative_tokens = -1;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -113,9 +115,117 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// ---- --logprobs output
+
+// A tokenizer to show --logprobs tokens as text: --tokenizer GGUF, else the --config topology's
+// target model; none (ids only) when neither is given or readable.
+std::optional<Tokenizer> logprobs_tokenizer(const ClientArgs& a) {
+  std::string path = a.tokenizer;
+  if (path.empty() && !a.config.empty()) {
+    auto t = load_topology_file(a.config);
+    if (t.ok()) path = t->models.target.path;
+  }
+  if (path.empty()) return std::nullopt;
+  auto f = GgufFile::open(path);
+  if (!f.ok()) {
+    std::fprintf(stderr, "specserve client: --logprobs: no token text (%s)\n", f.status().message().c_str());
+    return std::nullopt;
+  }
+  auto tok = Tokenizer::from_gguf(*f);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "specserve client: --logprobs: no token text (%s)\n", tok.status().message().c_str());
+    return std::nullopt;
+  }
+  return std::move(*tok);
+}
+
+// A token's bytes as valid UTF-8: each byte that does not belong to a complete UTF-8 sequence
+// becomes U+FFFD (a BPE piece may hold part of a character).
+std::string utf8_or_replacement(const std::string& b) {
+  std::string o;
+  size_t i = 0;
+  while (i < b.size()) {
+    const auto c = static_cast<unsigned char>(b[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= b.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      o.append(b, i, n);
+      i += n;
+    } else {
+      o += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return o;
+}
+
+// NOTE: JSON has no infinities; -9999.0 stands for -inf, as in OpenAI's API.
+double json_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
+
+// One {"token", "text"?, "bytes"?, "logprob"} object (text and bytes only with a tokenizer).
+std::string json_token_logprob(const Tokenizer* tok, int32_t id, float logprob) {
+  std::string o = "{\"token\": " + std::to_string(id);
+  if (tok) {
+    const std::string piece = tok->token_to_piece(id, /*special=*/true);
+    o += ", \"text\": \"" + json_escape(utf8_or_replacement(piece)) + "\", \"bytes\": [";
+    for (size_t i = 0; i < piece.size(); ++i) o += (i ? ", " : "") + std::to_string(static_cast<unsigned char>(piece[i]));
+    o += "]";
+  }
+  char b[64];
+  std::snprintf(b, sizeof b, ", \"logprob\": %.6g}", json_logprob(logprob));
+  return o + b;
+}
+
+// `"logprobs": [...]`: per output token its id, text and logprob, and its top_n alternatives
+// (highest first) under "top_logprobs".
+std::string json_logprobs(const GenerateResult& r, const Tokenizer* tok) {
+  std::string o = "\"top_n\": " + std::to_string(r.top_n) + ", \"logprobs\": [";
+  const size_t n = static_cast<size_t>(r.top_n);
+  for (size_t t = 0; t < r.tokens.size(); ++t) {
+    std::string e = json_token_logprob(tok, r.tokens[t], t < r.logprobs.size() ? r.logprobs[t] : 0.0f);
+    e.pop_back();  // reopen the object for its top_logprobs
+    e += ", \"top_logprobs\": [";
+    for (size_t j = 0; j < n && (t + 1) * n <= r.top_logprob_ids.size(); ++j) {
+      e += (j ? ", " : "") + json_token_logprob(tok, r.top_logprob_ids[t * n + j], r.top_logprob_values[t * n + j]);
+    }
+    o += (t ? ", " : "") + e + "]}";
+  }
+  return o + "]";
+}
+
+// A token for a terminal line: its text quoted and escaped with a tokenizer, else "#id".
+std::string show_token(const Tokenizer* tok, int32_t id) {
+  if (!tok) return "#" + std::to_string(id);
+  return "\"" + json_escape(utf8_or_replacement(tok->token_to_piece(id, /*special=*/true))) + "\"";
+}
+
+// --logprobs in text mode: one compact line per output token on stdout,
+//   "  [i] TOKEN LOGPROB | TOP1 LP1, TOP2 LP2, ...".
+void print_logprobs(const GenerateResult& r, const Tokenizer* tok) {
+  const size_t n = static_cast<size_t>(r.top_n);
+  for (size_t t = 0; t < r.tokens.size(); ++t) {
+    std::string line = "  [" + std::to_string(t) + "] " + show_token(tok, r.tokens[t]);
+    char b[32];
+    std::snprintf(b, sizeof b, " %.4f", t < r.logprobs.size() ? r.logprobs[t] : 0.0f);
+    line += b;
+    if (n > 0 && (t + 1) * n <= r.top_logprob_ids.size()) {
+      line += " |";
+      for (size_t j = 0; j < n; ++j) {
+        std::snprintf(b, sizeof b, " %.4f", r.top_logprob_values[t * n + j]);
+        line += (j ? ", " : " ") + show_token(tok, r.top_logprob_ids[t * n + j]) + b;
+      }
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
 int run_client(const ClientArgs& a) {
   auto client = connect_client(a.connect, a.token_file, a.config);
   if (!client.ok()) return std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str()), 1;
+  std::optional<Tokenizer> tokenizer;
+  if (a.logprobs > 0) tokenizer = logprobs_tokenizer(a);
+  const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
   std::vector<GenerateRequest> reqs;
   auto base = [&] {
     GenerateRequest r;
@@ -185,10 +295,13 @@ int run_client(const ClientArgs& a) {
                   static_cast<long long>(res->num_draft_tokens), static_cast<long long>(res->num_accepted_tokens),
                   res->num_requeues, res->seconds, res->first_token_seconds);
       for (size_t t = 0; t < res->tokens.size(); ++t) std::printf("%s%d", t ? ", " : "", res->tokens[t]);
-      std::printf("]}\n");
+      std::printf("]");
+      if (a.logprobs > 0) std::printf(", %s", json_logprobs(*res, tok).c_str());
+      std::printf("}\n");
     } else {
       if (!stream) std::printf("=== [%zu] %s\n%s\n", i + 1, i < a.prompts.size() ? a.prompts[i].c_str() : a.chats[i - a.prompts.size()].c_str(), res->text.c_str());
       else std::printf("\n");
+      if (a.logprobs > 0) print_logprobs(*res, tok);
       std::fprintf(stderr, "--- [%zu] finish %s | prompt %d | completion %d tokens in %.2f s (first token %.0f ms) | "
                    "acceptance rate %.3f | mean acceptance length %.2f%s\n",
                    i + 1, res->finish_reason.c_str(), res->prompt_tokens, res->completion_tokens, res->seconds,
@@ -218,9 +331,10 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   const ClusterStatus& s = *st;
   if (json) {
     std::printf("{\"cluster\": \"%s\", \"model\": \"%s\", \"speculative_method\": \"%s\", \"queued\": %d, \"running\": %d, "
-                "\"finished\": %lld, \"requeued\": %lld, \"draining\": %s, \"workers\": [",
+                "\"finished\": %lld, \"requeued\": %lld, \"draining\": %s, \"max_model_len\": %d, \"workers\": [",
                 json_escape(s.cluster).c_str(), json_escape(s.model).c_str(), s.speculative_method.c_str(), s.queued,
-                s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued), s.draining ? "true" : "false");
+                s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued), s.draining ? "true" : "false",
+                s.max_model_len);
     for (size_t i = 0; i < s.workers.size(); ++i) {
       const auto& w = s.workers[i];
       std::printf("%s{\"node\": \"%s\", \"role\": \"%s\", \"replica\": %d, \"rank\": %d, \"pid\": %d, \"state\": \"%s\", "
@@ -233,12 +347,16 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       const auto& r = s.replicas[i];
       std::printf("%s{\"replica\": %d, \"ready\": %s, \"assigned\": %d, \"kv_blocks_used\": %d, \"kv_blocks_total\": %d, "
                   "\"num_running\": %d, \"num_waiting\": %d, \"generated_tokens\": %lld, \"num_drafts\": %lld, "
-                  "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld}",
+                  "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prompt_tokens\": %lld, \"accepted_per_pos\": [",
                   i ? ", " : "", r.replica, r.ready ? "true" : "false", r.assigned,
                   r.load.total_kv_blocks - r.load.free_kv_blocks, r.load.total_kv_blocks, r.load.num_running,
                   r.load.num_waiting, static_cast<long long>(r.load.generated_tokens),
                   static_cast<long long>(r.load.num_drafts), static_cast<long long>(r.load.num_draft_tokens),
-                  static_cast<long long>(r.load.num_accepted_tokens));
+                  static_cast<long long>(r.load.num_accepted_tokens), static_cast<long long>(r.load.prompt_tokens));
+      for (size_t p = 0; p < r.load.accepted_per_pos.size(); ++p) {
+        std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.load.accepted_per_pos[p]));
+      }
+      std::printf("]}");
     }
     std::printf("]}\n");
     return 0;
@@ -346,7 +464,9 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--top-p", a->top_p, "Nucleus filter in (0, 1]");
     sub->add_option("--min-p", a->min_p, "Min-p filter in [0, 1]");
     sub->add_option("--seed", a->seed, "Random seed")->check(CLI::Range(int64_t{0}, INT64_MAX));
-    sub->add_option("--logprobs", a->logprobs, "Top logprobs per token (0..20)");
+    sub->add_option("--logprobs", a->logprobs, "Top logprobs per token (0..20); > 0 prints them per token");
+    sub->add_option("--tokenizer", a->tokenizer,
+                    "GGUF whose tokenizer shows --logprobs tokens as text (default: the --config target; else ids only)");
     sub->add_option("--stop", a->stop, "Stop string (repeatable)");
     sub->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
     sub->add_option("--priority", a->priority, "Lower is served first (default 0)");

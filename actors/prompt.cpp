@@ -1,0 +1,46 @@
+#include "actors/prompt.h"
+
+#include <string>
+
+#include "model/chat_template.h"
+
+namespace specserve {
+
+Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Tokenizer& tokenizer,
+                                               const GenerateRequest& req) {
+  const int n = (!req.prompt.empty()) + (!req.messages.empty()) + (!req.prompt_token_ids.empty());
+  if (n != 1) return invalid_argument("request: give exactly one of prompt, messages, prompt_token_ids (got " + std::to_string(n) + ")");
+  // NOTE: caps on the raw input before any tokenizing, so a huge request costs nothing: no
+  // context holds 16 MiB of text, 4M token ids or 100000 turns.
+  size_t bytes = req.prompt.size();
+  for (const ChatTurn& t : req.messages) bytes += t.content.size() + t.role.size();
+  constexpr size_t kMaxPromptBytes = size_t{16} << 20;
+  if (bytes > kMaxPromptBytes || req.prompt_token_ids.size() > (size_t{1} << 22) || req.messages.size() > 100000) {
+    return out_of_range("prompt: " + std::to_string(bytes) + " bytes / " + std::to_string(req.messages.size()) +
+                        " messages / " + std::to_string(req.prompt_token_ids.size()) + " token ids is more than any context holds");
+  }
+  std::vector<int32_t> ids;
+  if (!req.prompt_token_ids.empty()) {
+    const int32_t vocab = tokenizer.vocab_size();
+    for (int32_t t : req.prompt_token_ids) {
+      if (t < 0 || t >= vocab) {
+        return invalid_argument("prompt_token_ids: token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                                std::to_string(vocab) + ")");
+      }
+    }
+    ids = req.prompt_token_ids;
+  } else if (!req.messages.empty()) {
+    std::vector<ChatMessage> msgs;
+    msgs.reserve(req.messages.size());
+    for (const ChatTurn& t : req.messages) msgs.push_back({t.role, t.content});
+    auto text = apply_chat_template(gguf, msgs, /*add_generation_prompt=*/true);
+    if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
+    ids = tokenizer.encode(*text, /*add_special=*/true, /*parse_special=*/true);
+  } else {
+    ids = tokenizer.encode(req.prompt, /*add_special=*/true, /*parse_special=*/false);
+  }
+  if (ids.empty()) return invalid_argument("prompt: empty after tokenization");
+  return ids;
+}
+
+}  // namespace specserve
