@@ -97,11 +97,13 @@ void print_status_line(Client& client) {
   }
 }
 
-// Drains, stops the head, then the children.
-void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s) {
+// Drains (the HTTP front end keeps streaming the in-flight requests; new ones are refused),
+// stops the front end, the head, then the children.
+void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s, std::shared_ptr<void>* front_end) {
   std::fprintf(stderr, "specserve: stopping: draining in-flight requests (up to %.0f s)...\n", drain_timeout_s);
   Status st = head.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
   if (!st.ok()) std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
+  if (front_end) front_end->reset();
   head.stop();
   if (children) stop_children(children, 10.0);
   std::fprintf(stderr, "specserve: stopped\n");
@@ -114,14 +116,22 @@ int run_up(const UpOptions& o) {
   auto topo = load_topology_file(o.config_path);
   if (!topo.ok()) return fail("up", topo.status());
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
-  // NOTE: only the actor port: no HTTP front end listens yet (issue 5).
-  Status ports = check_ports_free(*topo, /*include_http=*/false);
+  Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("up", ports);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   ActorRuntime rt;
   auto head = Head::start(rt, *topo, *token);
   if (!head.ok()) return fail("up", head.status());
+  std::shared_ptr<void> front_end;
+  if (o.front_end) {
+    auto fe = o.front_end(*topo, **head, rt, *token);
+    if (!fe.ok()) {
+      shut_down(**head, nullptr, 0, nullptr);
+      return fail("up", fe.status());
+    }
+    front_end = *fe;
+  }
   const std::string endpoint = topo->head.host + ":" + std::to_string((*head)->actor_port());
   std::vector<Child> children;
   std::vector<std::string> remote;
@@ -138,7 +148,7 @@ int run_up(const UpOptions& o) {
     }
     auto c = spawn_child(argv, {}, "node " + n.name);
     if (!c.ok()) {
-      shut_down(**head, &children, 0);
+      shut_down(**head, &children, 0, &front_end);
       return fail("up", c.status());
     }
     children.push_back(*c);
@@ -161,7 +171,7 @@ int run_up(const UpOptions& o) {
     for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
     wait_for_stop(0.2);
   }
-  shut_down(**head, &children, failed ? 0 : o.drain_timeout_s);
+  shut_down(**head, &children, failed ? 0 : o.drain_timeout_s, &front_end);
   return rc;
 }
 
@@ -297,13 +307,22 @@ int run_worker(const WorkerOptions& o) {
 int run_serve(const ServeOptions& o) {
   install_stop_signals();
   const Topology& t = o.topology;
-  Status ports = check_ports_free(t, /*include_http=*/false);
+  Status ports = check_ports_free(t, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("serve", ports);
   auto token = ensure_cluster_token(t.cluster.token_file);
   if (!token.ok()) return fail("serve", token.status());
   ActorRuntime rt;
   auto head = Head::start(rt, t, *token);
   if (!head.ok()) return fail("serve", head.status());
+  std::shared_ptr<void> front_end;
+  if (o.front_end) {
+    auto fe = o.front_end(t, **head, rt, *token);
+    if (!fe.ok()) {
+      shut_down(**head, nullptr, 0, nullptr);
+      return fail("serve", fe.status());
+    }
+    front_end = *fe;
+  }
   WorkerConfig wc;
   wc.node = t.nodes.empty() ? "local" : t.nodes[0].name;
   wc.role = WorkerRole::kTargetShard;
@@ -321,7 +340,7 @@ int run_serve(const ServeOptions& o) {
     write_ready_file(o.ready_file, endpoint);
   }
   while (!failed && !stop_requested()) wait_for_stop(0.2);
-  shut_down(**head, nullptr, failed ? 0 : o.drain_timeout_s);
+  shut_down(**head, nullptr, failed ? 0 : o.drain_timeout_s, &front_end);
   return failed ? 1 : 0;
 }
 

@@ -10,12 +10,24 @@
 // --config cluster.yaml` (the same file and token file on that host).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "actors/head.h"
+#include "actors/runtime.h"
 #include "config/topology.h"
 
 namespace specserve {
+
+/// Starts the head's HTTP front end (server/; tools/cli wires it in, since cluster/ does not
+/// include server/). Called right after the head starts, before the workers are ready (its
+/// /health answers 503 until then). The returned object stops the front end when destroyed,
+/// which happens after the head drained in-flight requests. Errors stop the launch.
+using FrontEndStarter =
+    std::function<Expected<std::shared_ptr<void>>(const Topology& topology, Head& head, ActorRuntime& runtime,
+                                                  const std::string& token)>;
 
 struct UpOptions {
   std::string config_path;
@@ -23,6 +35,7 @@ struct UpOptions {
   double drain_timeout_s = 60;
   /// Called once every replica is ready (tests and scripts wait for it); also printed.
   std::string ready_file;          ///< non-empty: written with "HOST:PORT\n" when ready
+  FrontEndStarter front_end;       ///< null: no HTTP front end (head.http_port unused)
 };
 /// `specserve up`: returns the process exit code.
 int run_up(const UpOptions& options);
@@ -51,6 +64,7 @@ struct ServeOptions {
   int32_t threads = 0;
   double drain_timeout_s = 60;
   std::string ready_file;
+  FrontEndStarter front_end;  ///< null: no HTTP front end
 };
 int run_serve(const ServeOptions& options);
 

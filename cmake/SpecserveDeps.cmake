@@ -14,6 +14,9 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 set(SPECSERVE_BLAS_LIBS PkgConfig::OPENBLAS)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
+# Debian builds cpp-httplib as a shared library (the header declares, the .so implements); its
+# compile definitions (TLS, zlib, brotli) change the classes' layout, so they come from its .pc.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
 find_library(CAF_CORE_LIB caf_core REQUIRED)
 find_library(CAF_IO_LIB caf_io REQUIRED)

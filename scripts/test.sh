@@ -11,6 +11,8 @@ start=$(date +%s)
 "$here/scripts/setup-deps.sh"
 "$here/scripts/fetch-model.sh" >/dev/null
 "$here/scripts/build.sh"
+# The end-to-end tests drive the HTTP API with the official `openai` package from this venv.
+"$here/scripts/venv.sh" >/dev/null
 cd "$here/build"
 exclude=(-LE "slow|gpu")
 [ "${SPECSERVE_TEST_ALL:-0}" = "1" ] && exclude=()

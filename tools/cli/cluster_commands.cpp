@@ -11,6 +11,7 @@
 #include "cluster/launch.h"
 #include "cluster/process.h"
 #include "tools/cli/common.h"
+#include "tools/cli/http_front_end.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -28,6 +29,7 @@ struct ServeArgs {
   std::string kv_cache_bytes = "1GiB";
   double drain_timeout = 60;
   SpecArgs spec;
+  HttpArgs http;
 };
 
 int run_serve_cmd(const ServeArgs& a) {
@@ -70,6 +72,8 @@ int run_serve_cmd(const ServeArgs& a) {
   o.threads = a.threads;
   o.drain_timeout_s = a.drain_timeout;
   o.ready_file = a.ready_file;
+  o.topology.head.http_port = a.http.port >= 0 ? a.http.port : 8000;
+  o.front_end = make_http_front_end(a.http);
   return run_serve(o);
 }
 
@@ -388,7 +392,7 @@ int run_status(const std::string& connect, const std::string& token_file, const 
 void add_cluster_commands(CLI::App& app) {
   {
     auto a = std::make_shared<ServeArgs>();
-    auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port) and one replica with its proposer");
+    auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port, OpenAI-compatible HTTP API on --port) and one replica with its proposer");
     sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
     sub->add_option("--host", a->host, "Address the actor port listens on (default 127.0.0.1)");
     sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535));
@@ -402,6 +406,7 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);
+    add_http_flags(sub, &a->http, /*with_port=*/true);
     register_command("serve", [a] { return run_serve_cmd(*a); });
   }
   {
@@ -411,7 +416,12 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once every replica is ready");
-    register_command("up", [o] { return run_up(*o); });
+    auto http = std::make_shared<HttpArgs>();
+    add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
+    register_command("up", [o, http] {
+      o->front_end = make_http_front_end(*http);
+      return run_up(*o);
+    });
   }
   {
     auto o = std::make_shared<NodeOptions>();

@@ -1,0 +1,610 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "actors/client.h"
+#include "actors/runtime.h"
+#include "core/logging.h"
+#include "server/metrics.h"
+
+namespace specserve {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string s = prefix;
+  for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
+  return s;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(dump_json(e.to_json()), "application/json");
+}
+
+ApiError error_from_status(const Status& st) {
+  ApiError e;
+  e.message = st.message();
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kUnsupported:
+      e.http_status = 400;
+      break;
+    case StatusCode::kOutOfRange:
+      e.http_status = 413;
+      break;
+    case StatusCode::kUnavailable:
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kDeadlineExceeded:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+  }
+  return e;
+}
+
+// The chunks of all choices of one HTTP request, in arrival order (pushed on CAF threads,
+// popped by the HTTP thread).
+struct Job {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<size_t, StreamChunk>> queue;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  void push(size_t i, const StreamChunk& c) {
+    std::lock_guard<std::mutex> lock(mu);
+    queue.emplace_back(i, c);
+    cv.notify_all();
+  }
+  // Waits up to `timeout` for chunks and takes them all.
+  std::deque<std::pair<size_t, StreamChunk>> take(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, timeout, [&] { return !queue.empty(); });
+    std::deque<std::pair<size_t, StreamChunk>> out;
+    out.swap(queue);
+    return out;
+  }
+  void cancel_all() {
+    for (auto& h : handles) h->cancel();
+  }
+};
+
+// Per-choice timing, for the latency histograms.
+struct ChoiceTiming {
+  std::optional<Clock::time_point> first_token;
+  Clock::time_point last_token;
+  bool finished = false;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions opts;
+  caf::actor_system* sys = nullptr;
+  std::unique_ptr<Client> client;
+  ServedModel model;
+  httplib::Server svr;
+  std::thread thread;
+  uint16_t port = 0;
+  MetricsRegistry metrics;
+  MetricLabels labels;
+  std::mutex status_mu;
+  std::optional<ClusterStatus> status;
+  Clock::time_point status_at;
+  std::atomic<int32_t> max_model_len{0};
+  std::atomic<bool> stopped{false};
+
+  // The scheduler's status, at most `max_age_s` old (nullopt when it does not answer).
+  std::optional<ClusterStatus> cluster_status(double max_age_s) {
+    {
+      std::lock_guard<std::mutex> lock(status_mu);
+      if (status && seconds_since(status_at) <= max_age_s) return status;
+    }
+    auto st = client->status(std::chrono::seconds(2));
+    std::lock_guard<std::mutex> lock(status_mu);
+    if (!st.ok()) return std::nullopt;
+    status = *st;
+    status_at = Clock::now();
+    if (st->max_model_len > 0) max_model_len = st->max_model_len;
+    return status;
+  }
+
+  ServedModel model_now() {
+    if (max_model_len.load() == 0) cluster_status(0.5);
+    ServedModel m = model;
+    m.max_model_len = max_model_len.load();
+    return m;
+  }
+
+  void declare_metrics();
+  void refresh_cluster_metrics();
+  void observe_choice(const ChoiceTiming& t, Clock::time_point start, const std::string& finish);
+  void handle_generate(const httplib::Request& req, httplib::Response& res, ApiKind kind);
+};
+
+void HttpServer::Impl::declare_metrics() {
+  using K = MetricsRegistry::Kind;
+  metrics.declare("specserve:num_requests_running", K::kGauge, "Number of requests in model execution batches.");
+  metrics.declare("specserve:num_requests_waiting", K::kGauge, "Number of requests waiting to be processed.");
+  metrics.declare("specserve:kv_cache_usage_perc", K::kGauge, "KV-cache usage. 1 means 100 percent usage.");
+  metrics.declare("specserve:num_replicas_ready", K::kGauge, "Replicas ready to serve.");
+  metrics.declare("specserve:prompt_tokens", K::kCounter, "Number of prefill tokens processed.");
+  metrics.declare("specserve:generation_tokens", K::kCounter, "Number of generation tokens processed.");
+  metrics.declare("specserve:request_success", K::kCounter, "Count of successfully processed requests (HTTP).");
+  metrics.declare("specserve:time_to_first_token_seconds", K::kHistogram, "Histogram of time to first token in seconds.",
+                  ttft_buckets());
+  metrics.declare("specserve:inter_token_latency_seconds", K::kHistogram, "Histogram of inter-token latency in seconds.",
+                  itl_buckets());
+  metrics.declare("specserve:e2e_request_latency_seconds", K::kHistogram,
+                  "Histogram of end to end request latency in seconds.", e2e_buckets());
+  metrics.declare("specserve:spec_decode_num_drafts", K::kCounter, "Number of spec decoding drafts.");
+  metrics.declare("specserve:spec_decode_num_draft_tokens", K::kCounter, "Number of draft tokens.");
+  metrics.declare("specserve:spec_decode_num_accepted_tokens", K::kCounter, "Number of accepted tokens.");
+  metrics.declare("specserve:spec_decode_num_accepted_tokens_per_pos", K::kCounter,
+                  "Accepted tokens per draft position.");
+  metrics.declare("specserve:spec_decode_draft_seconds", K::kCounter, "Seconds spent proposing draft tokens.");
+  metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
+                  "Seconds spent in target forward passes, which verify the drafts (prefill included).");
+  // Families with labels only appear once observed: give the histograms their zero series.
+  metrics.observe("specserve:time_to_first_token_seconds", labels, 0, 0);
+  metrics.observe("specserve:inter_token_latency_seconds", labels, 0, 0);
+  metrics.observe("specserve:e2e_request_latency_seconds", labels, 0, 0);
+}
+
+void HttpServer::Impl::refresh_cluster_metrics() {
+  auto st = cluster_status(0.0);
+  if (!st) return;
+  int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
+  double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
+  std::vector<double> per_pos;
+  for (const ReplicaStatus& r : st->replicas) {
+    const ShardLoad& l = r.load;
+    if (r.ready) {
+      ++ready;
+      running += l.num_running;
+      waiting += l.num_waiting;
+      used += l.total_kv_blocks - l.free_kv_blocks;
+      total += l.total_kv_blocks;
+    }
+    // Counters: every replica's totals, down ones included (they stay in the status).
+    prompt += static_cast<double>(l.prompt_tokens);
+    gen += static_cast<double>(l.generated_tokens);
+    drafts += static_cast<double>(l.num_drafts);
+    draft_tokens += static_cast<double>(l.num_draft_tokens);
+    accepted += static_cast<double>(l.num_accepted_tokens);
+    draft_s += l.draft_seconds;
+    forward_s += l.forward_seconds;
+    if (per_pos.size() < l.accepted_per_pos.size()) per_pos.resize(l.accepted_per_pos.size(), 0.0);
+    for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) per_pos[i] += static_cast<double>(l.accepted_per_pos[i]);
+  }
+  metrics.set("specserve:num_requests_running", labels, static_cast<double>(running));
+  metrics.set("specserve:num_requests_waiting", labels, static_cast<double>(waiting));
+  metrics.set("specserve:kv_cache_usage_perc", labels, total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0);
+  metrics.set("specserve:num_replicas_ready", labels, static_cast<double>(ready));
+  metrics.set_counter_at_least("specserve:prompt_tokens", labels, prompt);
+  metrics.set_counter_at_least("specserve:generation_tokens", labels, gen);
+  metrics.set_counter_at_least("specserve:spec_decode_num_drafts", labels, drafts);
+  metrics.set_counter_at_least("specserve:spec_decode_num_draft_tokens", labels, draft_tokens);
+  metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens", labels, accepted);
+  metrics.set_counter_at_least("specserve:spec_decode_draft_seconds", labels, draft_s);
+  metrics.set_counter_at_least("specserve:spec_decode_verify_seconds", labels, forward_s);
+  for (size_t i = 0; i < per_pos.size(); ++i) {
+    MetricLabels l = labels;
+    l.emplace_back("position", std::to_string(i));
+    metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens_per_pos", l, per_pos[i]);
+  }
+}
+
+void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point start, const std::string& finish) {
+  if (t.first_token) {
+    metrics.observe("specserve:time_to_first_token_seconds", labels,
+                    std::chrono::duration<double>(*t.first_token - start).count());
+  }
+  metrics.observe("specserve:e2e_request_latency_seconds", labels, seconds_since(start));
+  MetricLabels l = labels;
+  l.emplace_back("finished_reason", finish);
+  if (finish == "stop" || finish == "length") metrics.add("specserve:request_success", l, 1);
+}
+
+namespace {
+
+// Everything one streamed response needs between calls of the content provider.
+struct StreamState {
+  std::shared_ptr<Job> job;
+  ParsedRequest req;
+  ServedModel model;
+  std::string id;
+  int64_t created = 0;
+  Clock::time_point start;
+  std::vector<ChoiceOutput> outputs;
+  std::vector<ChoiceTiming> timing;
+  size_t finished = 0;
+  bool started = false;
+  bool complete = false;  // [DONE] written
+  Clock::time_point last_write;
+};
+
+json chunk_base(const StreamState& s) {
+  json c;
+  c["id"] = s.id;
+  c["object"] = s.req.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion";
+  c["created"] = s.created;
+  c["model"] = s.model.name;
+  if (s.req.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+json choice_event(const StreamState& s, size_t index, const std::string& text, const json& logprobs,
+                  const json& finish_reason, bool role) {
+  json ch;
+  ch["index"] = index;
+  if (s.req.kind == ApiKind::kChat) {
+    json delta = json::object();
+    if (role) delta["role"] = "assistant";
+    if (role || !text.empty()) delta["content"] = text;
+    ch["delta"] = delta;
+  } else {
+    ch["text"] = text;
+  }
+  ch["logprobs"] = logprobs;
+  ch["finish_reason"] = finish_reason;
+  json c = chunk_base(s);
+  c["choices"] = json::array({ch});
+  return c;
+}
+
+bool write_event(httplib::DataSink& sink, const std::string& data, StreamState* s) {
+  const std::string line = "data: " + data + "\n\n";
+  s->last_write = Clock::now();
+  return sink.write(line.data(), line.size());
+}
+
+}  // namespace
+
+void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib::Response& res, ApiKind kind) {
+  const auto start = Clock::now();
+  auto log = get_logger("server");
+  ServedModel model = model_now();
+  ParsedRequest req;
+  if (auto err = parse_openai_request(http_req.body, kind, model, opts.limits, &req)) {
+    log->info("{} {}: {} {}", http_req.method, http_req.path, err->http_status, err->message);
+    return send_error(res, *err);
+  }
+  auto job = std::make_shared<Job>();
+  const size_t num_choices = req.prompts.size() * static_cast<size_t>(req.n);
+  for (size_t p = 0; p < req.prompts.size(); ++p) {
+    for (int32_t j = 0; j < req.n; ++j) {
+      const size_t idx = p * static_cast<size_t>(req.n) + static_cast<size_t>(j);
+      auto h = client->submit(req.request_for(p, j), [job, idx](const StreamChunk& c) { job->push(idx, c); });
+      if (!h.ok()) {
+        job->cancel_all();
+        ApiError e = error_from_status(h.status());
+        if (e.http_status == 413 || e.http_status == 400) e.param = kind == ApiKind::kChat ? "messages" : "prompt";
+        log->info("{} {}: {} {}", http_req.method, http_req.path, e.http_status, e.message);
+        return send_error(res, e);
+      }
+      job->handles.push_back(*h);
+    }
+  }
+  const std::string id = random_id(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = unix_now();
+  if (!req.stream) {
+    std::vector<ChoiceOutput> outputs(num_choices);
+    std::vector<ChoiceTiming> timing(num_choices);
+    size_t finished = 0;
+    std::string error;
+    while (finished < num_choices && !stopped) {
+      for (auto& [i, c] : job->take(std::chrono::milliseconds(500))) {
+        if (timing[i].finished) continue;
+        const auto now = Clock::now();
+        if (!c.tokens.empty()) {
+          if (!timing[i].first_token) {
+            timing[i].first_token = now;
+          } else {
+            const double gap = std::chrono::duration<double>(now - timing[i].last_token).count();
+            metrics.observe("specserve:inter_token_latency_seconds", labels, gap / c.tokens.size(), c.tokens.size());
+          }
+          timing[i].last_token = now;
+        }
+        outputs[i].add(c);
+        if (!c.finish_reason.empty()) {
+          timing[i].finished = true;
+          ++finished;
+          observe_choice(timing[i], start, c.finish_reason);
+          if (c.finish_reason == "error" && error.empty()) error = c.error.empty() ? "the request failed" : c.error;
+        }
+      }
+    }
+    if (finished < num_choices) {
+      job->cancel_all();
+      return send_error(res, ApiError{503, "the server is shutting down", "service_unavailable", "", ""});
+    }
+    if (!error.empty()) {
+      job->cancel_all();
+      log->warn("{} {} {}: failed: {}", http_req.method, http_req.path, id, error);
+      return send_error(res, ApiError{500, error, "server_error", "", ""});
+    }
+    res.set_content(dump_json(completion_response(req, model, id, created, outputs)), "application/json");
+    return;
+  }
+  auto s = std::make_shared<StreamState>();
+  s->job = job;
+  s->req = std::move(req);
+  s->model = model;
+  s->id = id;
+  s->created = created;
+  s->start = start;
+  s->outputs.resize(num_choices);
+  s->timing.resize(num_choices);
+  s->last_write = Clock::now();
+  Impl* self = this;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [s, self, num_choices](size_t, httplib::DataSink& sink) -> bool {
+        if (s->complete) {
+          sink.done();
+          return true;
+        }
+        const Tokenizer& tok = *s->model.tokenizer;
+        if (!s->started) {
+          s->started = true;
+          for (size_t i = 0; i < num_choices; ++i) {
+            const bool chat = s->req.kind == ApiKind::kChat;
+            const std::string echo = (!chat && s->req.echo) ? s->req.prompts[i / s->req.n].text : "";
+            if (chat || !echo.empty()) {
+              if (!write_event(sink, dump_json(choice_event(*s, i, echo, nullptr, nullptr, chat)), s.get())) return false;
+            }
+          }
+        }
+        auto items = s->job->take(std::chrono::milliseconds(1000));
+        if (items.empty()) {
+          // SSE comment: keeps proxies from closing an idle stream and finds a gone client.
+          if (seconds_since(s->last_write) > 5.0) {
+            static const std::string ping = ": keep-alive\n\n";
+            s->last_write = Clock::now();
+            if (!sink.write(ping.data(), ping.size())) return false;
+          }
+          return !self->stopped;
+        }
+        for (auto& [i, c] : items) {
+          ChoiceTiming& t = s->timing[i];
+          if (t.finished) continue;
+          const auto now = Clock::now();
+          if (!c.tokens.empty()) {
+            if (!t.first_token) {
+              t.first_token = now;
+            } else {
+              const double gap = std::chrono::duration<double>(now - t.last_token).count();
+              self->metrics.observe("specserve:inter_token_latency_seconds", self->labels, gap / c.tokens.size(),
+                                    c.tokens.size());
+            }
+            t.last_token = now;
+          }
+          ChoiceOutput& out = s->outputs[i];
+          const size_t begin = out.tokens.size();
+          out.add(c);
+          if (c.finish_reason == "error") {
+            ApiError e{500, c.error.empty() ? "the request failed" : c.error, "server_error", "", ""};
+            get_logger("server")->warn("stream {}: choice {} failed: {}", s->id, i, e.message);
+            s->job->cancel_all();
+            if (!write_event(sink, dump_json(e.to_json()), s.get())) return false;
+            s->complete = true;
+            static const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          }
+          if (!c.text.empty() || (s->req.logprobs && !c.tokens.empty())) {
+            const json lp = logprobs_json(s->req, tok, out, begin, out.tokens.size(), 0);
+            if (!write_event(sink, dump_json(choice_event(*s, i, c.text, lp, nullptr, false)), s.get())) return false;
+          }
+          if (!c.finish_reason.empty()) {
+            t.finished = true;
+            ++s->finished;
+            self->observe_choice(t, s->start, c.finish_reason);
+            const json ev = choice_event(*s, i, "", nullptr, api_finish_reason(c.finish_reason), false);
+            if (!write_event(sink, dump_json(ev), s.get())) return false;
+          }
+        }
+        if (s->finished == num_choices) {
+          if (s->req.include_usage) {
+            json u = chunk_base(*s);
+            u["choices"] = json::array();
+            u["usage"] = usage_json(s->req, s->outputs);
+            if (!write_event(sink, dump_json(u), s.get())) return false;
+          }
+          static const std::string done = "data: [DONE]\n\n";
+          if (!sink.write(done.data(), done.size())) return false;
+          s->complete = true;
+          sink.done();
+        }
+        return true;
+      },
+      [s](bool) {
+        // The response ended: normally, or because the client went away / the server stops.
+        // Unfinished choices are cancelled, which frees their KV blocks.
+        if (s->finished < s->outputs.size()) {
+          get_logger("server")->info("stream {}: client gone or server stopping: cancelling {} choice(s)", s->id,
+                                     s->outputs.size() - s->finished);
+          s->job->cancel_all();
+        }
+      });
+}
+
+Status HttpServerOptions::validate() const {
+  if (port < 0 || port > 65535) return invalid_argument("port = " + std::to_string(port) + ": must be in 0..65535");
+  if (threads < 1 || threads > 4096) return invalid_argument("http threads = " + std::to_string(threads) + ": must be in 1..4096");
+  if (max_body_bytes < 1024) return invalid_argument("max body bytes = " + std::to_string(max_body_bytes) + ": must be >= 1024");
+  if (host.empty()) return invalid_argument("host: empty");
+  return Status();
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+uint16_t HttpServer::port() const { return impl_->port; }
+
+const std::string& HttpServer::model_name() const { return impl_->model.name; }
+
+void HttpServer::stop() {
+  if (!impl_ || impl_->stopped.exchange(true)) return;
+  impl_->svr.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, caf::actor_system& sys,
+                                                        caf::actor scheduler, std::string token,
+                                                        const Tokenizer& tokenizer, const GgufFile& gguf) {
+  SPECSERVE_RETURN_IF_ERROR(options.validate());
+  auto impl = std::make_unique<Impl>();
+  Impl* d = impl.get();
+  d->opts = options;
+  d->sys = &sys;
+  d->client = Client::in_process(sys, scheduler, std::move(token));
+  d->model.name = options.served_model_name;
+  if (d->model.name.empty()) {
+    d->model.name = std::filesystem::path(options.model_path).filename().string();
+    if (d->model.name.size() > 5 && d->model.name.ends_with(".gguf")) d->model.name.resize(d->model.name.size() - 5);
+    if (d->model.name.empty()) d->model.name = "default";
+  }
+  if (!options.model_path.empty()) d->model.aliases.push_back(options.model_path);
+  d->model.created = unix_now();
+  d->model.tokenizer = &tokenizer;
+  d->model.gguf = &gguf;
+  d->labels = {{"model_name", d->model.name}};
+  d->declare_metrics();
+
+  httplib::Server& svr = d->svr;
+  const int32_t threads = options.threads;
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(options.max_body_bytes);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  svr.set_keep_alive_timeout(5);
+  svr.set_tcp_nodelay(true);
+  svr.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
+    if (d->opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) == 0 && token_matches(auth.substr(prefix.size()), d->opts.api_key)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, ApiError{401, "Unauthorized: a valid API key is required (header \"Authorization: Bearer <key>\")",
+                             "invalid_request_error", "", "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.http_status = res.status;
+    if (res.status == 404) {
+      e.message = "no route " + req.method + " " + req.path;
+      e.code = "not_found";
+    } else if (res.status == 413) {
+      e.message = "the request body is larger than the server accepts";
+    } else {
+      e.message = std::string("HTTP ") + std::to_string(res.status);
+    }
+    res.set_content(dump_json(e.to_json()), "application/json");
+  });
+  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    get_logger("server")->error("{} {}: internal error: {}", req.method, req.path, what);
+    send_error(res, ApiError{500, "internal error: " + what, "server_error", "", ""});
+  });
+
+  svr.Post("/v1/completions", [d](const httplib::Request& req, httplib::Response& res) {
+    d->handle_generate(req, res, ApiKind::kCompletion);
+  });
+  svr.Post("/v1/chat/completions", [d](const httplib::Request& req, httplib::Response& res) {
+    d->handle_generate(req, res, ApiKind::kChat);
+  });
+  auto model_card = [d] {
+    json m;
+    m["id"] = d->model.name;
+    m["object"] = "model";
+    m["created"] = d->model.created;
+    m["owned_by"] = "specserve";
+    m["root"] = d->opts.model_path;
+    m["parent"] = nullptr;
+    const int32_t mml = d->max_model_len.load();
+    m["max_model_len"] = mml > 0 ? json(mml) : json(nullptr);
+    return m;
+  };
+  svr.Get("/v1/models", [d, model_card](const httplib::Request&, httplib::Response& res) {
+    d->model_now();
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}), "application/json");
+  });
+  svr.Get(R"(/v1/models/(.+))", [d, model_card](const httplib::Request& req, httplib::Response& res) {
+    const std::string want = req.matches[1];
+    bool ok = want == d->model.name;
+    for (const auto& a : d->model.aliases) ok = ok || want == a;
+    if (!ok) {
+      return send_error(res, ApiError{404, "The model `" + want + "` does not exist", "invalid_request_error", "model",
+                                      "model_not_found"});
+    }
+    res.set_content(dump_json(model_card()), "application/json");
+  });
+  svr.Get("/health", [d](const httplib::Request&, httplib::Response& res) {
+    auto st = d->cluster_status(0.5);
+    int ready = 0;
+    if (st) {
+      for (const auto& r : st->replicas) ready += r.ready;
+    }
+    const bool ok = st && ready > 0 && !st->draining;
+    res.status = ok ? 200 : 503;
+    json j{{"status", ok ? "ok" : st && st->draining ? "draining" : "not ready"}, {"replicas_ready", ready}};
+    res.set_content(dump_json(j), "application/json");
+  });
+  svr.Get("/metrics", [d](const httplib::Request&, httplib::Response& res) {
+    d->refresh_cluster_metrics();
+    res.set_content(d->metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  const int bound = options.port == 0 ? svr.bind_to_any_port(options.host)
+                                      : (svr.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (bound <= 0) {
+    return unavailable("HTTP: cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                       " (address in use, or not an address of this host)");
+  }
+  d->port = static_cast<uint16_t>(bound);
+  d->thread = std::thread([d] { d->svr.listen_after_bind(); });
+  get_logger("server")->info("HTTP: OpenAI-compatible API on http://{}:{}/v1 (model '{}'{})", options.host, d->port,
+                             d->model.name, options.api_key.empty() ? "" : ", API key required");
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+}  // namespace specserve

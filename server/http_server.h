@@ -1,0 +1,72 @@
+// specserve server: the OpenAI-compatible HTTP front end of a head, and its Prometheus
+// /metrics.
+//
+// Routes (OpenAI API reference; vLLM's server for the extensions):
+//   POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events,
+//                                                       "data: {...}\n\n" ... "data: [DONE]\n\n")
+//   GET  /v1/models, GET /v1/models/{id}
+//   GET  /health    200 when a replica is ready, else 503 (and while draining)
+//   GET  /metrics   Prometheus text format (server/metrics.h)
+// With an API key, every /v1/ route needs "Authorization: Bearer KEY" (401 otherwise);
+// /health and /metrics stay open, as in vLLM.
+//
+// Each HTTP request runs on one thread of a bounded pool (cpp-httplib); its choices are
+// submitted to the head's scheduler through an in-process `Client`, so HTTP requests and
+// actor-API requests share one queue and one policy. A streaming client that disconnects
+// cancels its requests (their KV blocks are freed by the shard); a bad request gets a 4xx
+// with OpenAI's error object and never affects another.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "server/openai_api.h"
+
+namespace specserve {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";  ///< listen address (loopback unless configured)
+  int32_t port = 8000;             ///< 0 picks a free port
+  std::string api_key;             ///< non-empty: /v1/ routes require "Authorization: Bearer <api_key>"
+  std::string served_model_name;   ///< the `model` name; "" = the GGUF file's name without ".gguf"
+  std::string model_path;          ///< the target GGUF path (accepted as a model name too)
+  int32_t threads = 64;            ///< HTTP worker threads: concurrent connections served
+  size_t max_body_bytes = size_t{32} << 20;  ///< larger bodies get 413
+  ApiLimits limits;
+  /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB.
+  Status validate() const;
+};
+
+class HttpServer {
+ public:
+  /// Binds host:port and serves on its own threads until stop(). `sys` and `scheduler` are
+  /// the head's (the scheduler is asked for status and receives the requests, with `token`);
+  /// `tokenizer` and `gguf` (chat template) must outlive the server. Errors: invalid options
+  /// (naming the field), the port cannot be bound (kUnavailable naming host:port).
+  static Expected<std::unique_ptr<HttpServer>> start(const HttpServerOptions& options, caf::actor_system& sys,
+                                                     caf::actor scheduler, std::string token, const Tokenizer& tokenizer,
+                                                     const GgufFile& gguf);
+  ~HttpServer();
+
+  /// The port actually bound.
+  uint16_t port() const;
+  /// The model name requests use.
+  const std::string& model_name() const;
+  /// Stops accepting connections, ends open streams (their requests are cancelled) and joins
+  /// the threads. Idempotent.
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specserve

@@ -1,0 +1,588 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <set>
+
+#include "actors/prompt.h"
+
+namespace specserve {
+
+using json = nlohmann::json;
+
+json ApiError::to_json() const {
+  json e;
+  e["message"] = message;
+  e["type"] = type;
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
+  return json{{"error", e}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+ApiError bad(const std::string& param, const std::string& message, int status = 400, const std::string& code = "") {
+  ApiError e;
+  e.http_status = status;
+  e.param = param;
+  e.message = message;
+  e.code = code;
+  return e;
+}
+
+// The JSON value as it appeared in the request, shortened, for error messages.
+std::string shown(const json& v) {
+  std::string s = dump_json(v);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    case json::value_t::number_float: return "number";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    default: return "value";
+  }
+}
+
+ApiError wrong_type(const std::string& field, const json& v, const char* expected) {
+  return bad(field, std::string(field) + ": expected " + expected + ", got " + type_name(v) + " " + shown(v));
+}
+
+// Field readers: nullopt = fine (absent or null leaves *out unchanged), else the error.
+std::optional<ApiError> read_bool(const json& body, const char* f, bool* out) {
+  auto it = body.find(f);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return wrong_type(f, *it, "a boolean");
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr) {
+  auto it = body.find(f);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  int64_t v = 0;
+  if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    v = u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+  } else if (it->is_number_float() && std::isfinite(it->get<double>()) && it->get<double>() == std::floor(it->get<double>()) &&
+             std::fabs(it->get<double>()) < 9e15) {
+    v = static_cast<int64_t>(it->get<double>());
+  } else {
+    return wrong_type(f, *it, "an integer");
+  }
+  if (v < lo || v > hi) {
+    return bad(f, std::string(f) + " = " + std::to_string(v) + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  *out = v;
+  if (given) *given = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_number(const json& body, const char* f, double lo, double hi, float* out) {
+  auto it = body.find(f);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return wrong_type(f, *it, "a number");
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%s = %s: must be in [%g, %g]", f, shown(*it).c_str(), lo, hi);
+    return bad(f, b);
+  }
+  *out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 9;
+    if (n == 9 || i + n >= s.size() + (n == 0 ? 1 : 0)) return false;  // a lead byte without all its continuation bytes
+    for (size_t k = 1; k <= n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// The fields each endpoint accepts. Anything else: 400 unknown_parameter (OpenAI's behaviour).
+const std::set<std::string>& known_fields(ApiKind kind) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
+      "frequency_penalty", "seed", "user", "logit_bias", "logprobs",
+      // vLLM's extensions
+      "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "priority"};
+  static const std::set<std::string> completion = [] {
+    std::set<std::string> s = common;
+    s.insert({"prompt", "echo", "suffix", "best_of"});
+    return s;
+  }();
+  static const std::set<std::string> chat = [] {
+    std::set<std::string> s = common;
+    s.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+              "response_format", "parallel_tool_calls", "store", "metadata"});
+    return s;
+  }();
+  return kind == ApiKind::kChat ? chat : completion;
+}
+
+// Known fields this server cannot honour, when given a non-default value.
+std::optional<ApiError> check_unsupported(const json& body, ApiKind kind, int32_t n) {
+  auto unsupported = [](const std::string& f, const std::string& why) {
+    return bad(f, f + ": " + why, 400, "unsupported_parameter");
+  };
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty())) {
+    return unsupported("logit_bias", "not supported by this server");
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (auto it = body.find("suffix"); it != body.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
+      return unsupported("suffix", "not supported by this server (no fill-in-the-middle)");
+    }
+    if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {
+      if (!it->is_number_integer()) return wrong_type("best_of", *it, "an integer");
+      if (it->get<int64_t>() != n && it->get<int64_t>() != 1) return unsupported("best_of", "= " + shown(*it) + ": only best_of = n is supported");
+    }
+  } else {
+    for (const char* f : {"tools", "functions"}) {
+      if (auto it = body.find(f); it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
+        return unsupported(f, "tool calling is not supported by this server");
+      }
+    }
+    for (const char* f : {"tool_choice", "function_call"}) {
+      if (auto it = body.find(f); it != body.end() && !it->is_null() && !(it->is_string() && it->get<std::string>() == "none")) {
+        return unsupported(f, "tool calling is not supported by this server");
+      }
+    }
+    if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+      if (!it->is_object() || it->value("type", json()) != "text") {
+        return unsupported("response_format", "= " + shown(*it) + ": only {\"type\": \"text\"} is supported");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* out) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) return bad("messages", "messages: required");
+  if (!it->is_array()) return wrong_type("messages", *it, "an array of messages");
+  if (it->empty()) return bad("messages", "messages: must hold at least one message");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return wrong_type(where, m, "an object");
+    auto r = m.find("role");
+    if (r == m.end() || !r->is_string()) return bad(where + ".role", where + ".role: required, a string");
+    std::string role = r->get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant") {
+      return bad(where + ".role", where + ".role = \"" + r->get<std::string>() + "\": must be system, developer, user or assistant");
+    }
+    for (auto f = m.begin(); f != m.end(); ++f) {
+      if (f.key() != "role" && f.key() != "content" && f.key() != "name") {
+        return bad(where + "." + f.key(), where + "." + f.key() + ": not supported in a message", 400, "unsupported_parameter");
+      }
+    }
+    auto c = m.find("content");
+    std::string content;
+    if (c == m.end() || c->is_null()) {
+      return bad(where + ".content", where + ".content: required");
+    } else if (c->is_string()) {
+      content = c->get<std::string>();
+    } else if (c->is_array()) {
+      for (size_t k = 0; k < c->size(); ++k) {
+        const json& part = (*c)[k];
+        const std::string pw = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string()) {
+          return bad(pw, pw + ": only {\"type\": \"text\", \"text\": ...} parts are supported", 400, "unsupported_parameter");
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      return wrong_type(where + ".content", *c, "a string or an array of text parts");
+    }
+    out->push_back({role, std::move(content)});
+  }
+  return std::nullopt;
+}
+
+// Completions' prompt: a string, a list of strings, a list of token ids, or a list of lists.
+std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, std::vector<GenerateRequest>* out,
+                                     std::vector<std::string>* texts) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return bad("prompt", "prompt: required");
+  const json& p = *it;
+  auto one_ids = [&](const json& a, const std::string& where) -> std::optional<ApiError> {
+    GenerateRequest r;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number_integer()) return wrong_type(where + "[" + std::to_string(i) + "]", a[i], "a token id (integer)");
+      const int64_t v = a[i].get<int64_t>();
+      if (v < 0 || v > INT32_MAX) return bad(where, where + "[" + std::to_string(i) + "] = " + std::to_string(v) + ": not a token id");
+      r.prompt_token_ids.push_back(static_cast<int32_t>(v));
+    }
+    if (r.prompt_token_ids.empty()) return bad(where, where + ": an empty list of token ids");
+    out->push_back(std::move(r));
+    texts->push_back("");
+    return std::nullopt;
+  };
+  if (p.is_string()) {
+    GenerateRequest r;
+    r.prompt = p.get<std::string>();
+    texts->push_back(r.prompt);
+    out->push_back(std::move(r));
+    return std::nullopt;
+  }
+  if (!p.is_array()) return wrong_type("prompt", p, "a string, a list of strings or a list of token ids");
+  if (p.empty()) return bad("prompt", "prompt: an empty list");
+  if (p[0].is_number_integer()) return one_ids(p, "prompt");
+  if (static_cast<int64_t>(p.size()) > limits.max_prompts) {
+    return bad("prompt", "prompt: " + std::to_string(p.size()) + " prompts: at most " + std::to_string(limits.max_prompts) + " in one request");
+  }
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string where = "prompt[" + std::to_string(i) + "]";
+    if (p[i].is_string()) {
+      GenerateRequest r;
+      r.prompt = p[i].get<std::string>();
+      texts->push_back(r.prompt);
+      out->push_back(std::move(r));
+    } else if (p[i].is_array()) {
+      if (auto e = one_ids(p[i], where)) return e;
+    } else {
+      return wrong_type(where, p[i], "a string or a list of token ids");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKind kind, const ServedModel& model,
+                                             const ApiLimits& limits, ParsedRequest* out) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::parse_error& e) {
+    return bad("", std::string("malformed JSON in the request body: ") + e.what());
+  }
+  if (!body.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(body));
+  const auto& known = known_fields(kind);
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (!known.count(it.key())) {
+      return bad(it.key(), "Unrecognized request argument supplied: " + it.key(), 400, "unknown_parameter");
+    }
+  }
+  ParsedRequest r;
+  r.kind = kind;
+  // model: optional here (one model is served); when given it must be ours.
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return wrong_type("model", *it, "a string");
+    const std::string m = it->get<std::string>();
+    bool ok = m == model.name;
+    for (const auto& a : model.aliases) ok = ok || m == a;
+    if (!ok) return bad("model", "The model `" + m + "` does not exist (this server serves `" + model.name + "`)", 404, "model_not_found");
+  }
+  int64_t v = 0;
+  if (auto e = read_int(body, "n", 1, limits.max_n, &v)) return e;
+  if (body.contains("n") && !body["n"].is_null()) r.n = static_cast<int32_t>(v);
+  if (auto e = check_unsupported(body, kind, r.n)) return e;
+  if (auto e = read_bool(body, "stream", &r.stream)) return e;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("stream_options", *it, "an object");
+    if (!r.stream) return bad("stream_options", "stream_options: only allowed with stream: true");
+    for (auto f = it->begin(); f != it->end(); ++f) {
+      if (f.key() != "include_usage" && f.key() != "continuous_usage_stats") {
+        return bad("stream_options." + f.key(), "Unrecognized request argument supplied: stream_options." + f.key(), 400, "unknown_parameter");
+      }
+    }
+    if (auto e = read_bool(*it, "include_usage", &r.include_usage)) return bad("stream_options.include_usage", e->message);
+  }
+  GenerateRequest& g = r.base;
+  SamplingParams& s = g.sampling;
+  if (auto e = read_number(body, "temperature", 0.0, 100.0, &s.temperature)) return e;
+  if (auto e = read_number(body, "top_p", 0.0, 1.0, &s.top_p)) return e;
+  if (body.contains("top_p") && !body["top_p"].is_null() && !(s.top_p > 0.0f)) return bad("top_p", "top_p = 0: must be in (0, 1]");
+  if (auto e = read_number(body, "min_p", 0.0, 1.0, &s.min_p)) return e;
+  if (auto e = read_number(body, "presence_penalty", -2.0, 2.0, &s.presence_penalty)) return e;
+  if (auto e = read_number(body, "frequency_penalty", -2.0, 2.0, &s.frequency_penalty)) return e;
+  if (auto e = read_number(body, "repetition_penalty", 1e-6, 100.0, &s.repetition_penalty)) return e;
+  if (auto e = read_int(body, "top_k", -1, INT32_MAX, &v)) return e;
+  if (body.contains("top_k") && !body["top_k"].is_null()) s.top_k = static_cast<int32_t>(v == 0 ? -1 : v);
+  bool seed_given = false;
+  if (auto e = read_int(body, "seed", INT64_MIN, INT64_MAX, &v, &seed_given)) return e;
+  if (seed_given) {
+    s.seed = static_cast<uint64_t>(v);
+    s.has_seed = true;
+  }
+  if (auto e = read_bool(body, "ignore_eos", &s.ignore_eos)) return e;
+  if (auto e = read_bool(body, "include_stop_str_in_output", &g.include_stop_str)) return e;
+  if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &v)) return e;
+  if (body.contains("priority") && !body["priority"].is_null()) g.priority = static_cast<int32_t>(v);
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type("stop_token_ids", *it, "an array of token ids");
+    const int32_t vocab = model.tokenizer ? model.tokenizer->vocab_size() : INT32_MAX;
+    for (const json& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+        return bad("stop_token_ids", "stop_token_ids: " + shown(t) + " is not a token id of this model (vocabulary " + std::to_string(vocab) + ")");
+      }
+      s.stop_token_ids.push_back(t.get<int32_t>());
+    }
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    std::vector<std::string> stops;
+    if (it->is_string()) {
+      stops.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (size_t i = 0; i < it->size(); ++i) {
+        if (!(*it)[i].is_string()) return wrong_type("stop[" + std::to_string(i) + "]", (*it)[i], "a string");
+        stops.push_back((*it)[i].get<std::string>());
+      }
+    } else {
+      return wrong_type("stop", *it, "a string or an array of strings");
+    }
+    if (static_cast<int32_t>(stops.size()) > limits.max_stop) {
+      return bad("stop", "stop: " + std::to_string(stops.size()) + " strings: at most " + std::to_string(limits.max_stop));
+    }
+    for (const auto& st : stops) {
+      if (st.empty()) return bad("stop", "stop: an empty stop string never matches");
+      if (static_cast<int32_t>(st.size()) > limits.max_stop_bytes) {
+        return bad("stop", "stop: a stop string of " + std::to_string(st.size()) + " bytes: at most " + std::to_string(limits.max_stop_bytes));
+      }
+    }
+    g.stop = std::move(stops);
+  }
+  // logprobs: completions take an integer (how many alternatives), chat a boolean plus
+  // top_logprobs.
+  if (kind == ApiKind::kCompletion) {
+    bool given = false;
+    if (auto e = read_int(body, "logprobs", 0, 20, &v, &given)) return e;
+    if (given) {
+      r.logprobs = true;
+      r.top_logprobs = static_cast<int32_t>(v);
+    }
+    if (auto e = read_bool(body, "echo", &r.echo)) return e;
+    if (r.echo && r.logprobs) {
+      return bad("echo", "echo with logprobs: logprobs of prompt tokens are not supported by this server", 400, "unsupported_parameter");
+    }
+  } else {
+    if (auto e = read_bool(body, "logprobs", &r.logprobs)) return e;
+    bool given = false;
+    if (auto e = read_int(body, "top_logprobs", 0, 20, &v, &given)) return e;
+    if (given) {
+      if (!r.logprobs && v > 0) return bad("top_logprobs", "top_logprobs: requires logprobs: true");
+      r.top_logprobs = static_cast<int32_t>(v);
+    }
+  }
+  s.logprobs = r.top_logprobs;
+  if (Status st = s.validate(); !st.ok()) return bad("", st.message());
+  // max_tokens (max_completion_tokens is the chat API's newer name; both: the latter wins).
+  bool max_given = false;
+  int64_t max_tokens = 16;
+  if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given)) return e;
+  if (kind == ApiKind::kChat) {
+    if (auto e = read_int(body, "max_completion_tokens", 1, INT32_MAX, &max_tokens, &max_given)) return e;
+  }
+  // The prompts, tokenized here so that their length is checked against the context.
+  std::vector<GenerateRequest> prompts;
+  std::vector<std::string> texts;
+  const char* prompt_field = kind == ApiKind::kChat ? "messages" : "prompt";
+  if (kind == ApiKind::kChat) {
+    GenerateRequest c;
+    if (auto e = read_messages(body, &c.messages)) return e;
+    prompts.push_back(std::move(c));
+    texts.push_back("");
+  } else {
+    if (auto e = read_prompts(body, limits, &prompts, &texts)) return e;
+  }
+  if (static_cast<int64_t>(prompts.size()) * r.n > limits.max_choices) {
+    return bad("n", "n = " + std::to_string(r.n) + " with " + std::to_string(prompts.size()) + " prompts: at most " +
+                        std::to_string(limits.max_choices) + " choices in one request");
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ParsedPrompt pp;
+    pp.text = texts[i];
+    if (!model.tokenizer || !model.gguf) return bad("", "the server has no tokenizer", 500, "internal_error");
+    auto toks = tokenize_prompt(*model.gguf, *model.tokenizer, prompts[i]);
+    if (!toks.ok()) {
+      const bool size = toks.status().code() == StatusCode::kOutOfRange;
+      return bad(prompt_field, toks.status().message(), size ? 413 : 400);
+    }
+    pp.tokens = std::move(*toks);
+    const int64_t len = static_cast<int64_t>(pp.tokens.size());
+    if (model.max_model_len > 0) {
+      const int64_t room = model.max_model_len - len;
+      if (room < 1) {
+        return bad(prompt_field, "This model's maximum context length is " + std::to_string(model.max_model_len) +
+                                     " tokens; the " + prompt_field + " has " + std::to_string(len) + " tokens (" +
+                                     prompt_field + (prompts.size() > 1 ? "[" + std::to_string(i) + "]" : "") +
+                                     "), leaving no room for a completion",
+                   413, "context_length_exceeded");
+      }
+      if (max_given && max_tokens > room) {
+        const char* f = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null() ? "max_completion_tokens" : "max_tokens";
+        return bad(f, "This model's maximum context length is " + std::to_string(model.max_model_len) + " tokens. However, you requested " +
+                          std::to_string(len + max_tokens) + " tokens (" + std::to_string(len) + " in the " + prompt_field + ", " +
+                          std::to_string(max_tokens) + " in the completion). Please reduce the length of the " + prompt_field +
+                          " or " + f + ".",
+                   400, "context_length_exceeded");
+      }
+      pp.max_tokens = static_cast<int32_t>(max_given ? max_tokens : kind == ApiKind::kChat ? room : std::min<int64_t>(16, room));
+    } else {
+      pp.max_tokens = static_cast<int32_t>(max_given ? max_tokens : kind == ApiKind::kChat ? 4096 : 16);
+    }
+    r.prompts.push_back(std::move(pp));
+  }
+  *out = std::move(r);
+  return std::nullopt;
+}
+
+GenerateRequest ParsedRequest::request_for(size_t prompt, int32_t choice) const {
+  GenerateRequest g = base;
+  g.prompt.clear();
+  g.messages.clear();
+  g.prompt_token_ids = prompts[prompt].tokens;
+  g.max_tokens = prompts[prompt].max_tokens;
+  if (g.sampling.has_seed) g.sampling.seed += static_cast<uint64_t>(choice);
+  return g;
+}
+
+void ChoiceOutput::add(const StreamChunk& c) {
+  text += c.text;
+  tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+  logprobs.insert(logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+  if (c.top_n > 0) top_n = c.top_n;
+  top_ids.insert(top_ids.end(), c.top_logprob_ids.begin(), c.top_logprob_ids.end());
+  top_values.insert(top_values.end(), c.top_logprob_values.begin(), c.top_logprob_values.end());
+  if (!c.finish_reason.empty()) {
+    finish_reason = c.finish_reason;
+    prompt_tokens = c.prompt_tokens;
+    completion_tokens = c.completion_tokens;
+  }
+}
+
+std::string logprob_token_string(const Tokenizer& tok, int32_t id) {
+  std::string piece = tok.token_to_piece(id, /*special=*/true);
+  if (valid_utf8(piece)) return piece;
+  static const char* hex = "0123456789abcdef";
+  std::string s = "bytes:";
+  for (unsigned char ch : piece) {
+    s += "\\x";
+    s += hex[ch >> 4];
+    s += hex[ch & 15];
+  }
+  return s;
+}
+
+namespace {
+
+json bytes_of(const Tokenizer& tok, int32_t id) {
+  json b = json::array();
+  for (unsigned char ch : tok.token_to_piece(id, true)) b.push_back(static_cast<int>(ch));
+  return b;
+}
+
+}  // namespace
+
+json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceOutput& c, size_t begin, size_t end,
+                   size_t text_offset0) {
+  if (!req.logprobs) return nullptr;
+  end = std::min(end, c.tokens.size());
+  const size_t n = static_cast<size_t>(c.top_n);
+  auto top_at = [&](size_t i, size_t k, int32_t* id, float* lp) {
+    const size_t j = i * n + k;
+    if (n == 0 || j >= c.top_ids.size() || j >= c.top_values.size()) return false;
+    *id = c.top_ids[j];
+    *lp = c.top_values[j];
+    return true;
+  };
+  if (req.kind == ApiKind::kChat) {
+    json content = json::array();
+    for (size_t i = begin; i < end; ++i) {
+      json e;
+      e["token"] = logprob_token_string(tok, c.tokens[i]);
+      e["logprob"] = i < c.logprobs.size() ? c.logprobs[i] : 0.0f;
+      e["bytes"] = bytes_of(tok, c.tokens[i]);
+      json tops = json::array();
+      for (size_t k = 0; k < static_cast<size_t>(req.top_logprobs); ++k) {
+        int32_t id;
+        float lp;
+        if (!top_at(i, k, &id, &lp)) break;
+        tops.push_back({{"token", logprob_token_string(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(tok, id)}});
+      }
+      e["top_logprobs"] = tops;
+      content.push_back(e);
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  size_t offset = text_offset0;
+  for (size_t i = 0; i < begin && i < c.tokens.size(); ++i) offset += tok.token_to_piece(c.tokens[i], true).size();
+  for (size_t i = begin; i < end; ++i) {
+    tokens.push_back(logprob_token_string(tok, c.tokens[i]));
+    token_logprobs.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
+    json t = json::object();
+    for (size_t k = 0; k < static_cast<size_t>(req.top_logprobs); ++k) {
+      int32_t id;
+      float lp;
+      if (!top_at(i, k, &id, &lp)) break;
+      const std::string s = logprob_token_string(tok, id);
+      if (!t.contains(s)) t[s] = lp;
+    }
+    top.push_back(req.top_logprobs > 0 ? t : json(nullptr));
+    offsets.push_back(offset);
+    offset += tok.token_to_piece(c.tokens[i], true).size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+std::string api_finish_reason(const std::string& r) {
+  if (r == "timeout") return "length";
+  return r;
+}
+
+json usage_json(const ParsedRequest& req, const std::vector<ChoiceOutput>& choices) {
+  int64_t prompt = 0, completion = 0;
+  for (size_t p = 0; p < req.prompts.size(); ++p) prompt += static_cast<int64_t>(req.prompts[p].tokens.size());
+  for (const auto& c : choices) completion += static_cast<int64_t>(c.tokens.size());
+  return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+json completion_response(const ParsedRequest& req, const ServedModel& model, const std::string& id, int64_t created,
+                         const std::vector<ChoiceOutput>& choices) {
+  json out;
+  out["id"] = id;
+  out["object"] = req.kind == ApiKind::kChat ? "chat.completion" : "text_completion";
+  out["created"] = created;
+  out["model"] = model.name;
+  json cs = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    const size_t prompt = i / static_cast<size_t>(req.n);
+    json ch;
+    ch["index"] = i;
+    if (req.kind == ApiKind::kChat) {
+      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      ch["text"] = req.echo ? req.prompts[prompt].text + c.text : c.text;
+    }
+    ch["logprobs"] = model.tokenizer ? logprobs_json(req, *model.tokenizer, c, 0, c.tokens.size(), 0) : json(nullptr);
+    ch["finish_reason"] = api_finish_reason(c.finish_reason);
+    cs.push_back(ch);
+  }
+  out["choices"] = cs;
+  out["usage"] = usage_json(req, choices);
+  out["system_fingerprint"] = nullptr;
+  return out;
+}
+
+}  // namespace specserve

@@ -1,0 +1,261 @@
+// The OpenAI request parser and response shapes (server/openai_api.h) on the default model's
+// tokenizer and chat template: every field's type and range check names the field, and the
+// responses have OpenAI's shape.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "actors/prompt.h"
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+using json = nlohmann::json;
+
+class OpenAiApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto f = GgufFile::open(specserve::testing::default_model_path());
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    gguf_ = new GgufFile(std::move(*f));
+    auto t = Tokenizer::from_gguf(*gguf_);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    tok_ = new Tokenizer(std::move(*t));
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete gguf_;
+  }
+  ServedModel model(int32_t max_model_len = 2048) const {
+    ServedModel m;
+    m.name = "smollm";
+    m.aliases = {"/models/smollm.gguf"};
+    m.max_model_len = max_model_len;
+    m.tokenizer = tok_;
+    m.gguf = gguf_;
+    return m;
+  }
+  // Parses `body` for `kind`; returns the error (nullopt when it parsed).
+  std::optional<ApiError> parse(const std::string& body, ApiKind kind, ParsedRequest* out = nullptr,
+                                int32_t max_model_len = 2048) const {
+    ParsedRequest r;
+    auto e = parse_openai_request(body, kind, model(max_model_len), ApiLimits{}, &r);
+    if (out) *out = r;
+    return e;
+  }
+  static GgufFile* gguf_;
+  static Tokenizer* tok_;
+};
+GgufFile* OpenAiApi::gguf_ = nullptr;
+Tokenizer* OpenAiApi::tok_ = nullptr;
+
+TEST_F(OpenAiApi, CompletionFieldsMapToTheGenerateRequest) {
+  ParsedRequest r;
+  auto e = parse(R"({"model": "smollm", "prompt": "Hello", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+                     "top_k": 40, "min_p": 0.05, "seed": 11, "stop": ["\n\n", "END"], "n": 3,
+                     "presence_penalty": 0.5, "frequency_penalty": -0.5, "logprobs": 2, "user": "u"})",
+                 ApiKind::kCompletion, &r);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].tokens, tok_->encode("Hello", true, false));
+  EXPECT_EQ(r.prompts[0].max_tokens, 7);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  const GenerateRequest g2 = r.request_for(0, 2);
+  EXPECT_EQ(g2.prompt_token_ids, r.prompts[0].tokens);
+  EXPECT_TRUE(g2.prompt.empty());
+  EXPECT_EQ(g2.max_tokens, 7);
+  EXPECT_FLOAT_EQ(g2.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(g2.sampling.top_p, 0.9f);
+  EXPECT_EQ(g2.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(g2.sampling.min_p, 0.05f);
+  EXPECT_TRUE(g2.sampling.has_seed);
+  EXPECT_EQ(g2.sampling.seed, 13u);  // seed + choice index: n choices differ, reproducibly
+  EXPECT_EQ(g2.sampling.logprobs, 2);
+  EXPECT_FLOAT_EQ(g2.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g2.sampling.frequency_penalty, -0.5f);
+  EXPECT_EQ(g2.stop, (std::vector<std::string>{"\n\n", "END"}));
+}
+
+TEST_F(OpenAiApi, PromptListsAndTokenIds) {
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": ["a", "b c", [1, 2, 3]]})", ApiKind::kCompletion, &r));
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[1].text, "b c");
+  EXPECT_EQ(r.prompts[2].tokens, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_FALSE(parse(R"({"prompt": [5, 6]})", ApiKind::kCompletion, &r));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(r.prompts[0].max_tokens, 16);  // OpenAI's default for completions
+}
+
+TEST_F(OpenAiApi, ChatUsesTheChatTemplateAndDefaultsToTheRoomLeft) {
+  ParsedRequest r;
+  auto e = parse(R"({"messages": [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                     "logprobs": true, "top_logprobs": 3})",
+                 ApiKind::kChat, &r, 512);
+  ASSERT_FALSE(e) << e->message;
+  GenerateRequest g;
+  g.messages = {{"system", "Be brief."}, {"user", "Hi"}};
+  auto want = tokenize_prompt(*gguf_, *tok_, g);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(r.prompts[0].tokens, *want);
+  EXPECT_EQ(r.prompts[0].max_tokens, 512 - static_cast<int32_t>(want->size()));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 3);
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 9})", ApiKind::kChat, &r));
+  EXPECT_EQ(r.prompts[0].max_tokens, 9);
+}
+
+struct BadCase {
+  const char* body;
+  ApiKind kind;
+  int status;
+  const char* param;
+  const char* in_message;
+};
+
+TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
+  const std::string long_prompt(3000, 'x');
+  const BadCase cases[] = {
+      {R"({"prompt": "x",)", ApiKind::kCompletion, 400, "", "malformed JSON"},
+      {R"([1, 2])", ApiKind::kCompletion, 400, "", "must be a JSON object"},
+      {R"({"prompt": "x", "model": "gpt-4"})", ApiKind::kCompletion, 404, "model", "gpt-4"},
+      {R"({"prompt": "x", "max_tokens": 0})", ApiKind::kCompletion, 400, "max_tokens", "max_tokens = 0"},
+      {R"({"prompt": "x", "max_tokens": "5"})", ApiKind::kCompletion, 400, "max_tokens", "expected an integer, got string"},
+      {R"({"prompt": "x", "max_tokens": 1.5})", ApiKind::kCompletion, 400, "max_tokens", "expected an integer"},
+      {R"({"prompt": "x", "temperature": -1})", ApiKind::kCompletion, 400, "temperature", "temperature"},
+      {R"({"prompt": "x", "temperature": "hot"})", ApiKind::kCompletion, 400, "temperature", "expected a number"},
+      {R"({"prompt": "x", "top_p": 0})", ApiKind::kCompletion, 400, "top_p", "top_p"},
+      {R"({"prompt": "x", "presence_penalty": 3})", ApiKind::kCompletion, 400, "presence_penalty", "[-2, 2]"},
+      {R"({"prompt": "x", "n": 17})", ApiKind::kCompletion, 400, "n", "n = 17"},
+      {R"({"prompt": "x", "n": 0})", ApiKind::kCompletion, 400, "n", "n = 0"},
+      {R"({"prompt": "x", "stop": 5})", ApiKind::kCompletion, 400, "stop", "a string or an array"},
+      {R"({"prompt": "x", "stop": [""]})", ApiKind::kCompletion, 400, "stop", "empty stop string"},
+      {R"({"prompt": "x", "logprobs": 21})", ApiKind::kCompletion, 400, "logprobs", "[0, 20]"},
+      {R"({"prompt": "x", "stream": "yes"})", ApiKind::kCompletion, 400, "stream", "expected a boolean"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", ApiKind::kCompletion, 400, "stream_options", "stream: true"},
+      {R"({"prompt": "x", "logit_bias": {"1": 5}})", ApiKind::kCompletion, 400, "logit_bias", "not supported"},
+      {R"({"prompt": "x", "suffix": "y"})", ApiKind::kCompletion, 400, "suffix", "not supported"},
+      {R"({"prompt": "x", "best_of": 3})", ApiKind::kCompletion, 400, "best_of", "best_of"},
+      {R"({"prompt": "x", "frobnicate": 1})", ApiKind::kCompletion, 400, "frobnicate", "Unrecognized request argument"},
+      {R"({"prompt": "x", "echo": true, "logprobs": 1})", ApiKind::kCompletion, 400, "echo", "prompt tokens"},
+      {R"({"prompt": "x", "seed": "1"})", ApiKind::kCompletion, 400, "seed", "expected an integer"},
+      {R"({"prompt": [1, -2]})", ApiKind::kCompletion, 400, "prompt", "not a token id"},
+      {R"({"prompt": 5})", ApiKind::kCompletion, 400, "prompt", "expected a string"},
+      {R"({"max_tokens": 5})", ApiKind::kCompletion, 400, "prompt", "required"},
+      {R"({"prompt": [99999999]})", ApiKind::kCompletion, 400, "prompt", "outside the vocabulary"},
+      {R"({"prompt": "x", "stop_token_ids": [999999]})", ApiKind::kCompletion, 400, "stop_token_ids", "not a token id"},
+      {R"({"messages": []})", ApiKind::kChat, 400, "messages", "at least one"},
+      {R"({"messages": "hi"})", ApiKind::kChat, 400, "messages", "expected an array"},
+      {R"({"messages": [{"role": "wizard", "content": "x"}]})", ApiKind::kChat, 400, "messages[0].role", "wizard"},
+      {R"({"messages": [{"role": "user"}]})", ApiKind::kChat, 400, "messages[0].content", "required"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})", ApiKind::kChat, 400,
+       "messages[0].content[0]", "only"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", ApiKind::kChat, 400, "tools",
+       "tool calling"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", ApiKind::kChat, 400, "top_logprobs",
+       "logprobs: true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", ApiKind::kChat, 400, "echo", "Unrecognized"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", ApiKind::kChat, 400,
+       "response_format", "text"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000})", ApiKind::kChat, 400, "max_tokens",
+       "maximum context length is 2048"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto e = parse(c.body, c.kind);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->http_status, c.status) << e->message;
+    EXPECT_EQ(e->param, c.param) << e->message;
+    EXPECT_NE(e->message.find(c.in_message), std::string::npos) << e->message;
+    const json j = e->to_json();
+    EXPECT_EQ(j["error"]["message"], e->message);
+    EXPECT_EQ(j["error"]["type"], e->type);
+  }
+  // A prompt longer than the context: 413, naming the field.
+  auto e = parse(json{{"prompt", long_prompt}}.dump(), ApiKind::kCompletion, nullptr, 64);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->http_status, 413);
+  EXPECT_EQ(e->param, "prompt");
+  EXPECT_NE(e->message.find("maximum context length is 64"), std::string::npos) << e->message;
+}
+
+TEST_F(OpenAiApi, ResponsesHaveOpenAiShape) {
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": "Hi", "n": 2, "logprobs": 2, "max_tokens": 3})", ApiKind::kCompletion, &r));
+  std::vector<ChoiceOutput> choices(2);
+  for (int i = 0; i < 2; ++i) {
+    StreamChunk c;
+    c.tokens = {tok_->encode(" there", false, false)[0]};
+    c.logprobs = {-0.5f};
+    c.top_n = 2;
+    c.top_logprob_ids = {c.tokens[0], 42};
+    c.top_logprob_values = {-0.5f, -1.5f};
+    c.text = " there";
+    choices[i].add(c);
+    StreamChunk last;
+    last.finish_reason = "length";
+    choices[i].add(last);
+  }
+  const json resp = completion_response(r, model(), "cmpl-1", 123, choices);
+  EXPECT_EQ(resp["object"], "text_completion");
+  EXPECT_EQ(resp["model"], "smollm");
+  ASSERT_EQ(resp["choices"].size(), 2u);
+  EXPECT_EQ(resp["choices"][1]["index"], 1);
+  EXPECT_EQ(resp["choices"][0]["text"], " there");
+  EXPECT_EQ(resp["choices"][0]["finish_reason"], "length");
+  const json& lp = resp["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 1u);
+  EXPECT_EQ(lp["tokens"][0], " there");
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][0].get<float>(), -0.5f);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(resp["usage"]["prompt_tokens"], r.prompts[0].tokens.size());
+  EXPECT_EQ(resp["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(resp["usage"]["total_tokens"], r.prompts[0].tokens.size() + 2);
+
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 1})",
+                     ApiKind::kChat, &r));
+  std::vector<ChoiceOutput> one(1);
+  StreamChunk c;
+  c.tokens = {tok_->encode("Hello", false, false)[0]};
+  c.logprobs = {-0.25f};
+  c.top_n = 1;
+  c.top_logprob_ids = {c.tokens[0]};
+  c.top_logprob_values = {-0.25f};
+  c.text = "Hello";
+  c.finish_reason = "stop";
+  one[0].add(c);
+  const json chat = completion_response(r, model(), "chatcmpl-1", 123, one);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hello");
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 1u);
+  EXPECT_EQ(content[0]["token"], "Hello");
+  EXPECT_EQ(content[0]["bytes"], json::array({72, 101, 108, 108, 111}));
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 1u);
+}
+
+TEST_F(OpenAiApi, TokenStringsThatAreNotUtf8UseBytesNotation) {
+  // A byte-level token for a lone UTF-8 continuation byte.
+  int32_t id = -1;
+  for (int32_t i = 0; i < tok_->vocab_size() && id < 0; ++i) {
+    const std::string p = tok_->token_to_piece(i, true);
+    if (p.size() == 1 && static_cast<unsigned char>(p[0]) >= 0x80) id = i;
+  }
+  ASSERT_GE(id, 0);
+  const std::string s = logprob_token_string(*tok_, id);
+  EXPECT_EQ(s.rfind("bytes:\\x", 0), 0u) << s;
+  EXPECT_EQ(logprob_token_string(*tok_, tok_->encode("Hello", false, false)[0]), "Hello");
+  EXPECT_EQ(dump_json(json(std::string("\xff"))), "\"\xEF\xBF\xBD\"");  // replaced, never thrown
+}
+
+}  // namespace
+}  // namespace specserve

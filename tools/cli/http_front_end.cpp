@@ -1,0 +1,52 @@
+#include "tools/cli/http_front_end.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "server/http_server.h"
+
+namespace specserve::cli {
+
+void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
+  if (with_port) {
+    sub->add_option("--port", a->port, "OpenAI-compatible HTTP port (default 8000; 0 picks a free one)")
+        ->check(CLI::Range(0, 65535));
+  }
+  sub->add_option("--api-key", a->api_key,
+                  "Require \"Authorization: Bearer KEY\" on the /v1/ routes (default: $SPECSERVE_API_KEY; none when unset)");
+  sub->add_option("--served-model-name", a->served_model_name,
+                  "The model name the API reports and requests use (default: the GGUF file name without .gguf)");
+  sub->add_option("--http-threads", a->threads, "HTTP worker threads: connections served at once (default 64)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-n", a->max_n, "Largest `n` (choices per prompt) a request may ask for (default 16)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_flag("--no-http", a->no_http, "Do not start the HTTP front end (actor port only)");
+}
+
+FrontEndStarter make_http_front_end(const HttpArgs& a) {
+  if (a.no_http) return nullptr;
+  return [a](const Topology& t, Head& head, ActorRuntime& rt, const std::string& token) -> Expected<std::shared_ptr<void>> {
+    HttpServerOptions o;
+    o.host = t.head.host;
+    o.port = a.port >= 0 ? a.port : t.head.http_port;
+    o.api_key = a.api_key;
+    if (o.api_key.empty()) {
+      if (const char* env = std::getenv("SPECSERVE_API_KEY")) o.api_key = env;
+    }
+    o.served_model_name = a.served_model_name;
+    o.model_path = t.models.target.path;
+    o.threads = a.threads;
+    o.limits.max_n = a.max_n;
+    auto s = HttpServer::start(o, rt.system(), head.scheduler(), token, head.tokenizer(), head.gguf());
+    if (!s.ok()) {
+      const std::string field = a.port >= 0 ? "--port" : t.where("head.http_port") + ": head.http_port";
+      return Status(s.status().code(), field + ": " + s.status().message());
+    }
+    std::fprintf(stderr, "specserve: OpenAI-compatible API on http://%s:%u/v1 (model \"%s\"%s)\n", o.host.c_str(),
+                 static_cast<unsigned>((*s)->port()), (*s)->model_name().c_str(),
+                 o.api_key.empty() ? "" : ", API key required");
+    return std::shared_ptr<void>(std::shared_ptr<HttpServer>(std::move(*s)));
+  };
+}
+
+}  // namespace specserve::cli

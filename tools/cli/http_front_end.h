@@ -1,0 +1,30 @@
+// specserve CLI: the HTTP front end's flags (vLLM's names) for `serve` and `up`, and the
+// starter that cluster/launch calls once the head is up.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "cluster/launch.h"
+
+namespace specserve::cli {
+
+struct HttpArgs {
+  bool no_http = false;
+  int port = -1;                  ///< -1: the topology's head.http_port (serve: 8000)
+  std::string api_key;            ///< "" : $SPECSERVE_API_KEY when set
+  std::string served_model_name;  ///< "" : the GGUF file name without .gguf
+  int threads = 64;
+  int max_n = 16;
+};
+
+/// Adds --port (unless `with_port` is false), --api-key, --served-model-name, --http-threads,
+/// --max-n and --no-http to `sub`.
+void add_http_flags(CLI::App* sub, HttpArgs* args, bool with_port);
+
+/// The starter for ServeOptions/UpOptions::front_end (null with --no-http). The HTTP server
+/// listens on head.host : (--port, else head.http_port).
+FrontEndStarter make_http_front_end(const HttpArgs& args);
+
+}  // namespace specserve::cli
