@@ -85,6 +85,7 @@ struct BenchArgs {
   int min_requests = 4;
   bool processes = false;
   bool no_network = false;
+  std::vector<std::string> paths = {"direct", "actor", "network"};
   bool no_sweep_direct = false;
   bool sweep_speculative = false;
   int max_num_seqs = 64;
@@ -93,6 +94,7 @@ struct BenchArgs {
   int scheduler_threads = 0;
   double quiet_cores = 0.1;
   int retries = 1;
+  double quiet_wait_s = 30;
   std::string kv_cache_bytes = "2GiB";
   std::string out;
   SpecArgs spec;
@@ -199,6 +201,27 @@ TreeCounters tree_counters() {
     }
   }
   return c;
+}
+
+// Waits until other processes use at most `max_cores` (measured over 1 s windows), for at most
+// `max_wait_s`; returns the seconds waited.
+double wait_for_quiet(double max_cores, double max_wait_s) {
+  const auto t0 = Clock::now();
+  bool said = false;
+  for (;;) {
+    const TreeCounters a = tree_counters();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const TreeCounters b = tree_counters();
+    const double wall = std::chrono::duration<double>(b.at - a.at).count();
+    const double others = std::max(0.0, (b.busy_s - a.busy_s) - (b.cpu_s - a.cpu_s)) / wall;
+    if (others <= max_cores || since(t0) >= max_wait_s) {
+      if (said) std::fprintf(stderr, "\n");
+      return since(t0) - wall;
+    }
+    std::fprintf(stderr, "\r[bench-actors] other processes use %.2f cores: waiting for quiet (%.0f s of at most %.0f)", others,
+                 since(t0), max_wait_s);
+    said = true;
+  }
 }
 
 // What the rest of the machine did between two samples, in cores (1.0 = one core busy).
@@ -498,6 +521,17 @@ class InProcessPath {
   std::unique_ptr<Client> client_;
 };
 
+// The running `up` child, for the signal handler: a benchmark stopped by SIGINT/SIGTERM takes
+// its cluster with it instead of leaving it orphaned.
+std::atomic<pid_t> g_up_pid{-1};
+
+extern "C" void stop_up_and_exit(int sig) {
+  const pid_t pid = g_up_pid.load();
+  if (pid > 0) ::kill(pid, SIGTERM);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 // (c) `specserve up` in a child process (its node starts the target shard as a worker process);
 // the Client connects over loopback.
 class NetworkPath {
@@ -512,6 +546,7 @@ class NetworkPath {
                          {}, "specserve up");
     if (!c.ok()) return c.status();
     up_ = *c;
+    g_up_pid = up_.pid;
     const auto end = Clock::now() + std::chrono::seconds(600);
     while (!std::filesystem::exists(ready)) {
       int status = 0;
@@ -537,6 +572,7 @@ class NetworkPath {
       std::vector<Child> cs = {up_};
       stop_children(&cs, 20.0);  // SIGTERM: up drains, stops its node, which stops the worker
     }
+    g_up_pid = -1;
   }
   Client& client() { return *client_; }
 
@@ -658,16 +694,27 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   std::string yaml;
   auto topo = write_topology(dir, a, model, cfg.spec, &yaml);
   if (!topo.ok()) return topo.status();
-  std::vector<std::string> paths = {"direct", "actor"};
-  if (!a.no_network) paths.push_back("network");
-  std::fprintf(stderr, "[bench-actors] overhead, speculation %s: starting the paths (%s)\n", cfg.name.c_str(),
-               a.no_network ? "direct, in-process actors" : "direct, in-process actors, `specserve up` over loopback");
+  // The direct Engine always runs (it is the peer); the actor paths the flags ask for.
+  std::vector<std::string> paths = {"direct"};
+  for (const char* p : {"actor", "network"}) {
+    if (std::find(a.paths.begin(), a.paths.end(), p) != a.paths.end() && !(a.no_network && std::string(p) == "network")) {
+      paths.push_back(p);
+    }
+  }
+  if (paths.size() < 2) return invalid_argument("--paths: name at least one of actor, network");
+  std::string names;
+  for (const auto& p : paths) names += (names.empty() ? "" : ", ") + p;
+  std::fprintf(stderr, "[bench-actors] overhead, speculation %s: starting the paths (%s)\n", cfg.name.c_str(), names.c_str());
+  const auto has = [&](const char* p) { return std::find(paths.begin(), paths.end(), p) != paths.end(); };
   DirectPath direct;
   SPECSERVE_RETURN_IF_ERROR(direct.start(*topo, lm, backend));
-  InProcessPath actor;
-  SPECSERVE_RETURN_IF_ERROR(actor.start(*topo, threads, a.scheduler_threads));
+  std::unique_ptr<InProcessPath> actor;
+  if (has("actor")) {
+    actor = std::make_unique<InProcessPath>();
+    SPECSERVE_RETURN_IF_ERROR(actor->start(*topo, threads, a.scheduler_threads));
+  }
   std::unique_ptr<NetworkPath> network;
-  if (!a.no_network) {
+  if (has("network")) {
     network = std::make_unique<NetworkPath>();
     SPECSERVE_RETURN_IF_ERROR(network->start(dir, yaml, *topo, threads, a.scheduler_threads));
   }
@@ -675,7 +722,7 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   auto run_path = [&](const std::string& p, size_t q, int64_t* fts, int max_tokens) -> Expected<Sample> {
     const TreeCounters c0 = tree_counters();
     Expected<Sample> s = p == "direct"  ? direct.run(questions[q].prompt, max_tokens, fts)
-                         : p == "actor" ? run_client(actor.client(), "actor", questions[q].prompt, max_tokens)
+                         : p == "actor" ? run_client(actor->client(), "actor", questions[q].prompt, max_tokens)
                                         : run_client(network->client(), "network", questions[q].prompt, max_tokens);
     const TreeCounters c1 = tree_counters();
     if (s.ok()) {
@@ -718,9 +765,11 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   json runs = json::array();
   std::vector<Unit> units;
   int mismatches = 0, retried = 0;
+  double waited = 0;
   for (int r = 0; r < a.repeats; ++r) {
     for (size_t q = 0; q < np; ++q) {
       for (int attempt = 0;; ++attempt) {
+        if (a.quiet_wait_s > 0) waited += wait_for_quiet(a.quiet_cores, a.quiet_wait_s);
         Unit u;
         u.repeat = r;
         u.prompt = q;
@@ -753,7 +802,6 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
         units.push_back(std::move(u));
         if (units.back().quiet || attempt >= a.retries) break;
         ++retried;
-        std::this_thread::sleep_for(std::chrono::seconds(5));  // let the neighbour's burst pass
       }
     }
   }
@@ -775,6 +823,7 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   for (const auto& u : units) num_quiet += u.quiet;
   out["quiet_units"] = num_quiet;
   out["retried_units"] = retried;
+  out["seconds_waited_for_quiet"] = waited;
   out["runs"] = runs;
   out["summary_all"] = summarize(units, paths, false);
   out["summary_quiet"] = summarize(units, paths, true);
@@ -983,6 +1032,7 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
     std::string line;
     LevelResult d;
     if (direct) {
+      if (a.quiet_wait_s > 0) wait_for_quiet(a.quiet_cores, a.quiet_wait_s);
       const CpuSample m0 = cpu_sample();
       auto r = sweep_direct(direct->engine(), qs, n, requests, a.sweep_max_tokens);
       if (!r.ok()) return r.status();
@@ -990,6 +1040,7 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
       lv["direct"] = d.to_json();
       lv["direct"]["machine_during"] = others_between(m0, cpu_sample());
     }
+    if (a.quiet_wait_s > 0) wait_for_quiet(a.quiet_cores, a.quiet_wait_s);
     const CpuSample m0 = cpu_sample();
     LevelResult x = sweep_clients(*client, qs, n, requests, a.sweep_max_tokens);
     lv[actor_name] = x.to_json();
@@ -1060,8 +1111,9 @@ int run_bench(const BenchArgs& a) {
   if (a.mode != "overhead" && a.mode != "concurrency" && a.mode != "all") {
     return fail(invalid_argument("--mode " + a.mode + ": one of overhead, concurrency, all"));
   }
-  // NOTE: Ctrl-C reaches the `up` child too (same process group): it drains and stops its workers.
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, stop_up_and_exit);
+  ::signal(SIGTERM, stop_up_and_exit);
   ::setenv("SPECSERVE_LOG_LEVEL", "warn", /*overwrite=*/0);  // the shards' info lines would bury the progress
   const std::string model = std::filesystem::absolute(a.model.empty() ? default_model_path() : a.model).string();
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -1102,6 +1154,7 @@ int run_bench(const BenchArgs& a) {
   report["sweep_max_tokens"] = a.sweep_max_tokens;
   report["hardware_concurrency"] = std::thread::hardware_concurrency();
   report["scheduler_threads"] = a.scheduler_threads;
+  report["paths"] = a.paths;
   report["loadavg_start"] = loadavg();
   std::string md;
   const auto t_start = Clock::now();
@@ -1128,16 +1181,16 @@ int run_bench(const BenchArgs& a) {
     md += rows;
     int mism = 0;
     for (const auto& o : ov) mism += o["greedy_mismatches"].get<int>();
-    char tail[900];
+    char tail[1400];
     std::snprintf(tail, sizeof tail,
                   "\nA unit is one prompt through every path back to back (order rotated). Overhead: (actor - direct) / "
                   "direct wall time of each unit (submit to last token, prefill included); decode phase: after the first "
                   "token. Overhead per step: the wall-time difference over the unit's engine steps (EngineStats / "
-                  "ShardLoad::num_steps). Quiet: other processes used <= %.2f cores during each run of the unit (noisy "
-                  "units were run again up to %d time(s)). CPU and context switches: every thread of this process and its "
+                  "ShardLoad::num_steps). Quiet: other processes used <= %.2f cores during each run of the unit (before each "
+                  "unit the benchmark waited up to %.0f s for that; noisy units were run again up to %d time(s)). CPU and context switches: every thread of this process and its "
                   "children (the `up` tree), idle runtimes of the other paths included. Greedy outputs differing from the "
                   "direct Engine's: %d.\n",
-                  a.quiet_cores, a.retries, mism);
+                  a.quiet_cores, a.quiet_wait_s, a.retries, mism);
     md += tail;
     for (const auto& o : ov) {
       char b[500];
@@ -1211,12 +1264,22 @@ void add_bench_actors(CLI::App& app) {
       ->check(CLI::Range(1, 480));
   sub->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Leave out questions with longer prompts (prefill on 2 cores is slow)")
       ->check(CLI::Range(8, 1 << 20));
+  sub->add_option("--paths", a->paths,
+                  "Overhead: the paths to start and interleave: direct (always), actor (in-process actors), network "
+                  "(`specserve up`, target shard in a worker process, client over loopback). Each started path's "
+                  "runtime stays up (idle) while the others run")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"direct", "actor", "network"}));
   sub->add_flag("--no-network", a->no_network, "Overhead: skip path (c), the target shard in a worker process");
   sub->add_option("--quiet-cores", a->quiet_cores,
                   "Overhead: a unit (one prompt through every path) is quiet when other processes used at most this many "
                   "cores during each of its runs; the table reports the quiet units when at least half are")
       ->check(CLI::Range(0.0, 1024.0));
-  sub->add_option("--retries", a->retries, "Overhead: times a noisy unit is run again (after 5 s)")->check(CLI::Range(0, 100));
+  sub->add_option("--retries", a->retries, "Overhead: times a noisy unit is run again")->check(CLI::Range(0, 100));
+  sub->add_option("--quiet-wait", a->quiet_wait_s,
+                  "Before each overhead unit and each concurrency run, wait up to this many seconds for other "
+                  "processes to use at most --quiet-cores (0: do not wait)")
+      ->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--concurrency", a->concurrency, "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
