@@ -3,6 +3,7 @@
 #include <caf/io/all.hpp>
 
 #include "core/logging.h"
+#include "actors/messages.h"
 #include "actors/runtime.h"
 
 namespace specserve {
@@ -26,6 +27,54 @@ caf::behavior gateway(caf::event_based_actor* self, caf::actor target, std::stri
           return {caf::actor{}, "refused: wrong cluster token"};
         }
         return {target, ""};
+      },
+  };
+}
+
+// Watches a published gateway. CAF 0.17 delivers a remote `kill` exit message and no actor can
+// trap it, so a peer without the token can stop the gateway; the keeper then closes the dead
+// gateway's port and publishes a fresh gateway on the same port. Polling (every 100 ms), not
+// a monitor: the keeper must notice even when the exit message races with the publish.
+struct KeeperState {
+  caf::actor gateway;
+  uint16_t port = 0;
+  int64_t reopened = 0;
+};
+
+caf::behavior gateway_keeper(caf::stateful_actor<KeeperState>* self, caf::actor target, caf::actor gateway,
+                             std::string token, std::string host, uint16_t port, std::string what) {
+  self->state.gateway = std::move(gateway);
+  self->state.port = port;
+  self->set_exit_handler([](caf::exit_msg&) {});
+  self->monitor(target);
+  self->set_down_handler([self, addr = target.address()](caf::down_msg& m) {
+    if (m.source != addr) return;
+    // The target is gone: close the port for good.
+    self->system().middleman().unpublish(self->state.gateway, self->state.port);
+    self->quit();
+  });
+  self->delayed_send(self, std::chrono::milliseconds(100), tick_atom::value);
+  return {
+      [=](tick_atom) {
+        auto& st = self->state;
+        if (st.gateway && st.gateway->getf(caf::abstract_actor::is_terminated_flag)) {
+          auto& mm = self->system().middleman();
+          mm.unpublish(st.gateway, st.port);
+          auto fresh = spawn_gateway(self->system(), target, token, what);
+          auto p = mm.publish(fresh, st.port, host.c_str(), true);
+          if (p) {
+            ++st.reopened;
+            get_logger("actors")->warn("{} gateway on port {} was killed by a peer; re-opened the port with a new gateway ({} time(s))",
+                                       what, st.port, st.reopened);
+            st.gateway = fresh;
+          } else {
+            // Try again on the next tick (the old socket may still be closing).
+            caf::anon_send_exit(fresh, caf::exit_reason::kill);
+            get_logger("actors")->warn("{} gateway on port {} was killed; re-opening failed ({}); retrying", what, st.port,
+                                       self->system().render(p.error()));
+          }
+        }
+        self->delayed_send(self, std::chrono::milliseconds(100), tick_atom::value);
       },
   };
 }
@@ -60,6 +109,8 @@ Expected<uint16_t> publish_with_gateway(caf::actor_system& sys, caf::actor targe
     caf::anon_send_exit(g, caf::exit_reason::kill);
     return unavailable(sys.render(p.error()));
   }
+  // Detached: the keeper calls the middleman's blocking publish API.
+  sys.spawn<caf::detached>(gateway_keeper, target, g, token, host, *p, what);
   return *p;
 }
 

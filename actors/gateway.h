@@ -8,9 +8,10 @@
 // scheduler's or a draft worker's handle. The gateway ignores exit messages and lives as long as
 // its target.
 // NOTE: CAF 0.17 delivers `exit_reason::kill` from a remote peer and it cannot be trapped: a
-// peer without the token can stop the gateway, which closes the door to new connections
-// (workers and clients already connected keep working). Closing that needs authentication
-// below the actor layer (TLS with libcaf_openssl), not built yet.
+// peer without the token can stop the gateway. A keeper (publish_with_gateway) notices within
+// 100 ms and publishes a fresh gateway on the same port, so new peers can connect again and
+// those already connected never notice; the attacker learns nothing. Authentication below the
+// actor layer (TLS with libcaf_openssl) would refuse such a peer outright; not built.
 #pragma once
 
 #include <caf/all.hpp>
@@ -31,7 +32,9 @@ caf::actor spawn_gateway(caf::actor_system& sys, caf::actor target, std::string 
 Expected<caf::actor> connect_through_gateway(caf::actor_system& sys, const std::string& host, uint16_t port,
                                              const std::string& token, std::chrono::milliseconds timeout);
 
-/// Publishes a gateway for `target` on host:port (0: any free port). Returns the bound port.
+/// Publishes a gateway for `target` on host:port (0: any free port) and keeps it published:
+/// a killed gateway is replaced within about 100 ms, on the same port, for as long as
+/// `target` lives (then the port is closed). Returns the bound port.
 Expected<uint16_t> publish_with_gateway(caf::actor_system& sys, caf::actor target, const std::string& token,
                                         const std::string& host, uint16_t port, const std::string& what);
 

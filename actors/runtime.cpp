@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "actors/messages.h"
+#include "core/logging.h"
 #include "config/topology.h"
 
 namespace specserve {
@@ -25,6 +27,16 @@ ActorRuntime::ActorRuntime(const RuntimeOptions& o) {
               caf::timespan{static_cast<int64_t>(o.connection_timeout_s * 1e9)});
   config_.set("logger.console", caf::atom("none"));
   if (o.scheduler_threads > 0) config_.set("scheduler.max-threads", static_cast<size_t>(o.scheduler_threads));
+  std::string policy = o.scheduler_policy;
+  if (policy.empty()) {
+    const char* env = std::getenv("SPECSERVE_CAF_SCHEDULER");
+    policy = env && *env ? env : "sharing";
+  }
+  if (policy != "sharing" && policy != "stealing") {
+    get_logger("actors")->warn("SPECSERVE_CAF_SCHEDULER / scheduler policy '{}': not sharing or stealing; using sharing", policy);
+    policy = "sharing";
+  }
+  config_.set("scheduler.policy", policy == "sharing" ? caf::atom("sharing") : caf::atom("stealing"));
   // NOTE: the system waits for every actor when it is destroyed (CAF's default; destroying
   // live actors crashes in 0.17). Every actor here therefore monitors whatever it waits for:
   // request actors and workers the scheduler, client sinks the scheduler (and the Client kills

@@ -21,6 +21,12 @@ struct RuntimeOptions {
   double heartbeat_s = 1.0;           ///< > 0
   double connection_timeout_s = 5.0;  ///< > heartbeat_s
   int32_t scheduler_threads = 0;      ///< CAF worker threads; 0: CAF's default (cores)
+  /// CAF's scheduler policy: "sharing" (workers block on one queue's condition variable) or
+  /// "stealing" (CAF's default: idle workers poll, then sleep 50 us between polls for ~25 ms,
+  /// then 10 ms). "" : $SPECSERVE_CAF_SCHEDULER when set, else "sharing".
+  /// NOTE: sharing is the default because a polling worker competes for the cores with the
+  /// engine's OpenMP threads after every message (bench/results/actors_*.md measures both).
+  std::string scheduler_policy;
 };
 
 class ActorRuntime {
