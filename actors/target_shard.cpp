@@ -210,6 +210,10 @@ void do_step(Self self) {
     ev.text = std::move(e.text);
     if (e.finish != FinishReason::kNone) {
       ev.finish_reason = finish_reason_name(e.finish);
+      if (e.finish == FinishReason::kError) {
+        ev.error = e.error;
+        get_logger("actors")->error("replica {}: request {} failed: {}", s.cfg.replica, rid, e.error);
+      }
       if (auto sp = s.engine->take_finished_stats(e.seq_id)) {
         ev.num_drafts = sp->num_drafts;
         ev.num_draft_tokens = sp->num_draft_tokens;

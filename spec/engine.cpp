@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/logging.h"
 
@@ -12,6 +13,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kLength: return "length";
     case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
     case FinishReason::kNone: return "";
   }
   return "";
@@ -259,6 +261,18 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
 namespace {
 
 // log_softmax of raw logits at `token`, plus the top-n (vLLM's default raw logprobs).
+// True when `row` [vocab] can be sampled: no NaN, no +inf, at least one finite value.
+bool samplable_row(const float* row, int32_t vocab) {
+  bool any_finite = false;
+  bool bad = false;
+  for (int32_t v = 0; v < vocab; ++v) {
+    const float x = row[v];
+    bad |= (x != x) | (x == std::numeric_limits<float>::infinity());
+    any_finite |= std::isfinite(x);
+  }
+  return !bad && any_finite;
+}
+
 SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n) {
   float mx = -INFINITY;
   for (int32_t i = 0; i < vocab; ++i) mx = std::max(mx, row[i]);
@@ -471,6 +485,17 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     const int32_t top_n = s.params.sampling.logprobs;
     int32_t accepted = 0;
     bool alive = true;
+    // NOTE: a row the sampler cannot use (NaN, +inf: corrupt weights or a kernel bug) fails
+    // this sequence alone with an error, instead of aborting the process in the sampler.
+    for (int32_t r = 0; r <= k; ++r) {
+      if (!samplable_row(out.row(static_cast<int32_t>(i), r), vocab)) {
+        ev.error = "the target model produced non-finite logits (NaN or +inf) at position " + std::to_string(base + r) +
+                   " of sequence " + std::to_string(s.id) + ": its weights are corrupt or a kernel failed";
+        finish(s, FinishReason::kError);
+        alive = false;
+        break;
+      }
+    }
     for (int32_t r = 0; r <= k && alive; ++r) {
       const float* row = out.row(static_cast<int32_t>(i), r);
       smp.compute_probs(row, vocab, s.prompt(), s.output(), &p_probs);

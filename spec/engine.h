@@ -84,8 +84,10 @@ struct GenerateParams {
   int32_t num_speculative_tokens = -1;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kAbort };
-const char* finish_reason_name(FinishReason r);  ///< "stop", "length", "abort", ""
+/// kError: the sequence cannot go on (its logits hold NaN or +inf: corrupt weights or a kernel
+/// bug); SeqEvent::error says why. Other sequences are not affected.
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);  ///< "stop", "length", "abort", "error", ""
 
 /// Speculative counters with vLLM's meanings.
 struct SpecStats {
@@ -106,6 +108,7 @@ struct SeqEvent {
   std::vector<SampleResult> logprobs;  ///< per emitted token when sampling.logprobs > 0 or always for token logprob
   std::string text;                 ///< newly complete text (stop strings cut, partial UTF-8 held back)
   FinishReason finish = FinishReason::kNone;
+  std::string error;                ///< finish == kError: why
 };
 
 /// Engine-wide counters.

@@ -273,3 +273,52 @@ TEST(SpecEngineFaults, DraftProbabilitiesOfTheWrongShapeAreIgnored) {
 /// Records how many sequences were running each time the engine asked for drafts.
 }  // namespace
 }  // namespace specserve
+
+namespace specserve {
+namespace {
+
+using namespace spec_testing;
+
+// A model whose logits are not finite (here: an infinite output scale, as corrupt weights
+// would give) fails each request with an error naming the cause; the engine, and the process,
+// keep going — greedy and sampled alike, with and without a proposer.
+TEST(SpecEngineFaults, NonFiniteLogitsFailTheRequestNotTheProcess) {
+  SyntheticModelSpec spec = spec_engine_testing::target_spec();
+  spec.logit_scale = std::numeric_limits<float>::infinity();
+  LoadedModel broken = make_target(spec, "nonfinite");
+  ASSERT_TRUE(broken.model);
+  std::mt19937 rng(5);
+  for (float temperature : {0.0f, 0.8f}) {
+    for (bool speculate : {false, true}) {
+      NgramProposer ngram(1, 3);
+      auto e = Engine::create(*broken.model, broken.tokenizer.get(), speculate ? &ngram : nullptr,
+                              spec_engine_testing::spec_options(speculate ? 4 : 0, 4));
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      std::vector<int64_t> ids;
+      for (int i = 0; i < 3; ++i) {
+        GenerateParams p = greedy_request(random_tokens(rng, 10, 512), 8);
+        p.sampling.temperature = temperature;
+        auto id = (*e)->add_request(p);
+        ASSERT_TRUE(id.ok());
+        ids.push_back(*id);
+      }
+      std::map<int64_t, SeqEvent> last;
+      for (int steps = 0; (*e)->has_work() && steps < 100; ++steps) {
+        std::vector<SeqEvent> evs;
+        ASSERT_TRUE((*e)->step(&evs).ok());
+        for (auto& ev : evs) last[ev.seq_id] = ev;
+      }
+      EXPECT_FALSE((*e)->has_work());
+      for (int64_t id : ids) {
+        ASSERT_TRUE(last.count(id));
+        EXPECT_EQ(last[id].finish, FinishReason::kError);
+        EXPECT_NE(last[id].error.find("non-finite logits"), std::string::npos) << last[id].error;
+        EXPECT_TRUE(last[id].tokens.empty());
+      }
+      EXPECT_EQ((*e)->block_pool().num_free(), (*e)->block_pool().num_blocks()) << "KV blocks were not released";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specserve
