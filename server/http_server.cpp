@@ -1,10 +1,15 @@
 #include "server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -68,29 +73,149 @@ ApiError error_from_status(const Status& st) {
   return e;
 }
 
+// A chunk of choice `index`, stamped when it arrived from the scheduler.
+struct Arrival {
+  size_t index = 0;
+  StreamChunk chunk;
+  Clock::time_point at;
+};
+
 // The chunks of all choices of one HTTP request, in arrival order (pushed on CAF threads,
 // popped by the HTTP thread).
+// NOTE: the chunk callbacks hold the Job weakly: the Job holds the RequestHandles, whose
+// shared state holds the callback, so a strong capture was a cycle that kept every request's
+// Job, handles and chunks alive for the life of the process.
 struct Job {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<size_t, StreamChunk>> queue;
+  std::deque<Arrival> queue;
   std::vector<std::shared_ptr<RequestHandle>> handles;
   void push(size_t i, const StreamChunk& c) {
+    const auto now = Clock::now();  // metrics measure the engine, not when the HTTP thread looks
     std::lock_guard<std::mutex> lock(mu);
-    queue.emplace_back(i, c);
+    queue.push_back(Arrival{i, c, now});
     cv.notify_all();
   }
   // Waits up to `timeout` for chunks and takes them all.
-  std::deque<std::pair<size_t, StreamChunk>> take(std::chrono::milliseconds timeout) {
+  std::deque<Arrival> take(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, timeout, [&] { return !queue.empty(); });
-    std::deque<std::pair<size_t, StreamChunk>> out;
+    std::deque<Arrival> out;
     out.swap(queue);
     return out;
   }
   void cancel_all() {
     for (auto& h : handles) h->cancel();
   }
+};
+
+// The error a choice that failed on the cluster (finish reason "error") answers with.
+ApiError error_from_chunk(const StreamChunk& c, ApiKind kind) {
+  ApiError e{500, c.error.empty() ? "the request failed" : c.error, "server_error", "", ""};
+  // NOTE: the scheduler refuses a prompt longer than every replica's max_model_len only once
+  // a replica has registered its limit, so a request that came in before (the front end could
+  // not check it then) fails this way: it is the client's error, as when the front end checks.
+  if (c.error.rfind("prompt too long", 0) == 0) {
+    e.http_status = 413;
+    e.type = "invalid_request_error";
+    e.param = kind == ApiKind::kChat ? "messages" : "prompt";
+    e.code = "context_length_exceeded";
+  }
+  return e;
+}
+
+// The addresses of the connection a request arrived on.
+struct ConnectionAddress {
+  std::string remote_addr, local_addr;
+  int remote_port = -1, local_port = -1;
+  explicit ConnectionAddress(const httplib::Request& r)
+      : remote_addr(r.remote_addr), local_addr(r.local_addr), remote_port(r.remote_port), local_port(r.local_port) {}
+};
+
+// The socket of the connection at `req`, found by its addresses; -1 when not found.
+// NOTE: cpp-httplib 0.11 gives a handler no way to see its connection, and a non-streamed
+// request never writes until it is done, so this is how it notices a client that went away
+// (vLLM aborts those too). Only this connection's own thread closes it, so the descriptor
+// stays valid for the handler's whole run.
+int connection_socket(const ConnectionAddress& req) {
+  auto endpoint = [](const sockaddr_storage& a, socklen_t len, std::string* ip, int* port) {
+    if (a.ss_family != AF_INET && a.ss_family != AF_INET6) return false;
+    char host[NI_MAXHOST];
+    // The same rendering cpp-httplib uses for Request::remote_addr / local_addr.
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
+      return false;
+    }
+    *ip = host;
+    *port = ntohs(a.ss_family == AF_INET ? reinterpret_cast<const sockaddr_in*>(&a)->sin_port
+                                         : reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+    return true;
+  };
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    std::string ip;
+    int port = 0;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
+        port != req.remote_port || ip != req.remote_addr) {
+      continue;
+    }
+    len = sizeof a;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
+        port != req.local_port || (!req.local_addr.empty() && ip != req.local_addr)) {
+      continue;
+    }
+    found = static_cast<int>(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer of `fd` closed the connection (or shut down its sending side, which
+// uvicorn, vLLM's server, also takes as a disconnect).
+bool peer_closed(int fd) {
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+// Watches a connection for a client that went away, at most once a second.
+// NOTE: the socket is looked up at once, while the peer is surely connected: once the server
+// wrote to a gone client, the peer's reset leaves the socket without a peer address to match.
+// The look-up reads /proc/self/fd: a few dozen descriptors, microseconds.
+class DisconnectWatch {
+ public:
+  explicit DisconnectWatch(const httplib::Request& req)
+      : fd_(connection_socket(ConnectionAddress(req))), last_(Clock::now()) {}
+  bool gone() {
+    if (fd_ < 0 || std::chrono::duration<double>(Clock::now() - last_).count() < 1.0) return false;
+    last_ = Clock::now();
+    return peer_closed(fd_);
+  }
+  /// Ends reading from the connection: after this answer cpp-httplib closes it instead of
+  /// waiting (keep-alive, up to 5 s) for another request.
+  void stop_reading() {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RD);
+  }
+
+ private:
+  int fd_;  // -1: not found
+  Clock::time_point last_;
+};
+
+// cpp-httplib's server with its listening socket in reach.
+class ListeningServer : public httplib::Server {
+ public:
+  /// Re-listens with a backlog of `n` connections. NOTE: cpp-httplib 0.11 listens with a
+  /// backlog of 5 (compiled into the library), so a burst of clients overflowed the accept
+  /// queue: connections waited for SYN retransmits (seconds) or were reset.
+  bool set_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
 };
 
 // Per-choice timing, for the latency histograms.
@@ -107,7 +232,7 @@ struct HttpServer::Impl {
   caf::actor_system* sys = nullptr;
   std::unique_ptr<Client> client;
   ServedModel model;
-  httplib::Server svr;
+  ListeningServer svr;
   std::thread thread;
   uint16_t port = 0;
   MetricsRegistry metrics;
@@ -117,6 +242,7 @@ struct HttpServer::Impl {
   Clock::time_point status_at;
   std::atomic<int32_t> max_model_len{0};
   std::atomic<bool> stopped{false};
+  std::atomic<int32_t> open_streams{0};  // streamed responses not yet ended
 
   // The scheduler's status, at most `max_age_s` old (nullopt when it does not answer).
   std::optional<ClusterStatus> cluster_status(double max_age_s) {
@@ -142,8 +268,11 @@ struct HttpServer::Impl {
 
   void declare_metrics();
   void refresh_cluster_metrics();
-  void observe_choice(const ChoiceTiming& t, Clock::time_point start, const std::string& finish);
-  void handle_generate(const httplib::Request& req, httplib::Response& res, ApiKind kind);
+  void observe_choice(const ChoiceTiming& t, Clock::time_point start, Clock::time_point end, const std::string& finish);
+  void observe_tokens(ChoiceTiming& t, const Arrival& a);
+  void handle_generate(const httplib::Request& req, const std::string& body, httplib::Response& res, ApiKind kind);
+  void read_body_and_generate(const httplib::Request& req, httplib::Response& res,
+                              const httplib::ContentReader& reader, ApiKind kind);
 };
 
 void HttpServer::Impl::declare_metrics() {
@@ -219,15 +348,30 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   }
 }
 
-void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point start, const std::string& finish) {
+void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point start, Clock::time_point end,
+                                      const std::string& finish) {
   if (t.first_token) {
     metrics.observe("specserve:time_to_first_token_seconds", labels,
                     std::chrono::duration<double>(*t.first_token - start).count());
   }
-  metrics.observe("specserve:e2e_request_latency_seconds", labels, seconds_since(start));
+  metrics.observe("specserve:e2e_request_latency_seconds", labels, std::chrono::duration<double>(end - start).count());
   MetricLabels l = labels;
   l.emplace_back("finished_reason", finish);
   if (finish == "stop" || finish == "length") metrics.add("specserve:request_success", l, 1);
+}
+
+void HttpServer::Impl::observe_tokens(ChoiceTiming& t, const Arrival& a) {
+  const size_t k = a.chunk.tokens.size();
+  if (k == 0) return;
+  if (!t.first_token) {
+    t.first_token = a.at;
+  } else {
+    // NOTE: a chunk holds every token of one step (several with speculation); each token is
+    // counted with the step's gap shared out, so the histogram's count is output tokens - 1.
+    const double gap = std::chrono::duration<double>(a.at - t.last_token).count();
+    metrics.observe("specserve:inter_token_latency_seconds", labels, gap / static_cast<double>(k), k);
+  }
+  t.last_token = a.at;
 }
 
 namespace {
@@ -246,6 +390,7 @@ struct StreamState {
   bool started = false;
   bool complete = false;  // [DONE] written
   Clock::time_point last_write;
+  std::optional<DisconnectWatch> watch;
 };
 
 json chunk_base(const StreamState& s) {
@@ -285,12 +430,51 @@ bool write_event(httplib::DataSink& sink, const std::string& data, StreamState* 
 
 }  // namespace
 
-void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib::Response& res, ApiKind kind) {
+void HttpServer::Impl::read_body_and_generate(const httplib::Request& http_req, httplib::Response& res,
+                                              const httplib::ContentReader& reader, ApiKind kind) {
+  // NOTE: read here, not by cpp-httplib: 0.11 checks its payload limit against Content-Length
+  // only, so a chunked body, or a gzip one (it inflates Content-Encoding), had no limit at all.
+  // Past the limit the rest is read and dropped, up to 4x the limit, so that the connection
+  // stays usable; beyond that reading stops and the answer closes the connection.
+  std::string body;
+  size_t seen = 0;
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    seen += n;
+    if (seen > opts.max_body_bytes) {
+      if (!too_large) std::string().swap(body);
+      too_large = true;
+      return seen / 4 <= opts.max_body_bytes;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (!ok || too_large) {
+    ApiError e;
+    if (too_large || res.status == 413) {
+      e.http_status = 413;
+      e.message = "the request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes (after decompression)";
+    } else {
+      e.message = "could not read the request body";
+    }
+    // NOTE: the rest of the body is still on the connection, and cpp-httplib 0.11 reads it as
+    // the next requests (answering those with 400s) whatever this answer says, so the client
+    // is told not to reuse the connection. (Shutting the socket's reading side would not help:
+    // cpp-httplib writes nothing, this answer included, to a socket that reads as closed.)
+    if (!ok) res.set_header("Connection", "close");
+    get_logger("server")->info("{} {}: {} {}", http_req.method, http_req.path, e.http_status, e.message);
+    return send_error(res, e);
+  }
+  handle_generate(http_req, body, res, kind);
+}
+
+void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const std::string& body, httplib::Response& res,
+                                       ApiKind kind) {
   const auto start = Clock::now();
   auto log = get_logger("server");
   ServedModel model = model_now();
   ParsedRequest req;
-  if (auto err = parse_openai_request(http_req.body, kind, model, opts.limits, &req)) {
+  if (auto err = parse_openai_request(body, kind, model, opts.limits, &req)) {
     log->info("{} {}: {} {}", http_req.method, http_req.path, err->http_status, err->message);
     return send_error(res, *err);
   }
@@ -299,7 +483,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
   for (size_t p = 0; p < req.prompts.size(); ++p) {
     for (int32_t j = 0; j < req.n; ++j) {
       const size_t idx = p * static_cast<size_t>(req.n) + static_cast<size_t>(j);
-      auto h = client->submit(req.request_for(p, j), [job, idx](const StreamChunk& c) { job->push(idx, c); });
+      std::weak_ptr<Job> weak = job;
+      auto h = client->submit(req.request_for(p, j), [weak, idx](const StreamChunk& c) {
+        if (auto j = weak.lock()) j->push(idx, c);
+      });
       if (!h.ok()) {
         job->cancel_all();
         ApiError e = error_from_status(h.status());
@@ -316,37 +503,40 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
     std::vector<ChoiceOutput> outputs(num_choices);
     std::vector<ChoiceTiming> timing(num_choices);
     size_t finished = 0;
-    std::string error;
-    while (finished < num_choices && !stopped) {
-      for (auto& [i, c] : job->take(std::chrono::milliseconds(500))) {
+    std::optional<ApiError> error;
+    DisconnectWatch watch(http_req);
+    bool gone = false;
+    while (finished < num_choices && !stopped && !gone) {
+      for (auto& a : job->take(std::chrono::milliseconds(500))) {
+        const size_t i = a.index;
+        const StreamChunk& c = a.chunk;
         if (timing[i].finished) continue;
-        const auto now = Clock::now();
-        if (!c.tokens.empty()) {
-          if (!timing[i].first_token) {
-            timing[i].first_token = now;
-          } else {
-            const double gap = std::chrono::duration<double>(now - timing[i].last_token).count();
-            metrics.observe("specserve:inter_token_latency_seconds", labels, gap / c.tokens.size(), c.tokens.size());
-          }
-          timing[i].last_token = now;
-        }
+        observe_tokens(timing[i], a);
         outputs[i].add(c);
         if (!c.finish_reason.empty()) {
           timing[i].finished = true;
           ++finished;
-          observe_choice(timing[i], start, c.finish_reason);
-          if (c.finish_reason == "error" && error.empty()) error = c.error.empty() ? "the request failed" : c.error;
+          observe_choice(timing[i], start, a.at, c.finish_reason);
+          if (c.finish_reason == "error" && !error) error = error_from_chunk(c, kind);
         }
       }
+      // A client that went away: cancel its choices (they would run to max_tokens).
+      if (finished < num_choices) gone = watch.gone();
+    }
+    if (gone) {
+      job->cancel_all();
+      log->info("{} {} {}: client gone: cancelling {} choice(s)", http_req.method, http_req.path, id,
+                num_choices - finished);
+      return send_error(res, ApiError{499, "the client closed the connection", "invalid_request_error", "", ""});
     }
     if (finished < num_choices) {
       job->cancel_all();
       return send_error(res, ApiError{503, "the server is shutting down", "service_unavailable", "", ""});
     }
-    if (!error.empty()) {
+    if (error) {
       job->cancel_all();
-      log->warn("{} {} {}: failed: {}", http_req.method, http_req.path, id, error);
-      return send_error(res, ApiError{500, error, "server_error", "", ""});
+      log->warn("{} {} {}: failed: {}", http_req.method, http_req.path, id, error->message);
+      return send_error(res, *error);
     }
     res.set_content(dump_json(completion_response(req, model, id, created, outputs)), "application/json");
     return;
@@ -361,15 +551,36 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
   s->outputs.resize(num_choices);
   s->timing.resize(num_choices);
   s->last_write = Clock::now();
+  s->watch.emplace(http_req);
   Impl* self = this;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
+  ++open_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [s, self, num_choices](size_t, httplib::DataSink& sink) -> bool {
+      [s, self, num_choices, kind](size_t, httplib::DataSink& sink) -> bool {
+        static const std::string done = "data: [DONE]\n\n";
         if (s->complete) {
           sink.done();
           return true;
+        }
+        // Ends the stream with an error event and [DONE] (OpenAI's client raises it).
+        auto fail = [&](const ApiError& e) {
+          s->job->cancel_all();
+          s->complete = true;
+          if (!write_event(sink, dump_json(e.to_json()), s.get())) return false;
+          sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        };
+        if (self->stopped) {
+          // NOTE: the head drained first; what is left did not finish in the drain timeout.
+          // Ending the chunked body properly lets the client tell this from a network failure.
+          get_logger("server")->info("stream {}: server stopping: cancelling {} choice(s)", s->id,
+                                     num_choices - s->finished);
+          const bool ok = fail(ApiError{503, "the server is shutting down", "service_unavailable", "", ""});
+          s->watch->stop_reading();  // after the writes (cpp-httplib takes a read end as a gone client)
+          return ok;
         }
         const Tokenizer& tok = *s->model.tokenizer;
         if (!s->started) {
@@ -384,41 +595,30 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
         }
         auto items = s->job->take(std::chrono::milliseconds(1000));
         if (items.empty()) {
+          // A write finds a gone client only after the peer's reset; a request that waits in
+          // the queue writes nothing, so it looks at the socket too.
+          if (s->watch->gone()) return false;
           // SSE comment: keeps proxies from closing an idle stream and finds a gone client.
           if (seconds_since(s->last_write) > 5.0) {
             static const std::string ping = ": keep-alive\n\n";
             s->last_write = Clock::now();
             if (!sink.write(ping.data(), ping.size())) return false;
           }
-          return !self->stopped;
+          return true;
         }
-        for (auto& [i, c] : items) {
+        for (auto& a : items) {
+          const size_t i = a.index;
+          const StreamChunk& c = a.chunk;
           ChoiceTiming& t = s->timing[i];
           if (t.finished) continue;
-          const auto now = Clock::now();
-          if (!c.tokens.empty()) {
-            if (!t.first_token) {
-              t.first_token = now;
-            } else {
-              const double gap = std::chrono::duration<double>(now - t.last_token).count();
-              self->metrics.observe("specserve:inter_token_latency_seconds", self->labels, gap / c.tokens.size(),
-                                    c.tokens.size());
-            }
-            t.last_token = now;
-          }
+          self->observe_tokens(t, a);
           ChoiceOutput& out = s->outputs[i];
           const size_t begin = out.tokens.size();
           out.add(c);
           if (c.finish_reason == "error") {
-            ApiError e{500, c.error.empty() ? "the request failed" : c.error, "server_error", "", ""};
+            const ApiError e = error_from_chunk(c, kind);
             get_logger("server")->warn("stream {}: choice {} failed: {}", s->id, i, e.message);
-            s->job->cancel_all();
-            if (!write_event(sink, dump_json(e.to_json()), s.get())) return false;
-            s->complete = true;
-            static const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
+            return fail(e);
           }
           if (!c.text.empty() || (s->req.logprobs && !c.tokens.empty())) {
             const json lp = logprobs_json(s->req, tok, out, begin, out.tokens.size(), 0);
@@ -427,7 +627,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
           if (!c.finish_reason.empty()) {
             t.finished = true;
             ++s->finished;
-            self->observe_choice(t, s->start, c.finish_reason);
+            self->observe_choice(t, s->start, a.at, c.finish_reason);
             const json ev = choice_event(*s, i, "", nullptr, api_finish_reason(c.finish_reason), false);
             if (!write_event(sink, dump_json(ev), s.get())) return false;
           }
@@ -439,21 +639,21 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, httplib
             u["usage"] = usage_json(s->req, s->outputs);
             if (!write_event(sink, dump_json(u), s.get())) return false;
           }
-          static const std::string done = "data: [DONE]\n\n";
           if (!sink.write(done.data(), done.size())) return false;
           s->complete = true;
           sink.done();
         }
         return true;
       },
-      [s](bool) {
+      [s, self](bool) {
         // The response ended: normally, or because the client went away / the server stops.
         // Unfinished choices are cancelled, which frees their KV blocks.
-        if (s->finished < s->outputs.size()) {
+        if (s->finished < s->outputs.size() && !s->complete) {
           get_logger("server")->info("stream {}: client gone or server stopping: cancelling {} choice(s)", s->id,
                                      s->outputs.size() - s->finished);
           s->job->cancel_all();
         }
+        --self->open_streams;
       });
 }
 
@@ -475,6 +675,12 @@ const std::string& HttpServer::model_name() const { return impl_->model.name; }
 
 void HttpServer::stop() {
   if (!impl_ || impl_->stopped.exchange(true)) return;
+  // Open streams end themselves (an error event, [DONE], the last chunk) within a second (their
+  // wait for chunks); after svr.stop() cpp-httplib would cut them mid-body.
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (impl_->open_streams.load() > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   impl_->svr.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
@@ -501,7 +707,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   d->labels = {{"model_name", d->model.name}};
   d->declare_metrics();
 
-  httplib::Server& svr = d->svr;
+  ListeningServer& svr = d->svr;
   const int32_t threads = options.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(options.max_body_bytes);
@@ -523,8 +729,21 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ApiError e;
+    // A route that exists for another method: 405 with Allow, as FastAPI (vLLM) answers.
+    const std::string& p = req.path;
+    const bool model_route = p == "/v1/models" || (p.rfind("/v1/models/", 0) == 0 && p.size() > 11);
+    const char* allow = nullptr;
+    if (p == "/v1/completions" || p == "/v1/chat/completions") allow = "POST";
+    if (model_route || p == "/health" || p == "/metrics") allow = "GET, HEAD";
+    if (res.status == 404 && allow) {
+      res.status = 405;
+      res.set_header("Allow", allow);
+    }
     e.http_status = res.status;
-    if (res.status == 404) {
+    if (res.status == 405) {
+      e.message = "method " + req.method + " is not allowed on " + p + " (allowed: " + allow + ")";
+      e.code = "method_not_allowed";
+    } else if (res.status == 404) {
       e.message = "no route " + req.method + " " + req.path;
       e.code = "not_found";
     } else if (res.status == 413) {
@@ -546,12 +765,14 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
     send_error(res, ApiError{500, "internal error: " + what, "server_error", "", ""});
   });
 
-  svr.Post("/v1/completions", [d](const httplib::Request& req, httplib::Response& res) {
-    d->handle_generate(req, res, ApiKind::kCompletion);
-  });
-  svr.Post("/v1/chat/completions", [d](const httplib::Request& req, httplib::Response& res) {
-    d->handle_generate(req, res, ApiKind::kChat);
-  });
+  svr.Post("/v1/completions",
+           [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+             d->read_body_and_generate(req, res, reader, ApiKind::kCompletion);
+           });
+  svr.Post("/v1/chat/completions",
+           [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+             d->read_body_and_generate(req, res, reader, ApiKind::kChat);
+           });
   auto model_card = [d] {
     json m;
     m["id"] = d->model.name;
@@ -601,7 +822,13 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
                        " (address in use, or not an address of this host)");
   }
   d->port = static_cast<uint16_t>(bound);
+  if (!svr.set_backlog(SOMAXCONN)) {
+    get_logger("server")->warn("HTTP: could not raise the listen backlog: {}", std::strerror(errno));
+  }
   d->thread = std::thread([d] { d->svr.listen_after_bind(); });
+  // NOTE: svr.stop() does nothing until the listen loop runs, so stop() right after start()
+  // would wait forever for the thread.
+  for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   get_logger("server")->info("HTTP: OpenAI-compatible API on http://{}:{}/v1 (model '{}'{})", options.host, d->port,
                              d->model.name, options.api_key.empty() ? "" : ", API key required");
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));

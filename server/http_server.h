@@ -12,9 +12,10 @@
 //
 // Each HTTP request runs on one thread of a bounded pool (cpp-httplib); its choices are
 // submitted to the head's scheduler through an in-process `Client`, so HTTP requests and
-// actor-API requests share one queue and one policy. A streaming client that disconnects
-// cancels its requests (their KV blocks are freed by the shard); a bad request gets a 4xx
-// with OpenAI's error object and never affects another.
+// actor-API requests share one queue and one policy. A client that disconnects, streaming or
+// not, cancels its requests within about a second (their KV blocks are freed by the shard); a
+// bad request gets a 4xx with OpenAI's error object and never affects another; a route asked
+// with the wrong method gets 405.
 #pragma once
 
 #include <caf/all.hpp>
@@ -37,7 +38,7 @@ struct HttpServerOptions {
   std::string served_model_name;   ///< the `model` name; "" = the GGUF file's name without ".gguf"
   std::string model_path;          ///< the target GGUF path (accepted as a model name too)
   int32_t threads = 64;            ///< HTTP worker threads: concurrent connections served
-  size_t max_body_bytes = size_t{32} << 20;  ///< larger bodies get 413
+  size_t max_body_bytes = size_t{32} << 20;  ///< larger bodies get 413 (counted inflated, chunked or not)
   ApiLimits limits;
   /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB.
   Status validate() const;
@@ -58,7 +59,8 @@ class HttpServer {
   uint16_t port() const;
   /// The model name requests use.
   const std::string& model_name() const;
-  /// Stops accepting connections, ends open streams (their requests are cancelled) and joins
+  /// Stops accepting connections, ends open streams (their requests are cancelled; each gets
+  /// an error event, `data: [DONE]` and the end of its body, within about a second) and joins
   /// the threads. Idempotent.
   void stop();
 

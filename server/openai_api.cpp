@@ -31,9 +31,39 @@ ApiError bad(const std::string& param, const std::string& message, int status = 
   return e;
 }
 
+// Appends `v` to *out in JSON, stopping once *out holds more than `budget` bytes and writing
+// containers deeper than `depth` as [...] / {...}.
+// NOTE: not json::dump: dump recurses once per nesting level, so a request of 100000 nested
+// arrays overflowed the HTTP thread's stack (the parser itself is iterative), and it would
+// serialise a 32 MiB value to show 80 characters of it.
+void render_bounded(const json& v, int depth, size_t budget, std::string* out) {
+  if (out->size() > budget) return;
+  if (v.is_array() || v.is_object()) {
+    const bool arr = v.is_array();
+    if (depth <= 0) {
+      *out += arr ? "[...]" : "{...}";
+      return;
+    }
+    *out += arr ? '[' : '{';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out->size() <= budget; ++it) {
+      if (!first) *out += ',';
+      first = false;
+      if (!arr) *out += dump_json(it.key()) + ":";
+      render_bounded(*it, depth - 1, budget, out);
+    }
+    *out += arr ? ']' : '}';
+  } else if (v.is_string() && v.get_ref<const std::string&>().size() > budget) {
+    *out += dump_json(v.get_ref<const std::string&>().substr(0, budget));  // cut UTF-8 is replaced
+  } else {
+    *out += dump_json(v);
+  }
+}
+
 // The JSON value as it appeared in the request, shortened, for error messages.
 std::string shown(const json& v) {
-  std::string s = dump_json(v);
+  std::string s;
+  render_bounded(v, 8, 80, &s);
   if (s.size() > 80) s = s.substr(0, 77) + "...";
   return s;
 }
@@ -272,7 +302,8 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   json body;
   try {
     body = json::parse(body_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number that overflows a double (1e999).
     return bad("", std::string("malformed JSON in the request body: ") + e.what());
   }
   if (!body.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(body));

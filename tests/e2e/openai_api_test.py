@@ -348,6 +348,110 @@ class OpenAiApiTest(unittest.TestCase):
         gen = lambda vals: sum(v for k, v in vals.items() if k.startswith("specserve:generation_tokens_total"))
         self.assertLess(gen(after) - gen(before), 600, "the request ran to the end: it was not cancelled")
 
+    def test_non_streamed_disconnect_cancels(self):
+        # A non-streamed request whose client goes away is cancelled too (vLLM aborts it).
+        m = model_name(PLAIN)
+        body = json.dumps({"model": m, "prompt": "Count: 1, 2, 3,", "max_tokens": 900, "temperature": 0,
+                           "ignore_eos": True})
+        gen = lambda vals: sum(v for k, v in vals.items() if k.startswith("specserve:generation_tokens_total"))
+        s = socket.create_connection(("127.0.0.1", PLAIN.port))
+        s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+        end = time.time() + 30
+        while time.time() < end:
+            _, before = PLAIN.metrics()
+            if sum(v for k, v in before.items() if k.startswith("specserve:num_requests_running")) == 1:
+                break
+            time.sleep(0.1)
+        s.close()
+        end = time.time() + 30
+        while time.time() < end:
+            _, after = PLAIN.metrics()
+            if sum(v for k, v in after.items() if k.startswith("specserve:num_requests_running")) == 0:
+                break
+            time.sleep(0.2)
+        self.assertEqual(sum(v for k, v in after.items() if k.startswith("specserve:num_requests_running")), 0,
+                         "the request kept running after its client disconnected")
+        self.assertLess(gen(after) - gen(before), 600, "the request ran to the end: it was not cancelled")
+
+    def test_hostile_bodies(self):
+        import gzip
+        h = {"Authorization": "Bearer " + API_KEY}
+        # 100000 nested arrays: used to overflow the stack (the server died).
+        status, body = SPEC.raw("POST", "/v1/completions",
+                                '{"prompt": "x", "max_tokens": ' + "[" * 100000 + "]" * 100000 + "}", h)
+        self.assertEqual(status, 400, body)
+        self.assertEqual(body["error"]["param"], "max_tokens")
+        # A number beyond a double: a 400, not a 500.
+        status, body = SPEC.raw("POST", "/v1/completions", '{"prompt": "x", "temperature": 1e999}', h)
+        self.assertEqual(status, 400, body)
+        # 40 MiB inflated from 40 KiB of gzip: the 32 MiB limit counts what the server inflates.
+        bomb = gzip.compress(b'{"prompt": "x", "max_tokens": 1, "user": "' + b"a" * (40 << 20) + b'"}')
+        status, body = SPEC.raw("POST", "/v1/completions", bomb, dict(h, **{"Content-Encoding": "gzip"}))
+        self.assertEqual(status, 413, body)
+        # The same over Transfer-Encoding: chunked.
+        big = b'{"prompt": "x", "max_tokens": 1, "user": "' + b"a" * (33 << 20) + b'"}'
+        conn = http.client.HTTPConnection("127.0.0.1", SPEC.port, timeout=120)
+        try:
+            conn.request("POST", "/v1/completions", body=iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)]),
+                         headers=dict(h, **{"Content-Type": "application/json"}), encode_chunked=True)
+            self.assertEqual(conn.getresponse().status, 413)
+        except (ConnectionError, BrokenPipeError):
+            pass  # the server answered 413 and closed while the body was still being sent
+        conn.close()
+        status, _ = SPEC.raw("GET", "/health")
+        self.assertEqual(status, 200)
+
+    def test_wrong_method_and_bursts(self):
+        import concurrent.futures
+        status, body = PLAIN.raw("GET", "/v1/completions")
+        self.assertEqual(status, 405, body)
+        self.assertEqual(body["error"]["code"], "method_not_allowed")
+
+        def health(_):
+            return PLAIN.raw("GET", "/health")[0]
+
+        # 64 clients at once: the listen backlog is no longer 5 (connections were reset).
+        with concurrent.futures.ThreadPoolExecutor(64) as ex:
+            self.assertEqual(set(ex.map(health, range(64))), {200})
+
+    def test_stop_ends_open_streams_cleanly(self):
+        # Streams still open when the drain timeout ends get an error event, [DONE] and a
+        # terminated body, and the process exits.
+        import threading
+        server = Server("drain server", ["--drain-timeout", "1"])
+        try:
+            server.wait_healthy()
+            m = model_name(server)
+            results = []
+
+            def stream():
+                body = json.dumps({"model": m, "prompt": "Count: 1, 2, 3,", "max_tokens": 900, "temperature": 0,
+                                   "ignore_eos": True, "stream": True})
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+                conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+                try:
+                    results.append(conn.getresponse().read().decode())
+                except Exception as e:  # IncompleteRead: the body was cut
+                    results.append(e)
+                finally:
+                    conn.close()
+
+            threads = [threading.Thread(target=stream) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(2)
+            os.killpg(server.proc.pid, signal.SIGTERM)
+            for t in threads:
+                t.join(60)
+            self.assertEqual(server.proc.wait(30), 0)
+            for r in results:
+                self.assertIsInstance(r, str, "the stream was cut: %r" % (r,))
+                self.assertIn("shutting down", r)
+                self.assertTrue(r.endswith("data: [DONE]\n\n"), r[-200:])
+        finally:
+            server.stop()
+
     def test_metrics(self):
         m = model_name(SPEC)
         SPEC.client.completions.create(model=m, prompt=PROMPT, max_tokens=8, temperature=0)

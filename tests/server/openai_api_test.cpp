@@ -186,6 +186,34 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
   EXPECT_NE(e->message.find("maximum context length is 64"), std::string::npos) << e->message;
 }
 
+// Bug: the error message for a wrongly typed field dumped the value with json::dump, which
+// recurses per nesting level: 100000 nested arrays overflowed the stack and killed the server.
+// Bug: a number beyond a double (1e999) threw out_of_range past the parser's catch: a 500.
+TEST_F(OpenAiApi, HostileJsonIsA400) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const char* field : {"max_tokens", "model", "stop", "n", "response_format"}) {
+    auto e = parse(std::string(R"({"messages": [{"role": "user", "content": "x"}], ")") + field + "\": " + deep + "}",
+                   ApiKind::kChat);
+    ASSERT_TRUE(e) << field;
+    EXPECT_EQ(e->http_status, 400) << field;
+    EXPECT_EQ(e->param, std::string(field) == "stop" ? "stop[0]" : field);
+    EXPECT_LE(e->message.size(), 200u) << e->message;
+  }
+  auto e = parse(R"({"prompt": [[[)" + deep + "]]]}", ApiKind::kCompletion);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->http_status, 400);
+  // A huge value is shown shortened, without serialising all of it.
+  e = parse(R"({"prompt": "x", "max_tokens": ")" + std::string(10 << 20, 'a') + "\"}", ApiKind::kCompletion);
+  ASSERT_TRUE(e);
+  EXPECT_LE(e->message.size(), 200u);
+  for (const char* body : {R"({"prompt": "x", "temperature": 1e999})", R"({"prompt": "x", "max_tokens": -1e400})"}) {
+    e = parse(body, ApiKind::kCompletion);
+    ASSERT_TRUE(e) << body;
+    EXPECT_EQ(e->http_status, 400) << body;
+    EXPECT_NE(e->message.find("malformed JSON"), std::string::npos) << e->message;
+  }
+}
+
 TEST_F(OpenAiApi, ResponsesHaveOpenAiShape) {
   ParsedRequest r;
   ASSERT_FALSE(parse(R"({"prompt": "Hi", "n": 2, "logprobs": 2, "max_tokens": 3})", ApiKind::kCompletion, &r));
