@@ -99,20 +99,24 @@ std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, in
   auto it = body.find(f);
   if (it == body.end() || it->is_null()) return std::nullopt;
   int64_t v = 0;
-  if (it->is_number_integer()) {
-    v = it->get<int64_t>();
-  } else if (it->is_number_unsigned()) {
+  auto out_of_range = [&](const std::string& shown_value) {
+    return bad(f, std::string(f) + " = " + shown_value + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  // NOTE: unsigned first: is_number_integer() is true for unsigned values too, and get<int64_t>
+  // wrapped 2^64 - 1 to -1 (top_k 18446744073709551615 became -1, "no top-k").
+  if (it->is_number_unsigned()) {
     const uint64_t u = it->get<uint64_t>();
-    v = u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+    if (hi < 0 || u > static_cast<uint64_t>(hi)) return out_of_range(std::to_string(u));
+    v = static_cast<int64_t>(u);
+  } else if (it->is_number_integer()) {
+    v = it->get<int64_t>();
   } else if (it->is_number_float() && std::isfinite(it->get<double>()) && it->get<double>() == std::floor(it->get<double>()) &&
              std::fabs(it->get<double>()) < 9e15) {
     v = static_cast<int64_t>(it->get<double>());
   } else {
     return wrong_type(f, *it, "an integer");
   }
-  if (v < lo || v > hi) {
-    return bad(f, std::string(f) + " = " + std::to_string(v) + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
+  if (v < lo || v > hi) return out_of_range(std::to_string(v));
   *out = v;
   if (given) *given = true;
   return std::nullopt;
@@ -350,10 +354,15 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   if (auto e = read_int(body, "top_k", -1, INT32_MAX, &v)) return e;
   if (body.contains("top_k") && !body["top_k"].is_null()) s.top_k = static_cast<int32_t>(v == 0 ? -1 : v);
   bool seed_given = false;
-  if (auto e = read_int(body, "seed", INT64_MIN, INT64_MAX, &v, &seed_given)) return e;
-  if (seed_given) {
-    s.seed = static_cast<uint64_t>(v);
+  if (auto it = body.find("seed"); it != body.end() && it->is_number_unsigned()) {
+    s.seed = it->get<uint64_t>();  // the whole 64-bit range (vLLM's seeds are Python ints)
     s.has_seed = true;
+  } else {
+    if (auto e = read_int(body, "seed", INT64_MIN, INT64_MAX, &v, &seed_given)) return e;
+    if (seed_given) {
+      s.seed = static_cast<uint64_t>(v);
+      s.has_seed = true;
+    }
   }
   if (auto e = read_bool(body, "ignore_eos", &s.ignore_eos)) return e;
   if (auto e = read_bool(body, "include_stop_str_in_output", &g.include_stop_str)) return e;

@@ -214,6 +214,32 @@ TEST_F(OpenAiApi, HostileJsonIsA400) {
   }
 }
 
+// Bug: integers in [2^63, 2^64) were read through get<int64_t> and wrapped: top_k and priority
+// of 2^64 - 1 were accepted as -1, and max_tokens = 2^63 was reported as -9223372036854775808.
+TEST_F(OpenAiApi, HugeUnsignedIntegersAreOutOfRangeNotWrapped) {
+  for (const char* field : {"top_k", "priority", "max_tokens", "n"}) {
+    auto e = parse(std::string(R"({"prompt": "x", ")") + field + R"(": 18446744073709551615})", ApiKind::kCompletion);
+    ASSERT_TRUE(e) << field;
+    EXPECT_EQ(e->param, field);
+    EXPECT_NE(e->message.find("18446744073709551615"), std::string::npos) << e->message;
+  }
+  auto e = parse(R"({"prompt": "x", "max_tokens": 9223372036854775808})", ApiKind::kCompletion);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("9223372036854775808"), std::string::npos) << e->message;
+  EXPECT_EQ(e->message.find("-9223372036854775808"), std::string::npos) << e->message;
+  // Seeds take the whole 64-bit range, negative ones as their two's complement.
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": "x", "seed": 18446744073709551615})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.base.sampling.seed, UINT64_MAX);
+  ASSERT_FALSE(parse(R"({"prompt": "x", "seed": 9223372036854775808})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.base.sampling.seed, uint64_t{1} << 63);
+  ASSERT_FALSE(parse(R"({"prompt": "x", "seed": -1})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.base.sampling.seed, UINT64_MAX);
+  ASSERT_FALSE(parse(R"({"prompt": "x", "top_k": 40, "priority": -5})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.base.sampling.top_k, 40);
+  EXPECT_EQ(r.base.priority, -5);
+}
+
 TEST_F(OpenAiApi, ResponsesHaveOpenAiShape) {
   ParsedRequest r;
   ASSERT_FALSE(parse(R"({"prompt": "Hi", "n": 2, "logprobs": 2, "max_tokens": 3})", ApiKind::kCompletion, &r));
