@@ -263,6 +263,7 @@ struct HttpServer::Impl {
     if (max_model_len.load() == 0) cluster_status(0.5);
     ServedModel m = model;
     m.max_model_len = max_model_len.load();
+    if (m.max_model_len == 0) m.max_model_len = opts.max_model_len;  // no replica has reported yet
     return m;
   }
 

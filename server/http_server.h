@@ -40,6 +40,9 @@ struct HttpServerOptions {
   int32_t threads = 64;            ///< HTTP worker threads: concurrent connections served
   size_t max_body_bytes = size_t{32} << 20;  ///< larger bodies get 413 (counted inflated, chunked or not)
   ApiLimits limits;
+  /// Context length (tokens) the API checks prompts and max_tokens against until a replica
+  /// reports its own (ClusterStatus::max_model_len); 0: none until then.
+  int32_t max_model_len = 0;
   /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB.
   Status validate() const;
 };

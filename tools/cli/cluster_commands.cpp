@@ -42,6 +42,9 @@ int run_serve_cmd(const ServeArgs& a) {
   t.head.host = a.host;
   t.head.actor_port = a.actor_port;
   t.source = "--actor-port";
+  t.locations["head.actor_port"] = "--actor-port";
+  t.locations["head.http_port"] = "--port";
+  t.locations["head.host"] = "--host";
   t.models.target.path = a.model.empty() ? default_model_path() : a.model;
   if (a.max_model_len > 0) t.models.target.max_model_len = a.max_model_len;
   EngineOptions eo;

@@ -1,8 +1,11 @@
 #include "tools/cli/http_front_end.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
+#include "model/model_config.h"
 #include "server/http_server.h"
 
 namespace specserve::cli {
@@ -18,8 +21,8 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
                   "The model name the API reports and requests use (default: the GGUF file name without .gguf)");
   sub->add_option("--http-threads", a->threads, "HTTP worker threads: connections served at once (default 64)")
       ->check(CLI::Range(1, 4096));
-  sub->add_option("--max-n", a->max_n, "Largest `n` (choices per prompt) a request may ask for (default 16)")
-      ->check(CLI::Range(1, 1024));
+  sub->add_option("--max-n", a->max_n, "Largest `n` (choices per prompt) a request may ask for (default 16; prompts x n is at most 128)")
+      ->check(CLI::Range(1, 128));
   sub->add_flag("--no-http", a->no_http, "Do not start the HTTP front end (actor port only)");
 }
 
@@ -37,6 +40,12 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     o.model_path = t.models.target.path;
     o.threads = a.threads;
     o.limits.max_n = a.max_n;
+    // Until a replica reports its context: the configured max_model_len, else the model's.
+    if (t.models.target.max_model_len) {
+      o.max_model_len = *t.models.target.max_model_len;
+    } else if (auto cfg = ModelConfig::from_gguf(head.gguf()); cfg.ok()) {
+      o.max_model_len = static_cast<int32_t>(std::min<int64_t>(cfg->context_length, INT32_MAX));
+    }
     auto s = HttpServer::start(o, rt.system(), head.scheduler(), token, head.tokenizer(), head.gguf());
     if (!s.ok()) {
       const std::string field = a.port >= 0 ? "--port" : t.where("head.http_port") + ": head.http_port";
