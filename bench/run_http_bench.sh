@@ -12,10 +12,12 @@
 # prefill on 2 cores would dominate every figure), --duration caps each level.
 # Writes bench/results/http_<date>.{json,md,png}.
 # Usage: bench/run_http_bench.sh [THREADS]    (default: all cores)
-# Environment (defaults): NUM_PROMPTS (32) MAX_TOKENS (64) CONCURRENCY (1,4,8) ROUNDS (2)
+# Environment (defaults): NUM_PROMPTS (32) MAX_TOKENS (64) CONCURRENCY (1,4,8) ROUNDS (1)
 #   MAX_PROMPT_CHARS (1000) LEVEL_DURATION (90 s) SPEC_CONFIG (n-gram JSON; empty: no
-#   specserve-ngram) SYSTEMS (llama.cpp,specserve,specserve-ngram) PORT (8310) LOAD_WAIT (300 s)
+#   specserve-ngram) SYSTEMS (llama.cpp,specserve,specserve-ngram) PORT (8310) QUIET_CORES (0.5)
+#   QUIET_WAIT (120 s: before each server starts, wait this long at most for a quiet machine)
 #   SPECSERVE_BUILD_DIR (build) SPECSERVE_NO_BUILD (0) OUT (bench/results/http_<date>)
+#   SOURCE_COMMIT (git describe of this checkout: the source the binary was built from, recorded)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
@@ -23,7 +25,7 @@ build="${SPECSERVE_BUILD_DIR:-$here/build}"
 num_prompts="${NUM_PROMPTS:-32}"
 max_tokens="${MAX_TOKENS:-64}"
 concurrency="${CONCURRENCY:-1,4,8}"
-rounds="${ROUNDS:-2}"
+rounds="${ROUNDS:-1}"
 max_prompt_chars="${MAX_PROMPT_CHARS:-1000}"
 level_duration="${LEVEL_DURATION:-90}"
 default_spec='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}'
@@ -31,7 +33,8 @@ spec_config="${SPEC_CONFIG-$default_spec}"
 systems="${SYSTEMS:-llama.cpp,specserve,specserve-ngram}"
 [ -n "$spec_config" ] || systems="$(echo "$systems" | tr ',' '\n' | grep -vx specserve-ngram | paste -sd, -)"
 port="${PORT:-8310}"
-load_wait="${LOAD_WAIT:-300}"
+quiet_cores="${QUIET_CORES:-0.5}"
+quiet_wait="${QUIET_WAIT:-120}"
 
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 [ "${SPECSERVE_NO_BUILD:-0}" = 1 ] || SPECSERVE_BUILD_DIR="$build" "$here/scripts/build.sh"
@@ -43,6 +46,7 @@ if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
 fi
 
 day="$(date +%Y-%m-%d)"
+commit="${SOURCE_COMMIT:-$(git -C "$here" describe --always --dirty 2>/dev/null || echo unknown)}"
 out="${OUT:-$here/bench/results/http_$day}"
 work="$(mktemp -d)"
 server_pid=""
@@ -86,12 +90,31 @@ start_server() {
   echo "[http-bench] $1 not ready after 180 s; its log:" >&2; tail -n 30 "$log" >&2; exit 1
 }
 
-for i in $(seq 1 $((load_wait / 10))); do
-  load="$(cut -d' ' -f1 /proc/loadavg)"
-  if awk "BEGIN { exit !($load <= 1.0) }"; then break; fi
-  echo "[http-bench] 1-minute load average $load > 1.0: waiting 10 s ($i/$((load_wait / 10)))" >&2
-  sleep 10
-done
+# CPU accounting (jiffies): the machine's busy time from /proc/stat, a process tree's from /proc/PID/stat.
+hz="$(getconf CLK_TCK)"
+busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
+tree_jiffies() {  # utime+stime (all threads) of process $1 and its running descendants
+  local total c
+  total=$(awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0)
+  for c in $(pgrep -P "$1" 2>/dev/null); do total=$((total + $(tree_jiffies "$c"))); done
+  echo "$total"
+}
+# Waits (up to $quiet_wait s) until the machine is quiet: at most $quiet_cores busy over 5 s.
+# NOTE: on a shared 2-core machine a neighbour's build is the largest error term; what other
+# processes used during each run is recorded beside its figures either way.
+wait_quiet() {
+  local waited=0 b0 b1 cores
+  while :; do
+    b0=$(busy_jiffies); sleep 5; b1=$(busy_jiffies)
+    cores=$(awk "BEGIN { printf \"%.2f\", ($b1 - $b0) / $hz / 5 }")
+    if awk "BEGIN { exit !($cores <= $quiet_cores) }"; then return 0; fi
+    waited=$((waited + 5))
+    if [ "$waited" -ge "$quiet_wait" ]; then
+      echo "[http-bench] machine still busy ($cores cores) after ${quiet_wait} s; measuring anyway (recorded)" >&2; return 0
+    fi
+    echo "[http-bench] other processes use $cores cores > $quiet_cores: waiting ($waited/${quiet_wait} s)" >&2
+  done
+}
 before="$(uptime)"
 t_start=$(date +%s)
 bench_args=(--endpoint /v1/chat/completions --num-prompts "$num_prompts" --max-prompt-chars "$max_prompt_chars"
@@ -106,14 +129,18 @@ for round in $(seq 1 "$rounds"); do
   fi
   for sys in "${seq_systems[@]}"; do
     echo "[http-bench] round $round/$rounds: $sys" >&2
+    wait_quiet
     start_server "$sys"
     res="$work/${sys}_r$round.json"
+    b0=$(busy_jiffies); s0=$(tree_jiffies "$server_pid"); w0=$(date +%s.%N)
     if ! "$bin" bench --base-url "http://127.0.0.1:$port" --label "$sys" "${bench_args[@]}" --output-json "$res" \
         > "$work/${sys}_r$round.txt"; then
       cat "$work/${sys}_r$round.txt" >&2
       echo "[http-bench] specserve bench against $sys failed; server log:" >&2; tail -n 30 "$work/$sys.log" >&2
       exit 1
     fi
+    b1=$(busy_jiffies); s1=$(tree_jiffies "$server_pid"); w1=$(date +%s.%N)
+    echo "$w0 $w1 $b0 $b1 $s0 $s1 $hz" > "${res%.json}.cpu"  # wall clock, machine and server jiffies, USER_HZ
     stop_server
     tail -n 6 "$work/${sys}_r$round.txt" >&2
     results+=("$res")
@@ -125,16 +152,28 @@ elapsed=$(( $(date +%s) - t_start ))
 llama_cmd="python -m llama_cpp.server --model MODEL --model_alias NAME --n_threads $threads --n_threads_batch $threads --n_ctx 8192 --port P --interrupt_requests False"
 ss_cmd="specserve serve --model MODEL --threads $threads --port P --actor-port 0"
 "$py" - "$out" "$threads" "$day" "$before" "$after" "$elapsed" "$llama_cmd" "$ss_cmd" "$spec_config" \
-  "specserve bench --base-url http://127.0.0.1:P --label SYSTEM ${bench_args[*]}" "$*" "${results[@]}" <<'PY'
+  "specserve bench --base-url http://127.0.0.1:P --label SYSTEM ${bench_args[*]}" "$*" "$commit" "${results[@]}" <<'PY'
 import json, platform, statistics, subprocess, sys
 from collections import defaultdict
-(out, threads, day, before, after, elapsed, llama_cmd, ss_cmd, spec_config, bench_cmd, script_args), paths = sys.argv[1:12], sys.argv[12:]
+(out, threads, day, before, after, elapsed, llama_cmd, ss_cmd, spec_config, bench_cmd, script_args, commit), paths = sys.argv[1:13], sys.argv[13:]
 results = [json.load(open(p)) for p in paths]
+for r, p in zip(results, paths):
+    # CPU during the run: the whole machine, the server's process tree, and the rest (the client
+    # included: it uses a few hundredths of a core).
+    w0, w1, b0, b1, s0, s1, hz = map(float, open(p[:-len(".json")] + ".cpu").read().split())
+    wall = w1 - w0
+    busy, server = (b1 - b0) / hz / wall, (s1 - s0) / hz / wall
+    r["cpu"] = {"wall_s": round(wall, 1), "busy_cores": round(busy, 2), "server_cores": round(server, 2),
+                "other_cores": round(max(0.0, busy - server), 2)}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-doc = {"date": day, "host": platform.node(), "cpu": cpu, "threads": int(threads), "load_before": before,
+doc = {"date": day, "commit": commit, "host": platform.node(), "cpu": cpu, "threads": int(threads), "load_before": before,
        "load_after": after, "elapsed_s": int(elapsed), "servers": {"llama.cpp": llama_cmd, "specserve": ss_cmd,
        "specserve-ngram": ss_cmd + f" --speculative-config '{spec_config}'"}, "bench_command": bench_cmd,
        "results": results}
+for r in results:  # every gap of every request: their statistics are in each run; kept out of the record
+    for run in r["runs"]:
+        for q in run["requests"]:
+            q.pop("itl_ms", None)
 json.dump(doc, open(out + ".json", "w"), indent=1)
 
 labels = list(dict.fromkeys(r["label"] for r in results))
@@ -146,14 +185,16 @@ med = lambda runs, k: statistics.median(x[k] for x in runs)
 L = []
 L.append(f"# OpenAI-compatible HTTP serving: specserve vs llama.cpp's server — {doc['host']}, {threads} threads, {day}\n")
 L.append(f"Command: `bench/run_http_bench.sh{(' ' + script_args) if script_args else ''}` (model: SmolLM2-135M-Instruct Q4_1; "
-         f"machine: {subprocess.check_output(['nproc']).decode().strip()} cores, {cpu}); {len(paths)} bench runs in {elapsed} s.\n")
-L.append("Servers, one at a time, same GGUF and threads, the order alternating between rounds:\n")
+         f"machine: {subprocess.check_output(['nproc']).decode().strip()} cores, {cpu}); specserve built from {commit}; "
+         f"{len(paths)} bench runs in {elapsed} s.\n")
+L.append("Servers, one at a time, same GGUF and threads (the order reversed every other round):\n")
 for k, v in doc["servers"].items():
     if k in labels:
         L.append(f"- {k}: `{v}`")
 L.append(f"\nClient, the same for each: `{bench_cmd}`\n")
 L.append(f"Before: `{before}`; after: `{after}`.\n")
-L.append("Median over rounds (each round: one run per concurrency level); TTFT/TPOT/ITL/E2E are each run's medians.\n")
+L.append("Median over rounds (each round: one run per concurrency level, at most --duration s of issuing); "
+         "TTFT/TPOT/ITL/E2E are each run's medians.\n")
 L.append("| system | concurrency | rounds | ok / failed | req/s | output tok/s | total tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | ITL p50 (ms) | E2E p50 (s) |")
 L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for lab in labels:
@@ -170,7 +211,9 @@ for r, p in zip(results, paths):
     cells = ", ".join(f"c={x['max_concurrency']}: {x['output_throughput']:.1f} tok/s, {x['completed']} ok"
                       f"{', ' + str(x['failed']) + ' failed' if x['failed'] else ''}, "
                       f"{x['total_output_tokens'] / max(1, x['completed']):.1f} tokens" for x in r["runs"])
-    L.append(f"- round {rnd}, {r['label']}: {cells}")
+    cpu = r["cpu"]
+    L.append(f"- round {rnd}, {r['label']}: {cells}; CPU during the run: server {cpu['server_cores']:.2f} cores, "
+             f"other processes (client included) {cpu['other_cores']:.2f} cores, {cpu['wall_s']:.0f} s")
 # Greedy text agreement: the same prompt (same index, same seed) at concurrency 1 of each system's first run.
 first = {}
 for r in results:
