@@ -222,6 +222,7 @@ class ListeningServer : public httplib::Server {
 struct ChoiceTiming {
   std::optional<Clock::time_point> first_token;
   Clock::time_point last_token;
+  int64_t num_tokens = 0;
   bool finished = false;
 };
 
@@ -287,8 +288,10 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:request_success", K::kCounter, "Count of successfully processed requests (HTTP).");
   metrics.declare("specserve:time_to_first_token_seconds", K::kHistogram, "Histogram of time to first token in seconds.",
                   ttft_buckets());
-  metrics.declare("specserve:inter_token_latency_seconds", K::kHistogram, "Histogram of inter-token latency in seconds.",
-                  itl_buckets());
+  metrics.declare("specserve:inter_token_latency_seconds", K::kHistogram,
+                  "Histogram of inter-token latency in seconds (one per engine step that produced tokens).", itl_buckets());
+  metrics.declare("specserve:request_time_per_output_token_seconds", K::kHistogram,
+                  "Histogram of time per output token in seconds, per request (first to last token).", itl_buckets());
   metrics.declare("specserve:e2e_request_latency_seconds", K::kHistogram,
                   "Histogram of end to end request latency in seconds.", e2e_buckets());
   metrics.declare("specserve:spec_decode_num_drafts", K::kCounter, "Number of spec decoding drafts.");
@@ -302,6 +305,7 @@ void HttpServer::Impl::declare_metrics() {
   // Families with labels only appear once observed: give the histograms their zero series.
   metrics.observe("specserve:time_to_first_token_seconds", labels, 0, 0);
   metrics.observe("specserve:inter_token_latency_seconds", labels, 0, 0);
+  metrics.observe("specserve:request_time_per_output_token_seconds", labels, 0, 0);
   metrics.observe("specserve:e2e_request_latency_seconds", labels, 0, 0);
 }
 
@@ -356,6 +360,10 @@ void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point s
                     std::chrono::duration<double>(*t.first_token - start).count());
   }
   metrics.observe("specserve:e2e_request_latency_seconds", labels, std::chrono::duration<double>(end - start).count());
+  if (t.first_token && t.num_tokens > 1) {
+    metrics.observe("specserve:request_time_per_output_token_seconds", labels,
+                    std::chrono::duration<double>(t.last_token - *t.first_token).count() / static_cast<double>(t.num_tokens - 1));
+  }
   MetricLabels l = labels;
   l.emplace_back("finished_reason", finish);
   if (finish == "stop" || finish == "length") metrics.add("specserve:request_success", l, 1);
@@ -367,11 +375,13 @@ void HttpServer::Impl::observe_tokens(ChoiceTiming& t, const Arrival& a) {
   if (!t.first_token) {
     t.first_token = a.at;
   } else {
-    // NOTE: a chunk holds every token of one step (several with speculation); each token is
-    // counted with the step's gap shared out, so the histogram's count is output tokens - 1.
+    // NOTE: vLLM V1's meaning: one observation per engine step that produced tokens for the
+    // request (a chunk holds all of a step's tokens, several with speculation), so speculation
+    // shows as fewer, not shorter, gaps; per-token time is request_time_per_output_token.
     const double gap = std::chrono::duration<double>(a.at - t.last_token).count();
-    metrics.observe("specserve:inter_token_latency_seconds", labels, gap / static_cast<double>(k), k);
+    metrics.observe("specserve:inter_token_latency_seconds", labels, gap);
   }
+  t.num_tokens += static_cast<int64_t>(k);
   t.last_token = a.at;
 }
 

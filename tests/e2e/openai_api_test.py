@@ -458,6 +458,7 @@ class OpenAiApiTest(unittest.TestCase):
         text, values = SPEC.metrics()
         for family in ("specserve:num_requests_running", "specserve:num_requests_waiting", "specserve:kv_cache_usage_perc",
                        "specserve:time_to_first_token_seconds", "specserve:inter_token_latency_seconds",
+                       "specserve:request_time_per_output_token_seconds",
                        "specserve:prompt_tokens_total", "specserve:generation_tokens_total",
                        "specserve:spec_decode_num_drafts_total", "specserve:spec_decode_num_draft_tokens_total",
                        "specserve:spec_decode_num_accepted_tokens_total",

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -38,6 +39,7 @@ struct FakeCluster {
   std::string text = "a";          // the text of every token
   bool hold = false;               // one token, then nothing until cancelled
   std::string fail_with;           // non-empty: every request fails with this error
+  int32_t tokens_per_chunk = 1;    // tokens per StreamChunk (several: a speculative step)
   std::map<int64_t, caf::actor> held;
   std::vector<int64_t> cancelled;
   int32_t max_model_len = 1024;
@@ -66,11 +68,12 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
           self->send(m.sink, c);
           fc->held[id] = m.sink;
         } else {
-          for (int32_t k = 0; k < m.request.max_tokens; ++k) {
+          for (int32_t k = 0; k < m.request.max_tokens; k += fc->tokens_per_chunk) {
             StreamChunk t = c;
-            t.tokens = {1};
-            t.text = fc->text;
-            if (k + 1 == m.request.max_tokens) {
+            const int32_t n = std::min(fc->tokens_per_chunk, m.request.max_tokens - k);
+            t.tokens.assign(static_cast<size_t>(n), 1);
+            for (int32_t j = 0; j < n; ++j) t.text += fc->text;
+            if (k + n == m.request.max_tokens) {
               t.finish_reason = "length";
               t.prompt_tokens = static_cast<int32_t>(m.request.prompt_token_ids.size());
               t.completion_tokens = m.request.max_tokens;
@@ -488,6 +491,36 @@ TEST_F(HttpServerTest, FinishedRequestsAreFreed) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const long grown = rss_kib() - before;
   EXPECT_LT(grown, 40 << 10) << "RSS grew by " << grown << " KiB over 100 requests of 1 MiB each";
+}
+
+}  // namespace
+}  // namespace specserve
+
+namespace specserve {
+namespace {
+
+// The latency histograms follow vLLM V1: one inter-token observation per engine step that
+// produced tokens (a speculative step's chunk holds several), one time-per-output-token and one
+// time-to-first-token observation per request.
+TEST_F(HttpServerTest, LatencyHistogramsCountStepsAndRequests) {
+  fc_->tokens_per_chunk = 3;
+  start();
+  auto c = client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 7})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "aaaaaaa");
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  auto count = [&](const std::string& family) {
+    const std::string key = family + "_count{model_name=\"fake\"} ";
+    const size_t at = m->body.find(key);
+    return at == std::string::npos ? -1L : std::stol(m->body.substr(at + key.size()));
+  };
+  EXPECT_EQ(count("specserve:time_to_first_token_seconds"), 1) << m->body;
+  EXPECT_EQ(count("specserve:inter_token_latency_seconds"), 2) << m->body;  // chunks of 3, 3, 1 tokens
+  EXPECT_EQ(count("specserve:request_time_per_output_token_seconds"), 1) << m->body;
+  EXPECT_EQ(count("specserve:e2e_request_latency_seconds"), 1) << m->body;
 }
 
 }  // namespace
