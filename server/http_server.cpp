@@ -366,7 +366,8 @@ void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point s
   }
   MetricLabels l = labels;
   l.emplace_back("finished_reason", finish);
-  if (finish == "stop" || finish == "length") metrics.add("specserve:request_success", l, 1);
+  // vLLM V1 counts every finished request by its reason (stop, length, abort); failures are not successes.
+  if (finish != "error") metrics.add("specserve:request_success", l, 1);
 }
 
 void HttpServer::Impl::observe_tokens(ChoiceTiming& t, const Arrival& a) {
