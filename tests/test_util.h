@@ -3,6 +3,11 @@
 
 #include <string>
 
+namespace specserve {
+class GgufFile;
+class Tokenizer;
+}  // namespace specserve
+
 namespace specserve::testing {
 
 /// Absolute path of the source tree's tests/data/<rel>.
@@ -11,6 +16,12 @@ std::string data_path(const std::string& rel);
 /// Path of the default model (SPECSERVE_MODEL, else <source>/models/SmolLM2-135M-Instruct.Q4_1.gguf).
 /// The README's test command fetches it first; a test needing it fails (not skips) without it.
 std::string default_model_path();
+
+/// The default model's GGUF file and tokenizer, opened once per test process and kept open.
+/// Throws std::runtime_error naming the path when the model cannot be read (GoogleTest reports
+/// it as the test's failure).
+const GgufFile& default_gguf();
+const Tokenizer& default_tokenizer();
 
 /// Reads a whole file; aborts the test with a message when it cannot.
 std::string read_file(const std::string& path);

@@ -16,22 +16,14 @@ namespace {
 class TokenizePrompt : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto f = GgufFile::open(testing::default_model_path());
-    ASSERT_TRUE(f.ok()) << f.status().to_string();
-    gguf_ = new GgufFile(std::move(*f));
-    auto t = Tokenizer::from_gguf(*gguf_);
-    ASSERT_TRUE(t.ok()) << t.status().to_string();
-    tok_ = new Tokenizer(std::move(*t));
+    gguf_ = &specserve::testing::default_gguf();
+    tok_ = &specserve::testing::default_tokenizer();
   }
-  static void TearDownTestSuite() {
-    delete tok_;
-    delete gguf_;
-  }
-  static GgufFile* gguf_;
-  static Tokenizer* tok_;
+  static const GgufFile* gguf_;
+  static const Tokenizer* tok_;
 };
-GgufFile* TokenizePrompt::gguf_ = nullptr;
-Tokenizer* TokenizePrompt::tok_ = nullptr;
+const GgufFile* TokenizePrompt::gguf_ = nullptr;
+const Tokenizer* TokenizePrompt::tok_ = nullptr;
 
 TEST_F(TokenizePrompt, ChatMessagesUseTheTemplateWithSpecialTokens) {
   GenerateRequest r;

@@ -162,16 +162,8 @@ long rss_kib() {
 class HttpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto f = GgufFile::open(specserve::testing::default_model_path());
-    ASSERT_TRUE(f.ok()) << f.status().message();
-    gguf_ = new GgufFile(std::move(*f));
-    auto t = Tokenizer::from_gguf(*gguf_);
-    ASSERT_TRUE(t.ok()) << t.status().message();
-    tok_ = new Tokenizer(std::move(*t));
-  }
-  static void TearDownTestSuite() {
-    delete tok_;
-    delete gguf_;
+    gguf_ = &specserve::testing::default_gguf();
+    tok_ = &specserve::testing::default_tokenizer();
   }
   void SetUp() override {
     rt_ = std::make_unique<ActorRuntime>();
@@ -198,16 +190,16 @@ class HttpServerTest : public ::testing::Test {
     return c;
   }
 
-  static GgufFile* gguf_;
-  static Tokenizer* tok_;
+  static const GgufFile* gguf_;
+  static const Tokenizer* tok_;
   std::unique_ptr<ActorRuntime> rt_;
   std::shared_ptr<FakeCluster> fc_;
   caf::actor scheduler_;
   HttpServerOptions opts_;
   std::unique_ptr<HttpServer> server_;
 };
-GgufFile* HttpServerTest::gguf_ = nullptr;
-Tokenizer* HttpServerTest::tok_ = nullptr;
+const GgufFile* HttpServerTest::gguf_ = nullptr;
+const Tokenizer* HttpServerTest::tok_ = nullptr;
 
 TEST_F(HttpServerTest, CompletesThroughTheScheduler) {
   start();

@@ -18,16 +18,8 @@ using json = nlohmann::json;
 class OpenAiApi : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto f = GgufFile::open(specserve::testing::default_model_path());
-    ASSERT_TRUE(f.ok()) << f.status().message();
-    gguf_ = new GgufFile(std::move(*f));
-    auto t = Tokenizer::from_gguf(*gguf_);
-    ASSERT_TRUE(t.ok()) << t.status().message();
-    tok_ = new Tokenizer(std::move(*t));
-  }
-  static void TearDownTestSuite() {
-    delete tok_;
-    delete gguf_;
+    gguf_ = &specserve::testing::default_gguf();
+    tok_ = &specserve::testing::default_tokenizer();
   }
   ServedModel model(int32_t max_model_len = 2048) const {
     ServedModel m;
@@ -46,11 +38,11 @@ class OpenAiApi : public ::testing::Test {
     if (out) *out = r;
     return e;
   }
-  static GgufFile* gguf_;
-  static Tokenizer* tok_;
+  static const GgufFile* gguf_;
+  static const Tokenizer* tok_;
 };
-GgufFile* OpenAiApi::gguf_ = nullptr;
-Tokenizer* OpenAiApi::tok_ = nullptr;
+const GgufFile* OpenAiApi::gguf_ = nullptr;
+const Tokenizer* OpenAiApi::tok_ = nullptr;
 
 TEST_F(OpenAiApi, CompletionFieldsMapToTheGenerateRequest) {
   ParsedRequest r;
