@@ -154,6 +154,25 @@ Status check_ports_free(const Topology& topology, bool include_http) {
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
       if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) err = errno;
       ::close(fd);
+      if (err == EADDRINUSE) {
+        // NOTE: cpp-httplib listens with SO_REUSEPORT only, and the TIME_WAIT connections a
+        // stopped HTTP server leaves keep that option: Linux then refuses SO_REUSEADDR alone for
+        // about a minute although nothing listens. With SO_REUSEPORT the bind succeeds; whether
+        // something really listens is then asked with a connect.
+        const int fd2 = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+        if (fd2 >= 0) {
+          ::setsockopt(fd2, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+          ::setsockopt(fd2, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+          const bool bound = ::bind(fd2, res->ai_addr, res->ai_addrlen) == 0;
+          ::close(fd2);
+          if (bound) {
+            const int probe = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+            const bool listening = probe >= 0 && ::connect(probe, res->ai_addr, res->ai_addrlen) == 0;
+            if (probe >= 0) ::close(probe);
+            if (!listening) err = 0;
+          }
+        }
+      }
     }
     freeaddrinfo(res);
     if (err == 0) continue;

@@ -793,7 +793,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
     m["owned_by"] = "specserve";
     m["root"] = d->opts.model_path;
     m["parent"] = nullptr;
-    const int32_t mml = d->max_model_len.load();
+    const int32_t mml = d->max_model_len.load() > 0 ? d->max_model_len.load() : d->opts.max_model_len;
     m["max_model_len"] = mml > 0 ? json(mml) : json(nullptr);
     return m;
   };

@@ -173,8 +173,9 @@ const std::set<std::string>& known_fields(ApiKind kind) {
 
 // Known fields this server cannot honour, when given a non-default value.
 std::optional<ApiError> check_unsupported(const json& body, ApiKind kind, int32_t n) {
+  // `why` follows the field name: ": reason" or " = value: reason".
   auto unsupported = [](const std::string& f, const std::string& why) {
-    return bad(f, f + ": " + why, 400, "unsupported_parameter");
+    return bad(f, f + (why.rfind("= ", 0) == 0 ? " " : ": ") + why, 400, "unsupported_parameter");
   };
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty())) {
     return unsupported("logit_bias", "not supported by this server");
@@ -273,6 +274,7 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
   if (p.is_string()) {
     GenerateRequest r;
     r.prompt = p.get<std::string>();
+    if (r.prompt.empty()) return bad("prompt", "prompt: an empty string (give text or token ids)");
     texts->push_back(r.prompt);
     out->push_back(std::move(r));
     return std::nullopt;
@@ -288,6 +290,7 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
     if (p[i].is_string()) {
       GenerateRequest r;
       r.prompt = p[i].get<std::string>();
+      if (r.prompt.empty()) return bad(where, where + ": an empty string (give text or token ids)");
       texts->push_back(r.prompt);
       out->push_back(std::move(r));
     } else if (p[i].is_array()) {

@@ -41,7 +41,10 @@ int run_serve_cmd(const ServeArgs& a) {
   t.cluster.token_file = *tf;
   t.head.host = a.host;
   t.head.actor_port = a.actor_port;
-  t.source = "--actor-port";
+  t.source = "(serve flags)";
+  t.locations["models.target.path"] = "--model";
+  t.locations["models.speculative.model"] = "--speculative-model";
+  t.locations["scheduler.kv_cache_bytes"] = "--kv-cache-bytes";
   t.locations["head.actor_port"] = "--actor-port";
   t.locations["head.http_port"] = "--port";
   t.locations["head.host"] = "--host";
