@@ -1,9 +1,6 @@
 #include "server/http_server.h"
 
-#include <dirent.h>
 #include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -20,6 +17,7 @@
 #include "actors/client.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
+#include "server/connection_watch.h"
 #include "server/metrics.h"
 
 namespace specserve {
@@ -123,91 +121,6 @@ ApiError error_from_chunk(const StreamChunk& c, ApiKind kind) {
   }
   return e;
 }
-
-// The addresses of the connection a request arrived on.
-struct ConnectionAddress {
-  std::string remote_addr, local_addr;
-  int remote_port = -1, local_port = -1;
-  explicit ConnectionAddress(const httplib::Request& r)
-      : remote_addr(r.remote_addr), local_addr(r.local_addr), remote_port(r.remote_port), local_port(r.local_port) {}
-};
-
-// The socket of the connection at `req`, found by its addresses; -1 when not found.
-// NOTE: cpp-httplib 0.11 gives a handler no way to see its connection, and a non-streamed
-// request never writes until it is done, so this is how it notices a client that went away
-// (vLLM aborts those too). Only this connection's own thread closes it, so the descriptor
-// stays valid for the handler's whole run.
-int connection_socket(const ConnectionAddress& req) {
-  auto endpoint = [](const sockaddr_storage& a, socklen_t len, std::string* ip, int* port) {
-    if (a.ss_family != AF_INET && a.ss_family != AF_INET6) return false;
-    char host[NI_MAXHOST];
-    // The same rendering cpp-httplib uses for Request::remote_addr / local_addr.
-    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
-      return false;
-    }
-    *ip = host;
-    *port = ntohs(a.ss_family == AF_INET ? reinterpret_cast<const sockaddr_in*>(&a)->sin_port
-                                         : reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
-    return true;
-  };
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    sockaddr_storage a{};
-    socklen_t len = sizeof a;
-    std::string ip;
-    int port = 0;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
-        port != req.remote_port || ip != req.remote_addr) {
-      continue;
-    }
-    len = sizeof a;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
-        port != req.local_port || (!req.local_addr.empty() && ip != req.local_addr)) {
-      continue;
-    }
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
-  return found;
-}
-
-// True when the peer of `fd` closed the connection (or shut down its sending side, which
-// uvicorn, vLLM's server, also takes as a disconnect).
-bool peer_closed(int fd) {
-  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-// Watches a connection for a client that went away, at most once a second.
-// NOTE: the socket is looked up at once, while the peer is surely connected: once the server
-// wrote to a gone client, the peer's reset leaves the socket without a peer address to match.
-// The look-up reads /proc/self/fd: a few dozen descriptors, microseconds.
-class DisconnectWatch {
- public:
-  explicit DisconnectWatch(const httplib::Request& req)
-      : fd_(connection_socket(ConnectionAddress(req))), last_(Clock::now()) {}
-  bool gone() {
-    if (fd_ < 0 || std::chrono::duration<double>(Clock::now() - last_).count() < 1.0) return false;
-    last_ = Clock::now();
-    return peer_closed(fd_);
-  }
-  /// Ends reading from the connection: after this answer cpp-httplib closes it instead of
-  /// waiting (keep-alive, up to 5 s) for another request.
-  void stop_reading() {
-    if (fd_ >= 0) ::shutdown(fd_, SHUT_RD);
-  }
-
- private:
-  int fd_;  // -1: not found
-  Clock::time_point last_;
-};
 
 // cpp-httplib's server with its listening socket in reach.
 class ListeningServer : public httplib::Server {
