@@ -106,6 +106,7 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
     acc_.num_draft_tokens = c.num_draft_tokens;
     acc_.num_accepted_tokens = c.num_accepted_tokens;
     acc_.num_requeues = c.num_requeues;
+    acc_.num_migrations = c.num_migrations;
     acc_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - shared_->start).count();
     acc_.first_token_seconds = shared_->first_token_s < 0 ? acc_.seconds : shared_->first_token_s;
   }

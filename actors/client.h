@@ -45,6 +45,7 @@ struct GenerateResult {
   int64_t num_draft_tokens = 0;     ///< draft tokens proposed
   int64_t num_accepted_tokens = 0;  ///< draft tokens accepted
   int32_t num_requeues = 0;         ///< replica failures survived
+  int32_t num_migrations = 0;       ///< moves to another replica with its state (drain, prefill hand-over)
   double seconds = 0;               ///< submit to last token, wall time
   double first_token_seconds = 0;   ///< submit to first token (time to first token)
   double acceptance_rate() const { return num_draft_tokens ? double(num_accepted_tokens) / num_draft_tokens : 0.0; }

@@ -14,6 +14,9 @@
 //   shard    -> scheduler : ShardLoad (after every step)
 //   worker   -> scheduler : WorkerHello (register and every state change; the token is checked)
 //   shard    -> draft     : ProposeMsg (reply: ProposeReply), ReleaseMsg
+//   scheduler-> shard     : KvPeersMsg (data-plane addresses of every ready shard), migrate_atom (move
+//                           every sequence away: the replica drains), KvReleaseMsg (a receiver has the KV)
+//   shard    -> scheduler : MigratedSeq (a sequence left this shard; its KV waits in a staging region)
 #pragma once
 
 #include <caf/all.hpp>
@@ -80,6 +83,21 @@ struct StreamChunk {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   int32_t num_requeues = 0;         ///< times the request moved to another replica after a failure
+  int32_t num_migrations = 0;       ///< times it moved with its state (drain, prefill hand-over), set on the last chunk
+};
+
+/// Where a migrating sequence's KV waits on the worker it left (the data plane, kv/transfer.h):
+/// a staging region with the KV export (header + blocks) that the receiver reads with a UCX get.
+/// Only addresses and keys travel here, never the KV bytes (DESIGN.md section 2).
+struct KvOffer {
+  std::string source;           ///< data-plane name of the worker holding the staging region (kv_peer_name); "": no KV
+  int64_t offer_id = 0;         ///< the source's id of the region (KvReleaseMsg names it)
+  int32_t num_cached = 0;       ///< tokens (from the start of prompt + output) whose KV the export holds
+  uint64_t tokens_hash = 0;     ///< XXH3-64 of those token ids: the receiver checks them against its own
+  uint64_t remote_addr = 0;     ///< the staging region's address in the source process
+  std::string rkey;             ///< its packed UCX remote key (bytes)
+  int64_t bytes = 0;            ///< size of the export (header + blocks)
+  int32_t source_pid = 0;       ///< the source's process id (same process: a plain copy)
 };
 
 /// What a replica runs for one request (prompt and sampling in token space).
@@ -95,7 +113,52 @@ struct WorkItem {
   int32_t priority = 0;
   int32_t num_speculative_tokens = -1;  ///< see GenerateRequest
   caf::actor request_actor;             ///< receives ShardEvent messages
+  // Migration (a drained replica, or a prefill worker handing over): the sampler's random stream
+  // and adaptive k continue, and the KV is fetched from `kv` instead of recomputed when it can be.
+  std::string rng_state;                ///< Sampler::rng_state() of the source; "" for a fresh request
+  int32_t spec_k = -1;                  ///< adaptive k of the source; -1: start at the cap
+  KvOffer kv;                           ///< kv.source empty: no KV to fetch
+  int64_t num_drafts = 0;               ///< speculative counters of the source (SpecStats), carried on
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;
 };
+
+/// Shard -> scheduler: a sequence left this shard (migration). Its events so far went to the
+/// request actor before this message (same connection, so in order); the scheduler asks the
+/// request actor for its WorkItem and dispatches it with this state to another replica.
+struct MigratedSeq {
+  int64_t request_id = 0;
+  int32_t attempt = 0;
+  int32_t replica = 0;          ///< the shard it left
+  std::string rng_state;
+  int32_t spec_k = -1;
+  KvOffer kv;
+  std::string reason;           ///< "drain", "prefill"
+  int64_t num_drafts = 0;       ///< its speculative counters so far (SpecStats)
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;
+};
+
+/// Scheduler -> shard: every ready shard's data-plane address, so endpoints are connected when a
+/// worker starts, not on first use.
+struct KvPeer {
+  std::string name;             ///< kv_peer_name(role, replica)
+  std::string address;          ///< UCX worker address (bytes)
+};
+struct KvPeersMsg {
+  std::vector<KvPeer> peers;
+};
+
+/// Receiver -> scheduler -> source: the staging region `offer_id` can be freed.
+struct KvReleaseMsg {
+  std::string source;           ///< KvOffer::source
+  int64_t offer_id = 0;
+};
+
+/// A worker's name on the data plane: "target_shard/0", "prefill_worker/0".
+inline std::string kv_peer_name(const std::string& role, int32_t replica) { return role + "/" + std::to_string(replica); }
 
 /// Scheduler -> shard: stop generating for a request.
 struct AbortMsg {
@@ -140,6 +203,8 @@ struct ShardLoad {
   /// was accepted (vLLM's spec_decode_num_accepted_tokens_per_pos); sums to num_accepted_tokens.
   /// Counted when a sequence finishes, like the other speculative counters.
   std::vector<int64_t> accepted_per_pos;
+  int64_t kv_imported_tokens = 0;    ///< tokens of migrated sequences whose KV arrived (totals)
+  int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences that came without usable KV
 };
 
 /// Worker -> scheduler: registration and every later state change.
@@ -161,6 +226,8 @@ struct WorkerHello {
   int32_t max_num_seqs = 0;
   int32_t max_model_len = 0;
   caf::actor self;
+  std::string kv_address;  ///< target shard: its UCX worker address (bytes); "" when it has no data plane
+  bool prefill_only = false; ///< a prefill_worker: runs prompts to their first token, then hands them over
 };
 
 /// Scheduler -> shard: the replica's draft worker is ready (in-process handle, or host:port);
@@ -244,6 +311,9 @@ struct ClusterStatus {
   int64_t requeued = 0;
   bool draining = false;
   int32_t max_model_len = 0;  ///< smallest max_model_len among registered target shards (WorkerHello::max_model_len); 0 when none
+  int64_t migrated = 0;              ///< sequences moved to another replica with their state
+  int64_t kv_migrated_tokens = 0;    ///< tokens whose KV arrived with them (not recomputed)
+  int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
 };
 
 // ---- inspect (CAF 0.17's serialization hook) ----
@@ -274,12 +344,36 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StreamChunk& x) {
   return f(caf::meta::type_name("StreamChunk"), x.request_id, x.tokens, x.logprobs, x.top_n, x.top_logprob_ids,
            x.top_logprob_values, x.text, x.finish_reason, x.error,
-           x.prompt_tokens, x.completion_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.num_requeues);
+           x.prompt_tokens, x.completion_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.num_requeues,
+           x.num_migrations);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
   return f(caf::meta::type_name("WorkItem"), x.request_id, x.attempt, x.prompt, x.resume_output, x.sampling, x.max_tokens,
-           x.stop, x.include_stop_str, x.priority, x.num_speculative_tokens, x.request_actor);
+           x.stop, x.include_stop_str, x.priority, x.num_speculative_tokens, x.request_actor, x.rng_state, x.spec_k, x.kv,
+           x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.accepted_per_pos);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvOffer& x) {
+  return f(caf::meta::type_name("KvOffer"), x.source, x.offer_id, x.num_cached, x.tokens_hash, x.remote_addr, x.rkey,
+           x.bytes, x.source_pid);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MigratedSeq& x) {
+  return f(caf::meta::type_name("MigratedSeq"), x.request_id, x.attempt, x.replica, x.rng_state, x.spec_k, x.kv, x.reason,
+           x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.accepted_per_pos);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvPeer& x) {
+  return f(caf::meta::type_name("KvPeer"), x.name, x.address);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvPeersMsg& x) {
+  return f(caf::meta::type_name("KvPeersMsg"), x.peers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvReleaseMsg& x) {
+  return f(caf::meta::type_name("KvReleaseMsg"), x.source, x.offer_id);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
@@ -294,13 +388,14 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
-           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos);
+           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.kv_imported_tokens,
+           x.kv_recomputed_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
   return f(caf::meta::type_name("WorkerHello"), x.token, x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
            x.load_seconds, x.warmup_seconds, x.draft_host, x.draft_port, x.total_kv_blocks, x.block_size, x.max_num_seqs,
-           x.max_model_len, x.self);
+           x.max_model_len, x.self, x.kv_address, x.prefill_only);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AttachDraftMsg& x) {
@@ -342,7 +437,8 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
-           x.running, x.finished, x.requeued, x.draining, x.max_model_len);
+           x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.migrated, x.kv_migrated_tokens,
+           x.kv_recomputed_tokens);
 }
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----
@@ -352,6 +448,8 @@ using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
+using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
 
 /// Registers the message types above (and CAF's I/O module) on `cfg`.
 void add_message_types(caf::actor_system_config& cfg);
@@ -374,4 +472,7 @@ CAF_ADD_TYPE_ID(specserve, (specserve::ReleaseMsg))
 CAF_ADD_TYPE_ID(specserve, (specserve::StatusQuery))
 CAF_ADD_TYPE_ID(specserve, (specserve::ClusterStatus))
 CAF_ADD_TYPE_ID(specserve, (specserve::GenerateRequest))
+CAF_ADD_TYPE_ID(specserve, (specserve::MigratedSeq))
+CAF_ADD_TYPE_ID(specserve, (specserve::KvPeersMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::KvReleaseMsg))
 CAF_END_TYPE_ID_BLOCK(specserve)

@@ -30,6 +30,7 @@ struct RequestState {
   WorkItem item;                 // prompt + params; resume_output grows with the stream
   std::vector<int32_t> output;   // every token streamed to the client
   int32_t requeues = 0;
+  int32_t migrations = 0;
   bool timed_out = false;
   bool cancelled = false;
   bool finished = false;
@@ -49,6 +50,7 @@ void finish_request(RequestSelf self, StreamChunk last) {
   last.num_draft_tokens = s.num_draft_tokens;
   last.num_accepted_tokens = s.num_accepted_tokens;
   last.num_requeues = s.requeues;
+  last.num_migrations = s.migrations;
   if (s.timed_out && last.finish_reason == "abort") last.finish_reason = "timeout";
   self->send(s.sink, std::move(last));
   self->send(s.scheduler, done_atom::value, s.id);
@@ -123,6 +125,20 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         ++s.item.attempt;
         return s.item;
       },
+      [self](migrate_atom) -> caf::result<WorkItem> {
+        // Its sequence left a replica with its state (drain, prefill hand-over): the next
+        // attempt continues from every token streamed so far.
+        auto& s = self->state;
+        if (s.cancelled || s.timed_out) {
+          StreamChunk c;
+          c.finish_reason = "abort";
+          finish_request(self, std::move(c));
+          return caf::make_error(caf::sec::request_receiver_down);
+        }
+        ++s.migrations;
+        ++s.item.attempt;
+        return s.item;
+      },
       [self](cancel_atom) { self->state.cancelled = true; },
       [self](timeout_atom) {
         auto& s = self->state;
@@ -154,7 +170,15 @@ struct ReplicaEntry {
   int64_t sent = 0;            // WorkItems sent
   std::deque<std::pair<int64_t, int32_t>> in_flight;  // (sequence number, blocks) not yet confirmed
   std::set<int64_t> assigned;
-  bool ready() const { return shard && shard_ready && (!needs_draft || draft_settled); }
+  // Disaggregated prefill: the replica's prefill worker takes fresh requests and hands them to
+  // a decode replica (MigratedSeq) once their prompt is in its KV cache.
+  caf::actor prefill;
+  WorkerHello prefill_hello;
+  bool prefill_ready = false;
+  ShardLoad prefill_load;
+  std::set<int64_t> on_prefill;  // requests on the prefill worker now
+  bool draining_out = false;     // its sequences are moving away: it takes no new work
+  bool ready() const { return shard && shard_ready && (!needs_draft || draft_settled) && !draining_out; }
 };
 
 struct Pending {
@@ -175,6 +199,7 @@ struct SchedulerState {
   int64_t next_arrival = 1;
   int64_t finished = 0;
   int64_t requeued = 0;
+  int64_t migrated = 0;
   bool draining = false;
   std::vector<caf::response_promise> drain_waiters;
   int32_t max_model_len = 0;
@@ -254,11 +279,18 @@ void dispatch(SchedSelf self) {
     WorkItem item = std::move(it->second.item);
     s.queue.erase(it);
     r.assigned.insert(item.request_id);
+    s.running[item.request_id] = a.replica;
+    const bool fresh = item.resume_output.empty() && item.rng_state.empty() && item.kv.source.empty();
+    if (fresh && r.prefill && r.prefill_ready) {
+      // NOTE: the prefill worker's KV is its own: the decode shard's block accounting is untouched.
+      r.on_prefill.insert(item.request_id);
+      self->send(r.prefill, std::move(item));
+      continue;
+    }
     const auto blocks = static_cast<int32_t>(
         blocks_needed(static_cast<int64_t>(item.prompt.size() + item.resume_output.size()), r.shard_hello.block_size));
     r.pending_blocks += blocks;
     r.in_flight.emplace_back(++r.sent, blocks);
-    s.running[item.request_id] = a.replica;
     self->send(r.shard, std::move(item));
   }
 }
@@ -273,14 +305,20 @@ void enqueue(SchedSelf self, WorkItem item, int64_t arrival) {
   s.queue[id] = std::move(p);
 }
 
+void requeue(SchedSelf self, const std::set<int64_t>& lost);
+
 // The replica's target shard is gone: its requests go back to the queue, first in line.
 void replica_lost(SchedSelf self, int32_t replica_id) {
   auto& s = self->state;
   auto& r = s.replicas[replica_id];
   auto log = get_logger("actors");
   log->warn("replica {}: target shard down; re-queueing {} request(s)", replica_id, r.assigned.size());
-  std::set<int64_t> lost = std::move(r.assigned);
-  r.assigned.clear();
+  // Requests still on the replica's prefill worker stay there: their hand-over goes elsewhere.
+  std::set<int64_t> lost;
+  for (int64_t id : r.assigned) {
+    if (!r.on_prefill.count(id)) lost.insert(id);
+  }
+  r.assigned = r.on_prefill;
   r.shard = caf::actor{};
   r.shard_ready = false;
   r.lost = true;
@@ -289,6 +327,12 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.sent = 0;
   r.in_flight.clear();
   r.load = ShardLoad{};
+  requeue(self, lost);
+}
+
+// Requests whose worker died go back to the queue, first in line.
+void requeue(SchedSelf self, const std::set<int64_t>& lost) {
+  auto& s = self->state;
   for (int64_t id : lost) {
     s.running.erase(id);
     auto ra = s.request_actors.find(id);
@@ -359,6 +403,73 @@ void send_cancel(SchedSelf self, int64_t id) {
   if (r.shard) self->send(r.shard, AbortMsg{id});
 }
 
+// Every ready worker with a data plane learns the others' addresses, so that each connects its
+// KV endpoints up front (kv/ucx_transport.h), not when the first sequence migrates.
+void broadcast_kv_peers(SchedSelf self) {
+  auto& s = self->state;
+  KvPeersMsg m;
+  std::vector<caf::actor> to;
+  for (const auto& [rid, r] : s.replicas) {
+    if (r.shard && r.shard_ready && !r.shard_hello.kv_address.empty()) {
+      m.peers.push_back({kv_peer_name(r.shard_hello.role, rid), r.shard_hello.kv_address});
+      to.push_back(r.shard);
+    }
+    if (r.prefill && r.prefill_ready && !r.prefill_hello.kv_address.empty()) {
+      m.peers.push_back({kv_peer_name(r.prefill_hello.role, rid), r.prefill_hello.kv_address});
+      to.push_back(r.prefill);
+    }
+  }
+  for (const auto& a : to) self->send(a, m);
+}
+
+// The worker whose data-plane name is `name` (kv_peer_name), or an invalid handle.
+caf::actor kv_peer(SchedulerState& s, const std::string& name) {
+  for (const auto& [rid, r] : s.replicas) {
+    if (r.shard && kv_peer_name(r.shard_hello.role, rid) == name) return r.shard;
+    if (r.prefill && kv_peer_name(r.prefill_hello.role, rid) == name) return r.prefill;
+  }
+  return {};
+}
+
+// A sequence left replica m.replica with its state: the request actor hands back its WorkItem
+// (every token streamed so far) and it is dispatched, first in line, with the state and KV offer.
+void migrated(SchedSelf self, MigratedSeq m) {
+  auto& s = self->state;
+  auto& r = s.replicas[m.replica];
+  r.assigned.erase(m.request_id);
+  r.on_prefill.erase(m.request_id);
+  s.running.erase(m.request_id);
+  auto release = [self](const KvOffer& kv) {
+    if (kv.source.empty()) return;
+    if (auto src = kv_peer(self->state, kv.source)) self->send(src, KvReleaseMsg{kv.source, kv.offer_id});
+  };
+  auto ra = s.request_actors.find(m.request_id);
+  if (ra == s.request_actors.end()) {
+    release(m.kv);
+    return;
+  }
+  ++s.migrated;
+  const int64_t id = m.request_id;
+  self->request(ra->second, caf::infinite, migrate_atom::value)
+      .then(
+          [self, m](WorkItem& w) {
+            w.rng_state = m.rng_state;
+            w.spec_k = m.spec_k;
+            w.kv = m.kv;
+            w.num_drafts = m.num_drafts;
+            w.num_draft_tokens = m.num_draft_tokens;
+            w.num_accepted_tokens = m.num_accepted_tokens;
+            w.accepted_per_pos = m.accepted_per_pos;
+            get_logger("actors")->info("request {}: moved off replica {} ({}), {} tokens of KV offered", m.request_id,
+                                       m.replica, m.reason, m.kv.source.empty() ? 0 : m.kv.num_cached);
+            enqueue(self, std::move(w), 0);
+            dispatch(self);
+            maybe_drained(self);
+          },
+          [self, m, release](caf::error&) { release(m.kv); });
+  (void)id;
+}
+
 ClusterStatus make_status(SchedSelf self) {
   auto& s = self->state;
   ClusterStatus c;
@@ -394,6 +505,11 @@ ClusterStatus make_status(SchedSelf self) {
   c.running = static_cast<int32_t>(s.running.size());
   c.finished = s.finished;
   c.requeued = s.requeued;
+  c.migrated = s.migrated;
+  for (const auto& [rid, r] : s.replicas) {
+    c.kv_migrated_tokens += r.load.kv_imported_tokens;
+    c.kv_recomputed_tokens += r.load.kv_recomputed_tokens;
+  }
   c.draining = s.draining;
   // NOTE: the smallest limit, not s.max_model_len (the largest, used to refuse prompts that fit
   // nowhere): a front end that checks against this never sends a prompt some replica refuses.
@@ -425,6 +541,16 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     auto& r = s.replicas[h.replica];
     if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
       if (r.shard && r.shard.address() == m.source) replica_lost(self, h.replica);
+    } else if (h.role == worker_role_name(WorkerRole::kPrefillWorker)) {
+      if (r.prefill && r.prefill.address() == m.source) {
+        r.prefill = caf::actor{};
+        r.prefill_ready = false;
+        std::set<int64_t> lost = std::move(r.on_prefill);
+        r.on_prefill.clear();
+        for (int64_t id : lost) r.assigned.erase(id);
+        get_logger("actors")->warn("replica {}: prefill worker down; re-queueing {} request(s)", h.replica, lost.size());
+        requeue(self, lost);
+      }
     } else if (r.draft && r.draft.address() == m.source) {
       r.draft = caf::actor{};
       r.draft_settled = true;
@@ -456,6 +582,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
             log->warn("replica {}: a second target shard registered (pid {}); keeping the first", h.replica, h.pid);
             return;
           }
+          if (!r.shard || r.shard.address() != h.self.address()) r.draining_out = false;  // a new worker
           r.shard = h.self;
           r.lost = false;
           r.shard_hello = h;
@@ -463,6 +590,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           if (r.shard_ready && h.max_model_len > 0) {
             s.max_model_len = s.max_model_len ? std::max(s.max_model_len, h.max_model_len) : h.max_model_len;
           }
+        } else if (h.role == worker_role_name(WorkerRole::kPrefillWorker)) {
+          r.prefill = h.self;
+          r.prefill_hello = h;
+          r.prefill_ready = h.state == "ready";
         } else if (h.role == worker_role_name(WorkerRole::kDraftWorker)) {
           r.needs_draft = true;
           r.draft = h.self;
@@ -474,6 +605,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
                   h.state == "ready" ? fmt::format(" (load {:.2f} s, warm-up {:.2f} s)", h.load_seconds, h.warmup_seconds)
                                      : (h.error.empty() ? "" : ": " + h.error));
         attach_draft_if_ready(self, r);
+        if (h.state == "ready" && !h.kv_address.empty()) broadcast_kv_peers(self);
         dispatch(self);
       },
       [self](SubmitMsg& m) -> std::tuple<int64_t, int32_t, std::string> {
@@ -521,6 +653,14 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto it = s.replicas.find(l.replica);
         if (it == s.replicas.end()) return;
         ReplicaEntry& r = it->second;
+        if (r.prefill && self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(r.prefill)) {
+          for (int64_t id : l.finished) {
+            r.assigned.erase(id);
+            r.on_prefill.erase(id);
+          }
+          r.prefill_load = std::move(l);
+          return;
+        }
         if (!r.shard || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(r.shard)) return;
         for (int64_t id : l.finished) r.assigned.erase(id);
         while (!r.in_flight.empty() && r.in_flight.front().first <= l.received) {
@@ -529,6 +669,38 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         }
         r.load = std::move(l);
         dispatch(self);
+      },
+      [self](MigratedSeq& m) {
+        auto& s = self->state;
+        auto it = s.replicas.find(m.replica);
+        if (it == s.replicas.end()) return;
+        const auto sender = self->current_sender();
+        const ReplicaEntry& r = it->second;
+        const bool from_shard = r.shard && sender == caf::actor_cast<caf::strong_actor_ptr>(r.shard);
+        const bool from_prefill = r.prefill && sender == caf::actor_cast<caf::strong_actor_ptr>(r.prefill);
+        if (!from_shard && !from_prefill) return;
+        migrated(self, std::move(m));
+      },
+      [self](const KvReleaseMsg& m) {
+        // A receiver has read (or given up on) an offer: its source frees the staging region.
+        if (auto src = kv_peer(self->state, m.source)) self->send(src, m);
+      },
+      [self](drain_rep_atom, const std::string& token, int32_t replica, bool then_quit) -> int32_t {
+        // One replica drains (its worker is stopping, or the autoscaler scales down): its running
+        // sequences move to other replicas with their KV. -1: nothing to do here (the whole
+        // cluster drains, the replica is unknown, or no other replica is ready to take them).
+        auto& s = self->state;
+        if (!token_matches(token, s.cfg.token) || s.draining) return -1;
+        auto it = s.replicas.find(replica);
+        if (it == s.replicas.end() || !it->second.shard) return -1;
+        bool other = false;
+        for (const auto& [rid, r] : s.replicas) other = other || (rid != replica && r.ready());
+        if (!other) return -1;
+        ReplicaEntry& r = it->second;
+        r.draining_out = true;
+        get_logger("actors")->info("replica {}: draining; moving its {} request(s) to other replicas", replica, r.assigned.size());
+        self->send(r.shard, migrate_atom::value, then_quit);
+        return static_cast<int32_t>(r.assigned.size());
       },
       [self](const StatusQuery& q) -> caf::result<ClusterStatus> {
         if (!token_matches(q.token, self->state.cfg.token)) {

@@ -4,16 +4,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
+#include <thread>
 
 #include <caf/io/all.hpp>
 
 #include "actors/gateway.h"
+#include "actors/kv_data_plane.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/remote_proposer.h"
 #include "core/logging.h"
 #include "cpu/cpu_backend.h"
+#include "model/model_fingerprint.h"
 #include "model/model_loader.h"
 
 namespace specserve {
@@ -43,7 +47,17 @@ struct ShardState {
   int64_t received = 0;  // WorkItems received
   double load_s = 0, warmup_s = 0;
   std::string method;
+  // The KV data plane (actors/kv_data_plane.h); null when UCX is unusable here (migrations then
+  // recompute).
+  std::unique_ptr<KvDataPlane> plane;
+  KvExportFormat kv_format;
+  int64_t kv_imported_tokens = 0;    // tokens of migrated sequences whose KV arrived
+  int64_t kv_recomputed_tokens = 0;  // tokens of migrated sequences that recompute
+  bool quit_when_empty = false;      // drained before the worker stops: quit once nothing is left
+  bool expiry_pending = false;
 };
+
+bool prefill_only(const ShardState& s) { return s.cfg.role == WorkerRole::kPrefillWorker; }
 
 using Self = caf::stateful_actor<ShardState>*;
 
@@ -52,7 +66,7 @@ WorkerHello hello(Self self, const std::string& state, const std::string& error 
   WorkerHello h;
   h.token = s.cfg.token;
   h.node = s.cfg.node;
-  h.role = worker_role_name(WorkerRole::kTargetShard);
+  h.role = worker_role_name(s.cfg.role);
   h.replica = s.cfg.replica;
   h.rank = s.cfg.rank;
   h.pid = static_cast<int32_t>(::getpid());
@@ -65,6 +79,8 @@ WorkerHello hello(Self self, const std::string& state, const std::string& error 
   h.max_num_seqs = s.engine_options.max_num_seqs;
   h.max_model_len = s.engine ? s.engine->options().max_model_len : 0;
   h.self = caf::actor_cast<caf::actor>(self);
+  h.kv_address = s.plane ? s.plane->address() : "";
+  h.prefill_only = prefill_only(s);
   return h;
 }
 
@@ -89,7 +105,8 @@ Status load_and_warm(Self self) {
   auto eo = engine_options_for(t, s.model.model->config());
   if (!eo.ok()) return eo.status();
   s.engine_options = *eo;
-  if (t.models.speculative) {
+  // NOTE: a prefill worker emits one token per request, so it has nothing to speculate on.
+  if (t.models.speculative && !prefill_only(s)) {
     s.method = speculative_method_name(t.models.speculative->method);
     if (s.cfg.remote_draft) {
       s.slot = std::make_unique<ProposerSlot>(s.method);
@@ -115,6 +132,14 @@ Status load_and_warm(Self self) {
   while (s.engine->has_work()) SPECSERVE_RETURN_IF_ERROR(s.engine->step(&events));
   SPECSERVE_RETURN_IF_ERROR(build_engine(s));
   s.warmup_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto plane = KvDataPlane::create(kv_peer_name(worker_role_name(s.cfg.role), s.cfg.replica));
+  if (plane.ok()) {
+    s.plane = std::move(*plane);
+    s.kv_format = kv_export_format(s.engine->kv_storage(), model_fingerprint(*s.model.file));
+  } else {
+    get_logger("actors")->warn("replica {}: no KV data plane ({}); sequences that migrate here recompute their KV",
+                               s.cfg.replica, plane.status().to_string());
+  }
   return Status();
 }
 
@@ -143,7 +168,68 @@ ShardLoad load_of(ShardState& s) {
   l.received = s.received;
   l.prompt_tokens = st.prompt_tokens;
   l.accepted_per_pos = st.spec.accepted_per_pos;
+  l.kv_imported_tokens = s.kv_imported_tokens;
+  l.kv_recomputed_tokens = s.kv_recomputed_tokens;
   return l;
+}
+
+// Offers older than this are freed even if no receiver answered (it died or recomputed).
+constexpr auto kOfferLifetime = std::chrono::seconds(60);
+
+void maybe_quit(Self self) {
+  auto& s = self->state;
+  if (!s.quit_when_empty || !s.by_request.empty() || (s.plane && s.plane->num_offers() > 0)) return;
+  get_logger("actors")->info("replica {}: drained (every sequence moved away); the worker stops", s.cfg.replica);
+  self->quit();
+}
+
+void schedule_expiry(Self self) {
+  auto& s = self->state;
+  if (s.expiry_pending || !s.plane || s.plane->num_offers() == 0) return;
+  s.expiry_pending = true;
+  self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
+}
+
+// Moves one request's sequence off this shard: its state and (when it has a data plane) a KV
+// offer go to the scheduler, which hands them to another replica. Its events so far were sent
+// before this, on the same connection, so the request actor has them all.
+void migrate_out(Self self, int64_t rid, const std::string& reason) {
+  auto& s = self->state;
+  auto it = s.by_request.find(rid);
+  if (it == s.by_request.end()) return;
+  const Running r = it->second;
+  auto ex = s.engine->export_sequence(r.seq_id);
+  if (!ex.ok()) return;
+  MigratedSeq m;
+  m.request_id = rid;
+  m.attempt = r.attempt;
+  m.replica = s.cfg.replica;
+  m.rng_state = ex->rng_state;
+  m.spec_k = ex->k;
+  m.reason = reason;
+  m.num_drafts = ex->spec.num_drafts;
+  m.num_draft_tokens = ex->spec.num_draft_tokens;
+  m.num_accepted_tokens = ex->spec.num_accepted_tokens;
+  m.accepted_per_pos = ex->spec.accepted_per_pos;
+  if (s.plane && ex->num_cached > 0) {
+    std::vector<int32_t> tokens = ex->prompt;
+    tokens.insert(tokens.end(), ex->output.begin(), ex->output.end());
+    tokens.resize(static_cast<size_t>(ex->num_cached));
+    auto o = s.plane->offer(*s.backend, s.engine->kv_storage(), s.kv_format, ex->blocks, ex->num_cached, kv_tokens_hash(tokens));
+    if (o.ok()) {
+      m.kv = std::move(*o);
+    } else {
+      get_logger("actors")->warn("replica {}: request {}: KV export failed, the receiver recomputes: {}", s.cfg.replica, rid,
+                                 o.status().to_string());
+    }
+  }
+  s.engine->remove_sequence(r.seq_id);
+  s.by_seq.erase(r.seq_id);
+  s.by_request.erase(it);
+  get_logger("actors")->info("replica {}: request {} leaves ({}) with {} tokens of KV", s.cfg.replica, rid, reason,
+                             m.kv.source.empty() ? 0 : m.kv.num_cached);
+  self->send(s.cfg.scheduler, std::move(m));
+  schedule_expiry(self);
 }
 
 // The engine's per-token SampleResults into the event's flat arrays: logprobs [n], and
@@ -175,6 +261,7 @@ void do_step(Self self) {
   std::vector<SeqEvent> events;
   Status st = s.engine->step(&events);
   ShardLoad load;
+  std::vector<int64_t> handover;
   if (!st.ok() && !s.by_request.empty()) {
     // NOTE: a failed step (one sequence outgrew the whole KV cache) fails the longest request,
     // not its batch-mates nor the shard; the next step runs without it.
@@ -202,6 +289,7 @@ void do_step(Self self) {
     const int64_t rid = it->second;
     Running& r = s.by_request[rid];
     r.num_tokens += static_cast<int64_t>(e.tokens.size());
+    const bool emitted = !e.tokens.empty();
     ShardEvent ev;
     ev.request_id = rid;
     ev.attempt = r.attempt;
@@ -225,8 +313,13 @@ void do_step(Self self) {
       load.finished.push_back(rid);
       s.by_request.erase(rid);
       s.by_seq.erase(it);
+    } else if (prefill_only(s) && emitted) {
+      handover.push_back(rid);
     }
   }
+  // A prefill worker hands every request over once its prompt is in the KV cache and its first
+  // token is out (disaggregated prefill): a decode replica continues from the shipped KV.
+  for (int64_t rid : handover) migrate_out(self, rid, "prefill");
   ShardLoad l = load_of(s);
   l.finished = std::move(load.finished);
   self->send(s.cfg.scheduler, std::move(l));
@@ -270,7 +363,54 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         p.include_stop_str = w.include_stop_str;
         p.priority = w.priority;
         p.num_speculative_tokens = w.num_speculative_tokens;
-        auto id = s.engine->add_request(std::move(p));
+        const bool migrated = !w.rng_state.empty() || !w.kv.source.empty();
+        Expected<int64_t> id = 0;
+        if (!migrated) {
+          id = s.engine->add_request(std::move(p));
+        } else {
+          SequenceImport imp;
+          imp.rng_state = w.rng_state;
+          imp.k = w.spec_k;
+          imp.spec.num_drafts = w.num_drafts;
+          imp.spec.num_draft_tokens = w.num_draft_tokens;
+          imp.spec.num_accepted_tokens = w.num_accepted_tokens;
+          imp.spec.accepted_per_pos = w.accepted_per_pos;
+          std::vector<int32_t> tokens = p.prompt;
+          tokens.insert(tokens.end(), p.resume_output.begin(), p.resume_output.end());
+          const KvOffer offer = w.kv;
+          // NOTE: the offer must describe a prefix of exactly these tokens; anything else (a
+          // request actor that saw other tokens than the source engine had) recomputes.
+          const bool usable = s.plane && !offer.source.empty() && offer.num_cached > 0 &&
+                              offer.num_cached < static_cast<int32_t>(tokens.size()) &&
+                              kv_tokens_hash(std::span<const int32_t>(tokens.data(), static_cast<size_t>(offer.num_cached))) ==
+                                  offer.tokens_hash;
+          if (usable) {
+            if (const char* d = std::getenv("SPECSERVE_TEST_KV_FETCH_DELAY_MS")) {
+              // NOTE: fault injection for tests/integration only: the window in which a test kills
+              // the source mid-transfer. Unset in production.
+              std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+            }
+            imp.num_cached = offer.num_cached;
+            imp.load_kv = [self, offer](KvStorage& kv, std::span<const int32_t> blocks) {
+              auto& st = self->state;
+              return st.plane->fetch(offer, *st.backend, kv, st.kv_format, blocks,
+                                     kv_deadline_after(std::chrono::milliseconds(static_cast<int64_t>(st.cfg.kv_transfer_timeout_s * 1000))));
+            };
+          }
+          bool loaded = false;
+          id = s.engine->add_migrated(std::move(p), std::move(imp), &loaded);
+          if (id.ok()) {
+            if (loaded) {
+              s.kv_imported_tokens += offer.num_cached;
+            } else {
+              s.kv_recomputed_tokens += static_cast<int64_t>(tokens.size());
+            }
+            get_logger("actors")->info("replica {}: request {} arrives from {}: {} tokens, KV {}", s.cfg.replica, w.request_id,
+                                       offer.source.empty() ? "elsewhere" : offer.source, tokens.size(),
+                                       loaded ? "moved (" + std::to_string(offer.num_cached) + " tokens)" : "recomputed");
+          }
+          if (!offer.source.empty()) self->send(s.cfg.scheduler, KvReleaseMsg{offer.source, offer.offer_id});
+        }
         if (!id.ok()) {
           ShardEvent ev;
           ev.request_id = w.request_id;
@@ -322,6 +462,35 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
                                    a.draft_port ? a.draft_host + ":" + std::to_string(a.draft_port) : "in process");
       },
       [self](step_atom) { do_step(self); },
+      [self](const KvPeersMsg& m) {
+        auto& s = self->state;
+        if (s.plane) s.plane->connect_peers(m.peers, std::chrono::milliseconds(5000));
+      },
+      [self](migrate_atom, bool then_quit) {
+        // The replica drains: every sequence moves to another replica with its KV.
+        auto& s = self->state;
+        std::vector<int64_t> ids;
+        for (const auto& [rid, r] : s.by_request) ids.push_back(rid);
+        for (int64_t rid : ids) migrate_out(self, rid, "drain");
+        self->send(s.cfg.scheduler, load_of(s));
+        s.quit_when_empty = s.quit_when_empty || then_quit;
+        maybe_quit(self);
+      },
+      [self](const KvReleaseMsg& m) {
+        auto& s = self->state;
+        if (s.plane) s.plane->release(m.offer_id);
+        maybe_quit(self);
+      },
+      [self](tick_atom) {
+        auto& s = self->state;
+        s.expiry_pending = false;
+        if (s.plane && s.plane->expire(kOfferLifetime) > 0) {
+          get_logger("actors")->warn("replica {}: freed KV offers nobody fetched within {} s", s.cfg.replica,
+                                     std::chrono::seconds(kOfferLifetime).count());
+        }
+        schedule_expiry(self);
+        maybe_quit(self);
+      },
   };
 }
 

@@ -21,6 +21,8 @@ struct WorkerConfig {
   bool remote_draft = false;
   int32_t threads = 0;             ///< CPU backend threads; 0: OpenMP's default
   double draft_timeout_s = 3.0;    ///< one propose round trip, then the step decodes plainly
+  /// Deadline of one KV fetch from another worker (migration), then the sequence recomputes.
+  double kv_transfer_timeout_s = 5.0;
   std::string token;               ///< the cluster token
   caf::actor scheduler;            ///< where to register
   /// Draft worker in its own process: the host its port listens on (port chosen by the OS).

@@ -274,18 +274,18 @@ int run_worker(const WorkerOptions& o) {
   wc.token = *token;
   wc.scheduler = head;
   caf::actor a;
-  if (spec.role == WorkerRole::kTargetShard) {
+  if (spec.role == WorkerRole::kTargetShard || spec.role == WorkerRole::kPrefillWorker) {
+    if (spec.role == WorkerRole::kPrefillWorker) wc.remote_draft = false;  // a prefill worker does not speculate
     a = spawn_target_shard(rt.system(), wc);
-  } else if (spec.role == WorkerRole::kDraftWorker) {
+  } else {
     wc.listen_host = node->host;
     a = spawn_draft_worker(rt.system(), wc);
-  } else {
-    return fail("worker", unsupported(std::string("role ") + worker_role_name(spec.role) + ": not available yet"));
   }
   // Runs until the actor quits (the head went away, or loading failed) or a stop signal.
   caf::scoped_actor self{rt.system()};
   self->monitor(a);
   bool done = false, failed = false, stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (!done) {
     self->receive(
         [&](caf::down_msg& m) {
@@ -295,9 +295,28 @@ int run_worker(const WorkerOptions& o) {
           failed = !stopping && m.reason == caf::exit_reason::user_shutdown;
         },
         caf::after(std::chrono::milliseconds(200)) >> [&] {
+          if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+            caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+            stop_deadline = std::chrono::steady_clock::time_point::max();
+          }
           if (stop_requested() && !stopping) {
             stopping = true;
-            caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+            // A target shard stopping on its own (the rest of the cluster goes on) first moves
+            // its running sequences, with their KV, to other replicas; the shard quits once
+            // receivers have them. The head answers -1 when there is nowhere to move them (the
+            // whole cluster drains, or no other replica is ready): then it stops at once.
+            int32_t moving = -1;
+            if (spec.role == WorkerRole::kTargetShard) {
+              self->request(head, std::chrono::seconds(2), drain_rep_atom::value, *token, spec.replica, true)
+                  .receive([&](int32_t n) { moving = n; }, [&](caf::error&) { moving = -1; });
+            }
+            if (moving >= 0) {
+              std::fprintf(stderr, "specserve worker: moving %d request(s) of replica %d to other replicas before stopping\n",
+                           moving, spec.replica);
+              stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            } else {
+              caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+            }
           }
         });
   }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <numeric>
+#include <sstream>
 #include <string>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -427,6 +428,25 @@ void Sampler::compute_probs(const float* logits, int32_t vocab, std::span<const 
   }
 
   for (size_t j = 0; j < live.size(); ++j) (*probs)[live.id[j]] = live.prob[j];
+}
+
+std::string Sampler::rng_state() const {
+  std::ostringstream os;
+  os << rng_;
+  return os.str();
+}
+
+Status Sampler::set_rng_state(const std::string& state) {
+  std::istringstream is(state);
+  std::mt19937_64 r;
+  is >> r;
+  // NOTE: the stream form is exactly 312 words and an index; anything after it is an error too.
+  std::string rest;
+  if (is.fail() || (is >> rest)) {
+    return invalid_argument("sampler rng state: not a std::mt19937_64 state (" + std::to_string(state.size()) + " bytes)");
+  }
+  rng_ = r;
+  return Status();
 }
 
 double Sampler::next_uniform() {

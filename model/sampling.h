@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -111,6 +112,17 @@ class Sampler {
   /// (see SampleResult). Same argument contract as compute_probs.
   SampleResult sample(const float* logits, int32_t vocab, std::span<const int32_t> prompt,
                       std::span<const int32_t> output);
+
+  /// The RNG's whole state as text (std::mt19937_64's stream form: 313 decimal numbers), so a
+  /// sequence that moves to another worker (KV migration) continues with the same random stream.
+  std::string rng_state() const;
+  /// Restarts the RNG from `seed` (std::mt19937_64's seeding). For counter-based streams: a
+  /// proposer that must draw the same token at the same position however the sequence got
+  /// there (migrated, preempted) seeds each draw from the request's seed and the position.
+  void reseed(uint64_t seed) { rng_.seed(seed); }
+  /// Restores a state from rng_state(). kInvalidArgument when `state` is not one (the RNG is
+  /// then unchanged).
+  Status set_rng_state(const std::string& state);
 
   /// Index of the largest of `logits[0..n)`; ties go to the lowest index; n must be > 0.
   static int32_t argmax(const float* logits, int32_t n);

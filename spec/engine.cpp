@@ -167,6 +167,92 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
   return id;
 }
 
+Expected<int64_t> Engine::add_migrated(GenerateParams params, SequenceImport import, bool* kv_loaded) {
+  if (kv_loaded) *kv_loaded = false;
+  const int64_t num_tokens = static_cast<int64_t>(params.prompt.size() + params.resume_output.size());
+  if (import.num_cached < 0 || (import.num_cached > 0 && import.num_cached >= num_tokens)) {
+    return invalid_argument("num_cached = " + std::to_string(import.num_cached) + ": must be in [0, " +
+                            std::to_string(num_tokens) + ") (the tokens of prompt + resume_output)");
+  }
+  if (!import.rng_state.empty()) {
+    // Checked before the request is queued, so a bad state leaves nothing behind.
+    Sampler probe(SamplingParams{});
+    SPECSERVE_RETURN_IF_ERROR(probe.set_rng_state(import.rng_state));
+  }
+  auto id = add_request(std::move(params));
+  if (!id.ok()) return id.status();
+  Seq& s = *waiting_.back();
+  if (!import.rng_state.empty()) SPECSERVE_CHECK(s.sampler->set_rng_state(import.rng_state).ok(), "rng state checked above");
+  if (s.max_k > 0 && import.k >= 1) s.k = std::min(import.k, s.max_k);
+  s.spec.add(import.spec);
+  const bool room = static_cast<int32_t>(running_.size()) < opts_.max_num_seqs &&
+                    (import.num_cached + opts_.block_size - 1) / opts_.block_size <= pool_->num_free();
+  if (import.num_cached == 0 || !import.load_kv || !room) return id;
+  if (!s.blocks.reserve(*pool_, import.num_cached).ok()) return id;
+  Status st = import.load_kv(*kv_, s.blocks.blocks());
+  if (!st.ok()) {
+    // NOTE: the KV did not arrive intact: the sequence recomputes it (same tokens, same stream).
+    get_logger("spec")->warn("seq {}: migrated KV refused, recomputing: {}", s.id, st.to_string());
+    s.blocks.release_all(*pool_);
+    return id;
+  }
+  s.num_cached = import.num_cached;
+  s.blocks.set_num_tokens(s.num_cached);
+  running_.push_back(std::move(waiting_.back()));
+  waiting_.pop_back();
+  if (kv_loaded) *kv_loaded = true;
+  return id;
+}
+
+Expected<SequenceExport> Engine::export_sequence(int64_t seq_id) const {
+  const Seq* found = nullptr;
+  for (const auto& r : running_) {
+    if (r->id == seq_id && r->finish == FinishReason::kNone) found = r.get();
+  }
+  for (const auto& w : waiting_) {
+    if (w->id == seq_id) found = w.get();
+  }
+  if (!found) return not_found("sequence " + std::to_string(seq_id) + " is not running or waiting");
+  const Seq& s = *found;
+  SequenceExport e;
+  e.seq_id = s.id;
+  e.prompt.assign(s.prompt().begin(), s.prompt().end());
+  e.output.assign(s.output().begin(), s.output().end());
+  e.rng_state = s.sampler->rng_state();
+  e.num_cached = s.num_cached;
+  const size_t nb = static_cast<size_t>((s.num_cached + opts_.block_size - 1) / opts_.block_size);
+  e.blocks.assign(s.blocks.blocks().begin(), s.blocks.blocks().begin() + static_cast<std::ptrdiff_t>(nb));
+  e.k = s.k;
+  e.spec = s.spec;
+  return e;
+}
+
+void Engine::remove_sequence(int64_t seq_id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id == seq_id) {
+      waiting_.erase(it);
+      return;
+    }
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    Seq& s = **it;
+    if (s.id != seq_id || s.finish != FinishReason::kNone) continue;
+    s.blocks.release_all(*pool_);
+    if (may_draft(s)) proposer_->release(s.id);
+    running_.erase(it);
+    return;
+  }
+}
+
+std::vector<int64_t> Engine::live_sequences() const {
+  std::vector<int64_t> ids;
+  for (const auto& r : running_) {
+    if (r->finish == FinishReason::kNone) ids.push_back(r->id);
+  }
+  for (const auto& w : waiting_) ids.push_back(w->id);
+  return ids;
+}
+
 void Engine::abort(int64_t seq_id) {
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
     if ((*it)->id == seq_id) {

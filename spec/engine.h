@@ -15,9 +15,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,32 @@ struct EngineStats {
   double forward_seconds = 0; ///< time in target forward passes (verify included)
 };
 
+/// A sequence's state for continuing it on another engine (KV migration when a worker drains,
+/// disaggregated prefill): everything but the KV bytes, which travel on the data plane
+/// (kv/transfer.h) from the blocks named here.
+struct SequenceExport {
+  int64_t seq_id = 0;
+  std::vector<int32_t> prompt;  ///< its prompt tokens
+  std::vector<int32_t> output;  ///< output tokens so far: the next engine's GenerateParams::resume_output
+  std::string rng_state;        ///< Sampler::rng_state(): a seeded request continues its random stream
+  int32_t num_cached = 0;       ///< tokens (prompt + output, from the start) whose KV is valid; < their count
+  std::vector<int32_t> blocks;  ///< the block ids holding them, in order: ceil(num_cached / block_size) ids
+  int32_t k = 0;                ///< its adaptive k now (0: it never drafts)
+  SpecStats spec;               ///< its speculative counters so far
+};
+
+/// What Engine::add_migrated needs besides the request.
+struct SequenceImport {
+  std::string rng_state;  ///< Sampler::rng_state() of the exporter; "" keeps the sampler's own seeding
+  int32_t num_cached = 0; ///< tokens whose KV load_kv writes; 0: none (the sequence recomputes)
+  /// Writes the KV of the first num_cached tokens into `blocks` (this engine's block ids,
+  /// ceil(num_cached / block_size) of them, in order) of `kv`. An error (transfer failed, checksum
+  /// mismatch) makes the sequence recompute its KV instead; it is not a request error.
+  std::function<Status(KvStorage& kv, std::span<const int32_t> blocks)> load_kv;
+  int32_t k = -1;         ///< adaptive k to continue with; -1: the request's cap
+  SpecStats spec;         ///< counters carried over (reported when the sequence finishes)
+};
+
 class Engine {
  public:
   /// Builds an engine around a loaded target. `tokenizer` may be null (then stop strings are
@@ -139,6 +167,25 @@ class Engine {
   /// have finished), invalid sampling params, stop strings without a tokenizer,
   /// num_speculative_tokens outside -1..64.
   Expected<int64_t> add_request(GenerateParams params);
+  /// Queues a request that ran elsewhere (migration): `params.resume_output` holds its output
+  /// so far (SequenceExport::output), validated as add_request does. With import.num_cached > 0
+  /// and room now (a free sequence slot and the blocks for its tokens) it starts running at
+  /// once with its KV written by import.load_kv and import.num_cached tokens cached; otherwise,
+  /// or when load_kv fails, it queues like a resumed request and recomputes its KV (same tokens,
+  /// same random stream). `*kv_loaded` (when given) says which happened. Errors: those of
+  /// add_request; kInvalidArgument for a bad rng_state or num_cached outside [0, tokens).
+  Expected<int64_t> add_migrated(GenerateParams params, SequenceImport import, bool* kv_loaded = nullptr);
+  /// The state of a running or waiting sequence for migration (a waiting one has nothing
+  /// cached). kNotFound when the id is not live (finished, aborted, unknown).
+  Expected<SequenceExport> export_sequence(int64_t seq_id) const;
+  /// Drops a live sequence without any event (it continues elsewhere): its KV blocks are freed,
+  /// the proposer forgets it. Unknown ids are ignored.
+  void remove_sequence(int64_t seq_id);
+  /// Ids of every live sequence: running first (in running order), then waiting.
+  std::vector<int64_t> live_sequences() const;
+  /// The paged KV storage (for exporting and importing blocks).
+  KvStorage& kv_storage() { return *kv_; }
+
   /// Finishes a sequence now (FinishReason::kAbort reported on the next step); frees its KV.
   void abort(int64_t seq_id);
   /// True while any request is queued or running.

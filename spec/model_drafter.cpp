@@ -107,6 +107,14 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
     std::vector<int32_t> output(r.tokens.begin() + r.prompt_len, r.tokens.end());
     output.insert(output.end(), d.tokens.begin(), d.tokens.end());
     w.st->sampler->compute_probs(masked.data(), vocab, prompt, output, &probs);
+    if (r.sampling->has_seed) {
+      // NOTE: counter-based draft randomness: the draw for position p of a seeded request is
+      // seeded from (seed, p), so the same context gives the same draft however the sequence got
+      // here — after a migration to another worker or a preemption — and the target's verifier
+      // then consumes the same uniforms: seeded output does not depend on where it ran.
+      const uint64_t pos = r.tokens.size() + d.tokens.size();
+      w.st->sampler->reseed(r.sampling->seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull * (pos + 1));
+    }
     // Truncate first, then draw from the truncated q: the reported q is the proposal (see
     // DrafterOptions::sparse_keep_mass).
     if (sparse) truncate_probs(&probs, opts_.sparse_keep_mass, opts_.sparse_max_entries);

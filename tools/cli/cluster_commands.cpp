@@ -316,7 +316,9 @@ int run_client(const ClientArgs& a) {
                    "acceptance rate %.3f | mean acceptance length %.2f%s\n",
                    i + 1, res->finish_reason.c_str(), res->prompt_tokens, res->completion_tokens, res->seconds,
                    res->first_token_seconds * 1e3, res->acceptance_rate(), mal,
-                   res->num_requeues ? (" | re-queued " + std::to_string(res->num_requeues) + "x").c_str() : "");
+                   (std::string(res->num_requeues ? " | re-queued " + std::to_string(res->num_requeues) + "x" : "") +
+                    (res->num_migrations ? " | migrated " + std::to_string(res->num_migrations) + "x" : ""))
+                       .c_str());
     }
     std::fflush(stdout);
   }
@@ -341,10 +343,12 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   const ClusterStatus& s = *st;
   if (json) {
     std::printf("{\"cluster\": \"%s\", \"model\": \"%s\", \"speculative_method\": \"%s\", \"queued\": %d, \"running\": %d, "
-                "\"finished\": %lld, \"requeued\": %lld, \"draining\": %s, \"max_model_len\": %d, \"workers\": [",
+                "\"finished\": %lld, \"requeued\": %lld, \"migrated\": %lld, \"kv_migrated_tokens\": %lld, "
+                "\"kv_recomputed_tokens\": %lld, \"draining\": %s, \"max_model_len\": %d, \"workers\": [",
                 json_escape(s.cluster).c_str(), json_escape(s.model).c_str(), s.speculative_method.c_str(), s.queued,
-                s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued), s.draining ? "true" : "false",
-                s.max_model_len);
+                s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
+                static_cast<long long>(s.migrated), static_cast<long long>(s.kv_migrated_tokens),
+                static_cast<long long>(s.kv_recomputed_tokens), s.draining ? "true" : "false", s.max_model_len);
     for (size_t i = 0; i < s.workers.size(); ++i) {
       const auto& w = s.workers[i];
       std::printf("%s{\"node\": \"%s\", \"role\": \"%s\", \"replica\": %d, \"rank\": %d, \"pid\": %d, \"state\": \"%s\", "
@@ -371,10 +375,12 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     std::printf("]}\n");
     return 0;
   }
-  std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld%s\n",
+  std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
+              "migrated %lld (KV moved for %lld tokens, recomputed %lld)%s\n",
               s.cluster.c_str(), s.model.c_str(), s.speculative_method.empty() ? "off" : s.speculative_method.c_str(),
               s.queued, s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
-              s.draining ? " | draining" : "");
+              static_cast<long long>(s.migrated), static_cast<long long>(s.kv_migrated_tokens),
+              static_cast<long long>(s.kv_recomputed_tokens), s.draining ? " | draining" : "");
   std::printf("%-14s %-8s %-7s %-5s %-8s %-9s %-9s %-9s\n", "WORKER", "NODE", "REPLICA", "RANK", "PID", "STATE", "LOAD_S", "WARMUP_S");
   for (const auto& w : s.workers) {
     std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank, w.pid,

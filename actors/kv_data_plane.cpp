@@ -1,0 +1,119 @@
+#include "actors/kv_data_plane.h"
+
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "core/logging.h"
+#include "model/backend.h"
+
+namespace specserve {
+
+uint64_t kv_tokens_hash(std::span<const int32_t> tokens) { return XXH3_64bits(tokens.data(), tokens.size_bytes()); }
+
+Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& name) {
+  UcxAgentOptions o;
+  o.name = name;
+  o.progress_thread = true;
+  auto agent = UcxAgent::create(o);
+  if (!agent.ok()) return agent.status();
+  std::unique_ptr<KvDataPlane> p(new KvDataPlane());
+  p->name_ = name;
+  p->agent_ = std::move(*agent);
+  return p;
+}
+
+std::string KvDataPlane::address() const {
+  const auto& a = agent_->address();
+  return std::string(a.begin(), a.end());
+}
+
+void KvDataPlane::connect_peers(const std::vector<KvPeer>& peers, std::chrono::milliseconds timeout) {
+  for (const KvPeer& p : peers) {
+    if (p.name == name_ || p.address.empty()) continue;
+    auto it = peers_.find(p.name);
+    if (it != peers_.end() && !it->second->failed()) continue;
+    const std::vector<uint8_t> addr(p.address.begin(), p.address.end());
+    auto ep = agent_->connect(addr, p.name, kv_deadline_after(timeout));
+    if (!ep.ok()) {
+      get_logger("kv")->warn("{}: no KV endpoint to {}: {}", name_, p.name, ep.status().to_string());
+      peers_.erase(p.name);
+      continue;
+    }
+    peers_[p.name] = std::move(*ep);
+    get_logger("kv")->info("{}: KV endpoint to {} connected (UCX_TLS {})", name_, p.name, agent_->transports());
+  }
+}
+
+bool KvDataPlane::connected_to(const std::string& name) const {
+  auto it = peers_.find(name);
+  return it != peers_.end() && !it->second->failed();
+}
+
+Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvExportFormat& format,
+                                     std::span<const int32_t> blocks, int32_t num_tokens, uint64_t tokens_hash) {
+  const int64_t n = static_cast<int64_t>(blocks.size());
+  const int64_t bytes = kv_export_bytes(format, n);
+  auto region = agent_->allocate_region(bytes);
+  if (!region.ok()) return region.status();
+  auto header = export_kv_blocks(backend, kv, format, blocks.data(), n, num_tokens, (*region)->data(), bytes);
+  if (!header.ok()) return header.status();
+  KvOffer o;
+  o.source = name_;
+  o.offer_id = next_offer_++;
+  o.num_cached = num_tokens;
+  o.tokens_hash = tokens_hash;
+  o.remote_addr = (*region)->remote().base;
+  o.rkey.assign((*region)->remote().rkey.begin(), (*region)->remote().rkey.end());
+  o.bytes = bytes;
+  o.source_pid = static_cast<int32_t>(::getpid());
+  offers_[o.offer_id] = Offer{std::move(*region), std::chrono::steady_clock::now()};
+  return o;
+}
+
+void KvDataPlane::release(int64_t offer_id) { offers_.erase(offer_id); }
+
+int KvDataPlane::expire(std::chrono::milliseconds max_age) {
+  const auto now = std::chrono::steady_clock::now();
+  int n = 0;
+  for (auto it = offers_.begin(); it != offers_.end();) {
+    if (now - it->second.created > max_age) {
+      it = offers_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
+                          std::span<const int32_t> blocks, KvDeadline deadline) {
+  KvRemoteRegion remote;
+  remote.base = offer.remote_addr;
+  remote.bytes = static_cast<uint64_t>(offer.bytes);
+  remote.rkey.assign(offer.rkey.begin(), offer.rkey.end());
+  std::vector<uint8_t> buf(static_cast<size_t>(offer.bytes));
+  Status st;
+  if (offer.source_pid == static_cast<int32_t>(::getpid())) {
+    // NOTE: both shards live in this process: the staging region is readable as it is.
+    remote.rkey.clear();
+    st = make_in_process_endpoint()->get(buf.data(), offer.bytes, remote, 0, deadline);
+  } else {
+    auto it = peers_.find(offer.source);
+    if (it == peers_.end() || it->second->failed()) return unavailable("no KV endpoint to " + offer.source);
+    st = it->second->get(buf.data(), offer.bytes, remote, 0, deadline);
+    if (it->second->failed()) peers_.erase(it);
+  }
+  SPECSERVE_RETURN_IF_ERROR(st);
+  auto header = import_kv_blocks(backend, kv, expected, buf.data(), offer.bytes, blocks.data(),
+                                 static_cast<int64_t>(blocks.size()));
+  if (!header.ok()) return header.status();
+  if (header->num_tokens != offer.num_cached) {
+    return invalid_argument("kv export: num_tokens " + std::to_string(header->num_tokens) + " != the offer's " +
+                            std::to_string(offer.num_cached));
+  }
+  return Status();
+}
+
+}  // namespace specserve
