@@ -144,6 +144,12 @@ const BadCase kBadCases[] = {
   {"replica_without_shards", "{role: draft_worker, device: cpu}", "{role: draft_worker, replica: 3, device: cpu}", {"t.yaml:12:39:", "nodes[0].workers[1].replica", "'3'", "no target_shard"}},
   {"node_name_with_space", "name: node0", "name: \"node 0\"", {"t.yaml:7:11:", "nodes[0].name", "'node 0'"}},
   {"max_replicas_zero", "max_replicas: 2", "max_replicas: 0", {"t.yaml:14:44:", "autoscale.max_replicas", "'0'"}},
+  {"target_ongoing_zero", "warm_pool: 1}", "warm_pool: 1, target_ongoing_requests: 0}", {"t.yaml:14:86:", "autoscale.target_ongoing_requests", "'0'", "(0, 1e9]"}},
+  {"kv_usage_over_one", "warm_pool: 1}", "warm_pool: 1, target_kv_cache_usage: 1.5}", {"t.yaml:14:84:", "autoscale.target_kv_cache_usage", "'1.5'", "(0, 1]"}},
+  {"look_back_zero", "warm_pool: 1}", "warm_pool: 1, look_back_period_s: 0}", {"t.yaml:14:81:", "autoscale.look_back_period_s", "'0'"}},
+  {"negative_slo", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: -1}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'-1'"}},
+  {"slo_not_a_number", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: fast}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'fast'"}},
+  {"min_over_declared", "min_replicas: 1, max_replicas: 2", "min_replicas: 2, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'2'", "declare only 1 replica"}},
 };
 // clang-format on
 
