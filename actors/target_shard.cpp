@@ -322,6 +322,11 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
                                    a.draft_port ? a.draft_host + ":" + std::to_string(a.draft_port) : "in process");
       },
       [self](step_atom) { do_step(self); },
+      [self](retire_atom) {
+        // The autoscaler stopped this replica (after draining it): quit normally; the process exits 0.
+        get_logger("actors")->info("replica {}: retired by the autoscaler", self->state.cfg.replica);
+        self->quit();
+      },
   };
 }
 
