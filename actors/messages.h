@@ -141,6 +141,10 @@ struct ShardLoad {
   /// was accepted (vLLM's spec_decode_num_accepted_tokens_per_pos); sums to num_accepted_tokens.
   /// Counted when a sequence finishes, like the other speculative counters.
   std::vector<int64_t> accepted_per_pos;
+  /// Prefix cache, engine-wide totals (EngineStats: vLLM V1's prefix_cache_queries /
+  /// prefix_cache_hits): tokens looked up at admission, and tokens found cached.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
 };
 
 /// Worker -> scheduler: registration and every later state change.
@@ -324,7 +328,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
-           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos);
+           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
+           x.prefix_cache_hits);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {

@@ -143,6 +143,8 @@ ShardLoad load_of(ShardState& s) {
   l.received = s.received;
   l.prompt_tokens = st.prompt_tokens;
   l.accepted_per_pos = st.spec.accepted_per_pos;
+  l.prefix_cache_queries = st.prefix_cache_queries;
+  l.prefix_cache_hits = st.prefix_cache_hits;
   return l;
 }
 

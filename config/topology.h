@@ -114,6 +114,7 @@ struct SchedulerSpec {
   int32_t max_num_batched_tokens = 2048;  ///< >= max_num_seqs
   int32_t block_size = 16;                ///< KV block size in tokens
   int64_t kv_cache_bytes = int64_t{1} << 30;  ///< per replica
+  bool enable_prefix_caching = true;      ///< automatic prefix caching (vLLM V1's default: on)
 };
 
 /// `autoscale:` — replica bounds and the autoscaler's signals (Ray Serve's names and meanings

@@ -214,6 +214,9 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:spec_decode_num_accepted_tokens", K::kCounter, "Number of accepted tokens.");
   metrics.declare("specserve:spec_decode_num_accepted_tokens_per_pos", K::kCounter,
                   "Accepted tokens per draft position.");
+  metrics.declare("specserve:prefix_cache_queries", K::kCounter,
+                  "Prefix cache queries: tokens looked up in the prefix cache at admission.");
+  metrics.declare("specserve:prefix_cache_hits", K::kCounter, "Prefix cache hits: tokens found in the prefix cache.");
   metrics.declare("specserve:spec_decode_draft_seconds", K::kCounter, "Seconds spent proposing draft tokens.");
   metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
                   "Seconds spent in target forward passes, which verify the drafts (prefill included).");
@@ -273,6 +276,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   if (!st) return;
   int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
+  double pc_queries = 0, pc_hits = 0;
   std::vector<double> per_pos;
   for (const ReplicaStatus& r : st->replicas) {
     const ShardLoad& l = r.load;
@@ -291,6 +295,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     accepted += static_cast<double>(l.num_accepted_tokens);
     draft_s += l.draft_seconds;
     forward_s += l.forward_seconds;
+    pc_queries += static_cast<double>(l.prefix_cache_queries);
+    pc_hits += static_cast<double>(l.prefix_cache_hits);
     if (per_pos.size() < l.accepted_per_pos.size()) per_pos.resize(l.accepted_per_pos.size(), 0.0);
     for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) per_pos[i] += static_cast<double>(l.accepted_per_pos[i]);
   }
@@ -305,6 +311,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens", labels, accepted);
   metrics.set_counter_at_least("specserve:spec_decode_draft_seconds", labels, draft_s);
   metrics.set_counter_at_least("specserve:spec_decode_verify_seconds", labels, forward_s);
+  metrics.set_counter_at_least("specserve:prefix_cache_queries", labels, pc_queries);
+  metrics.set_counter_at_least("specserve:prefix_cache_hits", labels, pc_hits);
   for (size_t i = 0; i < per_pos.size(); ++i) {
     MetricLabels l = labels;
     l.emplace_back("position", std::to_string(i));

@@ -80,6 +80,7 @@ TEST(Topology, BaseYamlIsValid) {
   EXPECT_EQ(t->nodes[0].workers[1].role, WorkerRole::kDraftWorker);
   EXPECT_EQ(t->nodes[0].workers[1].model, "speculative");
   EXPECT_EQ(t->scheduler.kv_cache_bytes, int64_t{1} << 30);
+  EXPECT_TRUE(t->scheduler.enable_prefix_caching);  // vLLM V1's default
   EXPECT_EQ(t->autoscale.max_replicas, 2);
   EXPECT_TRUE(t->notes.empty());
   EXPECT_EQ(t->where("head.http_port"), "t.yaml:2:54");
@@ -124,6 +125,7 @@ const BadCase kBadCases[] = {
   {"bad_kv_unit", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 1GiBs", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'1GiBs'"}},
   {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
   {"negative_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: -1GiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'-1GiB'", "negative"}},
+  {"prefix_caching_not_bool", "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: maybe}", {"t.yaml:13:", "scheduler.enable_prefix_caching", "'maybe'"}},
   {"min_over_max_replicas", "min_replicas: 1, max_replicas: 2", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
   {"negative_warm_pool", "warm_pool: 1", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
   {"negative_delay", "warm_pool: 1}", "warm_pool: 1, upscale_delay_s: -5}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'-5'"}},
@@ -166,6 +168,12 @@ TEST_P(BadTopology, IsRejectedWithLocationPathAndValue) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, BadTopology, ::testing::ValuesIn(kBadCases),
                          [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(Topology, PrefixCachingCanBeTurnedOff) {
+  auto t = parse(replace_once(base_yaml(), "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: false}"));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_FALSE(t->scheduler.enable_prefix_caching);
+}
 
 TEST(Topology, ReportsEveryErrorNotOnlyTheFirst) {
   std::string y = replace_once(base_yaml(), "actor_port: 7420", "actor_port: abc");
