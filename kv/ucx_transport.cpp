@@ -176,6 +176,7 @@ class UcxEndpoint final : public KvEndpoint {
   Status finish_locked(void* req, KvDeadline deadline, const char* what, int64_t bytes) {
     const auto start = std::chrono::steady_clock::now();
     const ucs_status_t st = wait_request(*core_, req, deadline);
+    const std::string op = bytes > 0 ? std::string(what) + " of " + std::to_string(bytes) + " bytes" : std::string(what);
     if (st == UCS_OK) return Status();
     if (st == UCS_INPROGRESS) {
       // The peer stalled. Force-closing the endpoint completes the request (UCS_ERR_CANCELED), so
@@ -183,16 +184,14 @@ class UcxEndpoint final : public KvEndpoint {
       failed_ = true;
       error_ = UCS_ERR_TIMED_OUT;
       close_locked(UCP_EP_CLOSE_FLAG_FORCE, req);
-      return deadline_exceeded("ucx " + std::string(what) + " of " + std::to_string(bytes) + " bytes with peer " +
-                               peer_ + ": not done by its deadline (" + std::to_string(ms_past(start)) +
-                               " ms waited); endpoint closed");
+      return deadline_exceeded("ucx " + op + " with peer " + peer_ + ": not done by its deadline (" +
+                               std::to_string(ms_past(start)) + " ms waited); endpoint closed");
     }
     failed_ = true;
     if (error_ == UCS_OK) error_ = st;
     close_locked(UCP_EP_CLOSE_FLAG_FORCE);
-    return unavailable("ucx " + std::string(what) + " of " + std::to_string(bytes) + " bytes with peer " + peer_ +
-                       ": " + ucs(st) + (error_ != st ? " (peer error: " + ucs(error_) + ")" : "") +
-                       "; endpoint closed");
+    return unavailable("ucx " + op + " with peer " + peer_ + ": " + ucs(st) +
+                       (error_ != st ? " (peer error: " + ucs(error_) + ")" : "") + "; endpoint closed");
   }
 
   Expected<ucp_rkey_h> unpack_rkey_locked(const std::vector<uint8_t>& packed) {
