@@ -198,6 +198,11 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
           s.proposer->release(id);
         }
       },
+      [self](retire_atom) {
+        // The autoscaler stopped this replica: quit normally; the process exits 0.
+        get_logger("actors")->info("replica {}: draft worker retired by the autoscaler", self->state.cfg.replica);
+        self->quit();
+      },
   };
 }
 

@@ -7,7 +7,7 @@
 namespace specserve {
 
 Expected<std::unique_ptr<Head>> Head::start(ActorRuntime& runtime, const Topology& topology, std::string token,
-                                            bool publish) {
+                                            bool publish, std::function<Status(int32_t replica)> start_replica) {
   std::unique_ptr<Head> h(new Head(runtime));
   h->token_ = token;
   auto f = GgufFile::open(topology.models.target.path);
@@ -22,6 +22,7 @@ Expected<std::unique_ptr<Head>> Head::start(ActorRuntime& runtime, const Topolog
   sc.token = std::move(token);
   sc.gguf = h->gguf_;
   sc.tokenizer = h->tokenizer_;
+  sc.start_replica = std::move(start_replica);
   h->scheduler_ = spawn_scheduler(runtime.system(), std::move(sc));
   if (publish) {
     auto port = publish_with_gateway(runtime.system(), h->scheduler_, h->token_, topology.head.host,

@@ -18,8 +18,11 @@ class Head {
   /// Opens the target GGUF (tokenizer and chat template only; weights stay with the workers),
   /// spawns the scheduler and, when `publish`, opens the actor port (head.host, head.actor_port;
   /// port 0 picks a free one). Errors name the field: an unreadable model, a port in use.
+  /// `start_replica`: see SchedulerConfig::start_replica (the autoscaler's cold starts); null
+  /// when this head cannot start processes.
   static Expected<std::unique_ptr<Head>> start(ActorRuntime& runtime, const Topology& topology, std::string token,
-                                               bool publish = true);
+                                               bool publish = true,
+                                               std::function<Status(int32_t replica)> start_replica = {});
   ~Head();
 
   caf::actor scheduler() const { return scheduler_; }

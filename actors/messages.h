@@ -13,6 +13,7 @@
 //   shard    -> request   : ShardEvent
 //   shard    -> scheduler : ShardLoad (after every step)
 //   worker   -> scheduler : WorkerHello (register and every state change; the token is checked)
+//   scheduler-> workers   : retire_atom (the autoscaler stops the replica: quit normally)
 //   shard    -> draft     : ProposeMsg (reply: ProposeReply), ReleaseMsg
 //   scheduler-> shard     : KvPeersMsg (data-plane addresses of every ready shard), migrate_atom (move
 //                           every sequence away: the replica drains), KvReleaseMsg (a receiver has the KV)
@@ -203,6 +204,10 @@ struct ShardLoad {
   /// was accepted (vLLM's spec_decode_num_accepted_tokens_per_pos); sums to num_accepted_tokens.
   /// Counted when a sequence finishes, like the other speculative counters.
   std::vector<int64_t> accepted_per_pos;
+  /// Prefix cache, engine-wide totals (EngineStats: vLLM V1's prefix_cache_queries /
+  /// prefix_cache_hits): tokens looked up at admission, and tokens found cached.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
   int64_t kv_imported_tokens = 0;    ///< tokens of migrated sequences whose KV arrived (totals)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences that came without usable KV
 };
@@ -297,6 +302,34 @@ struct ReplicaStatus {
   bool ready = false;
   int32_t assigned = 0;       ///< requests on it now
   ShardLoad load;
+  // Lifecycle (scheduler/autoscale_policy.h ReplicaState): "starting", "loading", "warming",
+  // "ready" (routed), "draining", "standby" (loaded, warm, not routed), "stopped".
+  std::string state;
+  double state_seconds = 0;                 ///< time in the current state
+  std::vector<double> state_seconds_total;  ///< [7]: time spent in each state, in the order above
+  double cold_start_seconds = 0;            ///< last cold start: process start requested -> ready; 0: none
+  double promotion_seconds = 0;             ///< last promotion: decision -> its first token; 0: none
+  int64_t num_promotions = 0;
+  int64_t num_cold_starts = 0;
+};
+
+/// The head's autoscaler (all zero / empty when it does not run).
+struct AutoscaleStatus {
+  bool enabled = false;
+  int32_t min_replicas = 0;
+  int32_t max_replicas = 0;
+  int32_t warm_pool = 0;
+  int32_t target_ready = 0;        ///< the policy's desired ready replicas
+  int32_t ongoing = 0;             ///< queued + assigned at the last tick
+  double ttft_p90_seconds = 0;     ///< over the look-back window, new replicas' grace excluded
+  int64_t num_promotions = 0;
+  int64_t num_cold_starts = 0;
+  int64_t num_drains = 0;
+  int64_t num_stops = 0;
+  std::string last_reason;         ///< why the target last changed
+  double last_change_seconds = 0;  ///< head uptime at that change
+  std::vector<double> cold_start_seconds;  ///< the last 64 cold starts (process start requested -> ready)
+  std::vector<double> promotion_seconds;   ///< the last 64 promotions (decision -> first token)
 };
 
 struct ClusterStatus {
@@ -311,6 +344,7 @@ struct ClusterStatus {
   int64_t requeued = 0;
   bool draining = false;
   int32_t max_model_len = 0;  ///< smallest max_model_len among registered target shards (WorkerHello::max_model_len); 0 when none
+  AutoscaleStatus autoscale;
   int64_t migrated = 0;              ///< sequences moved to another replica with their state
   int64_t kv_migrated_tokens = 0;    ///< tokens whose KV arrived with them (not recomputed)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
@@ -388,8 +422,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
-           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.kv_imported_tokens,
-           x.kv_recomputed_tokens);
+           x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
+           x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
@@ -432,12 +466,19 @@ typename Inspector::result_type inspect(Inspector& f, WorkerStatus& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
-  return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load);
+  return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load, x.state, x.state_seconds,
+           x.state_seconds_total, x.cold_start_seconds, x.promotion_seconds, x.num_promotions, x.num_cold_starts);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
+  return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
+           x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
+           x.last_change_seconds, x.cold_start_seconds, x.promotion_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
-           x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.migrated, x.kv_migrated_tokens,
+           x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.autoscale, x.migrated, x.kv_migrated_tokens,
            x.kv_recomputed_tokens);
 }
 
@@ -448,6 +489,12 @@ using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+/// Scheduler -> target shard / draft worker: the autoscaler stops this replica; quit normally.
+using retire_atom = caf::atom_constant<caf::atom("retire")>;
+/// Scheduler -> itself: an autoscaler tick.
+using autoscale_atom = caf::atom_constant<caf::atom("autoscale")>;
+/// Request actor -> scheduler (same process): (first_tok_atom, request id, seconds to the first token).
+using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
 

@@ -1,6 +1,7 @@
 #include "actors/scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -10,6 +11,7 @@
 #include "actors/prompt.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
+#include "scheduler/autoscale_policy.h"
 #include "scheduler/dispatch.h"
 
 namespace specserve {
@@ -35,6 +37,8 @@ struct RequestState {
   bool cancelled = false;
   bool finished = false;
   int64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
+  Clock::time_point submitted_at = Clock::now();
+  bool first_token_seen = false;  // reported to the scheduler (TTFT samples for the autoscaler)
 };
 
 using RequestSelf = caf::stateful_actor<RequestState>*;
@@ -91,6 +95,10 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
       [self](ShardEvent& ev) {
         auto& s = self->state;
         if (s.finished || ev.attempt != s.item.attempt) return;  // a stale attempt (its replica died)
+        if (!s.first_token_seen && !ev.tokens.empty()) {
+          s.first_token_seen = true;
+          self->send(s.scheduler, first_tok_atom::value, s.id, seconds_since(s.submitted_at));
+        }
         s.output.insert(s.output.end(), ev.tokens.begin(), ev.tokens.end());
         s.item.resume_output.insert(s.item.resume_output.end(), ev.tokens.begin(), ev.tokens.end());
         s.num_drafts += ev.num_drafts;
@@ -179,6 +187,19 @@ struct ReplicaEntry {
   std::set<int64_t> on_prefill;  // requests on the prefill worker now
   bool draining_out = false;     // its sequences are moving away: it takes no new work
   bool ready() const { return shard && shard_ready && (!needs_draft || draft_settled) && !draining_out; }
+  // Lifecycle (scheduler/autoscale_policy.h); times on the scheduler's clock (now_s).
+  ReplicaState state = ReplicaState::kStopped;
+  double state_since = 0;
+  std::array<double, kNumReplicaStates> state_seconds{};
+  double ready_since = 0;           // became ready (routed) last
+  double start_requested_at = -1;   // cold start asked for (or first seen registering)
+  double promoted_at = -1;
+  bool awaiting_first_token = false;  // promoted; its first token not seen yet
+  bool drain_to_standby = false;
+  bool not_startable = false;       // start_replica failed, or its worker failed to load
+  double cold_start_s = 0, promotion_s = 0;
+  int64_t num_promotions = 0, num_cold_starts = 0;
+  bool routed() const { return state == ReplicaState::kReady && ready(); }
 };
 
 struct Pending {
@@ -203,11 +224,34 @@ struct SchedulerState {
   bool draining = false;
   std::vector<caf::response_promise> drain_waiters;
   int32_t max_model_len = 0;
+  // Autoscaler (null when the topology does not enable it).
+  std::unique_ptr<Autoscaler> autoscaler;
+  std::deque<TtftSample> ttft;          // recent first-token samples, pruned to the look-back window
+  std::set<caf::actor_addr> retired;    // workers told to quit: their down message is expected
+  AutoscaleStatus as;                   // counters and recent measurements for `status`
 };
 
 using SchedSelf = caf::stateful_actor<SchedulerState>*;
 
 double now_s(SchedSelf self) { return seconds_since(self->state.t0); }
+
+void keep_last(std::vector<double>* v, double x, size_t n = 64) {
+  v->push_back(x);
+  if (v->size() > n) v->erase(v->begin());
+}
+
+// Moves replica `rid` to `to`, adding the time spent in its old state.
+void set_state(SchedSelf self, int32_t rid, ReplicaState to) {
+  auto& r = self->state.replicas[rid];
+  if (r.state == to) return;
+  const double now = now_s(self);
+  r.state_seconds[static_cast<size_t>(r.state)] += now - r.state_since;
+  get_logger("actors")->info("replica {}: {} -> {} (after {:.3f} s)", rid, replica_state_name(r.state),
+                             replica_state_name(to), now - r.state_since);
+  r.state = to;
+  r.state_since = now;
+  if (to == ReplicaState::kReady) r.ready_since = now;
+}
 
 void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const std::string& error) {
   auto& s = self->state;
@@ -234,7 +278,9 @@ void dispatch(SchedSelf self) {
   if (s.queue.empty()) return;
   // Every replica's target shard died: nothing will serve the queue (workers are not restarted
   // yet), so fail it now instead of letting clients wait forever.
-  bool all_lost = !s.replicas.empty();
+  // NOTE: with an autoscaler that can start processes, lost replicas are started again (scale
+  // from zero): the queue waits for them instead.
+  bool all_lost = !s.replicas.empty() && !(s.autoscaler && s.cfg.start_replica);
   for (const auto& [rid, r] : s.replicas) all_lost = all_lost && r.lost && !r.shard;
   if (all_lost) {
     std::vector<int64_t> ids;
@@ -258,7 +304,7 @@ void dispatch(SchedSelf self) {
     if (!r.shard) continue;
     ReplicaLoad l;
     l.replica = rid;
-    l.ready = r.ready();
+    l.ready = r.routed();
     l.total_kv_blocks = r.shard_hello.total_kv_blocks;
     l.free_kv_blocks = (r.load.total_kv_blocks ? r.load.free_kv_blocks : r.shard_hello.total_kv_blocks) - r.pending_blocks;
     l.block_size = r.shard_hello.block_size;
@@ -327,6 +373,15 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.sent = 0;
   r.in_flight.clear();
   r.load = ShardLoad{};
+  set_state(self, replica_id, ReplicaState::kStopped);
+  r.awaiting_first_token = false;
+  if (s.autoscaler && r.draft) {
+    // A restart starts the replica's draft worker afresh: the old one goes.
+    s.retired.insert(r.draft.address());
+    self->send(r.draft, retire_atom::value);
+    r.draft = caf::actor{};
+    r.draft_settled = false;
+  }
   requeue(self, lost);
 }
 
@@ -431,6 +486,8 @@ caf::actor kv_peer(SchedulerState& s, const std::string& name) {
   return {};
 }
 
+void finish_drain_if_idle(SchedSelf self, int32_t rid);
+
 // A sequence left replica m.replica with its state: the request actor hands back its WorkItem
 // (every token streamed so far) and it is dispatched, first in line, with the state and KV offer.
 void migrated(SchedSelf self, MigratedSeq m) {
@@ -439,6 +496,7 @@ void migrated(SchedSelf self, MigratedSeq m) {
   r.assigned.erase(m.request_id);
   r.on_prefill.erase(m.request_id);
   s.running.erase(m.request_id);
+  finish_drain_if_idle(self, m.replica);
   auto release = [self](const KvOffer& kv) {
     if (kv.source.empty()) return;
     if (auto src = kv_peer(self->state, kv.source)) self->send(src, KvReleaseMsg{kv.source, kv.offer_id});
@@ -449,7 +507,6 @@ void migrated(SchedSelf self, MigratedSeq m) {
     return;
   }
   ++s.migrated;
-  const int64_t id = m.request_id;
   self->request(ra->second, caf::infinite, migrate_atom::value)
       .then(
           [self, m](WorkItem& w) {
@@ -467,7 +524,160 @@ void migrated(SchedSelf self, MigratedSeq m) {
             maybe_drained(self);
           },
           [self, m, release](caf::error&) { release(m.kv); });
-  (void)id;
+}
+
+// ---------------------------------------------------------------- lifecycle and autoscaling
+
+void autoscale_tick(SchedSelf self);
+
+// The replica's startup states follow its workers' hellos; a replica that finished warming up
+// (its draft worker settled too) is routed at once without an autoscaler, else parked in standby
+// for the policy to promote.
+void update_startup_state(SchedSelf self, int32_t rid) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  if (!r.shard) return;
+  const ReplicaState st = r.state;
+  if (st == ReplicaState::kReady || st == ReplicaState::kDraining || st == ReplicaState::kStandby) return;
+  const std::string& hs = r.shard_hello.state;
+  ReplicaState to = st;
+  if (hs == "loading") to = ReplicaState::kLoading;
+  if (hs == "warming") to = ReplicaState::kWarming;
+  if (hs == "ready") to = r.ready() ? (s.autoscaler ? ReplicaState::kStandby : ReplicaState::kReady) : ReplicaState::kWarming;
+  if (to == st) return;
+  if (st == ReplicaState::kStopped && r.start_requested_at < 0) r.start_requested_at = now_s(self);  // started by someone else
+  set_state(self, rid, to);
+  if (to == ReplicaState::kStandby || to == ReplicaState::kReady) {
+    if (r.start_requested_at >= 0) {
+      r.cold_start_s = now_s(self) - r.start_requested_at;
+      keep_last(&s.as.cold_start_seconds, r.cold_start_s);
+      get_logger("actors")->info("replica {}: cold start (process start -> ready) {:.2f} s", rid, r.cold_start_s);
+      r.start_requested_at = -1;
+    }
+    if (s.autoscaler) autoscale_tick(self);  // promote now if the policy wants it, not on the next tick
+  }
+}
+
+// Tells a replica's workers to quit (the autoscaler stops it). Their down messages are expected.
+void retire(SchedSelf self, int32_t rid) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  for (caf::actor* a : {&r.shard, &r.draft}) {
+    if (!*a) continue;
+    s.retired.insert(a->address());
+    self->send(*a, retire_atom::value);
+    *a = caf::actor{};
+  }
+  r.shard_ready = false;
+  r.draft_settled = false;
+  r.draft_attached = false;
+  r.pending_blocks = 0;
+  r.sent = 0;
+  r.in_flight.clear();
+  r.awaiting_first_token = false;
+  ++s.as.num_stops;
+  set_state(self, rid, ReplicaState::kStopped);
+}
+
+// A draining replica whose last request finished parks in standby or stops.
+void finish_drain_if_idle(SchedSelf self, int32_t rid) {
+  auto& r = self->state.replicas[rid];
+  if (r.state != ReplicaState::kDraining || !r.assigned.empty()) return;
+  if (r.drain_to_standby) {
+    set_state(self, rid, ReplicaState::kStandby);
+  } else {
+    retire(self, rid);
+  }
+}
+
+// Stops routing new requests to the replica; its in-flight requests finish there and their
+// streams go on.
+// When another replica is routed, the running requests move there at once with their KV
+// (migrate_atom: the shard exports each sequence, MigratedSeq re-dispatches it, streams go on), so
+// a drain takes one step instead of the longest request; otherwise they finish here.
+void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  r.drain_to_standby = to_standby;
+  r.awaiting_first_token = false;
+  ++s.as.num_drains;
+  set_state(self, rid, ReplicaState::kDraining);
+  bool other = false;
+  for (const auto& [id, o] : s.replicas) other = other || (id != rid && o.routed());
+  if (other && r.shard && !r.assigned.empty()) self->send(r.shard, migrate_atom::value, false);
+  finish_drain_if_idle(self, rid);
+}
+
+void promote(SchedSelf self, int32_t rid) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  set_state(self, rid, ReplicaState::kReady);
+  r.promoted_at = now_s(self);
+  // Decision -> first token is measured when work waits for it (a promotion with an empty queue,
+  // such as the first replica at start-up, would measure the time until traffic arrives).
+  r.awaiting_first_token = !s.queue.empty();
+  ++r.num_promotions;
+  ++s.as.num_promotions;
+}
+
+void start_cold(SchedSelf self, int32_t rid) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  Status st = s.cfg.start_replica ? s.cfg.start_replica(rid) : unavailable("no launcher");
+  if (!st.ok()) {
+    get_logger("actors")->warn("replica {}: cannot start it: {}", rid, st.message());
+    r.not_startable = true;
+    return;
+  }
+  r.lost = false;
+  r.start_requested_at = now_s(self);
+  ++r.num_cold_starts;
+  ++s.as.num_cold_starts;
+  set_state(self, rid, ReplicaState::kStarting);
+}
+
+void autoscale_tick(SchedSelf self) {
+  auto& s = self->state;
+  if (!s.autoscaler || s.draining) return;
+  const double now = now_s(self);
+  const AutoscaleOptions& o = s.autoscaler->options();
+  while (!s.ttft.empty() && s.ttft.front().at_s < now - o.look_back_period_s) s.ttft.pop_front();
+  AutoscaleInput in;
+  in.now_s = now;
+  in.num_queued = static_cast<int32_t>(s.queue.size());
+  for (const auto& [id, p] : s.queue) in.oldest_wait_s = std::max(in.oldest_wait_s, now - p.enqueued_at);
+  for (const auto& [rid, r] : s.replicas) {
+    if (r.not_startable && r.state == ReplicaState::kStopped) continue;  // not a slot the policy can use
+    ReplicaView v;
+    v.id = rid;
+    v.state = r.state;
+    // A ready replica whose shard has not confirmed ready (cannot happen) or a standby one whose
+    // draft worker has not settled is still warming for the policy.
+    if ((v.state == ReplicaState::kReady || v.state == ReplicaState::kStandby) && !r.ready()) v.state = ReplicaState::kWarming;
+    v.ready_since_s = r.ready_since;
+    v.num_assigned = static_cast<int32_t>(r.assigned.size());
+    if (r.load.total_kv_blocks > 0) {
+      v.kv_cache_usage = static_cast<double>(r.load.total_kv_blocks - r.load.free_kv_blocks) / r.load.total_kv_blocks;
+    }
+    v.draining_to_standby = r.drain_to_standby;
+    in.replicas.push_back(v);
+  }
+  in.ttft.assign(s.ttft.begin(), s.ttft.end());
+  in.can_start = static_cast<bool>(s.cfg.start_replica);
+  AutoscaleDecision d = s.autoscaler->tick(in);
+  s.as.target_ready = d.target_ready;
+  s.as.ongoing = d.ongoing;
+  s.as.ttft_p90_seconds = d.ttft_p90_s;
+  if (d.changed) {
+    s.as.last_reason = d.reason;
+    s.as.last_change_seconds = now;
+    get_logger("actors")->info("autoscaler: target {} ready replica(s): {}", d.target_ready, d.reason);
+  }
+  for (int32_t rid : d.stop) retire(self, rid);
+  for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
+  for (int32_t rid : d.promote) promote(self, rid);
+  for (int32_t rid : d.start) start_cold(self, rid);
+  if (!d.promote.empty()) dispatch(self);
 }
 
 ClusterStatus make_status(SchedSelf self) {
@@ -495,10 +705,18 @@ ClusterStatus make_status(SchedSelf self) {
   for (const auto& [rid, r] : s.replicas) {
     ReplicaStatus rs;
     rs.replica = rid;
-    rs.ready = r.ready();
+    rs.ready = r.routed();
     rs.assigned = static_cast<int32_t>(r.assigned.size());
     rs.load = r.load;
     rs.load.finished.clear();
+    rs.state = replica_state_name(r.state);
+    rs.state_seconds = now_s(self) - r.state_since;
+    rs.state_seconds_total.assign(r.state_seconds.begin(), r.state_seconds.end());
+    rs.state_seconds_total[static_cast<size_t>(r.state)] += rs.state_seconds;
+    rs.cold_start_seconds = r.cold_start_s;
+    rs.promotion_seconds = r.promotion_s;
+    rs.num_promotions = r.num_promotions;
+    rs.num_cold_starts = r.num_cold_starts;
     c.replicas.push_back(rs);
   }
   c.queued = static_cast<int32_t>(s.queue.size());
@@ -511,6 +729,7 @@ ClusterStatus make_status(SchedSelf self) {
     c.kv_recomputed_tokens += r.load.kv_recomputed_tokens;
   }
   c.draining = s.draining;
+  c.autoscale = s.as;
   // NOTE: the smallest limit, not s.max_model_len (the largest, used to refuse prompts that fit
   // nowhere): a front end that checks against this never sends a prompt some replica refuses.
   for (const auto& [rid, r] : s.replicas) {
@@ -530,8 +749,38 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       if (w.role == WorkerRole::kDraftWorker) s.replicas[w.replica].needs_draft = true;
     }
   }
+  const AutoscaleSpec& as = s.cfg.topology.autoscale;
+  if (as.enabled()) {
+    AutoscaleOptions o;
+    o.min_replicas = as.min_replicas;
+    o.max_replicas = as.max_replicas;
+    o.warm_pool = as.warm_pool;
+    o.upscale_delay_s = as.upscale_delay_s;
+    o.downscale_delay_s = as.downscale_delay_s;
+    o.target_ongoing_requests = as.target_ongoing_requests;
+    o.ttft_slo_ms = as.ttft_slo_ms;
+    o.target_kv_cache_usage = as.target_kv_cache_usage;
+    o.look_back_period_s = as.look_back_period_s;
+    o.new_replica_grace_s = as.new_replica_grace_s;
+    s.autoscaler = std::make_unique<Autoscaler>(o, as.min_replicas);
+    s.as.enabled = true;
+    s.as.min_replicas = as.min_replicas;
+    s.as.max_replicas = as.max_replicas;
+    s.as.warm_pool = as.warm_pool;
+    self->send(self, autoscale_atom::value);  // the first tick starts min_replicas + warm_pool
+  } else {
+    // Static serving: `up` starts every declared replica.
+    for (auto& [rid, r] : s.replicas) {
+      r.start_requested_at = 0;
+      r.state = ReplicaState::kStarting;
+    }
+  }
   self->set_down_handler([self](caf::down_msg& m) {
     auto& s = self->state;
+    if (s.retired.erase(m.source)) {  // a worker the autoscaler stopped
+      s.workers.erase(m.source);
+      return;
+    }
     auto it = s.workers.find(m.source);
     if (it == s.workers.end()) return;
     const WorkerHello h = it->second.hello;
@@ -604,8 +853,11 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         log->info("worker {} of replica {} on node {} (pid {}): {}{}", h.role, h.replica, h.node, h.pid, h.state,
                   h.state == "ready" ? fmt::format(" (load {:.2f} s, warm-up {:.2f} s)", h.load_seconds, h.warmup_seconds)
                                      : (h.error.empty() ? "" : ": " + h.error));
+        // A replica whose target shard cannot load is not restarted in a loop.
+        if (h.role == worker_role_name(WorkerRole::kTargetShard)) r.not_startable = h.state == "failed";
         attach_draft_if_ready(self, r);
         if (h.state == "ready" && !h.kv_address.empty()) broadcast_kv_peers(self);
+        update_startup_state(self, h.replica);
         dispatch(self);
       },
       [self](SubmitMsg& m) -> std::tuple<int64_t, int32_t, std::string> {
@@ -641,8 +893,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         s.queue.erase(id);
         auto it = s.running.find(id);
         if (it != s.running.end()) {
-          s.replicas[it->second].assigned.erase(id);
+          const int32_t rid = it->second;
+          s.replicas[rid].assigned.erase(id);
           s.running.erase(it);
+          finish_drain_if_idle(self, rid);
         }
         ++s.finished;
         dispatch(self);
@@ -667,7 +921,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.pending_blocks -= r.in_flight.front().second;
           r.in_flight.pop_front();
         }
+        const int32_t rid = l.replica;
         r.load = std::move(l);
+        finish_drain_if_idle(self, rid);
         dispatch(self);
       },
       [self](MigratedSeq& m) {
@@ -694,13 +950,37 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto it = s.replicas.find(replica);
         if (it == s.replicas.end() || !it->second.shard) return -1;
         bool other = false;
-        for (const auto& [rid, r] : s.replicas) other = other || (rid != replica && r.ready());
+        for (const auto& [rid, r] : s.replicas) other = other || (rid != replica && r.routed());
         if (!other) return -1;
         ReplicaEntry& r = it->second;
         r.draining_out = true;
         get_logger("actors")->info("replica {}: draining; moving its {} request(s) to other replicas", replica, r.assigned.size());
         self->send(r.shard, migrate_atom::value, then_quit);
         return static_cast<int32_t>(r.assigned.size());
+      },
+      [self](first_tok_atom, int64_t id, double ttft_s) {
+        auto& s = self->state;
+        if (!s.request_actors.count(id) ||
+            self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(s.request_actors[id])) {
+          return;
+        }
+        auto it = s.running.find(id);
+        if (it == s.running.end()) return;
+        auto& r = s.replicas[it->second];
+        const double now = now_s(self);
+        s.ttft.push_back({now, ttft_s, it->second});
+        if (s.ttft.size() > 4096) s.ttft.pop_front();
+        if (r.awaiting_first_token && r.state == ReplicaState::kReady) {
+          r.awaiting_first_token = false;
+          r.promotion_s = now - r.promoted_at;
+          keep_last(&s.as.promotion_seconds, r.promotion_s);
+          get_logger("actors")->info("replica {}: promotion -> first token {:.3f} s (request {})", it->second,
+                                     r.promotion_s, id);
+        }
+      },
+      [self](autoscale_atom) {
+        autoscale_tick(self);
+        self->delayed_send(self, std::chrono::milliseconds(100), autoscale_atom::value);
       },
       [self](const StatusQuery& q) -> caf::result<ClusterStatus> {
         if (!token_matches(q.token, self->state.cfg.token)) {

@@ -11,6 +11,16 @@
 // client sees no error and greedy output is unchanged. When a draft worker goes down, its
 // replica keeps serving without drafts.
 //
+// Replica lifecycle and autoscaling (scheduler/autoscale_policy.h): each replica the topology
+// declares is starting -> loading -> warming -> ready (routed) -> draining -> standby (loaded and
+// warm, not routed) -> stopped, with the time spent in each state. Without an `autoscale:`
+// section that enables it, every replica that reports ready is routed (static serving). With
+// one, a timer (every 100 ms) runs the policy: a replica that finishes its warm-up parks in
+// standby; promotion is a state flip here, so the promoted replica gets queued work at once;
+// a cold start asks SchedulerConfig::start_replica for the replica's processes; a drained replica
+// stops receiving work and finishes its in-flight requests (their streams go on) before it parks
+// in standby or is stopped (retire_atom: its workers quit normally).
+//
 // Request actor: owns one request — its tokens so far, streaming to the client's sink
 // (StreamChunk), cancellation, deadline (finish reason "timeout"), and the client going away
 // (cancel). It drops events of an attempt that is no longer current.
@@ -18,6 +28,7 @@
 
 #include <caf/all.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +46,11 @@ struct SchedulerConfig {
   std::shared_ptr<const GgufFile> gguf;
   std::shared_ptr<const Tokenizer> tokenizer;
   double aging_s = 10.0;  ///< see DispatchOptions
+  /// Starts the worker processes of replica `replica` (a cold start for the autoscaler). Called
+  /// on the scheduler's thread; must return quickly (spawn, do not wait). Null: the head cannot
+  /// start processes; the autoscaler then only promotes, drains and parks replicas that register.
+  /// Errors (e.g. the replica's workers are on another host) mark the replica as not startable.
+  std::function<Status(int32_t replica)> start_replica;
 };
 
 caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig config);

@@ -168,6 +168,8 @@ ShardLoad load_of(ShardState& s) {
   l.received = s.received;
   l.prompt_tokens = st.prompt_tokens;
   l.accepted_per_pos = st.spec.accepted_per_pos;
+  l.prefix_cache_queries = st.prefix_cache_queries;
+  l.prefix_cache_hits = st.prefix_cache_hits;
   l.kv_imported_tokens = s.kv_imported_tokens;
   l.kv_recomputed_tokens = s.kv_recomputed_tokens;
   return l;
@@ -490,6 +492,11 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         }
         schedule_expiry(self);
         maybe_quit(self);
+      },
+      [self](retire_atom) {
+        // The autoscaler stopped this replica (after draining it): quit normally; the process exits 0.
+        get_logger("actors")->info("replica {}: retired by the autoscaler", self->state.cfg.replica);
+        self->quit();
       },
   };
 }

@@ -7,6 +7,7 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
   o.max_num_seqs = t.scheduler.max_num_seqs;
   o.max_num_batched_tokens = t.scheduler.max_num_batched_tokens;
   o.block_size = t.scheduler.block_size;
+  o.enable_prefix_caching = t.scheduler.enable_prefix_caching;
   if (t.models.target.max_model_len) o.max_model_len = *t.models.target.max_model_len;
   const int64_t per_token = 2 * m.num_layers * m.kv_dim() * static_cast<int64_t>(sizeof(float));
   const int64_t per_block = per_token * o.block_size;

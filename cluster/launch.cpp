@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "actors/client.h"
@@ -41,12 +43,91 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
   return false;
 }
 
-// Polls the head until every declared replica is ready (or a stop signal / `timeout_s`).
-// `children` (may be null): processes that must stay alive until then.
-bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed, std::vector<Child>* children = nullptr) {
+// Starts the worker processes of one replica on this host when the head's autoscaler asks
+// (a cold start). The request comes on the scheduler actor's thread and is only queued there;
+// the launcher's main loop spawns (pump()), so that every worker is a child of the main thread.
+// NOTE: PR_SET_PDEATHSIG (exit_with_parent) fires when the *thread* that forked the child
+// exits, so children must not be spawned from a CAF worker thread; the queue costs at most one
+// poll interval (50 ms) of a cold start that takes seconds, and the head measures it.
+class WorkerLauncher {
+ public:
+  WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker)
+      : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker) {}
+
+  /// Thread-safe: queues `replica` for pump(). kUnavailable when none of its workers is on a
+  /// node this launcher starts (nodes on other hosts start their own workers).
+  Status request(int32_t replica) {
+    if (!has_local_workers(replica)) {
+      return unavailable("replica " + std::to_string(replica) +
+                         " has no worker on a node of this host: start its node there (specserve node --join)");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    queued_.push_back(replica);
+    return Status();
+  }
+  /// Main thread: spawns the queued replicas' workers (once `endpoint` is known).
+  void pump(const std::string& endpoint) {
+    std::vector<int32_t> q;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q.swap(queued_);
+    }
+    for (int32_t replica : q) spawn(replica, endpoint);
+  }
+  std::vector<Child>* children() { return &children_; }
+
+ private:
+  bool local(const NodeSpec& n) const { return is_loopback_host(n.host) || n.host == topo_.head.host; }
+  bool has_local_workers(int32_t replica) const {
+    for (const NodeSpec& n : topo_.nodes) {
+      if (!local(n)) continue;
+      for (const WorkerSpec& w : n.workers) {
+        if (w.replica == replica) return true;
+      }
+    }
+    return false;
+  }
+  void spawn(int32_t replica, const std::string& endpoint) {
+    for (const NodeSpec& n : topo_.nodes) {
+      if (!local(n)) continue;
+      const int32_t threads = threads_per_worker_ > 0 ? threads_per_worker_
+                                                      : default_threads(static_cast<int32_t>(n.workers.size()));
+      for (size_t j = 0; j < n.workers.size(); ++j) {
+        const WorkerSpec& w = n.workers[j];
+        if (w.replica != replica) continue;
+        std::vector<std::string> argv = {self_executable(), "worker", "--join", endpoint, "--node", n.name, "--config",
+                                         config_path_, "--index", std::to_string(j), "--threads", std::to_string(threads)};
+        const std::string name = "worker " + n.name + "/" + std::to_string(j) + " " + worker_role_name(w.role) +
+                                 " (replica " + std::to_string(replica) + ")";
+        auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}}, name);
+        if (!c.ok()) {
+          // The head sees the replica never register; `status` shows it starting. Logged here.
+          get_logger("cluster")->error("{}", c.status().message());
+          continue;
+        }
+        get_logger("cluster")->info("started {} (pid {})", name, c->pid);
+        children_.push_back(*c);
+      }
+    }
+  }
+
+  const Topology& topo_;
+  std::string config_path_;
+  int32_t threads_per_worker_ = 0;
+  std::mutex mu_;
+  std::vector<int32_t> queued_;
+  std::vector<Child> children_;  // main thread only
+};
+
+// Polls the head until `replicas` replicas are ready (or a stop signal / `timeout_s`).
+// `children` (may be null): processes that must stay alive until then. `launcher` (may be null):
+// pumped while waiting (the autoscaler starts the first replicas through it).
+bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed, std::vector<Child>* children = nullptr,
+                WorkerLauncher* launcher = nullptr, const std::string& endpoint = "") {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last;
   while (std::chrono::steady_clock::now() < end && !stop_requested()) {
+    if (launcher) launcher->pump(endpoint);
     if (children) {
       auto exited = reap_children(children);
       if (!exited.empty()) {
@@ -71,9 +152,16 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
                          std::to_string(st->workers.size()) + " worker(s) registered";
       if (line != last) std::fprintf(stderr, "specserve: %s\n", line.c_str());
       last = line;
-      if (ready >= replicas && replicas > 0) return true;
+      if (ready >= replicas) return true;
     }
-    wait_for_stop(0.25);
+    if (!launcher) {
+      wait_for_stop(0.25);
+      continue;
+    }
+    for (int i = 0; i < 5 && !stop_requested(); ++i) {
+      launcher->pump(endpoint);
+      wait_for_stop(0.05);
+    }
   }
   return false;
 }
@@ -121,7 +209,14 @@ int run_up(const UpOptions& o) {
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   ActorRuntime rt;
-  auto head = Head::start(rt, *topo, *token);
+  // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
+  // the rest when the pool is refilled); local workers are then children of this process, not of
+  // node processes. Without it, every node process starts all its workers.
+  const bool autoscaled = topo->autoscale.enabled();
+  WorkerLauncher launcher(*topo, o.config_path, o.threads_per_worker);
+  std::function<Status(int32_t)> start_replica;
+  if (autoscaled) start_replica = [&launcher](int32_t replica) { return launcher.request(replica); };
+  auto head = Head::start(rt, *topo, *token, /*publish=*/true, start_replica);
   if (!head.ok()) return fail("up", head.status());
   std::shared_ptr<void> front_end;
   if (o.front_end) {
@@ -140,6 +235,7 @@ int run_up(const UpOptions& o) {
       remote.push_back("specserve node --join " + endpoint + " --name " + n.name + " --config " + o.config_path);
       continue;
     }
+    if (autoscaled) continue;  // the launcher starts this node's workers when the head asks
     std::vector<std::string> argv = {self_executable(), "node", "--join", endpoint, "--name", n.name, "--config",
                                      o.config_path, "--exit-with-parent"};
     if (o.threads_per_worker > 0) {
@@ -153,14 +249,22 @@ int run_up(const UpOptions& o) {
     }
     children.push_back(*c);
   }
-  std::fprintf(stderr, "specserve up: cluster '%s': head actor port %s (token in %s); %zu node process(es) started\n",
-               topo->cluster.name.c_str(), endpoint.c_str(), topo->cluster.token_file.c_str(), children.size());
+  std::fprintf(stderr, "specserve up: cluster '%s': head actor port %s (token in %s); %zu node process(es) started%s\n",
+               topo->cluster.name.c_str(), endpoint.c_str(), topo->cluster.token_file.c_str(), children.size(),
+               autoscaled ? "; the autoscaler starts the local replicas' workers" : "");
   for (const auto& r : remote) std::fprintf(stderr, "specserve up: on the node's host, run: %s\n", r.c_str());
   auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);
   bool failed = false;
-  const size_t replicas = topo->replica_ids().size();
-  if (wait_ready(*client, replicas, 1e9, &failed, &children)) {
+  const AutoscaleSpec& as = topo->autoscale;
+  const size_t replicas = autoscaled ? static_cast<size_t>(as.min_replicas) : topo->replica_ids().size();
+  const bool ready = autoscaled ? wait_ready(*client, replicas, 1e9, &failed, launcher.children(), &launcher, endpoint)
+                                : wait_ready(*client, replicas, 1e9, &failed, &children);
+  if (ready) {
     std::fprintf(stderr, "specserve up: ready: %zu replica(s) serve %s\n", replicas, topo->models.target.path.c_str());
+    if (autoscaled) {
+      std::fprintf(stderr, "specserve up: autoscaling %d..%d ready replica(s), warm pool %d, of %zu declared\n",
+                   as.min_replicas, as.max_replicas, as.warm_pool, topo->replica_ids().size());
+    }
     print_status_line(*client);
     std::fprintf(stderr, "specserve up: submit with: specserve client --connect %s --token-file %s --chat \"Hello\"\n",
                  endpoint.c_str(), topo->cluster.token_file.c_str());
@@ -169,9 +273,19 @@ int run_up(const UpOptions& o) {
   int rc = failed ? 1 : 0;
   while (!failed && !stop_requested()) {
     for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
-    wait_for_stop(0.2);
+    launcher.pump(endpoint);
+    for (const auto& line : reap_children(launcher.children())) {
+      // A worker the autoscaler retired exits 0.
+      if (line.find("exited with code 0") != std::string::npos) {
+        get_logger("cluster")->info("{}", line);
+      } else {
+        get_logger("cluster")->warn("{}", line);
+      }
+    }
+    wait_for_stop(autoscaled ? 0.05 : 0.2);
   }
   shut_down(**head, &children, failed ? 0 : o.drain_timeout_s, &front_end);
+  stop_children(launcher.children(), 10.0);
   return rc;
 }
 

@@ -114,15 +114,28 @@ struct SchedulerSpec {
   int32_t max_num_batched_tokens = 2048;  ///< >= max_num_seqs
   int32_t block_size = 16;                ///< KV block size in tokens
   int64_t kv_cache_bytes = int64_t{1} << 30;  ///< per replica
+  bool enable_prefix_caching = true;      ///< automatic prefix caching (vLLM V1's default: on)
 };
 
-/// `autoscale:` — replica bounds (Ray Serve's names and meanings).
+/// `autoscale:` — replica bounds and the autoscaler's signals (Ray Serve's names and meanings
+/// where Ray Serve has the knob; the policy is scheduler/autoscale_policy.h). The autoscaler
+/// runs when the section is given with max_replicas > min_replicas or warm_pool > 0 (enabled()).
 struct AutoscaleSpec {
-  int32_t min_replicas = 1;
-  int32_t max_replicas = 1;  ///< default: max(min_replicas, replicas declared by the nodes)
-  int32_t warm_pool = 0;     ///< standby replicas kept loaded and warmed
-  double upscale_delay_s = 30.0;
-  double downscale_delay_s = 600.0;
+  int32_t min_replicas = 1;  ///< ready (routed) replicas kept at least; 0 allowed (scale to zero)
+  int32_t max_replicas = 1;  ///< ready replicas at most; default: max(min_replicas, declared replicas - warm_pool, 1)
+  int32_t warm_pool = 0;     ///< standby replicas kept loaded and warmed (not routed)
+  double upscale_delay_s = 30.0;    ///< pressure must hold this long before a scale-up
+  double downscale_delay_s = 600.0; ///< idle must hold this long before a scale-down
+  double target_ongoing_requests = 2.0;  ///< > 0: queued + running requests per ready replica
+  double ttft_slo_ms = 0;                ///< >= 0; 0: no TTFT / queue-wait signal
+  double target_kv_cache_usage = 0.9;    ///< (0, 1]: mean KV usage of ready replicas above it is pressure
+  double look_back_period_s = 30.0;      ///< > 0: TTFT samples window
+  double new_replica_grace_s = 10.0;     ///< >= 0: TTFT samples of a replica ready for less are ignored
+  /// The file has an `autoscale:` section. Without one every declared replica serves (static).
+  bool configured = false;
+  /// True when the head runs the autoscaler: an `autoscale:` section with
+  /// max_replicas > min_replicas or warm_pool > 0.
+  bool enabled() const { return configured && (max_replicas > min_replicas || warm_pool > 0); }
 };
 
 /// A whole, validated topology file.

@@ -488,13 +488,15 @@ void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, 
 }
 
 void TopologyParser::parse_scheduler(const YAML::Node& n) {
-  Fields f(*this, n, "scheduler", {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes"});
+  Fields f(*this, n, "scheduler",
+           {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes", "enable_prefix_caching"});
   SchedulerSpec& s = topo_.scheduler;
   if (auto v = read_int(f, "max_num_seqs", 1, INT32_MAX, false)) s.max_num_seqs = static_cast<int32_t>(*v);
   const auto batched = read_int(f, "max_num_batched_tokens", 1, INT32_MAX, false);
   if (batched) s.max_num_batched_tokens = static_cast<int32_t>(*batched);
   if (auto v = read_int(f, "block_size", 1, 1024, false)) s.block_size = static_cast<int32_t>(*v);
   if (auto v = read_byte_size(f, "kv_cache_bytes")) s.kv_cache_bytes = *v;
+  if (auto v = read_bool(f, "enable_prefix_caching")) s.enable_prefix_caching = *v;
   if (s.max_num_batched_tokens < s.max_num_seqs) {
     const YAML::Node* at =
         batched ? f.get("max_num_batched_tokens") : (f.get("max_num_seqs") ? f.get("max_num_seqs") : &n);
@@ -506,13 +508,31 @@ void TopologyParser::parse_scheduler(const YAML::Node& n) {
 
 void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>* max_replicas) {
   Fields f(*this, n, "autoscale",
-           {"min_replicas", "max_replicas", "warm_pool", "upscale_delay_s", "downscale_delay_s"});
+           {"min_replicas", "max_replicas", "warm_pool", "upscale_delay_s", "downscale_delay_s",
+            "target_ongoing_requests", "ttft_slo_ms", "target_kv_cache_usage", "look_back_period_s",
+            "new_replica_grace_s"});
   AutoscaleSpec& a = topo_.autoscale;
+  a.configured = true;
   if (auto v = read_int(f, "min_replicas", 0, INT32_MAX, false)) a.min_replicas = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "max_replicas", 1, INT32_MAX, false)) *max_replicas = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "warm_pool", 0, INT32_MAX, false)) a.warm_pool = static_cast<int32_t>(*v);
   if (auto v = read_double(f, "upscale_delay_s", 0, false)) a.upscale_delay_s = *v;
   if (auto v = read_double(f, "downscale_delay_s", 0, false)) a.downscale_delay_s = *v;
+  if (auto v = read_double(f, "ttft_slo_ms", 0, false)) a.ttft_slo_ms = *v;
+  if (auto v = read_double(f, "new_replica_grace_s", 0, false)) a.new_replica_grace_s = *v;
+  // Fields that must be strictly positive (or within (0, 1]).
+  auto positive = [&](const std::string& key, double* out, double max, const std::string& range) {
+    auto v = read_double(f, key, 0, false);
+    if (!v) return;
+    if (*v <= 0 || *v > max) {
+      error(*f.get(key), "autoscale." + key, quote(f.get(key)->Scalar()) + " must be in " + range);
+      return;
+    }
+    *out = *v;
+  };
+  positive("target_ongoing_requests", &a.target_ongoing_requests, 1e9, "(0, 1e9]");
+  positive("target_kv_cache_usage", &a.target_kv_cache_usage, 1.0, "(0, 1]");
+  positive("look_back_period_s", &a.look_back_period_s, 1e9, "(0, 1e9] seconds");
   if (*max_replicas && a.min_replicas > **max_replicas) {
     error(f.get("min_replicas") ? *f.get("min_replicas") : *f.get("max_replicas"), "autoscale.min_replicas",
           quote(std::to_string(a.min_replicas)) + " is greater than max_replicas " +

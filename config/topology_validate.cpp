@@ -105,13 +105,25 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
   const int32_t declared = static_cast<int32_t>(shards.size());
   if (explicit_max_replicas) {
     a.max_replicas = *explicit_max_replicas;
-    if (declared > a.max_replicas) {
+    // NOTE: the warm pool's standby replicas are declared too (their devices are placed), so a
+    // topology may declare up to max_replicas + warm_pool replicas.
+    if (declared > a.max_replicas + a.warm_pool) {
       error_at(topo_.where("autoscale.max_replicas"), "autoscale.max_replicas",
                quote(std::to_string(a.max_replicas)) + " is less than the " + std::to_string(declared) +
-                   " replicas the nodes declare");
+                   " replicas the nodes declare" +
+                   (a.warm_pool ? " (less autoscale.warm_pool " + std::to_string(a.warm_pool) + ")" : std::string()));
     }
   } else {
-    a.max_replicas = std::max(a.min_replicas, std::max(declared, 1));
+    // The warm pool's replicas are among the declared ones: they are not counted as routable.
+    a.max_replicas = std::max(a.min_replicas, std::max(declared - a.warm_pool, 1));
+  }
+  // The autoscaler places replicas only where the topology declares their workers (and so their
+  // devices): min_replicas must be placeable. Fewer slots than max_replicas + warm_pool is allowed
+  // (the pool or the top of the range then stays empty; `specserve status` shows the slots).
+  if (a.enabled() && !shards.empty() && declared < a.min_replicas) {
+    error_at(topo_.where("autoscale.min_replicas"), "autoscale.min_replicas",
+             quote(std::to_string(a.min_replicas)) + " but the nodes declare only " + std::to_string(declared) +
+                 " replica(s): declare each replica's workers under nodes[].workers");
   }
 }
 

@@ -52,6 +52,15 @@ class CpuKvStorage final : public KvStorage {
   std::vector<float> k_, v_;  // [layers, blocks * block_size, kv_dim]
 };
 
+void check_block_range(const KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n) {
+  SPECSERVE_CHECK(layer_begin >= 0 && layer_begin < layer_end && layer_end <= kv.num_layers(),
+                  "kv layer range [" + std::to_string(layer_begin) + ", " + std::to_string(layer_end) + ") of " +
+                      std::to_string(kv.num_layers()));
+  for (int64_t i = 0; i < n; ++i)
+    SPECSERVE_CHECK(blocks[i] >= 0 && blocks[i] < kv.num_blocks(),
+                    "kv block id " + std::to_string(blocks[i]) + " of " + std::to_string(kv.num_blocks()));
+}
+
 const CpuWeight& cw(const Weight& w) { return static_cast<const CpuWeight&>(w); }
 
 float rope_yarn_ramp(float low, float high, int i0) {
@@ -311,6 +320,37 @@ class CpuBackend final : public Backend {
         if (src[i] == dst[i]) continue;
         std::memmove(s.k(l, dst[i]), s.k(l, src[i]), d * sizeof(float));
         std::memmove(s.v(l, dst[i]), s.v(l, src[i]), d * sizeof(float));
+      }
+  }
+
+  void kv_export_blocks(KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n,
+                        void* dst) override {
+    check_block_range(kv, layer_begin, layer_end, blocks, n);
+    auto& s = static_cast<CpuKvStorage&>(kv);
+    // A block's slots are consecutive in CpuKvStorage, so each (block, layer, K|V) is one memcpy.
+    const size_t part = static_cast<size_t>(kv.block_size() * kv.kv_dim()) * sizeof(float);
+    char* out = static_cast<char*>(dst);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t l = layer_begin; l < layer_end; ++l) {
+        const int64_t slot = static_cast<int64_t>(blocks[i]) * kv.block_size();
+        std::memcpy(out, s.k(l, slot), part);
+        std::memcpy(out + part, s.v(l, slot), part);
+        out += 2 * part;
+      }
+  }
+
+  void kv_import_blocks(KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n,
+                        const void* src) override {
+    check_block_range(kv, layer_begin, layer_end, blocks, n);
+    auto& s = static_cast<CpuKvStorage&>(kv);
+    const size_t part = static_cast<size_t>(kv.block_size() * kv.kv_dim()) * sizeof(float);
+    const char* in = static_cast<const char*>(src);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t l = layer_begin; l < layer_end; ++l) {
+        const int64_t slot = static_cast<int64_t>(blocks[i]) * kv.block_size();
+        std::memcpy(s.k(l, slot), in, part);
+        std::memcpy(s.v(l, slot), in + part, part);
+        in += 2 * part;
       }
   }
 

@@ -68,6 +68,12 @@ class KvStorage {
   int64_t num_layers_, num_blocks_, block_size_, kv_dim_;
 };
 
+/// Bytes of one block in the packed layout of Backend::kv_export_blocks: layers in
+/// [layer_begin, layer_end), K and V, block_size slots of kv_dim fp32 each.
+inline int64_t kv_block_bytes(const KvStorage& kv, int64_t layer_begin, int64_t layer_end) {
+  return (layer_end - layer_begin) * 2 * kv.block_size() * kv.kv_dim() * static_cast<int64_t>(sizeof(float));
+}
+
 /// RoPE parameters (llama.cpp's rope with yarn; see ModelConfig).
 struct RopeParams {
   int64_t head_dim = 0;   ///< floats per head
@@ -147,6 +153,19 @@ class Backend {
   /// KV of slots src[i] copied to slots dst[i] in every layer (host pointers); used to compact
   /// an accepted tree path into consecutive slots.
   virtual void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) = 0;
+  /// KV of whole blocks as host bytes, for moving a sequence's cache between workers
+  /// (kv/transfer.h). Packed layout (kv/transfer.h's KvLayout::kBlockLayerKV), fp32:
+  ///   for each block i < n (in the order of `blocks`), for each layer l in [layer_begin, layer_end):
+  ///     K [block_size, kv_dim] of block blocks[i] in layer l, then V [block_size, kv_dim]
+  /// so each block's bytes are contiguous: kv_block_bytes(kv, layer_begin, layer_end) each,
+  /// block i at offset i * that. `blocks` is a host pointer; `dst` / `src` are host memory of
+  /// n * kv_block_bytes bytes. Block ids or layers out of range are bugs (abort).
+  virtual void kv_export_blocks(KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks,
+                                int64_t n, void* dst) = 0;
+  /// The inverse of kv_export_blocks: writes the packed bytes at `src` into blocks[i] (which may
+  /// be other ids than the exporter's: the layout carries no block ids).
+  virtual void kv_import_blocks(KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks,
+                                int64_t n, const void* src) = 0;
   /// Waits for queued work.
   virtual void synchronize() = 0;
 };

@@ -183,6 +183,8 @@ struct HttpServer::Impl {
 
   void declare_metrics();
   void refresh_cluster_metrics();
+  void declare_lifecycle_metrics();
+  void refresh_lifecycle_metrics(const ClusterStatus& st);
   void observe_choice(const ChoiceTiming& t, Clock::time_point start, Clock::time_point end, const std::string& finish);
   void observe_tokens(ChoiceTiming& t, const Arrival& a);
   void handle_generate(const httplib::Request& req, const std::string& body, httplib::Response& res, ApiKind kind);
@@ -212,6 +214,9 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:spec_decode_num_accepted_tokens", K::kCounter, "Number of accepted tokens.");
   metrics.declare("specserve:spec_decode_num_accepted_tokens_per_pos", K::kCounter,
                   "Accepted tokens per draft position.");
+  metrics.declare("specserve:prefix_cache_queries", K::kCounter,
+                  "Prefix cache queries: tokens looked up in the prefix cache at admission.");
+  metrics.declare("specserve:prefix_cache_hits", K::kCounter, "Prefix cache hits: tokens found in the prefix cache.");
   metrics.declare("specserve:spec_decode_draft_seconds", K::kCounter, "Seconds spent proposing draft tokens.");
   metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
                   "Seconds spent in target forward passes, which verify the drafts (prefill included).");
@@ -220,6 +225,50 @@ void HttpServer::Impl::declare_metrics() {
   metrics.observe("specserve:inter_token_latency_seconds", labels, 0, 0);
   metrics.observe("specserve:request_time_per_output_token_seconds", labels, 0, 0);
   metrics.observe("specserve:e2e_request_latency_seconds", labels, 0, 0);
+  declare_lifecycle_metrics();
+}
+
+void HttpServer::Impl::declare_lifecycle_metrics() {
+  using K = MetricsRegistry::Kind;
+  metrics.declare("specserve:replica_state", K::kGauge,
+                  "1 for the replica's current lifecycle state (starting, loading, warming, ready, draining, standby, stopped), else 0.");
+  metrics.declare("specserve:replica_state_seconds", K::kCounter, "Seconds each replica spent in each lifecycle state.");
+  metrics.declare("specserve:num_replicas_standby", K::kGauge, "Standby replicas: loaded and warm, not routed (the warm pool).");
+  metrics.declare("specserve:autoscaler_target_replicas", K::kGauge, "Ready replicas the autoscaler wants.");
+  metrics.declare("specserve:autoscaler_promotions", K::kCounter, "Standby replicas promoted to ready.");
+  metrics.declare("specserve:autoscaler_cold_starts", K::kCounter, "Replica processes started by the autoscaler.");
+  metrics.declare("specserve:autoscaler_drains", K::kCounter, "Ready replicas drained by the autoscaler.");
+  metrics.declare("specserve:replica_cold_start_seconds", K::kGauge,
+                  "The replica's last cold start: process start requested to ready (loaded and warmed up).");
+  metrics.declare("specserve:replica_promotion_seconds", K::kGauge,
+                  "The replica's last promotion: the autoscaler's decision to its first token.");
+}
+
+void HttpServer::Impl::refresh_lifecycle_metrics(const ClusterStatus& st) {
+  static const char* const kStates[] = {"starting", "loading", "warming", "ready", "draining", "standby", "stopped"};
+  int64_t standby = 0;
+  for (const ReplicaStatus& r : st.replicas) {
+    if (r.state.empty()) continue;
+    standby += r.state == "standby";
+    MetricLabels rl = labels;
+    rl.emplace_back("replica", std::to_string(r.replica));
+    for (size_t k = 0; k < std::size(kStates); ++k) {
+      MetricLabels l = rl;
+      l.emplace_back("state", kStates[k]);
+      metrics.set("specserve:replica_state", l, r.state == kStates[k] ? 1.0 : 0.0);
+      if (k < r.state_seconds_total.size()) {
+        metrics.set_counter_at_least("specserve:replica_state_seconds", l, r.state_seconds_total[k]);
+      }
+    }
+    if (r.cold_start_seconds > 0) metrics.set("specserve:replica_cold_start_seconds", rl, r.cold_start_seconds);
+    if (r.promotion_seconds > 0) metrics.set("specserve:replica_promotion_seconds", rl, r.promotion_seconds);
+  }
+  metrics.set("specserve:num_replicas_standby", labels, static_cast<double>(standby));
+  const AutoscaleStatus& a = st.autoscale;
+  metrics.set("specserve:autoscaler_target_replicas", labels, a.enabled ? a.target_ready : 0.0);
+  metrics.set_counter_at_least("specserve:autoscaler_promotions", labels, static_cast<double>(a.num_promotions));
+  metrics.set_counter_at_least("specserve:autoscaler_cold_starts", labels, static_cast<double>(a.num_cold_starts));
+  metrics.set_counter_at_least("specserve:autoscaler_drains", labels, static_cast<double>(a.num_drains));
 }
 
 void HttpServer::Impl::refresh_cluster_metrics() {
@@ -227,6 +276,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   if (!st) return;
   int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
+  double pc_queries = 0, pc_hits = 0;
   std::vector<double> per_pos;
   for (const ReplicaStatus& r : st->replicas) {
     const ShardLoad& l = r.load;
@@ -245,6 +295,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     accepted += static_cast<double>(l.num_accepted_tokens);
     draft_s += l.draft_seconds;
     forward_s += l.forward_seconds;
+    pc_queries += static_cast<double>(l.prefix_cache_queries);
+    pc_hits += static_cast<double>(l.prefix_cache_hits);
     if (per_pos.size() < l.accepted_per_pos.size()) per_pos.resize(l.accepted_per_pos.size(), 0.0);
     for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) per_pos[i] += static_cast<double>(l.accepted_per_pos[i]);
   }
@@ -259,11 +311,14 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens", labels, accepted);
   metrics.set_counter_at_least("specserve:spec_decode_draft_seconds", labels, draft_s);
   metrics.set_counter_at_least("specserve:spec_decode_verify_seconds", labels, forward_s);
+  metrics.set_counter_at_least("specserve:prefix_cache_queries", labels, pc_queries);
+  metrics.set_counter_at_least("specserve:prefix_cache_hits", labels, pc_hits);
   for (size_t i = 0; i < per_pos.size(); ++i) {
     MetricLabels l = labels;
     l.emplace_back("position", std::to_string(i));
     metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens_per_pos", l, per_pos[i]);
   }
+  refresh_lifecycle_metrics(*st);
 }
 
 void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point start, Clock::time_point end,

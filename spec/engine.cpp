@@ -50,6 +50,7 @@ struct Engine::Seq {
   int32_t prompt_len = 0;
   int32_t num_cached = 0;       // tokens whose KV is in the cache (always < tokens.size() while running)
   BlockTable blocks;
+  std::vector<BlockHash> block_hashes;  // chain hashes of the full blocks of `tokens` (prefix caching)
   std::optional<StreamDecoder> decoder;
   std::string text;             // output text decoded so far (whole UTF-8)
   size_t sent = 0;              // bytes of text already emitted
@@ -161,6 +162,7 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
   s->k = s->max_k;
   s->spec.accepted_per_pos.assign(static_cast<size_t>(s->max_k), 0);
   s->params = std::move(params);
+  if (opts_.enable_prefix_caching) extend_block_hashes(s->tokens, opts_.block_size, &s->block_hashes);
   stats_.prompt_tokens += s->prompt_len;
   const int64_t id = s->id;
   waiting_.push_back(std::move(s));
@@ -287,6 +289,19 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
 
 bool Engine::may_draft(const Seq& s) const { return proposer_ != nullptr && s.max_k > 0; }
 
+void Engine::cache_full_blocks(Seq& s) {
+  if (!opts_.enable_prefix_caching) return;
+  extend_block_hashes(s.tokens, opts_.block_size, &s.block_hashes);
+  // NOTE: the table's num_tokens is s.num_cached, the KV verified valid; slots of draft tokens
+  // lie past it until accepted, so a block holding rejected draft KV is never registered.
+  s.blocks.cache_full_blocks(*pool_, s.block_hashes);
+}
+
+std::span<const BlockHash> Engine::hit_candidates(const Seq& s) const {
+  const size_t max_blocks = (s.tokens.size() - 1) / static_cast<size_t>(opts_.block_size);
+  return std::span<const BlockHash>(s.block_hashes).first(std::min(max_blocks, s.block_hashes.size()));
+}
+
 bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
   if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) return true;
   return !sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token);
@@ -394,6 +409,9 @@ StepState Engine::step_state() const {
     x.num_tokens = static_cast<int32_t>(r->tokens.size());
     x.num_cached = r->num_cached;
     x.num_blocks = static_cast<int32_t>(r->blocks.blocks().size());
+    for (int32_t b : r->blocks.blocks()) {
+      if (pool_->ref_count(b) > 1) x.shared_blocks.push_back(b);  // only running sequences hold blocks
+    }
     x.k = r->k;  // within the request's cap (0: never drafts), which the policy honours
     x.num_output_left = r->params.max_tokens - r->num_generated;
     x.num_steps_waited = r->num_steps_waited;
@@ -406,6 +424,13 @@ StepState Engine::step_state() const {
     x.arrival = w->id;
     x.num_tokens = static_cast<int32_t>(w->tokens.size());
     x.num_steps_waited = w->num_steps_waited;
+    if (opts_.enable_prefix_caching) {
+      const std::vector<int32_t> hit = pool_->find_cached_prefix(hit_candidates(*w));
+      x.num_cached = static_cast<int32_t>(hit.size()) * opts_.block_size;
+      for (int32_t b : hit) {
+        if (pool_->ref_count(b) == 0) x.evictable_hit_blocks.push_back(b);
+      }
+    }
     st.waiting.push_back(x);
   }
   return st;
@@ -444,6 +469,21 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   for (int64_t id : plan.admitted) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id == id; });
     SPECSERVE_CHECK(it != waiting_.end(), "admitted seq " + std::to_string(id) + " is not waiting");
+    Seq& s = **it;
+    if (opts_.enable_prefix_caching) {
+      // The hit the plan counted on: nothing changed the pool since step_state(), so the same
+      // look-up finds the same blocks (admissions only add references).
+      const auto planned_hit = std::find_if(state.waiting.begin(), state.waiting.end(), [&](const WaitingSeq& w) { return w.id == id; });
+      const std::span<const BlockHash> cand = hit_candidates(s);
+      const int32_t num_tokens = static_cast<int32_t>(s.tokens.size());
+      s.num_cached = s.blocks.acquire_cached_prefix(*pool_, cand, static_cast<int32_t>(cand.size()), num_tokens);
+      SPECSERVE_CHECK(s.num_cached == planned_hit->num_cached, "seq " + std::to_string(id) + ": prefix hit of " +
+                                                                   std::to_string(s.num_cached) + " tokens, planned " +
+                                                                   std::to_string(planned_hit->num_cached));
+      stats_.prefix_cache_queries += num_tokens;
+      stats_.prefix_cache_hits += s.num_cached;
+      if (s.num_cached > 0) get_logger("spec")->debug("seq {}: prefix cache hit of {} of {} tokens", s.id, s.num_cached, num_tokens);
+    }
     running_.push_back(std::move(*it));
     waiting_.erase(it);
   }
@@ -526,6 +566,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   std::vector<Planned> batch_plan;
   for (const ScheduledSeq& e : plan.scheduled) {
     Seq& s = *by_id.at(e.id);
+    if (e.is_prefill) stats_.prefill_tokens += e.rows;
     Status st = s.blocks.reserve(*pool_, s.num_cached + e.rows);
     SPECSERVE_CHECK(st.ok(), "seq " + std::to_string(s.id) + ": the step plan does not fit the KV cache: " + st.to_string());
     auto d = draft_of.find(e.id);
@@ -560,10 +601,15 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     if (!pl.completes) {
       s.num_cached += pl.rows;
       s.blocks.set_num_tokens(s.num_cached);
+      cache_full_blocks(s);
       continue;
     }
     const int32_t k = static_cast<int32_t>(pl.draft.tokens.size());
     const int32_t base = s.num_cached + pl.rows - 1 - k;  // position of the last known token
+    // Every known token's KV is valid now: cache its full blocks before emit() may finish the
+    // sequence and release them (a one-token request still leaves its prompt cached).
+    s.blocks.set_num_tokens(base + 1);
+    cache_full_blocks(s);
     SeqEvent ev;
     ev.seq_id = s.id;
     Sampler& smp = *s.sampler;
@@ -647,6 +693,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       s.num_cached = base + 1 + accepted;
       s.blocks.set_num_tokens(s.num_cached);
       s.blocks.truncate(*pool_, s.num_cached + 1);
+      cache_full_blocks(s);
     }
     ev.finish = s.finish;
     events->push_back(std::move(ev));

@@ -46,6 +46,13 @@ struct EngineOptions {
   /// > 0: a waiting request's priority improves by one level per this many steps it waited
   /// (spec/step_policy.h), so low priorities are not starved forever; 0: no aging.
   int32_t priority_aging_steps = 100;
+  /// Automatic prefix caching (vLLM V1's, on by default as there): full KV blocks are named by
+  /// a chain hash of their tokens (kv/block_hash.h), registered once their KV is valid, shared
+  /// between sequences by reference count and kept after use until evicted in LRU order. A
+  /// sequence admitted with a cached prefix skips computing it (at most every whole block
+  /// before its last known token). Output is identical either way (the backend is
+  /// batch-invariant); only prefill work drops.
+  bool enable_prefix_caching = true;
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
 };
@@ -121,6 +128,14 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   double draft_seconds = 0;   ///< time in Proposer::propose
   double forward_seconds = 0; ///< time in target forward passes (verify included)
+  /// Tokens the target computed in prefill chunks (entries with more than one uncached token:
+  /// prompts, resumed output, recomputes after preemption); a prefix-cache hit skips its tokens.
+  int64_t prefill_tokens = 0;
+  /// Prefix cache (vLLM V1's prefix_cache_queries / prefix_cache_hits), counted at each
+  /// admission (re-admissions after preemption included) while enable_prefix_caching is on:
+  /// tokens the admitted sequence knew, and how many of them were found cached.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
 };
 
 /// A sequence's state for continuing it on another engine (KV migration when a worker drains,
@@ -224,6 +239,12 @@ class Engine {
   /// True when the proposer may be asked for drafts for s (then it may hold state for s, and
   /// release() is due when s finishes or is preempted).
   bool may_draft(const Seq& s) const;
+  /// Prefix caching: hashes s's new full blocks and registers the blocks wholly within its
+  /// valid KV (num_cached) in the pool. No-op when caching is off.
+  void cache_full_blocks(Seq& s);
+  /// The whole blocks of s's known tokens that a prefix-cache hit may cover: every one before
+  /// the last known token, which must be computed to give logits.
+  std::span<const BlockHash> hit_candidates(const Seq& s) const;
 
   Transformer& target_;
   const Tokenizer* tokenizer_;

@@ -11,6 +11,7 @@ namespace specserve {
 struct ModelDrafter::SeqState {
   std::vector<int32_t> cached;  // tokens whose KV the drafter holds, in order
   BlockTable blocks;
+  std::vector<BlockHash> hashes;  // chain hashes of the full blocks of the sequence's known tokens
   std::optional<Sampler> sampler;  // draws the draft tokens of sampling requests
 };
 
@@ -78,6 +79,17 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       }
     }
     SeqState& st = *slot;
+    const size_t bs = static_cast<size_t>(opts_.block_size);
+    if (opts_.enable_prefix_caching) {
+      extend_block_hashes(r.tokens, opts_.block_size, &st.hashes);
+      if (st.blocks.blocks().empty()) {
+        // A fresh sequence: its cached prefix (whole blocks before the last known token, as in
+        // the engine); the catch-up pass below computes the rest.
+        const int32_t max_blocks = static_cast<int32_t>((r.tokens.size() - 1) / bs);
+        const int32_t hit = st.blocks.acquire_cached_prefix(*pool_, st.hashes, max_blocks, len);
+        st.cached.assign(r.tokens.begin(), r.tokens.begin() + hit);
+      }
+    }
     // Roll back to the longest common prefix of what we hold and what the sequence is.
     size_t common = 0;
     while (common < st.cached.size() && common + 1 < r.tokens.size() && st.cached[common] == r.tokens[common]) ++common;
@@ -90,6 +102,14 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
     }
     work.push_back({i, &st, k});
   }
+  // NOTE: blocks are registered once they hold only confirmed tokens before the last known one:
+  // a later call truncates to at least that prefix (the target's tokens never roll back, and
+  // the last known token is always fed again), so registered KV is never overwritten.
+  auto cache_confirmed = [&](const Work& w) {
+    if (!opts_.enable_prefix_caching) return;
+    const size_t confirmed = (reqs[w.req].tokens.size() - 1) / static_cast<size_t>(opts_.block_size);
+    w.st->blocks.cache_full_blocks(*pool_, std::span<const BlockHash>(w.st->hashes).first(std::min(confirmed, w.st->hashes.size())));
+  };
   if (work.empty()) return Status();
 
   ForwardBatch batch;
@@ -144,6 +164,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       const SequenceInput& in = batch.seqs[j];
       st.cached.insert(st.cached.end(), in.tokens.begin(), in.tokens.end());
       st.blocks.set_num_tokens(static_cast<int32_t>(st.cached.size()));
+      if (step == 0) cache_confirmed(w);
       const int32_t t = draw(w, fo.row(static_cast<int32_t>(j), 0));
       DraftTree& d = (*out)[w.req];
       d.tokens.push_back(t);

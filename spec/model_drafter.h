@@ -7,6 +7,13 @@
 // compares the tokens its KV holds with the sequence's tokens, truncates to the common prefix
 // (this is how rejected drafts roll back), feeds the missing tokens in one batched pass, then
 // drafts k tokens one pass per token, all sequences together.
+//
+// Automatic prefix caching (DrafterOptions::enable_prefix_caching) follows the engine's rules
+// in the drafter's own pool: a sequence the drafter has no state for starts from the longest
+// cached prefix of its known tokens (whole blocks before the last known token) and computes
+// the rest in the catch-up pass, so a sequence whose target prefix was a hit is never left
+// without draft KV; the drafter registers only blocks of confirmed tokens (never a block that
+// holds draft tokens, which the next call may roll back).
 #pragma once
 
 #include <map>
@@ -38,6 +45,8 @@ struct DrafterOptions {
   /// token drawn from outside the kept set would be verified against q = 0.
   double sparse_keep_mass = 1.0;     ///< in (0, 1]; 1: no mass limit
   int32_t sparse_max_entries = 0;    ///< >= 0; 0: no entry limit
+  /// Prefix caching of the drafter's own KV (see the file comment); vLLM V1's default, on.
+  bool enable_prefix_caching = true;
 };
 
 class ModelDrafter final : public Proposer {
@@ -50,6 +59,8 @@ class ModelDrafter final : public Proposer {
   std::string name() const override { return opts_.name; }
   Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
   void release(int64_t seq_id) override;
+  /// The drafter's KV block pool (its prefix-cache counters included).
+  const BlockPool& block_pool() const { return *pool_; }
 
  private:
   struct SeqState;

@@ -4,6 +4,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace specserve {
 
@@ -51,8 +52,43 @@ void check_state(const StepState& state, const StepLimits& limits) {
     SPECSERVE_CHECK(r.num_cached >= 0 && r.num_cached < r.num_tokens && r.num_output_left >= 1 && r.num_blocks >= 0,
                     "running seq " + std::to_string(r.id));
   }
-  for (const WaitingSeq& w : state.waiting) SPECSERVE_CHECK(w.num_tokens >= 1, "waiting seq " + std::to_string(w.id));
+  for (const WaitingSeq& w : state.waiting) {
+    SPECSERVE_CHECK(w.num_tokens >= 1 && w.num_cached >= 0 && w.num_cached < w.num_tokens && w.num_cached % state.block_size == 0 &&
+                        static_cast<int64_t>(w.evictable_hit_blocks.size()) <= w.num_cached / state.block_size,
+                    "waiting seq " + std::to_string(w.id));
+  }
 }
+
+/// Distinct evictable hit blocks of the waiting sequences in `admitted`: admitting them takes
+/// these out of the free blocks.
+int64_t claimed_evictable(const StepState& state, const std::vector<int64_t>& admitted) {
+  std::unordered_set<int64_t> ids(admitted.begin(), admitted.end());
+  std::unordered_set<int32_t> claimed;
+  for (const WaitingSeq& w : state.waiting) {
+    if (ids.count(w.id)) claimed.insert(w.evictable_hit_blocks.begin(), w.evictable_hit_blocks.end());
+  }
+  return static_cast<int64_t>(claimed.size());
+}
+
+/// How many running sequences hold each shared block, so that a preemption frees a shared
+/// block only with its last holder.
+class SharedHolders {
+ public:
+  explicit SharedHolders(const StepState& state) {
+    for (const RunningSeq& r : state.running) {
+      for (int32_t b : r.shared_blocks) ++holders_[b];
+    }
+  }
+  /// Blocks that preempting `r` frees (the running sequence's blocks; call once per victim).
+  int64_t preempt(const RunningSeq& r) {
+    int64_t freed = r.num_blocks - static_cast<int64_t>(r.shared_blocks.size());
+    for (int32_t b : r.shared_blocks) freed += --holders_[b] == 0 ? 1 : 0;
+    return freed;
+  }
+
+ private:
+  std::unordered_map<int32_t, int32_t> holders_;
+};
 
 /// Live sequences of `state` (running ones, then the waiting ones in `admitted`), with ranks.
 std::vector<Live> live_sequences(const StepState& state, const StepLimits& limits, const std::vector<int64_t>& admitted) {
@@ -69,6 +105,8 @@ std::vector<Live> live_sequences(const StepState& state, const StepLimits& limit
     r.priority = w.priority;
     r.arrival = w.arrival;
     r.num_tokens = w.num_tokens;
+    r.num_cached = w.num_cached;  // its prefix-cache hit: whole blocks it will hold
+    r.num_blocks = w.num_cached / state.block_size;
     r.num_output_left = 1;  // unused: an admitted sequence does not draft
     r.num_steps_waited = w.num_steps_waited;
     Live l{r, {effective_priority(w.priority, w.num_steps_waited, limits), w.arrival, w.id}};
@@ -117,11 +155,14 @@ Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits) {
            std::make_tuple(effective_priority(b->priority, b->num_steps_waited, limits), b->arrival, b->id);
   });
   std::vector<int64_t> admitted;
+  std::unordered_set<int32_t> claimed;  // evictable hit blocks promised to admitted sequences
   for (const WaitingSeq* w : queue) {
     if (static_cast<int64_t>(state.running.size() + admitted.size()) >= limits.max_num_seqs) break;
-    const int32_t need = blocks_for(static_cast<int64_t>(w->num_tokens) + 1, bs);
+    int32_t need = blocks_for(static_cast<int64_t>(w->num_tokens) + 1, bs) - w->num_cached / bs;
+    for (int32_t b : w->evictable_hit_blocks) need += claimed.count(b) ? 0 : 1;
     if (need > free_for_admission) break;  // head-of-line: nothing behind it jumps ahead
     free_for_admission -= need;
+    claimed.insert(w->evictable_hit_blocks.begin(), w->evictable_hit_blocks.end());
     admitted.push_back(w->id);
   }
   std::vector<Live> live = live_sequences(state, limits, admitted);
@@ -160,12 +201,14 @@ Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits) {
   // ---- 6. KV blocks: every entry's own tokens first (preempting the last-ranked sequences),
   // then the draft rows with what is left ----
   std::vector<int64_t> preempted;
-  int64_t free = state.num_free_blocks;
+  int64_t free = state.num_free_blocks - static_cast<int64_t>(claimed.size());
+  SharedHolders holders(state);
   auto preempt = [&](Live& v) {
-    // Rule 2 admits only when every entry's own tokens fit, so victims are always running ones.
+    // Rule 2 admits only when every entry's own tokens fit, so victims are always running ones
+    // (and no admitted sequence shares a victim's blocks).
     SPECSERVE_CHECK(!v.admitted, "seq " + std::to_string(v.seq.id) + " admitted and preempted in one plan");
     v.preempted = true;
-    free += v.seq.num_blocks + v.blocks_taken;
+    free += holders.preempt(v.seq) + v.blocks_taken;
     v.blocks_taken = 0;
     if (v.entry >= 0) entries[static_cast<size_t>(v.entry)].removed = true;
     preempted.push_back(v.seq.id);
@@ -224,8 +267,9 @@ StepPlan plan_prefill_after_drafts(const StepState& state, const StepLimits& lim
   for (size_t i = 0; i < live.size(); ++i) index[live[i].seq.id] = static_cast<int32_t>(i);
   for (int64_t id : plan.preempted) live[static_cast<size_t>(index.at(id))].preempted = true;
 
-  int64_t free = state.num_free_blocks;
-  for (int64_t id : plan.preempted) free += live[static_cast<size_t>(index.at(id))].seq.num_blocks;
+  int64_t free = state.num_free_blocks - claimed_evictable(state, plan.admitted);
+  SharedHolders holders(state);
+  for (int64_t id : plan.preempted) free += holders.preempt(live[static_cast<size_t>(index.at(id))].seq);
   std::vector<Entry> entries;
   int32_t budget = limits.max_num_batched_tokens;
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {

@@ -21,13 +21,19 @@
 //      admission, the budget, and (reversed) preemption: a request promoted by waiting keeps
 //      its place once it runs.
 //   2. Admission. Waiting sequences are admitted in rank order while fewer than max_num_seqs
-//      run and the head's KV blocks — ceil((num_tokens + 1) / block_size), its known tokens plus
-//      the first new one — fit in the free blocks left after (a) the blocks every running
-//      sequence still needs to hold its known tokens and (b) the blocks promised to sequences
-//      admitted earlier in this plan. The first one that does not fit stops admission
+//      run and the head's KV blocks fit in the free blocks left after (a) the blocks every
+//      running sequence still needs to hold its known tokens and (b) the blocks promised to
+//      sequences admitted earlier in this plan. The head's blocks are its new ones,
+//      ceil((num_tokens + 1) / block_size) — its known tokens plus the first new one — less its
+//      prefix-cache hit blocks (num_cached / block_size, which it shares), plus its hit blocks
+//      that are evictable now (WaitingSeq::evictable_hit_blocks: counted in num_free_blocks,
+//      they stop being free once it holds them; one claimed by an earlier admission of this
+//      plan is not counted twice). The first one that does not fit stops admission
 //      (head-of-line blocking): a big prompt is never overtaken forever by small ones.
 //      Admission does not preempt running sequences. A sequence drafts from its second step
-//      on (an admitted sequence's entry has no draft rows).
+//      on (an admitted sequence's entry has no draft rows). An admitted sequence starts with
+//      its hit: num_cached tokens in the cache, so rules 4 and 5 plan only the rest (a hit that
+//      leaves one uncached token makes it a decode entry).
 //   3. Speculation is on for this step when there is a proposer, num_speculative_tokens > 0
 //      and (disable_by_batch_size == 0 or the sequences running after admission number at most
 //      disable_by_batch_size).
@@ -43,9 +49,11 @@
 //   5. Prefill next. Every sequence with more than one uncached token, in rank order, gets a
 //      chunk of min(uncached tokens, budget left) rows (chunked prefill).
 //   6. KV blocks. Each entry needs the blocks for num_cached + rows tokens less those it holds.
+//      The free blocks are num_free_blocks less the evictable hit blocks that admission claimed.
 //      First every entry's own tokens (its rows without draft rows), in plan order: when they
-//      are not free, running sequences are preempted (recompute: all their blocks freed, back to
-//      the waiting queue), victims ranked last first — the highest effective priority value,
+//      are not free, running sequences are preempted (recompute: all their blocks released, back
+//      to the waiting queue; a block another live sequence shares — RunningSeq::shared_blocks —
+//      frees only with its last holder), victims ranked last first — the highest effective priority value,
 //      then the latest arrival (vLLM's order) — until the entry fits. The victim may be the
 //      entry's own sequence: then its entry leaves the plan (self-preemption). A preempted
 //      sequence's entry leaves the plan; the budget it held is not handed out again here (only
@@ -63,13 +71,19 @@
 
 namespace specserve {
 
-/// A sequence in the waiting queue (never run, or preempted: its KV holds nothing).
+/// A sequence in the waiting queue (never run, or preempted: it holds no KV blocks).
 struct WaitingSeq {
   int64_t id = 0;
   int32_t priority = 0;          ///< lower is handled first
   int64_t arrival = 0;           ///< arrival order: smaller arrived earlier (ties broken by id)
   int32_t num_tokens = 0;        ///< prompt + output tokens known, >= 1 (all need KV before it samples)
   int64_t num_steps_waited = 0;  ///< steps spent waiting since it arrived (all waits added), for aging
+  /// Prefix-cache hit: leading tokens whose KV is cached now (whole blocks, a multiple of
+  /// block_size, < num_tokens: the last known token is always computed). 0: no hit.
+  int32_t num_cached = 0;
+  /// Ids of the hit blocks that nobody holds now (evictable: counted in num_free_blocks, taken
+  /// out of it when this sequence is admitted). Size <= num_cached / block_size.
+  std::vector<int32_t> evictable_hit_blocks;
 };
 
 /// A running sequence (admitted: it may hold KV blocks).
@@ -79,7 +93,10 @@ struct RunningSeq {
   int64_t arrival = 0;
   int32_t num_tokens = 0;        ///< prompt + output tokens known, >= 1
   int32_t num_cached = 0;        ///< tokens whose KV is in the cache, < num_tokens
-  int32_t num_blocks = 0;        ///< KV blocks it holds (they free on preemption)
+  int32_t num_blocks = 0;        ///< KV blocks it holds (they free on preemption unless shared)
+  /// Ids of the blocks it holds that other running sequences hold too (prefix-cache sharing):
+  /// preempting it frees such a block only when every holder is preempted.
+  std::vector<int32_t> shared_blocks;
   /// Draft tokens it would like this step: its adaptive k, which the Engine keeps within the
   /// request's own cap (GenerateParams::num_speculative_tokens); 0: it never drafts (rule 4).
   int32_t k = 0;
@@ -91,7 +108,7 @@ struct RunningSeq {
 struct StepState {
   std::vector<RunningSeq> running;
   std::vector<WaitingSeq> waiting;
-  int32_t num_free_blocks = 0;   ///< free KV blocks in the pool
+  int32_t num_free_blocks = 0;   ///< free KV blocks in the pool (evictable cached blocks included)
   int32_t block_size = 16;       ///< tokens per KV block, >= 1
 };
 
@@ -127,7 +144,9 @@ struct StepPlan {
 /// Plans one step of the Engine from `state` under `limits` (rules 1-6 above).
 /// Preconditions (a broken one aborts: the Engine builds the state): block_size >= 1,
 /// max_num_seqs >= 1, max_num_batched_tokens >= 1, ids unique, every running sequence has
-/// 0 <= num_cached < num_tokens and num_output_left >= 1, every waiting one num_tokens >= 1.
+/// 0 <= num_cached < num_tokens and num_output_left >= 1, every waiting one num_tokens >= 1
+/// and 0 <= num_cached < num_tokens, num_cached a multiple of block_size, at most
+/// num_cached / block_size evictable hit blocks.
 /// Errors: kResourceExhausted when a sequence does not fit in the KV cache even with every
 /// other running sequence preempted and no draft rows (num_cached + rows tokens need more
 /// blocks than the pool has free with nothing else held) — the cache is too small for it.
@@ -141,7 +160,8 @@ Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits);
 /// running sequences (or sequences admitted by `plan`) with one uncached token that the plan
 /// left out (a decode row each, no drafts), then to extend prefill chunks that do not complete,
 /// then to prefill sequences the plan left out — each only while the KV blocks it needs are
-/// free (free blocks of `state`, plus those of `plan.preempted`, less every entry's need). It
+/// free (free blocks of `state`, less the evictable hit blocks the admitted ones claim, plus
+/// those `plan.preempted` frees, less every entry's need). It
 /// never admits or preempts. Aborts when num_drafted does not match the plan.
 StepPlan plan_prefill_after_drafts(const StepState& state, const StepLimits& limits, StepPlan plan,
                                    std::span<const int32_t> num_drafted);

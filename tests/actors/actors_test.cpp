@@ -367,6 +367,33 @@ TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) 
   EXPECT_EQ(st.max_model_len, 512);
 }
 
+TEST_F(ActorsNgram, StatusReportsPrefixCacheQueriesAndHits) {
+  const ClusterStatus before = status_when(cluster_->client(), [](const ShardLoad& l) {
+    return l.num_running == 0 && l.num_waiting == 0;
+  });
+  ASSERT_EQ(before.replicas.size(), 1u);
+  const ShardLoad& b = before.replicas[0].load;
+  // A prompt of a few blocks (block size 16) sent twice: the second admission hits.
+  auto ps = prompts(cluster_->head());
+  std::vector<int32_t> p = ps[1];
+  p.insert(p.end(), ps[1].begin(), ps[1].end());
+  ASSERT_GT(p.size(), 33u);
+  auto first = cluster_->client().generate(greedy(p, 4));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto second = cluster_->client().generate(greedy(p, 4));
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_EQ(second->tokens, first->tokens);
+  const int64_t n = static_cast<int64_t>(p.size());
+  const ClusterStatus st = status_when(cluster_->client(), [&](const ShardLoad& l) {
+    return l.prefix_cache_queries >= b.prefix_cache_queries + 2 * n;
+  });
+  const ShardLoad& l = st.replicas[0].load;
+  EXPECT_EQ(l.prefix_cache_queries, b.prefix_cache_queries + 2 * n);
+  // At least the second request's whole blocks before its last token.
+  EXPECT_GE(l.prefix_cache_hits - b.prefix_cache_hits, (n - 1) / 16 * 16);
+  EXPECT_LE(l.prefix_cache_hits, l.prefix_cache_queries);
+}
+
 TEST_F(ActorsNgram, CancelAndTimeout) {
   auto ps = prompts(cluster_->head());
   auto h = cluster_->client().submit(greedy(ps[0], 400));

@@ -80,6 +80,7 @@ TEST(Topology, BaseYamlIsValid) {
   EXPECT_EQ(t->nodes[0].workers[1].role, WorkerRole::kDraftWorker);
   EXPECT_EQ(t->nodes[0].workers[1].model, "speculative");
   EXPECT_EQ(t->scheduler.kv_cache_bytes, int64_t{1} << 30);
+  EXPECT_TRUE(t->scheduler.enable_prefix_caching);  // vLLM V1's default
   EXPECT_EQ(t->autoscale.max_replicas, 2);
   EXPECT_TRUE(t->notes.empty());
   EXPECT_EQ(t->where("head.http_port"), "t.yaml:2:54");
@@ -124,6 +125,7 @@ const BadCase kBadCases[] = {
   {"bad_kv_unit", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 1GiBs", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'1GiBs'"}},
   {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
   {"negative_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: -1GiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'-1GiB'", "negative"}},
+  {"prefix_caching_not_bool", "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: maybe}", {"t.yaml:13:", "scheduler.enable_prefix_caching", "'maybe'"}},
   {"min_over_max_replicas", "min_replicas: 1, max_replicas: 2", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
   {"negative_warm_pool", "warm_pool: 1", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
   {"negative_delay", "warm_pool: 1}", "warm_pool: 1, upscale_delay_s: -5}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'-5'"}},
@@ -144,6 +146,12 @@ const BadCase kBadCases[] = {
   {"replica_without_shards", "{role: draft_worker, device: cpu}", "{role: draft_worker, replica: 3, device: cpu}", {"t.yaml:12:39:", "nodes[0].workers[1].replica", "'3'", "no target_shard"}},
   {"node_name_with_space", "name: node0", "name: \"node 0\"", {"t.yaml:7:11:", "nodes[0].name", "'node 0'"}},
   {"max_replicas_zero", "max_replicas: 2", "max_replicas: 0", {"t.yaml:14:44:", "autoscale.max_replicas", "'0'"}},
+  {"target_ongoing_zero", "warm_pool: 1}", "warm_pool: 1, target_ongoing_requests: 0}", {"t.yaml:14:86:", "autoscale.target_ongoing_requests", "'0'", "(0, 1e9]"}},
+  {"kv_usage_over_one", "warm_pool: 1}", "warm_pool: 1, target_kv_cache_usage: 1.5}", {"t.yaml:14:84:", "autoscale.target_kv_cache_usage", "'1.5'", "(0, 1]"}},
+  {"look_back_zero", "warm_pool: 1}", "warm_pool: 1, look_back_period_s: 0}", {"t.yaml:14:81:", "autoscale.look_back_period_s", "'0'"}},
+  {"negative_slo", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: -1}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'-1'"}},
+  {"slo_not_a_number", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: fast}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'fast'"}},
+  {"min_over_declared", "min_replicas: 1, max_replicas: 2", "min_replicas: 2, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'2'", "declare only 1 replica"}},
 };
 // clang-format on
 
@@ -160,6 +168,12 @@ TEST_P(BadTopology, IsRejectedWithLocationPathAndValue) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, BadTopology, ::testing::ValuesIn(kBadCases),
                          [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(Topology, PrefixCachingCanBeTurnedOff) {
+  auto t = parse(replace_once(base_yaml(), "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: false}"));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_FALSE(t->scheduler.enable_prefix_caching);
+}
 
 TEST(Topology, ReportsEveryErrorNotOnlyTheFirst) {
   std::string y = replace_once(base_yaml(), "actor_port: 7420", "actor_port: abc");

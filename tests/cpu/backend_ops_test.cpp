@@ -619,6 +619,54 @@ TEST_F(BackendOps, KvCopySlotsMovesKAndVInEveryLayer) {
   EXPECT_FALSE(bit_equal(before[0][4].data(), before[0][7].data(), before[0][4].size()));
 }
 
+TEST_F(BackendOps, KvExportImportBlocksFollowsThePackedLayout) {
+  // The packed layout of model/backend.h, checked against the values written with kv_write:
+  // per block, per layer in the range, K [block_size, kv_dim] then V.
+  const int64_t layers = 3, blocks_n = 6, bs = 2, kv_dim = 4;
+  auto kvs = be_->create_kv_storage(layers, blocks_n, bs, kv_dim);
+  ASSERT_TRUE(kvs.ok());
+  KvStorage& kv = **kvs;
+  std::vector<int32_t> all(blocks_n * bs);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<std::vector<float>> k(layers), v(layers);  // [slots, kv_dim] per layer
+  for (int64_t l = 0; l < layers; ++l) {
+    k[l] = random_vec(all.size() * kv_dim, 800 + static_cast<uint32_t>(l));
+    v[l] = random_vec(all.size() * kv_dim, 900 + static_cast<uint32_t>(l));
+    auto kb = buf(k[l]), vb = buf(v[l]), sb = buf(all);
+    be_->kv_write(kv, l, kb->f32(), vb->f32(), sb->i32(), static_cast<int64_t>(all.size()));
+  }
+  const std::vector<int32_t> ids = {4, 1};
+  const int64_t lb = 1, le = 3;
+  const int64_t per_block = kv_block_bytes(kv, lb, le);
+  ASSERT_EQ(per_block, (le - lb) * 2 * bs * kv_dim * 4);
+  std::vector<float> packed(static_cast<size_t>(2 * per_block / 4), -7.0f);
+  be_->kv_export_blocks(kv, lb, le, ids.data(), 2, packed.data());
+  std::vector<float> expect;
+  for (int32_t b : ids)
+    for (int64_t l = lb; l < le; ++l) {
+      expect.insert(expect.end(), k[l].begin() + b * bs * kv_dim, k[l].begin() + (b + 1) * bs * kv_dim);
+      expect.insert(expect.end(), v[l].begin() + b * bs * kv_dim, v[l].begin() + (b + 1) * bs * kv_dim);
+    }
+  ASSERT_EQ(expect.size(), packed.size());
+  EXPECT_TRUE(bit_equal(expect.data(), packed.data(), packed.size()));
+
+  // Import into other ids (0 and 5): those blocks now equal the exported ones in layers 1..2;
+  // layer 0 (outside the range) and the untouched blocks keep their values.
+  const std::vector<int32_t> dst = {0, 5};
+  be_->kv_import_blocks(kv, lb, le, dst.data(), 2, packed.data());
+  std::vector<float> again(packed.size());
+  be_->kv_export_blocks(kv, lb, le, dst.data(), 2, again.data());
+  EXPECT_TRUE(bit_equal(again.data(), packed.data(), packed.size()));
+  std::vector<float> layer0(static_cast<size_t>(kv_block_bytes(kv, 0, 1) / 4));
+  const int32_t zero = 0;
+  be_->kv_export_blocks(kv, 0, 1, &zero, 1, layer0.data());
+  EXPECT_TRUE(bit_equal(layer0.data(), k[0].data(), bs * kv_dim)) << "layer 0 of block 0 was overwritten";
+  std::vector<float> untouched(static_cast<size_t>(per_block / 4));
+  const int32_t two = 2;
+  be_->kv_export_blocks(kv, lb, le, &two, 1, untouched.data());
+  EXPECT_TRUE(bit_equal(untouched.data(), k[1].data() + 2 * bs * kv_dim, bs * kv_dim));
+}
+
 TEST_F(BackendOps, KvStorageRejectsImpossibleSizes) {
   auto bad = be_->create_kv_storage(0, 4, 16, 64);
   ASSERT_FALSE(bad.ok());

@@ -43,6 +43,8 @@ struct FakeCluster {
   std::map<int64_t, caf::actor> held;
   std::vector<int64_t> cancelled;
   int32_t max_model_len = 1024;
+  int64_t prefix_cache_queries = 0;  // reported in each replica's load
+  int64_t prefix_cache_hits = 0;
 
   bool wait_cancelled(size_t n, double seconds) {
     std::unique_lock<std::mutex> lock(mu);
@@ -100,6 +102,11 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
         ClusterStatus s;
         ReplicaStatus r;
         r.ready = true;
+        r.load.prefix_cache_queries = fc->prefix_cache_queries;
+        r.load.prefix_cache_hits = fc->prefix_cache_hits;
+        s.replicas.push_back(r);
+        r.replica = 1;  // a second replica, down: its counters still count in the totals
+        r.ready = false;
         s.replicas.push_back(r);
         s.max_model_len = fc->max_model_len;
         return s;
@@ -513,6 +520,19 @@ TEST_F(HttpServerTest, LatencyHistogramsCountStepsAndRequests) {
   EXPECT_EQ(count("specserve:inter_token_latency_seconds"), 2) << m->body;  // chunks of 3, 3, 1 tokens
   EXPECT_EQ(count("specserve:request_time_per_output_token_seconds"), 1) << m->body;
   EXPECT_EQ(count("specserve:e2e_request_latency_seconds"), 1) << m->body;
+}
+
+// vLLM V1's prefix-cache counters: the replicas' totals (ShardLoad) summed, as *_total counters.
+TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
+  fc_->prefix_cache_queries = 1000;
+  fc_->prefix_cache_hits = 250;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("# TYPE specserve:prefix_cache_queries_total counter"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prefix_cache_queries_total{model_name=\"fake\"} 2000\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
 }
 
 }  // namespace

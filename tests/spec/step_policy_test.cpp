@@ -55,6 +55,21 @@ WaitingSeq W(int64_t id, int32_t num_tokens, int32_t priority = 0, int64_t waite
   return w;
 }
 
+/// A waiting sequence with a prefix-cache hit of num_cached tokens, of whose blocks `evictable`
+/// are held by nobody now.
+WaitingSeq Wc(int64_t id, int32_t num_tokens, int32_t num_cached, std::vector<int32_t> evictable) {
+  WaitingSeq w = W(id, num_tokens);
+  w.num_cached = num_cached;
+  w.evictable_hit_blocks = std::move(evictable);
+  return w;
+}
+
+/// `r` holding `blocks` together with other running sequences.
+RunningSeq shared(RunningSeq r, std::vector<int32_t> blocks) {
+  r.shared_blocks = std::move(blocks);
+  return r;
+}
+
 ScheduledSeq D(int64_t id, int32_t k = 0) { return {id, false, 1 + k, k, true}; }
 ScheduledSeq P(int64_t id, int32_t rows, bool completes) { return {id, true, rows, 0, completes}; }
 
@@ -211,6 +226,37 @@ std::vector<Row> rows() {
   // for seq 1's drafts beyond its own token, so 1 of 3.
   t.push_back({"block_size_1", S({R(1, 9, 8, 8, 3)}, {W(2, 3)}, 5, 1), spec(L(8, 64), 3),
                {2}, {}, {D(1, 1), P(2, 3, true)}, true});
+  // ---- prefix caching (block size 4) ----
+  // W1 hit 8 of 10 tokens in 2 blocks nobody holds: ceil(11/4) - 2 new + 2 evictable = 3 blocks.
+  t.push_back({"prefix_hit_prefill_starts_after_the_hit", S({}, {Wc(1, 10, 8, {5, 6})}, 3), L(8, 64),
+               {1}, {}, {P(1, 2, true)}});
+  t.push_back({"evictable_hit_blocks_are_not_free_for_its_admission", S({}, {Wc(1, 10, 8, {5, 6})}, 2), L(8, 64),
+               {}, {}, {}});
+  // W2's hit blocks are held by seq 1 (not evictable): it needs only its 1 new block.
+  t.push_back({"hit_on_blocks_a_running_sequence_holds_costs_nothing",
+               S({shared(Rdec(1, 9), {0, 1})}, {Wc(2, 10, 8, {})}, 1), L(8, 64),
+               {2}, {}, {D(1), P(2, 2, true)}});
+  // A hit leaving one uncached token is a decode entry from the start.
+  t.push_back({"hit_leaving_the_last_token_is_a_decode_entry", S({}, {Wc(1, 9, 8, {0, 1})}, 3), L(8, 64),
+               {1}, {}, {D(1)}});
+  // Two admissions hitting the same evictable blocks claim them once: 3 + 1 blocks of 4.
+  t.push_back({"an_evictable_hit_shared_by_two_admissions_counts_once",
+               S({}, {Wc(1, 9, 8, {0, 1}), Wc(2, 9, 8, {0, 1})}, 4), L(8, 64),
+               {1, 2}, {}, {D(1), D(2)}});
+  // Seq 2 claims evictable block 9 (1 of the 2 free); its last token takes the other, so seq
+  // 1's drafts (a new block) get none.
+  t.push_back({"drafts_do_not_take_evictable_blocks_admission_claimed",
+               S({R(1, 8, 7, 2, 4)}, {Wc(2, 5, 4, {9})}, 2), spec(L(8, 64), 4),
+               {2}, {}, {D(1, 0), D(2)}, true});
+  // Preempting seq 2 (last ranked) frees only its unshared block, which seq 1 takes; seq 3
+  // then has to preempt itself. (Unshared, seq 2's 2 blocks would have served both.)
+  t.push_back({"preempting_a_sharer_frees_only_its_own_blocks",
+               S({shared(R(1, 9, 8, 2), {0}), shared(R(2, 9, 8, 2, 0, 100, 1), {0}), R(3, 9, 8, 2)}, {}, 0), L(8, 64),
+               {}, {2, 3}, {D(1)}});
+  // Seq 3 and seq 2 share their only block: it frees with the second of them.
+  t.push_back({"a_shared_block_frees_with_its_last_holder",
+               S({R(1, 9, 8, 2), shared(R(2, 5, 4, 1, 0, 100, 1), {7}), shared(R(3, 5, 4, 1, 0, 100, 1), {7})}, {}, 0), L(8, 64),
+               {}, {3, 2}, {D(1)}});
   return t;
 }
 
@@ -315,6 +361,22 @@ TEST(StepPolicyAfterDrafts, LimitedByFreeBlocks) {
   ASSERT_EQ(plan->scheduled, (std::vector<ScheduledSeq>{D(1, 3), P(2, 4, false)}));
   StepPlan after = plan_prefill_after_drafts(st, lim, *plan, std::vector<int32_t>{0, 0});
   EXPECT_EQ(after.scheduled, (std::vector<ScheduledSeq>{D(1, 0), P(2, 4, false)}));
+}
+
+TEST(StepPolicyAfterDrafts, SharedBlocksOfAPreemptedSequenceStayHeld) {
+  // Seq 2 (last ranked) shares block 0 with seq 1: preempting it frees 1 block, which seq 1's
+  // decode takes (its drafts fit 3 of 8 in its blocks). Seq 3's prefill waits for the budget.
+  const StepState st =
+      S({shared(R(1, 9, 8, 2, 8), {0}), shared(R(2, 9, 8, 2, 0, 100, 2), {0}), R(3, 12, 4, 2, 0, 100, 1)}, {}, 0);
+  const StepLimits lim = spec(L(8, 9), 8);
+  auto plan = plan_step(st, lim);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->preempted, std::vector<int64_t>{2});
+  ASSERT_EQ(plan->scheduled, std::vector<ScheduledSeq>{D(1, 3)});
+  // No drafts: 8 rows back. No block is free (block 0 stays with seq 1), so seq 3 fills only
+  // the 4 slots of its own blocks — not 8, as if preempting seq 2 had freed both its blocks.
+  StepPlan after = plan_prefill_after_drafts(st, lim, *plan, std::vector<int32_t>{0});
+  EXPECT_EQ(after.scheduled, (std::vector<ScheduledSeq>{D(1, 0), P(3, 4, false)}));
 }
 
 TEST(StepPolicyAfterDrafts, KeepsAdmissionAndPreemption) {

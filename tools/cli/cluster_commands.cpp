@@ -1,4 +1,6 @@
 // `specserve serve | up | node | worker | status | client`: the actor runtime's commands.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -10,6 +12,7 @@
 #include "actors/client.h"
 #include "cluster/launch.h"
 #include "cluster/process.h"
+#include "scheduler/autoscale_policy.h"
 #include "tools/cli/common.h"
 #include "tools/cli/http_front_end.h"
 #include "tools/cli/registry.h"
@@ -27,6 +30,7 @@ struct ServeArgs {
   std::string model, host = "127.0.0.1", token_file = kDefaultTokenFile, ready_file;
   int actor_port = 7420, max_num_seqs = 64, max_num_batched_tokens = 2048, block_size = 16, max_model_len = 0, threads = 0;
   std::string kv_cache_bytes = "1GiB";
+  bool enable_prefix_caching = true;
   double drain_timeout = 60;
   SpecArgs spec;
   HttpArgs http;
@@ -66,6 +70,7 @@ int run_serve_cmd(const ServeArgs& a) {
   t.scheduler.max_num_seqs = a.max_num_seqs;
   t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   t.scheduler.block_size = a.block_size;
+  t.scheduler.enable_prefix_caching = a.enable_prefix_caching;
   NodeSpec n;
   n.name = "local";
   n.devices.push_back(DeviceSpec{});
@@ -361,18 +366,42 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       const auto& r = s.replicas[i];
       std::printf("%s{\"replica\": %d, \"ready\": %s, \"assigned\": %d, \"kv_blocks_used\": %d, \"kv_blocks_total\": %d, "
                   "\"num_running\": %d, \"num_waiting\": %d, \"generated_tokens\": %lld, \"num_drafts\": %lld, "
-                  "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prompt_tokens\": %lld, \"accepted_per_pos\": [",
+                  "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prompt_tokens\": %lld, "
+                  "\"prefix_cache_queries\": %lld, \"prefix_cache_hits\": %lld, \"accepted_per_pos\": [",
                   i ? ", " : "", r.replica, r.ready ? "true" : "false", r.assigned,
                   r.load.total_kv_blocks - r.load.free_kv_blocks, r.load.total_kv_blocks, r.load.num_running,
                   r.load.num_waiting, static_cast<long long>(r.load.generated_tokens),
                   static_cast<long long>(r.load.num_drafts), static_cast<long long>(r.load.num_draft_tokens),
-                  static_cast<long long>(r.load.num_accepted_tokens), static_cast<long long>(r.load.prompt_tokens));
+                  static_cast<long long>(r.load.num_accepted_tokens), static_cast<long long>(r.load.prompt_tokens),
+                  static_cast<long long>(r.load.prefix_cache_queries), static_cast<long long>(r.load.prefix_cache_hits));
       for (size_t p = 0; p < r.load.accepted_per_pos.size(); ++p) {
         std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.load.accepted_per_pos[p]));
       }
-      std::printf("]}");
+      std::printf("], \"state\": \"%s\", \"state_seconds\": %.3f, \"state_seconds_total\": {", r.state.c_str(),
+                  r.state_seconds);
+      for (size_t k = 0; k < r.state_seconds_total.size() && k < kNumReplicaStates; ++k) {
+        std::printf("%s\"%s\": %.3f", k ? ", " : "", replica_state_name(static_cast<ReplicaState>(k)),
+                    r.state_seconds_total[k]);
+      }
+      std::printf("}, \"cold_start_seconds\": %.4f, \"promotion_seconds\": %.4f, \"num_promotions\": %lld, "
+                  "\"num_cold_starts\": %lld}",
+                  r.cold_start_seconds, r.promotion_seconds, static_cast<long long>(r.num_promotions),
+                  static_cast<long long>(r.num_cold_starts));
     }
-    std::printf("]}\n");
+    const AutoscaleStatus& a = s.autoscale;
+    auto list = [](const std::vector<double>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format("{:.4f}", v[i]);
+      return out + "]";
+    };
+    std::printf("], \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
+                "\"target_ready\": %d, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
+                "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
+                "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_seconds\": %s}}\n",
+                a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.ongoing,
+                a.ttft_p90_seconds, static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
+                static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
+                a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_seconds).c_str());
     return 0;
   }
   std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
@@ -386,15 +415,30 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank, w.pid,
                 w.state.c_str(), w.load_seconds, w.warmup_seconds, w.error.empty() ? "" : "  ", w.error.c_str());
   }
-  std::printf("%-7s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s\n", "REPLICA", "READY", "ASSIGNED", "RUNNING", "WAITING",
-              "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN");
+  std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
+              "READY", "ASSIGNED", "RUNNING", "WAITING", "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN", "PREFIX_HIT",
+              "COLD_S", "PROMO_MS");
   for (const auto& r : s.replicas) {
     const auto& l = r.load;
     const double acc = l.num_draft_tokens ? double(l.num_accepted_tokens) / l.num_draft_tokens : 0.0;
     const double mal = l.num_drafts ? 1.0 + double(l.num_accepted_tokens) / l.num_drafts : 1.0;
     const std::string kv = std::to_string(l.total_kv_blocks - l.free_kv_blocks) + "/" + std::to_string(l.total_kv_blocks);
-    std::printf("%-7d %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f\n", r.replica, r.ready ? "yes" : "no", r.assigned,
-                l.num_running, l.num_waiting, kv.c_str(), static_cast<long long>(l.generated_tokens), acc, mal);
+    const std::string cold = r.cold_start_seconds > 0 ? fmt::format("{:.2f}", r.cold_start_seconds) : "-";
+    const std::string promo = r.promotion_seconds > 0 ? fmt::format("{:.1f}", r.promotion_seconds * 1000) : "-";
+    // Prefix-cache hit rate: tokens found cached / tokens looked up (vLLM V1's hits / queries).
+    const double hit = l.prefix_cache_queries ? double(l.prefix_cache_hits) / l.prefix_cache_queries : 0.0;
+    std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f %-10.3f %-8s %-8s\n", r.replica,
+                r.state.c_str(), r.state_seconds, r.ready ? "yes" : "no", r.assigned, l.num_running, l.num_waiting, kv.c_str(),
+                static_cast<long long>(l.generated_tokens), acc, mal, hit, cold.c_str(), promo.c_str());
+  }
+  const AutoscaleStatus& a = s.autoscale;
+  if (a.enabled) {
+    std::printf("autoscaler: target %d ready (min %d, max %d, warm pool %d) | ongoing %d | TTFT p90 %.3f s | promotions %lld, "
+                "cold starts %lld, drains %lld, stops %lld\n",
+                a.target_ready, a.min_replicas, a.max_replicas, a.warm_pool, a.ongoing, a.ttft_p90_seconds,
+                static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
+                static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops));
+    if (!a.last_reason.empty()) std::printf("  last change at %.1f s: %s\n", a.last_change_seconds, a.last_reason.c_str());
   }
   return 0;
 }
@@ -413,6 +457,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20));
     sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
     sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 1GiB)");
+    sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
+                  "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
     sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
     sub->add_option("--threads", a->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
@@ -459,7 +505,7 @@ void add_cluster_commands(CLI::App& app) {
     auto connect = std::make_shared<std::string>(), token = std::make_shared<std::string>(),
          config = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
-    auto* sub = app.add_subcommand("status", "Show a cluster's workers, replicas, queue, KV use and acceptance rate");
+    auto* sub = app.add_subcommand("status", "Show a cluster's workers, replicas, queue, KV use, acceptance rate and prefix-cache hit rate");
     sub->add_option("--connect", *connect, "The head's actor endpoint HOST:PORT");
     sub->add_option("--token-file", *token, "Cluster token file (default ~/.config/specserve/token)");
     sub->add_option("--config", *config, "Topology file: head endpoint and token file from it");

@@ -14,7 +14,8 @@ void add_bench_spec(CLI::App& app);
 /// `specserve bench-model`: prefill/decode tokens/s and the bandwidth bound.
 void add_bench_model(CLI::App& app);
 void add_bench_actors(CLI::App& app);  ///< `specserve bench-actors`: actor-path overhead vs the Engine; tokens/s vs clients.
-void add_bench_http(CLI::App& app);  ///< `specserve bench`: any OpenAI-compatible server, N streaming clients (vLLM's benchmark_serving).
+void add_bench_http(CLI::App& app);
+void add_bench_kv_transfer(CLI::App& app);  ///< `specserve bench-kv-transfer`: UCX KV transfer bandwidth between two processes.  ///< `specserve bench`: any OpenAI-compatible server, N streaming clients (vLLM's benchmark_serving).
 
 /// `specserve serve | up | node | worker | status | client`: the actor runtime.
 void add_cluster_commands(CLI::App& app);

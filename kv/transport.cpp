@@ -1,0 +1,44 @@
+#include "kv/transport.h"
+
+#include <cstring>
+
+namespace specserve {
+namespace {
+
+class InProcessEndpoint final : public KvEndpoint {
+ public:
+  Status get(void* dst, int64_t bytes, const KvRemoteRegion& remote, int64_t remote_offset, KvDeadline) override {
+    SPECSERVE_RETURN_IF_ERROR(check_region_range(remote, remote_offset, bytes));
+    std::memcpy(dst, reinterpret_cast<const char*>(remote.base) + remote_offset, static_cast<size_t>(bytes));
+    return Status();
+  }
+  Status put(const void* src, int64_t bytes, const KvRemoteRegion& remote, int64_t remote_offset, KvDeadline) override {
+    SPECSERVE_RETURN_IF_ERROR(check_region_range(remote, remote_offset, bytes));
+    std::memcpy(reinterpret_cast<char*>(remote.base) + remote_offset, src, static_cast<size_t>(bytes));
+    return Status();
+  }
+  bool failed() const override { return false; }
+  std::string describe() const override { return "in-process"; }
+};
+
+}  // namespace
+
+std::unique_ptr<KvEndpoint> make_in_process_endpoint() { return std::make_unique<InProcessEndpoint>(); }
+
+KvRemoteRegion in_process_region(void* base, int64_t bytes) {
+  KvRemoteRegion r;
+  r.base = reinterpret_cast<uint64_t>(base);
+  r.bytes = static_cast<uint64_t>(bytes);
+  return r;
+}
+
+Status check_region_range(const KvRemoteRegion& region, int64_t offset, int64_t bytes) {
+  if (offset < 0 || bytes < 0 || static_cast<uint64_t>(offset) > region.bytes ||
+      static_cast<uint64_t>(bytes) > region.bytes - static_cast<uint64_t>(offset)) {
+    return invalid_argument("kv transfer: range [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                            ") outside the remote region of " + std::to_string(region.bytes) + " bytes");
+  }
+  return Status();
+}
+
+}  // namespace specserve

@@ -1,0 +1,76 @@
+// specserve kv: transports that move KV exports (kv/transfer.h) between workers.
+//
+// One-sided model: the exporting worker writes an export into a registered region of its own
+// memory and announces it (region descriptor + offset + length) in an actor message; the
+// importing worker `get`s the bytes with a deadline, checks and imports them. `put` is the
+// mirror image (the exporter writes into the importer's region). Only control data (addresses,
+// keys, offsets) travels in actor messages; KV bytes travel here.
+//
+// Implementations:
+//   - in-process (this file): plain memcpy; a region is a pointer of this process.
+//   - UCX (kv/ucx_transport.h): put/get into memory registered with ucp_mem_map, over whatever
+//     transport UCX selects (UCX_TLS: tcp, shared memory, RDMA).
+//   - TODO(gpu): NCCL send/recv between two GPUs arrives with the CUDA backend (gpu/); it will be
+//     one more KvEndpoint whose regions are device memory.
+//
+// Failure contract (every implementation): a transfer ends by its deadline; a peer that dies or
+// stalls mid-transfer yields kUnavailable or kDeadlineExceeded for that request — never a hang or
+// a crash — and the endpoint reports failed(): the caller retries on another path (another peer,
+// or recompute by prefill) and may connect again.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace specserve {
+
+/// When a transfer must have finished, on the steady clock.
+using KvDeadline = std::chrono::steady_clock::time_point;
+inline KvDeadline kv_deadline_after(std::chrono::milliseconds d) { return std::chrono::steady_clock::now() + d; }
+
+/// A peer's registered memory region: what an actor message carries so that another worker can
+/// reach it. Plain bytes, copyable, no transport headers.
+struct KvRemoteRegion {
+  uint64_t base = 0;          ///< the region's address in its owner's process
+  uint64_t bytes = 0;         ///< its length
+  std::vector<uint8_t> rkey;  ///< remote key (UCX: ucp_rkey_pack's bytes); empty for in-process
+};
+
+/// A connection to one peer worker. Used by one thread at a time.
+class KvEndpoint {
+ public:
+  virtual ~KvEndpoint() = default;
+
+  /// Copies `bytes` bytes from the peer's `remote` region at `remote_offset` into `dst` (this
+  /// process's memory; faster when inside a region this side registered). Returns when the bytes
+  /// are in `dst`. Errors: kInvalidArgument (range outside the region, bytes < 0);
+  /// kDeadlineExceeded (not done by `deadline`: the peer stalled; the endpoint is closed and
+  /// failed() is true); kUnavailable (the peer is gone or the endpoint failed earlier).
+  /// After an error `dst` holds unspecified bytes, and nothing writes into it any more.
+  virtual Status get(void* dst, int64_t bytes, const KvRemoteRegion& remote, int64_t remote_offset,
+                     KvDeadline deadline) = 0;
+  /// Copies `bytes` bytes from `src` into the peer's `remote` region at `remote_offset`; returns
+  /// when they are visible there (remote completion). Errors as for get.
+  virtual Status put(const void* src, int64_t bytes, const KvRemoteRegion& remote, int64_t remote_offset,
+                     KvDeadline deadline) = 0;
+  /// True once a transfer failed or timed out: every later transfer answers kUnavailable.
+  virtual bool failed() const = 0;
+  /// For logs: "in-process", "ucx peer <name>".
+  virtual std::string describe() const = 0;
+};
+
+/// The endpoint of plain copies inside one process (both workers in one address space). Never
+/// fails except on ranges outside the region.
+std::unique_ptr<KvEndpoint> make_in_process_endpoint();
+/// A region of this process's memory, for the in-process endpoint (no key).
+KvRemoteRegion in_process_region(void* base, int64_t bytes);
+
+/// Whether [offset, offset + bytes) lies inside `region`; kInvalidArgument naming both otherwise.
+Status check_region_range(const KvRemoteRegion& region, int64_t offset, int64_t bytes);
+
+}  // namespace specserve

@@ -1,0 +1,132 @@
+// specserve kv: the UCX transport for KV exports (UCP one-sided put/get, UCX 1.13).
+//
+// A worker process owns one UcxAgent (a ucp_context + ucp_worker), created when the worker
+// starts. What travels in actor messages is plain bytes:
+//   - the agent's worker address (address()), published once;
+//   - a registered region's descriptor (UcxRegion::remote(): base address, length, packed rkey)
+//     plus the offset and length of an export inside it.
+// Lifecycle an actor follows (tests/kv/ucx_transport_multiprocess_test.cpp does the same with a
+// pipe instead of messages):
+//   1. at start: agent = UcxAgent::create(); staging = agent->allocate_region(bytes);
+//      publish agent->address() and staging->remote();
+//   2. on learning a peer's address, up front: ep = agent->connect(peer_address, name, deadline)
+//      (the wire-up completes here, not on first use);
+//   3. exporter: export_kv_blocks(... staging->data() + off ...) (kv/transfer.h), send
+//      {remote(), off, len} to the importer, keep the bytes until it answers;
+//   4. importer: ep->get(local, len, remote, off, deadline) (into its own registered region when
+//      it has one: faster), then import_kv_blocks(); on kUnavailable / kDeadlineExceeded it tries
+//      another path (another peer, or recompute by prefill) and may connect() again.
+// The transport is whatever UCX selects under UCX_TLS (tcp, sm = shared memory + CMA, rc/ud
+// over RDMA); UcxAgentOptions::transports overrides the environment.
+//
+// Peer failure: endpoints are created with UCP_ERR_HANDLING_MODE_PEER; a dead peer's error (the
+// error handler, or a request completing with an error) fails the transfer with kUnavailable,
+// and a transfer past its deadline force-closes the endpoint (UCP_EP_CLOSE_FLAG_FORCE, which
+// completes the outstanding request) and answers kDeadlineExceeded.
+// NOTE: UCX 1.13 refuses PEER mode when UCX_TLS holds only shared memory (sysv/posix have no
+// peer failure handler, cma no active messages); such endpoints fall back to
+// UCP_ERR_HANDLING_MODE_NONE (logged once; describe() says so) and rely on the deadline alone.
+// Over shared memory a get or put does not involve the peer's CPU, so a stalled peer cannot
+// stall it; with UCX_TLS=sm,tcp UCX keeps PEER mode and carries everything over tcp.
+//
+// Progress: over tcp, UCX emulates get/put with messages the *target* answers, so the side that
+// owns a region must progress its worker while peers read it: an owner thread that is busy
+// elsewhere calls progress() or, simpler, sets UcxAgentOptions::progress_thread. Over shared
+// memory (CMA) and RDMA the target's CPU is not involved.
+//
+// Thread-safety: every call on an agent, its regions and its endpoints takes the agent's lock
+// (the UCP worker is created UCS_THREAD_MODE_SERIALIZED), so any threads may use them; calls
+// on one agent run one at a time. Destroy regions and endpoints before or after the agent in
+// any order (they keep the UCP context alive).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/transport.h"
+
+namespace specserve {
+
+struct UcxCore;  // the ucp_context / ucp_worker and the agent's lock (kv/ucx_transport.cpp)
+
+struct UcxAgentOptions {
+  std::string name = "specserve";  ///< worker name in UCX logs and in error messages
+  /// UCX_TLS for this agent (e.g. "tcp", "sm", "rc,sm"); empty: the environment's UCX_TLS, or
+  /// UCX's own choice when that is unset.
+  std::string transports;
+  /// Run a thread that progresses the worker while no call does (so peers' tcp gets are served
+  /// without the owner calling progress()). Sleeps on the worker's event fd
+  /// (UCP_FEATURE_WAKEUP) when the transports support it, else polls every 100 us.
+  bool progress_thread = false;
+};
+
+/// Memory registered with the agent's context: a staging region peers put into / get from.
+class UcxRegion {
+ public:
+  ~UcxRegion();  ///< unregisters (and frees, when allocated by the agent)
+  UcxRegion(const UcxRegion&) = delete;
+  UcxRegion& operator=(const UcxRegion&) = delete;
+
+  void* data() const { return base_; }
+  int64_t bytes() const { return bytes_; }
+  /// Base address, length and packed rkey: what a peer needs to reach this region.
+  const KvRemoteRegion& remote() const { return remote_; }
+
+ private:
+  friend class UcxAgent;
+  UcxRegion() = default;
+  std::shared_ptr<UcxCore> core_;
+  void* memh_ = nullptr;  // ucp_mem_h
+  void* base_ = nullptr;
+  int64_t bytes_ = 0;
+  KvRemoteRegion remote_;
+};
+
+class UcxAgent {
+ public:
+  /// Creates the context and worker (UCP_FEATURE_RMA). Errors: kUnavailable naming the UCX
+  /// status (e.g. no transport in UCX_TLS usable here).
+  static Expected<std::unique_ptr<UcxAgent>> create(const UcxAgentOptions& options = {});
+  ~UcxAgent();  ///< stops the progress thread; the context lives on while regions/endpoints do
+  UcxAgent(const UcxAgent&) = delete;
+  UcxAgent& operator=(const UcxAgent&) = delete;
+
+  /// The worker address (ucp_worker_get_address), to publish to peers.
+  const std::vector<uint8_t>& address() const { return address_; }
+  /// The UCX_TLS in effect ("tcp", "sm", ...; "default" when neither option nor environment set it).
+  const std::string& transports() const { return transports_; }
+  const std::string& name() const { return name_; }
+
+  /// Allocates and registers `bytes` bytes (ucp_mem_map with UCP_MEM_MAP_ALLOCATE: UCX may use
+  /// shared memory so that same-host peers reach it directly). Errors: kInvalidArgument for
+  /// bytes <= 0, kResourceExhausted when UCX cannot map it.
+  Expected<std::unique_ptr<UcxRegion>> allocate_region(int64_t bytes);
+  /// Registers caller-owned memory [base, base + bytes) (it must outlive the region).
+  Expected<std::unique_ptr<UcxRegion>> register_region(void* base, int64_t bytes);
+
+  /// Connects to the peer whose worker address is `peer_address` and completes the wire-up
+  /// before returning (an endpoint flush), so a transfer later does not pay for it. `peer_name`
+  /// appears in errors. Errors: kInvalidArgument (empty address), kUnavailable (peer unreachable
+  /// or gone), kDeadlineExceeded (wire-up not done by `deadline`: the peer does not progress).
+  Expected<std::unique_ptr<KvEndpoint>> connect(const std::vector<uint8_t>& peer_address, const std::string& peer_name,
+                                                KvDeadline deadline);
+
+  /// Progresses the worker until it has nothing more to do; returns the number of events
+  /// handled. Serves peers' tcp gets/puts into this agent's regions.
+  int progress();
+  /// Progresses until `done()` returns true or `deadline` passes; returns whether done() did.
+  bool progress_until(KvDeadline deadline, const std::function<bool()>& done = {});
+
+ private:
+  UcxAgent() = default;
+  Status start_progress_thread();
+  std::shared_ptr<UcxCore> core_;
+  std::vector<uint8_t> address_;
+  std::string transports_, name_;
+};
+
+}  // namespace specserve

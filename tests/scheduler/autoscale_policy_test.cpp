@@ -1,0 +1,385 @@
+// Tests of the autoscaler's policy (scheduler/autoscale_policy.h) with a simulated clock:
+// single ticks as `snapshot -> decision` rows, and traces run through a small simulator of the
+// head (promotion is instant, a cold start takes cold_start_s, a drain finishes on the next tick).
+#include "scheduler/autoscale_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace specserve {
+namespace {
+
+AutoscaleOptions opts(int32_t min_r, int32_t max_r, int32_t pool, double up_s = 1.0, double down_s = 3.0) {
+  AutoscaleOptions o;
+  o.min_replicas = min_r;
+  o.max_replicas = max_r;
+  o.warm_pool = pool;
+  o.upscale_delay_s = up_s;
+  o.downscale_delay_s = down_s;
+  o.target_ongoing_requests = 2;
+  o.ttft_slo_ms = 0;
+  o.target_kv_cache_usage = 1.0;
+  o.look_back_period_s = 10;
+  o.new_replica_grace_s = 2;
+  return o;
+}
+
+ReplicaView rv(int32_t id, ReplicaState st, int32_t assigned = 0, double ready_since = 0) {
+  ReplicaView r;
+  r.id = id;
+  r.state = st;
+  r.num_assigned = assigned;
+  r.ready_since_s = ready_since;
+  return r;
+}
+
+using S = ReplicaState;
+
+// ---------------------------------------------------------------- single ticks
+
+TEST(AutoscalePolicy, FirstTickStartsMinReplicasPlusThePool) {
+  Autoscaler a(opts(1, 3, 1), 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kStopped), rv(1, S::kStopped), rv(2, S::kStopped)};
+  auto d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 1);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{0, 1}));  // one to serve, one for the pool
+  EXPECT_TRUE(d.promote.empty());
+  EXPECT_TRUE(d.drain.empty());
+  // Next tick, both starting: nothing more is started.
+  in.now_s = 0.1;
+  in.replicas = {rv(0, S::kLoading), rv(1, S::kStarting), rv(2, S::kStopped)};
+  d = a.tick(in);
+  EXPECT_TRUE(d.start.empty());
+  // Both became standby (the head parks every replica that reports ready): one is promoted.
+  in.now_s = 0.2;
+  in.replicas = {rv(0, S::kStandby), rv(1, S::kStandby), rv(2, S::kStopped)};
+  d = a.tick(in);
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(d.start.empty());
+  EXPECT_TRUE(d.stop.empty());
+}
+
+TEST(AutoscalePolicy, PressureHeldForTheDelayPromotesAndRefillsThePool) {
+  Autoscaler a(opts(1, 3, 1, /*up=*/1.0), 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 5), rv(1, S::kStandby), rv(2, S::kStopped)};
+  in.num_queued = 2;  // ongoing 7 at 2 per replica: 4 wanted, 3 at most
+  in.now_s = 10.0;
+  auto d = a.tick(in);
+  EXPECT_TRUE(d.pressure);
+  EXPECT_FALSE(d.changed) << "upscale before upscale_delay_s";
+  in.now_s = 10.5;
+  EXPECT_FALSE(a.tick(in).changed);
+  in.now_s = 11.0;
+  d = a.tick(in);
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{1}));
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2})) << "the rest of the deficit starts cold";
+  EXPECT_NE(d.reason.find("pressure"), std::string::npos) << d.reason;
+}
+
+TEST(AutoscalePolicy, PressureInterruptedRestartsTheDelay) {
+  Autoscaler a(opts(1, 3, 1, /*up=*/1.0), 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 6), rv(1, S::kStandby), rv(2, S::kStopped)};
+  in.now_s = 0;
+  a.tick(in);
+  in.now_s = 0.9;
+  in.replicas[0].num_assigned = 1;  // a lull
+  EXPECT_FALSE(a.tick(in).pressure);
+  in.replicas[0].num_assigned = 6;
+  in.now_s = 1.0;
+  EXPECT_FALSE(a.tick(in).changed) << "the lull restarted the timer";
+  in.now_s = 1.9;
+  EXPECT_FALSE(a.tick(in).changed);
+  in.now_s = 2.0;
+  EXPECT_TRUE(a.tick(in).changed);
+}
+
+TEST(AutoscalePolicy, DrainGoesToStandbyWhileThePoolIsShortElseStops) {
+  Autoscaler a(opts(1, 3, 1, 1.0, /*down=*/3.0), 3);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 1), rv(1, S::kReady, 0), rv(2, S::kReady, 0)};
+  in.now_s = 0;
+  EXPECT_TRUE(a.tick(in).idle);
+  in.now_s = 2.9;
+  EXPECT_FALSE(a.tick(in).changed);
+  in.now_s = 3.0;
+  auto d = a.tick(in);
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.target_ready, 1);
+  ASSERT_EQ(d.drain.size(), 2u);
+  // Fewest assigned first, ties by the highest id: 2 then 1; the first fills the pool.
+  EXPECT_EQ(d.drain[0].replica, 2);
+  EXPECT_TRUE(d.drain[0].to_standby);
+  EXPECT_EQ(d.drain[1].replica, 1);
+  EXPECT_FALSE(d.drain[1].to_standby);
+  EXPECT_TRUE(d.start.empty());
+}
+
+TEST(AutoscalePolicy, SurplusStandbyStopsHighestIdFirst) {
+  Autoscaler a(opts(1, 3, 1), 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady), rv(1, S::kStandby), rv(2, S::kStandby)};
+  auto d = a.tick(in);
+  EXPECT_EQ(d.stop, (std::vector<int32_t>{2}));
+  EXPECT_TRUE(d.promote.empty());
+}
+
+TEST(AutoscalePolicy, ScaleFromZeroIsImmediate) {
+  Autoscaler a(opts(0, 2, 1, /*up=*/30.0), 0);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kStandby), rv(1, S::kStopped)};
+  in.now_s = 5;
+  auto d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 0);
+  EXPECT_TRUE(d.promote.empty());
+  in.num_queued = 1;
+  in.oldest_wait_s = 0.01;
+  d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 1);
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{0}));
+  EXPECT_EQ(d.start, (std::vector<int32_t>{1})) << "the pool is refilled";
+  EXPECT_NE(d.reason.find("scale from zero"), std::string::npos) << d.reason;
+}
+
+TEST(AutoscalePolicy, BelowMinReplicasIsRestoredAtOnce) {
+  Autoscaler a(opts(2, 3, 0, 100, 100), 2);
+  AutoscaleInput in;
+  // Replica 1 died (stopped): the target stays 2; the standby-less deficit starts it cold.
+  in.replicas = {rv(0, S::kReady), rv(1, S::kStopped), rv(2, S::kStopped)};
+  auto d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 2);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{1}));
+  in.can_start = false;
+  d = a.tick(in);
+  EXPECT_TRUE(d.start.empty()) << "no launcher: nothing to start";
+}
+
+TEST(AutoscalePolicy, BoundsRespectedUnderAnyLoad) {
+  Autoscaler a(opts(1, 2, 1, 0.0, 0.0), 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 1000), rv(1, S::kStandby), rv(2, S::kStandby), rv(3, S::kStandby)};
+  in.num_queued = 100000;
+  for (int i = 0; i < 20; ++i) {
+    in.now_s = i;
+    auto d = a.tick(in);
+    EXPECT_LE(d.target_ready, 2);
+    for (int32_t p : d.promote) {
+      for (auto& r : in.replicas) {
+        if (r.id == p) r.state = S::kReady;
+      }
+    }
+    int32_t ready = 0;
+    for (auto& r : in.replicas) ready += r.state == S::kReady;
+    EXPECT_LE(ready, 2);
+  }
+  EXPECT_EQ(a.target_ready(), 2);
+}
+
+TEST(AutoscalePolicy, OldestWaitAndKvUsageArePressure) {
+  AutoscaleOptions o = opts(1, 2, 0, 0.0);
+  o.ttft_slo_ms = 500;
+  o.target_kv_cache_usage = 0.8;
+  {
+    Autoscaler a(o, 1);
+    AutoscaleInput in;
+    in.replicas = {rv(0, S::kReady, 1), rv(1, S::kStandby)};
+    in.num_queued = 1;  // 2 ongoing: 1 replica is enough by load
+    in.oldest_wait_s = 0.4;
+    EXPECT_FALSE(a.tick(in).pressure);
+    in.oldest_wait_s = 0.6;
+    auto d = a.tick(in);
+    EXPECT_TRUE(d.pressure);
+    EXPECT_EQ(d.promote, (std::vector<int32_t>{1}));
+  }
+  {
+    Autoscaler a(o, 1);
+    AutoscaleInput in;
+    in.replicas = {rv(0, S::kReady, 1), rv(1, S::kStandby)};
+    in.replicas[0].kv_cache_usage = 0.95;
+    auto d = a.tick(in);
+    EXPECT_TRUE(d.pressure);
+    EXPECT_NE(d.reason.find("KV"), std::string::npos) << d.reason;
+  }
+}
+
+TEST(AutoscalePolicy, NewReplicasFirstSlowSamplesAreIgnored) {
+  AutoscaleOptions o = opts(1, 3, 1, 0.0, 100);
+  o.ttft_slo_ms = 200;
+  o.new_replica_grace_s = 2.0;
+  Autoscaler a(o, 2);
+  AutoscaleInput in;
+  in.now_s = 10.0;
+  // Replica 1 was just promoted (ready since 9.5): its slow first TTFTs do not count.
+  in.replicas = {rv(0, S::kReady, 2, 0.0), rv(1, S::kReady, 2, 9.5), rv(2, S::kStandby)};
+  for (int i = 0; i < 10; ++i) in.ttft.push_back({9.6 + 0.04 * i, 1.5, 1});
+  in.ttft.push_back({9.7, 0.05, 0});
+  auto d = a.tick(in);
+  EXPECT_FALSE(d.pressure) << d.reason;
+  EXPECT_FALSE(d.changed);
+  EXPECT_DOUBLE_EQ(d.ttft_p90_s, 0.05);
+  // The same slow samples from a replica past its grace window are pressure.
+  in.replicas[1].ready_since_s = 5.0;
+  d = a.tick(in);
+  EXPECT_TRUE(d.pressure);
+  EXPECT_EQ(d.target_ready, 3);
+  // Samples older than look_back_period_s are ignored.
+  Autoscaler b(o, 2);
+  in.now_s = 30.0;
+  EXPECT_FALSE(b.tick(in).pressure);
+}
+
+TEST(AutoscalePolicy, Percentile90) {
+  EXPECT_EQ(percentile90({}), 0.0);
+  EXPECT_EQ(percentile90({3.0}), 3.0);
+  std::vector<double> v;
+  for (int i = 1; i <= 10; ++i) v.push_back(i);
+  EXPECT_EQ(percentile90(v), 9.0);
+  v.push_back(11);
+  EXPECT_EQ(percentile90(v), 10.0);
+}
+
+// ---------------------------------------------------------------- traces (simulated clock)
+
+// The head, simulated: every tick feeds the policy a snapshot and applies its actions.
+struct Sim {
+  Autoscaler a;
+  double dt = 0.1;
+  double cold_start_s = 2.0;
+  double now = 0;
+  std::vector<ReplicaView> reps;
+  std::map<int32_t, double> ready_at;  // starting replica -> when it reports ready
+  std::vector<std::pair<double, int32_t>> changes;  // (time, new target)
+  int32_t promotions = 0, cold_starts = 0;
+
+  Sim(AutoscaleOptions o, int32_t slots) : a(o, o.min_replicas) {
+    for (int32_t i = 0; i < slots; ++i) reps.push_back(rv(i, S::kStopped));
+  }
+  int32_t count(S st) const {
+    int32_t n = 0;
+    for (const auto& r : reps) n += r.state == st;
+    return n;
+  }
+  // One tick with `ongoing` requests in the system: ready replicas hold up to 2 each, the rest queue.
+  AutoscaleDecision step(int32_t ongoing) {
+    for (auto& r : reps) {
+      if (r.state == S::kStarting && ready_at[r.id] <= now) r.state = S::kStandby;
+      if (r.state == S::kDraining) r.state = r.draining_to_standby ? S::kStandby : S::kStopped;
+    }
+    AutoscaleInput in;
+    in.now_s = now;
+    int32_t left = ongoing;
+    for (auto& r : reps) {
+      r.num_assigned = 0;
+      if (r.state != S::kReady) continue;
+      r.num_assigned = std::min(left, 2);
+      left -= r.num_assigned;
+    }
+    in.num_queued = left;
+    in.oldest_wait_s = left > 0 ? 0.05 : 0;
+    in.replicas = reps;
+    AutoscaleDecision d = a.tick(in);
+    for (const auto& dr : d.drain) {
+      for (auto& r : reps) {
+        if (r.id == dr.replica) {
+          EXPECT_EQ(r.state, S::kReady);
+          r.state = S::kDraining;
+          r.draining_to_standby = dr.to_standby;
+        }
+      }
+    }
+    for (int32_t id : d.promote) {
+      EXPECT_EQ(reps[id].state, S::kStandby);
+      reps[id].state = S::kReady;
+      reps[id].ready_since_s = now;
+      ++promotions;
+    }
+    for (int32_t id : d.start) {
+      EXPECT_EQ(reps[id].state, S::kStopped);
+      reps[id].state = S::kStarting;
+      ready_at[id] = now + cold_start_s;
+      ++cold_starts;
+    }
+    for (int32_t id : d.stop) {
+      EXPECT_EQ(reps[id].state, S::kStandby);
+      reps[id].state = S::kStopped;
+    }
+    if (d.changed) changes.emplace_back(now, d.target_ready);
+    EXPECT_LE(count(S::kReady), a.options().max_replicas);
+    now += dt;
+    return d;
+  }
+  void run(double seconds, const std::function<int32_t(double)>& load) {
+    const double end = now + seconds;
+    while (now < end - 1e-9) step(load(now));
+  }
+};
+
+TEST(AutoscaleTrace, BurstScalesUpByPromotionThenBackToMin) {
+  Sim sim(opts(1, 3, 1, 1.0, 3.0), 3);
+  sim.run(5, [](double) { return 0; });
+  EXPECT_EQ(sim.count(S::kReady), 1);
+  EXPECT_EQ(sim.count(S::kStandby), 1);
+  EXPECT_EQ(sim.cold_starts, 2);
+  const int32_t promotions_before = sim.promotions;
+  sim.run(10, [](double) { return 8; });  // a burst: 8 ongoing wants 4 replicas, 3 at most
+  EXPECT_EQ(sim.count(S::kReady), 3);
+  EXPECT_GE(sim.promotions - promotions_before, 2) << "the pool replica, then the refilled one";
+  sim.run(10, [](double) { return 0; });
+  EXPECT_EQ(sim.count(S::kReady), 1) << "after the burst the pool returns to min_replicas";
+  EXPECT_EQ(sim.count(S::kStandby), 1) << "with the warm pool kept";
+  EXPECT_EQ(sim.a.target_ready(), 1);
+}
+
+TEST(AutoscaleTrace, BurstyTraceDoesNotFlap) {
+  Sim sim(opts(1, 3, 1, 1.0, 3.0), 3);
+  sim.run(3, [](double) { return 0; });
+  // Bursts of 1.5 s every 2.5 s for 30 s: lulls (1 s) are shorter than downscale_delay_s.
+  const double t0 = sim.now;
+  sim.run(30, [t0](double t) { return std::fmod(t - t0, 2.5) < 1.5 ? 6 : 0; });
+  // The target only ever went up while the bursts lasted: no down-then-up reversal.
+  for (size_t i = 1; i < sim.changes.size(); ++i) {
+    EXPECT_GT(sim.changes[i].second, sim.changes[i - 1].second)
+        << "flap at t=" << sim.changes[i].first << ": " << sim.changes[i - 1].second << " -> " << sim.changes[i].second;
+  }
+  EXPECT_LE(sim.changes.size(), 2u);
+  EXPECT_GE(sim.count(S::kReady), 2);
+  sim.run(10, [](double) { return 0; });
+  EXPECT_EQ(sim.count(S::kReady), 1);
+}
+
+TEST(AutoscaleTrace, ZeroTrafficNeverStallsNorScales) {
+  Sim sim(opts(1, 3, 1, 0.0, 0.0), 3);  // zero delays: the most eager settings
+  sim.run(100, [](double) { return 0; });
+  EXPECT_EQ(sim.count(S::kReady), 1);
+  EXPECT_EQ(sim.count(S::kStandby), 1);
+  EXPECT_EQ(sim.count(S::kStopped), 1);
+  EXPECT_TRUE(sim.changes.empty());
+  Sim zero(opts(0, 3, 1, 0.0, 0.0), 3);  // min_replicas 0: only the pool is kept
+  zero.run(10, [](double) { return 0; });
+  EXPECT_EQ(zero.count(S::kReady), 0);
+  EXPECT_EQ(zero.count(S::kStandby), 1);
+  zero.run(1, [](double) { return 1; });
+  EXPECT_EQ(zero.count(S::kReady), 1) << "a request arriving at zero replicas is served";
+}
+
+TEST(AutoscaleTrace, SteadyLoadKeepsTheTargetAndMinBoundHolds) {
+  Sim sim(opts(2, 3, 0, 1.0, 3.0), 3);
+  sim.run(30, [](double) { return 3; });  // 3 ongoing fit 2 replicas
+  EXPECT_EQ(sim.count(S::kReady), 2);
+  EXPECT_TRUE(sim.changes.empty());
+  sim.run(30, [](double) { return 0; });
+  EXPECT_EQ(sim.count(S::kReady), 2) << "never below min_replicas";
+}
+
+}  // namespace
+}  // namespace specserve
