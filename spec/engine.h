@@ -187,7 +187,10 @@ class Engine {
   /// and room now (a free sequence slot and the blocks for its tokens) it starts running at
   /// once with its KV written by import.load_kv and import.num_cached tokens cached; otherwise,
   /// or when load_kv fails, it queues like a resumed request and recomputes its KV (same tokens,
-  /// same random stream). `*kv_loaded` (when given) says which happened. Errors: those of
+  /// same random stream). `*kv_loaded` (when given) says which happened.
+  /// NOTE: greedy output is identical either way. Seeded sampling is identical to the
+  /// uninterrupted run when the KV loads; after a recompute, the first step is a prefill that
+  /// samples without drafts, so with a proposer it consumes the stream differently there. Errors: those of
   /// add_request; kInvalidArgument for a bad rng_state or num_cached outside [0, tokens).
   Expected<int64_t> add_migrated(GenerateParams params, SequenceImport import, bool* kv_loaded = nullptr);
   /// The state of a running or waiting sequence for migration (a waiting one has nothing

@@ -521,7 +521,16 @@ TEST(ClusterMigrateFault, SourceKilledMidTransferFallsBackToRecompute) {
   for (size_t i = 0; i < run.handles.size(); ++i) {
     auto r = run.handles[i]->wait();
     ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
-    EXPECT_EQ(r->tokens, run.expected[i]) << "request " << i;
+    EXPECT_EQ(r->finish_reason, "length") << "request " << i;
+    if (run.reqs[i].sampling.is_greedy()) {
+      EXPECT_EQ(r->tokens, run.expected[i]) << "request " << i;
+    } else {
+      // NOTE: a recomputed sequence's first step after the move is a prefill, which samples
+      // without drafts, while the uninterrupted run verified drafts there: the random stream
+      // moved, but speculative sampling consumes it differently for that step, so seeded output
+      // is only guaranteed identical when the KV moves (ClusterMigrate above). Greedy is.
+      EXPECT_EQ(r->tokens.size(), run.expected[i].size()) << "request " << i;
+    }
   }
   auto st = c->status();
   ASSERT_TRUE(st.ok());
