@@ -291,7 +291,7 @@ TEST(Topology, ExampleFilesParseAndUseTheDefaultModel) {
       << "default model missing: run scripts/test.sh (it fetches the model)";
   const std::string model =
       fs::path(std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf").lexically_normal().string();
-  for (const char* name : {"cluster-local.yaml", "cluster-two-nodes.yaml"}) {
+  for (const char* name : {"cluster-local.yaml", "cluster-two-nodes.yaml", "cluster-disagg.yaml"}) {
     SCOPED_TRACE(name);
     auto t = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/" + name);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
