@@ -61,6 +61,22 @@ void finish_request(RequestSelf self, StreamChunk last) {
   self->quit();
 }
 
+// The request's WorkItem for its next attempt (attempt + 1, every token streamed so far as
+// resume_output), counting the move in *counter; a request cancelled or timed out meanwhile
+// finishes here ("abort") instead of running again.
+caf::result<WorkItem> next_attempt(RequestSelf self, int32_t* counter) {
+  auto& s = self->state;
+  if (s.cancelled || s.timed_out) {
+    StreamChunk c;
+    c.finish_reason = "abort";
+    finish_request(self, std::move(c));
+    return caf::make_error(caf::sec::request_receiver_down);
+  }
+  ++*counter;
+  ++s.item.attempt;
+  return s.item;
+}
+
 caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf::actor scheduler, caf::actor sink,
                             WorkItem item, double timeout_s) {
   auto& s = self->state;
@@ -120,33 +136,10 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         c.error = ev.error;
         finish_request(self, std::move(c));
       },
-      [self](requeue_atom) -> caf::result<WorkItem> {
-        auto& s = self->state;
-        if (s.cancelled || s.timed_out) {
-          // Cancelled while its replica died: finish here instead of running it again.
-          StreamChunk c;
-          c.finish_reason = "abort";
-          finish_request(self, std::move(c));
-          return caf::make_error(caf::sec::request_receiver_down);
-        }
-        ++s.requeues;
-        ++s.item.attempt;
-        return s.item;
-      },
-      [self](migrate_atom) -> caf::result<WorkItem> {
-        // Its sequence left a replica with its state (drain, prefill hand-over): the next
-        // attempt continues from every token streamed so far.
-        auto& s = self->state;
-        if (s.cancelled || s.timed_out) {
-          StreamChunk c;
-          c.finish_reason = "abort";
-          finish_request(self, std::move(c));
-          return caf::make_error(caf::sec::request_receiver_down);
-        }
-        ++s.migrations;
-        ++s.item.attempt;
-        return s.item;
-      },
+      // Its replica died (requeue) or its sequence left a replica with its state (migrate: drain,
+      // prefill hand-over): the next attempt continues from every token streamed so far.
+      [self](requeue_atom) { return next_attempt(self, &self->state.requeues); },
+      [self](migrate_atom) { return next_attempt(self, &self->state.migrations); },
       [self](cancel_atom) { self->state.cancelled = true; },
       [self](timeout_atom) {
         auto& s = self->state;
