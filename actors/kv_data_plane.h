@@ -13,7 +13,9 @@
 //     stalled peer, a checksum mismatch, a model mismatch — is an error the caller answers by
 //     recomputing the sequence's KV (Engine::add_migrated);
 //   - the receiver's KvReleaseMsg, or the offer's expiry, frees the staging region.
-// Inside one process (same pid) the bytes are read with a plain copy instead of UCX.
+// Inside one process (same kv_process_id, a random number drawn at start: pids repeat across
+// hosts and containers) the bytes are copied from the source's live offer, looked up in a
+// process-wide table under a lock — never through an address taken from a message.
 // Thread-safety: one actor uses a KvDataPlane; the agent's own lock covers its progress thread.
 #pragma once
 
@@ -44,7 +46,8 @@ class KvDataPlane {
   std::string address() const;
   const std::string& name() const { return name_; }
   /// Connects an endpoint to every peer not connected yet (not itself), each within
-  /// `timeout`. A peer that cannot be reached is logged and retried on the next call.
+  /// `timeout`; a peer whose address changed (a restarted worker) is connected afresh. A peer
+  /// that cannot be reached is logged and retried on the next call.
   void connect_peers(const std::vector<KvPeer>& peers, std::chrono::milliseconds timeout);
   /// Whether an endpoint to the peer `name` is connected and has not failed.
   bool connected_to(const std::string& name) const;
@@ -54,6 +57,7 @@ class KvDataPlane {
   /// those of export_kv_blocks and of registering the region.
   Expected<KvOffer> offer(Backend& backend, KvStorage& kv, const KvExportFormat& format, std::span<const int32_t> blocks,
                           int32_t num_tokens, uint64_t tokens_hash);
+  ~KvDataPlane();  ///< frees every offer
   /// Frees the staging region of an offer (unknown ids are ignored).
   void release(int64_t offer_id);
   /// Frees the regions of offers older than `max_age` (a receiver that never answered); returns
@@ -77,10 +81,17 @@ class KvDataPlane {
   };
   std::string name_;
   std::unique_ptr<UcxAgent> agent_;
-  std::map<std::string, std::unique_ptr<KvEndpoint>> peers_;  // by peer name
+  struct Peer {
+    std::string address;
+    std::unique_ptr<KvEndpoint> endpoint;
+  };
+  std::map<std::string, Peer> peers_;  // by peer name
   std::map<int64_t, Offer> offers_;
   int64_t next_offer_ = 1;
 };
+
+/// This process's random id (drawn once): KvOffer::source_process.
+uint64_t kv_process_id();
 
 /// XXH3-64 of token ids (the KvOffer check that sender and receiver mean the same tokens).
 uint64_t kv_tokens_hash(std::span<const int32_t> tokens);

@@ -98,7 +98,7 @@ struct KvOffer {
   uint64_t remote_addr = 0;     ///< the staging region's address in the source process
   std::string rkey;             ///< its packed UCX remote key (bytes)
   int64_t bytes = 0;            ///< size of the export (header + blocks)
-  int32_t source_pid = 0;       ///< the source's process id (same process: a plain copy)
+  uint64_t source_process = 0;  ///< a random id of the source's process (kv_process_id): same process, a plain copy
 };
 
 /// What a replica runs for one request (prompt and sampling in token space).
@@ -390,7 +390,7 @@ typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KvOffer& x) {
   return f(caf::meta::type_name("KvOffer"), x.source, x.offer_id, x.num_cached, x.tokens_hash, x.remote_addr, x.rkey,
-           x.bytes, x.source_pid);
+           x.bytes, x.source_process);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MigratedSeq& x) {

@@ -139,7 +139,12 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
       // Its replica died (requeue) or its sequence left a replica with its state (migrate: drain,
       // prefill hand-over): the next attempt continues from every token streamed so far.
       [self](requeue_atom) { return next_attempt(self, &self->state.requeues); },
-      [self](migrate_atom) { return next_attempt(self, &self->state.migrations); },
+      [self](migrate_atom, int32_t attempt) -> caf::result<WorkItem> {
+        // A hand-over from an attempt that is no longer current (its replica was declared lost
+        // meanwhile and the request re-queued) is refused: the request runs once.
+        if (attempt != self->state.item.attempt) return caf::make_error(caf::sec::request_receiver_down);
+        return next_attempt(self, &self->state.migrations);
+      },
       [self](cancel_atom) { self->state.cancelled = true; },
       [self](timeout_atom) {
         auto& s = self->state;
@@ -214,6 +219,10 @@ struct SchedulerState {
   int64_t finished = 0;
   int64_t requeued = 0;
   int64_t migrated = 0;
+  // Requests between replicas: their request actor is asked for the next attempt's WorkItem, so
+  // they are neither queued nor running. A cancel meanwhile is remembered and applied on arrival.
+  std::set<int64_t> in_transit;
+  std::set<int64_t> cancelled_in_transit;
   bool draining = false;
   std::vector<caf::response_promise> drain_waiters;
   int32_t max_model_len = 0;
@@ -246,6 +255,34 @@ void set_state(SchedSelf self, int32_t rid, ReplicaState to) {
   if (to == ReplicaState::kReady) r.ready_since = now;
 }
 
+caf::actor kv_peer(SchedulerState& s, const std::string& name);
+
+// A migrated item's KV offer is used only if it is dispatched within this long of arriving
+// (the source keeps offers 60 s: actors/target_shard.cpp kOfferLifetime).
+constexpr double kMaxOfferWait_s = 40.0;
+
+// Tells the worker holding a KV offer that nobody will read it.
+void release_offer(SchedSelf self, const KvOffer& kv) {
+  if (kv.source.empty()) return;
+  if (auto src = kv_peer(self->state, kv.source)) self->send(src, KvReleaseMsg{kv.source, kv.offer_id});
+}
+
+void enqueue(SchedSelf self, WorkItem item, int64_t arrival);
+void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const std::string& error);
+void dispatch(SchedSelf self);
+
+// A request re-entering the queue after a move (requeue or migration): queued, unless it was
+// cancelled while its request actor was asked for it.
+void arrive(SchedSelf self, WorkItem w) {
+  auto& s = self->state;
+  const int64_t id = w.request_id;
+  s.in_transit.erase(id);
+  // NOTE: arrival 0 puts it ahead of every request that arrived after it.
+  enqueue(self, std::move(w), 0);
+  if (s.cancelled_in_transit.erase(id)) fail_queued(self, id, "abort", "");
+  dispatch(self);
+}
+
 void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const std::string& error) {
   auto& s = self->state;
   auto it = s.queue.find(id);
@@ -256,6 +293,7 @@ void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const st
   ev.finish_reason = reason;
   ev.error = error;
   self->send(it->second.item.request_actor, std::move(ev));
+  release_offer(self, it->second.item.kv);
   s.queue.erase(it);
 }
 
@@ -316,6 +354,12 @@ void dispatch(SchedSelf self) {
     if (it == s.queue.end()) continue;
     ReplicaEntry& r = s.replicas[a.replica];
     WorkItem item = std::move(it->second.item);
+    if (!item.kv.source.empty() && now_s(self) - it->second.enqueued_at > kMaxOfferWait_s) {
+      // NOTE: the source frees an offer nobody read within its lifetime (60 s): an item that
+      // waited in the queue close to that recomputes instead of racing the expiry.
+      release_offer(self, item.kv);
+      item.kv = KvOffer{};
+    }
     s.queue.erase(it);
     r.assigned.insert(item.request_id);
     s.running[item.request_id] = a.replica;
@@ -386,15 +430,18 @@ void requeue(SchedSelf self, const std::set<int64_t>& lost) {
     auto ra = s.request_actors.find(id);
     if (ra == s.request_actors.end()) continue;
     ++s.requeued;
+    s.in_transit.insert(id);
     // The request actor answers with its WorkItem: prompt, tokens streamed so far, next attempt.
     self->request(ra->second, caf::infinite, requeue_atom::value)
-        .then([self, id](WorkItem& w) {
-          // NOTE: arrival 0 puts it ahead of every request that arrived after it.
-          enqueue(self, std::move(w), 0);
-          get_logger("actors")->info("request {}: re-queued after its replica failed", id);
-          dispatch(self);
-        },
-        [](caf::error&) {});
+        .then(
+            [self, id](WorkItem& w) {
+              get_logger("actors")->info("request {}: re-queued after its replica failed", id);
+              arrive(self, std::move(w));
+            },
+            [self, id](caf::error&) {
+              self->state.in_transit.erase(id);
+              self->state.cancelled_in_transit.erase(id);
+            });
   }
 }
 
@@ -445,10 +492,18 @@ void send_cancel(SchedSelf self, int64_t id) {
     fail_queued(self, id, "abort", "");
     return;
   }
+  if (s.in_transit.count(id)) {
+    s.cancelled_in_transit.insert(id);
+    return;
+  }
   auto it = s.running.find(id);
   if (it == s.running.end()) return;
   auto& r = s.replicas[it->second];
-  if (r.shard) self->send(r.shard, AbortMsg{id});
+  if (r.on_prefill.count(id) && r.prefill) {
+    self->send(r.prefill, AbortMsg{id});
+  } else if (r.shard) {
+    self->send(r.shard, AbortMsg{id});
+  }
 }
 
 // Every ready worker with a data plane learns the others' addresses, so that each connects its
@@ -486,21 +541,23 @@ void finish_drain_if_idle(SchedSelf self, int32_t rid);
 void migrated(SchedSelf self, MigratedSeq m) {
   auto& s = self->state;
   auto& r = s.replicas[m.replica];
+  if (!r.assigned.count(m.request_id)) {
+    // Not on that replica any more (re-queued when it was declared lost): a stale hand-over.
+    release_offer(self, m.kv);
+    return;
+  }
   r.assigned.erase(m.request_id);
   r.on_prefill.erase(m.request_id);
   s.running.erase(m.request_id);
   finish_drain_if_idle(self, m.replica);
-  auto release = [self](const KvOffer& kv) {
-    if (kv.source.empty()) return;
-    if (auto src = kv_peer(self->state, kv.source)) self->send(src, KvReleaseMsg{kv.source, kv.offer_id});
-  };
   auto ra = s.request_actors.find(m.request_id);
   if (ra == s.request_actors.end()) {
-    release(m.kv);
+    release_offer(self, m.kv);
     return;
   }
   ++s.migrated;
-  self->request(ra->second, caf::infinite, migrate_atom::value)
+  s.in_transit.insert(m.request_id);
+  self->request(ra->second, caf::infinite, migrate_atom::value, m.attempt)
       .then(
           [self, m](WorkItem& w) {
             w.rng_state = m.rng_state;
@@ -512,11 +569,14 @@ void migrated(SchedSelf self, MigratedSeq m) {
             w.accepted_per_pos = m.accepted_per_pos;
             get_logger("actors")->info("request {}: moved off replica {} ({}), {} tokens of KV offered", m.request_id,
                                        m.replica, m.reason, m.kv.source.empty() ? 0 : m.kv.num_cached);
-            enqueue(self, std::move(w), 0);
-            dispatch(self);
+            arrive(self, std::move(w));
             maybe_drained(self);
           },
-          [self, m, release](caf::error&) { release(m.kv); });
+          [self, m](caf::error&) {
+            self->state.in_transit.erase(m.request_id);
+            self->state.cancelled_in_transit.erase(m.request_id);
+            release_offer(self, m.kv);
+          });
 }
 
 // ---------------------------------------------------------------- lifecycle and autoscaling
@@ -932,6 +992,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       },
       [self](const KvReleaseMsg& m) {
         // A receiver has read (or given up on) an offer: its source frees the staging region.
+        // Only a registered worker may say so.
+        const auto sender = self->current_sender();
+        if (!sender || !self->state.workers.count(sender->address())) return;
         if (auto src = kv_peer(self->state, m.source)) self->send(src, m);
       },
       [self](drain_rep_atom, const std::string& token, int32_t replica, bool then_quit) -> int32_t {

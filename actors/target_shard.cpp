@@ -178,6 +178,11 @@ ShardLoad load_of(ShardState& s) {
 // Offers older than this are freed even if no receiver answered (it died or recomputed).
 constexpr auto kOfferLifetime = std::chrono::seconds(60);
 
+// Control messages of the data plane and the lifecycle come from the scheduler only.
+bool from_scheduler(Self self) {
+  return self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler);
+}
+
 void maybe_quit(Self self) {
   auto& s = self->state;
   if (!s.quit_when_empty || !s.by_request.empty() || (s.plane && s.plane->num_offers() > 0)) return;
@@ -466,11 +471,13 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
       [self](step_atom) { do_step(self); },
       [self](const KvPeersMsg& m) {
         auto& s = self->state;
+        if (!from_scheduler(self)) return;
         if (s.plane) s.plane->connect_peers(m.peers, std::chrono::milliseconds(5000));
       },
       [self](migrate_atom, bool then_quit) {
         // The replica drains: every sequence moves to another replica with its KV.
         auto& s = self->state;
+        if (!from_scheduler(self)) return;
         std::vector<int64_t> ids;
         for (const auto& [rid, r] : s.by_request) ids.push_back(rid);
         for (int64_t rid : ids) migrate_out(self, rid, "drain");
@@ -480,6 +487,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
       },
       [self](const KvReleaseMsg& m) {
         auto& s = self->state;
+        if (!from_scheduler(self)) return;
         if (s.plane) s.plane->release(m.offer_id);
         maybe_quit(self);
       },
@@ -494,9 +502,12 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         maybe_quit(self);
       },
       [self](retire_atom) {
-        // The autoscaler stopped this replica (after draining it): quit normally; the process exits 0.
+        // The autoscaler stopped this replica (after draining it): quit normally (the process
+        // exits 0) once receivers have read the KV of the sequences that moved away.
+        if (!from_scheduler(self)) return;
         get_logger("actors")->info("replica {}: retired by the autoscaler", self->state.cfg.replica);
-        self->quit();
+        self->state.quit_when_empty = true;
+        maybe_quit(self);
       },
   };
 }
