@@ -329,7 +329,15 @@ struct AutoscaleStatus {
   std::string last_reason;         ///< why the target last changed
   double last_change_seconds = 0;  ///< head uptime at that change
   std::vector<double> cold_start_seconds;  ///< the last 64 cold starts (process start requested -> ready)
-  std::vector<double> promotion_seconds;   ///< the last 64 promotions (decision -> first token)
+  /// The last 64 warm promotions: decision -> the first token of the first request dispatch gave
+  /// the promoted replica (the start-up promotion is not one).
+  std::vector<double> promotion_seconds;
+  /// The same promotions: decision -> that request's WorkItem accepted by the shard (the head's
+  /// share; the rest of promotion_seconds is the shard's first step).
+  std::vector<double> promotion_accept_seconds;
+  /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
+  /// set beside promotion_seconds.
+  std::vector<double> cold_scale_up_seconds;
 };
 
 struct ClusterStatus {
@@ -473,7 +481,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
            x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
-           x.last_change_seconds, x.cold_start_seconds, x.promotion_seconds);
+           x.last_change_seconds, x.cold_start_seconds, x.promotion_seconds, x.promotion_accept_seconds,
+           x.cold_scale_up_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
@@ -493,6 +502,9 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using retire_atom = caf::atom_constant<caf::atom("retire")>;
 /// Scheduler -> itself: an autoscaler tick.
 using autoscale_atom = caf::atom_constant<caf::atom("autoscale")>;
+/// Launcher -> scheduler (same process): (launch_err_atom, replica, why): a cold start failed
+/// (spawn failed, a process of the replica is still alive, or a worker exited before registering).
+using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
 /// Request actor -> scheduler (same process): (first_tok_atom, request id, seconds to the first token).
 using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;

@@ -192,9 +192,17 @@ struct ReplicaEntry {
   double ready_since = 0;           // became ready (routed) last
   double start_requested_at = -1;   // cold start asked for (or first seen registering)
   double promoted_at = -1;
-  bool awaiting_first_token = false;  // promoted; its first token not seen yet
+  // Scale-up measurement: armed by a promotion, set on the first request dispatch gives it.
+  bool awaiting_assign = false;     // promoted (scale-up); no request dispatched to it yet
+  double scale_decision_at = -1;    // when the scale-up that routes it was decided
+  bool cold_path = false;           // that scale-up started it cold (not a warm promotion)
+  int64_t measured_request = 0;     // its first request after the scale-up; 0: none
+  int64_t measured_seq = 0;         // that request's WorkItem sequence number (accepted: ShardLoad::received)
+  bool awaiting_first_token = false;  // measured_request's first token not seen yet
   bool drain_to_standby = false;
-  bool not_startable = false;       // start_replica failed, or its worker failed to load
+  bool not_startable = false;       // start_replica failed, its worker failed to load, or too many failed starts
+  int32_t num_retiring = 0;         // its workers told to quit whose down message has not come
+  int32_t num_start_failures = 0;   // consecutive failed starts (the policy's backoff)
   double cold_start_s = 0, promotion_s = 0;
   int64_t num_promotions = 0, num_cold_starts = 0;
   bool routed() const { return state == ReplicaState::kReady && ready(); }
@@ -228,8 +236,10 @@ struct SchedulerState {
   int32_t max_model_len = 0;
   // Autoscaler (null when the topology does not enable it).
   std::unique_ptr<Autoscaler> autoscaler;
+  bool cpu_only = true;                 // every declared worker runs on a CPU device
+  bool ever_routed = false;             // a replica was routed once (the start-up promotion is no scale-up)
   std::deque<TtftSample> ttft;          // recent first-token samples, pruned to the look-back window
-  std::set<caf::actor_addr> retired;    // workers told to quit: their down message is expected
+  std::map<caf::actor_addr, int32_t> retired;  // workers told to quit -> replica: their down message is expected
   AutoscaleStatus as;                   // counters and recent measurements for `status`
 };
 
@@ -307,16 +317,24 @@ void maybe_drained(SchedSelf self) {
 void dispatch(SchedSelf self) {
   auto& s = self->state;
   if (s.queue.empty()) return;
-  // Every replica's target shard died: nothing will serve the queue (workers are not restarted
-  // yet), so fail it now instead of letting clients wait forever.
-  // NOTE: with an autoscaler that can start processes, lost replicas are started again (scale
-  // from zero): the queue waits for them instead.
-  bool all_lost = !s.replicas.empty() && !(s.autoscaler && s.cfg.start_replica);
-  for (const auto& [rid, r] : s.replicas) all_lost = all_lost && r.lost && !r.shard;
-  if (all_lost) {
+  // No replica serves, will serve (standby, starting, draining) or can be started: nothing will
+  // serve the queue, so fail it now instead of letting clients wait forever.
+  // NOTE: with an autoscaler that can start processes, a stopped replica that can be started
+  // (possibly after its backoff, or once its old workers are gone) keeps the queue waiting;
+  // kMaxStartFailures bounds that wait.
+  const bool can_start = s.autoscaler && s.cfg.start_replica;
+  bool none_left = !s.replicas.empty();
+  for (const auto& [rid, r] : s.replicas) {
+    const bool alive = r.state != ReplicaState::kStopped;
+    const bool startable = r.state == ReplicaState::kStopped && can_start && !r.not_startable;
+    if (alive || startable) none_left = false;
+  }
+  if (none_left) {
     std::vector<int64_t> ids;
     for (const auto& [id, p] : s.queue) ids.push_back(id);
-    for (int64_t id : ids) fail_queued(self, id, "error", "no replica is left: every target shard is down");
+    for (int64_t id : ids) {
+      fail_queued(self, id, "error", "no replica is left: every target shard is down and none can be started");
+    }
     return;
   }
   std::vector<QueuedRequest> q;
@@ -363,6 +381,12 @@ void dispatch(SchedSelf self) {
     s.queue.erase(it);
     r.assigned.insert(item.request_id);
     s.running[item.request_id] = a.replica;
+    if (r.awaiting_assign) {  // the scale-up's measurement follows this request
+      r.awaiting_assign = false;
+      r.awaiting_first_token = true;
+      r.measured_request = item.request_id;
+      r.measured_seq = r.sent + 1;  // its sequence number when it goes to the shard below
+    }
     const bool fresh = item.resume_output.empty() && item.rng_state.empty() && item.kv.source.empty();
     if (fresh && r.prefill && r.prefill_ready) {
       // NOTE: the prefill worker's KV is its own: the decode shard's block accounting is untouched.
@@ -414,7 +438,8 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.awaiting_first_token = false;
   if (s.autoscaler && r.draft) {
     // A restart starts the replica's draft worker afresh: the old one goes.
-    s.retired.insert(r.draft.address());
+    s.retired[r.draft.address()] = replica_id;
+    ++r.num_retiring;
     self->send(r.draft, retire_atom::value);
     r.draft = caf::actor{};
     r.draft_settled = false;
@@ -601,6 +626,7 @@ void update_startup_state(SchedSelf self, int32_t rid) {
   if (st == ReplicaState::kStopped && r.start_requested_at < 0) r.start_requested_at = now_s(self);  // started by someone else
   set_state(self, rid, to);
   if (to == ReplicaState::kStandby || to == ReplicaState::kReady) {
+    r.num_start_failures = 0;
     if (r.start_requested_at >= 0) {
       r.cold_start_s = now_s(self) - r.start_requested_at;
       keep_last(&s.as.cold_start_seconds, r.cold_start_s);
@@ -608,6 +634,8 @@ void update_startup_state(SchedSelf self, int32_t rid) {
       r.start_requested_at = -1;
     }
     if (s.autoscaler) autoscale_tick(self);  // promote now if the policy wants it, not on the next tick
+    // Not promoted at once: the scale-up it was started for is over; a later promotion is warm.
+    if (r.state == ReplicaState::kStandby) r.scale_decision_at = -1;
   }
 }
 
@@ -617,11 +645,18 @@ void retire(SchedSelf self, int32_t rid) {
   auto& r = s.replicas[rid];
   for (caf::actor* a : {&r.shard, &r.draft}) {
     if (!*a) continue;
-    s.retired.insert(a->address());
+    s.retired[a->address()] = rid;
+    ++r.num_retiring;  // not startable until its down message comes: never two processes of it
     self->send(*a, retire_atom::value);
     *a = caf::actor{};
   }
   r.shard_ready = false;
+  r.shard_hello = WorkerHello{};
+  r.draft_hello = WorkerHello{};
+  r.load = ShardLoad{};
+  r.lost = false;
+  r.draining_out = false;
+  r.start_requested_at = -1;
   r.draft_settled = false;
   r.draft_attached = false;
   r.pending_blocks = 0;
@@ -666,14 +701,24 @@ void promote(SchedSelf self, int32_t rid) {
   auto& r = s.replicas[rid];
   set_state(self, rid, ReplicaState::kReady);
   r.promoted_at = now_s(self);
-  // Decision -> first token is measured when work waits for it (a promotion with an empty queue,
-  // such as the first replica at start-up, would measure the time until traffic arrives).
-  r.awaiting_first_token = !s.queue.empty();
+  // NOTE: the first replica(s) routed at start-up are no scale-up: not counted, not measured.
+  const bool startup = !s.ever_routed;
+  s.ever_routed = true;
+  r.awaiting_first_token = false;
+  r.measured_request = 0;
+  r.measured_seq = 0;
+  r.awaiting_assign = !startup;
+  // A replica started cold for a scale-up deficit and promoted once ready is the cold path:
+  // measured from that decision, and not a warm promotion.
+  r.cold_path = r.scale_decision_at >= 0;
+  if (!r.cold_path) r.scale_decision_at = r.promoted_at;
+  if (startup) r.scale_decision_at = -1;
+  if (startup || r.cold_path) return;
   ++r.num_promotions;
   ++s.as.num_promotions;
 }
 
-void start_cold(SchedSelf self, int32_t rid) {
+void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   Status st = s.cfg.start_replica ? s.cfg.start_replica(rid) : unavailable("no launcher");
@@ -684,14 +729,51 @@ void start_cold(SchedSelf self, int32_t rid) {
   }
   r.lost = false;
   r.start_requested_at = now_s(self);
+  // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured
+  // from now.
+  r.scale_decision_at = for_deficit && s.ever_routed ? r.start_requested_at : -1;
   ++r.num_cold_starts;
   ++s.as.num_cold_starts;
   set_state(self, rid, ReplicaState::kStarting);
 }
 
+// A replica routed again before its drain finished (a burst during a scale-down): its shard
+// keeps its running sequences (those already sent away migrate on as usual).
+void undrain(SchedSelf self, int32_t rid) {
+  auto& r = self->state.replicas[rid];
+  if (r.state != ReplicaState::kDraining || !r.ready()) return;  // its worker is leaving on its own
+  r.drain_to_standby = false;
+  set_state(self, rid, ReplicaState::kReady);
+}
+
+// After this many consecutive failed starts a replica is not started again (the queue is failed
+// when no other replica can serve it, instead of waiting for restarts that keep failing).
+constexpr int32_t kMaxStartFailures = 5;
+// The longest a pool refill waits for a promoted replica's first token on a CPU host.
+constexpr double kRefillHoldS = 5.0;
+
+// A start failed (the launcher said so, or the policy gave up on it): stopped, one more failure
+// for the backoff.
+void start_failed(SchedSelf self, int32_t rid, const std::string& why) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  ++r.num_start_failures;
+  if (r.num_start_failures >= kMaxStartFailures) r.not_startable = true;
+  get_logger("actors")->warn("replica {}: start failed ({} in a row{}): {}", rid, r.num_start_failures,
+                             r.not_startable ? ", not started again" : "", why);
+  if (r.shard || r.draft) {
+    retire(self, rid);
+    --s.as.num_stops;  // not a scale-down
+  } else {
+    set_state(self, rid, ReplicaState::kStopped);
+  }
+  r.start_requested_at = -1;
+  dispatch(self);  // the queue fails if nothing is left to serve it
+}
+
 void autoscale_tick(SchedSelf self) {
   auto& s = self->state;
-  if (!s.autoscaler || s.draining) return;
+  if (!s.autoscaler) return;
   const double now = now_s(self);
   const AutoscaleOptions& o = s.autoscaler->options();
   while (!s.ttft.empty() && s.ttft.front().at_s < now - o.look_back_period_s) s.ttft.pop_front();
@@ -713,6 +795,9 @@ void autoscale_tick(SchedSelf self) {
       v.kv_cache_usage = static_cast<double>(r.load.total_kv_blocks - r.load.free_kv_blocks) / r.load.total_kv_blocks;
     }
     v.draining_to_standby = r.drain_to_standby;
+    v.state_since_s = r.state_since;
+    v.num_start_failures = r.num_start_failures;
+    v.startable = r.num_retiring == 0;
     in.replicas.push_back(v);
   }
   in.ttft.assign(s.ttft.begin(), s.ttft.end());
@@ -726,11 +811,30 @@ void autoscale_tick(SchedSelf self) {
     s.as.last_change_seconds = now;
     get_logger("actors")->info("autoscaler: target {} ready replica(s): {}", d.target_ready, d.reason);
   }
-  for (int32_t rid : d.stop) retire(self, rid);
-  for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
+  for (int32_t rid : d.abandon) start_failed(self, rid, "no progress for start_timeout_s");
+  // NOTE: while the server drains, capacity is only added (queued and migrating requests still
+  // need replicas, and a lost one is started again); scale-down waits for the end of the drain.
+  if (!s.draining) {
+    for (int32_t rid : d.stop) retire(self, rid);
+    for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
+  }
+  for (int32_t rid : d.undrain) undrain(self, rid);
   for (int32_t rid : d.promote) promote(self, rid);
-  for (int32_t rid : d.start) start_cold(self, rid);
-  if (!d.promote.empty()) dispatch(self);
+  // NOTE: on CPU hosts a pool refill competes for the cores with the promoted replica's first
+  // prefill; it waits (at most kRefillHoldS) until that replica served its first token.
+  bool hold_refill = false;
+  if (s.cpu_only) {
+    for (const auto& [rid, r] : s.replicas) {
+      hold_refill = hold_refill || ((r.awaiting_assign || r.awaiting_first_token) && r.state == ReplicaState::kReady &&
+                                    now - r.promoted_at < kRefillHoldS);
+    }
+  }
+  for (size_t i = 0; i < d.start.size(); ++i) {
+    const bool for_deficit = static_cast<int32_t>(i) < d.num_start_for_deficit;
+    if (!for_deficit && hold_refill) continue;  // the policy asks again on a later tick
+    start_cold(self, d.start[i], for_deficit);
+  }
+  dispatch(self);
 }
 
 ClusterStatus make_status(SchedSelf self) {
@@ -800,6 +904,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     for (const WorkerSpec& w : n.workers) {
       if (w.role == WorkerRole::kTargetShard) s.replicas[w.replica];
       if (w.role == WorkerRole::kDraftWorker) s.replicas[w.replica].needs_draft = true;
+      if (w.device.kind != DeviceKind::kCpu) s.cpu_only = false;
     }
   }
   const AutoscaleSpec& as = s.cfg.topology.autoscale;
@@ -815,6 +920,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     o.target_kv_cache_usage = as.target_kv_cache_usage;
     o.look_back_period_s = as.look_back_period_s;
     o.new_replica_grace_s = as.new_replica_grace_s;
+    o.start_timeout_s = as.start_timeout_s;
     s.autoscaler = std::make_unique<Autoscaler>(o, as.min_replicas);
     s.as.enabled = true;
     s.as.min_replicas = as.min_replicas;
@@ -830,7 +936,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
   }
   self->set_down_handler([self](caf::down_msg& m) {
     auto& s = self->state;
-    if (s.retired.erase(m.source)) {  // a worker the autoscaler stopped
+    if (auto rit = s.retired.find(m.source); rit != s.retired.end()) {  // a worker the autoscaler stopped
+      auto& rr = s.replicas[rit->second];
+      rr.num_retiring = std::max(0, rr.num_retiring - 1);
+      s.retired.erase(rit);
       s.workers.erase(m.source);
       return;
     }
@@ -871,6 +980,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           return;
         }
         if (!h.self) return;
+        // A worker told to quit whose hello was already on its way: it must not take its
+        // replica's place again (its down message follows).
+        if (s.retired.count(h.self.address())) return;
         const bool is_new = !s.workers.count(h.self.address());
         if (is_new) self->monitor(h.self);
         auto& w = s.workers[h.self.address()];
@@ -975,6 +1087,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.in_flight.pop_front();
         }
         const int32_t rid = l.replica;
+        if (r.measured_seq > 0 && l.received >= r.measured_seq && r.scale_decision_at >= 0) {
+          if (!r.cold_path) keep_last(&s.as.promotion_accept_seconds, now_s(self) - r.scale_decision_at);
+          r.measured_seq = 0;
+        }
         r.load = std::move(l);
         finish_drain_if_idle(self, rid);
         dispatch(self);
@@ -1026,13 +1142,28 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         const double now = now_s(self);
         s.ttft.push_back({now, ttft_s, it->second});
         if (s.ttft.size() > 4096) s.ttft.pop_front();
-        if (r.awaiting_first_token && r.state == ReplicaState::kReady) {
+        if (r.awaiting_first_token && r.measured_request == id && r.state == ReplicaState::kReady &&
+            r.scale_decision_at >= 0) {
           r.awaiting_first_token = false;
-          r.promotion_s = now - r.promoted_at;
-          keep_last(&s.as.promotion_seconds, r.promotion_s);
-          get_logger("actors")->info("replica {}: promotion -> first token {:.3f} s (request {})", it->second,
-                                     r.promotion_s, id);
+          const double took = now - r.scale_decision_at;
+          if (r.cold_path) {
+            keep_last(&s.as.cold_scale_up_seconds, took);
+          } else {
+            r.promotion_s = took;
+            keep_last(&s.as.promotion_seconds, took);
+          }
+          get_logger("actors")->info("replica {}: scale-up decision ({}) -> first token {:.3f} s (request {})", it->second,
+                                     r.cold_path ? "cold start" : "warm promotion", took, id);
+          r.scale_decision_at = -1;
         }
+      },
+      [self](launch_err_atom, int32_t replica, const std::string& why) {
+        // Only a replica still waiting for its first worker hello: one that registered is
+        // covered by its workers' down messages.
+        auto& s = self->state;
+        auto it = s.replicas.find(replica);
+        if (it == s.replicas.end() || it->second.state != ReplicaState::kStarting || it->second.shard) return;
+        start_failed(self, replica, why);
       },
       [self](autoscale_atom) {
         autoscale_tick(self);

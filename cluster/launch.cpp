@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -49,10 +50,18 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
 // NOTE: PR_SET_PDEATHSIG (exit_with_parent) fires when the *thread* that forked the child
 // exits, so children must not be spawned from a CAF worker thread; the queue costs at most one
 // poll interval (50 ms) of a cold start that takes seconds, and the head measures it.
+//
+// A start that fails here is reported to the scheduler (launch_err_atom): spawn_child failed, the
+// replica still has a live worker process (a retired one not gone yet: never two processes of one
+// replica), or a worker exited before the replica was started again. The scheduler ignores a
+// report for a replica that is not `starting` any more (it registered: its down message counts).
 class WorkerLauncher {
  public:
   WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker)
       : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker) {}
+
+  /// Where start failures are reported; set once the head runs (before the first pump()).
+  void set_scheduler(caf::actor scheduler) { scheduler_ = std::move(scheduler); }
 
   /// Thread-safe: queues `replica` for pump(). kUnavailable when none of its workers is on a
   /// node this launcher starts (nodes on other hosts start their own workers).
@@ -62,17 +71,38 @@ class WorkerLauncher {
                          " has no worker on a node of this host: start its node there (specserve node --join)");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    queued_.push_back(replica);
+    queued_.emplace_back(replica, ++generation_[replica]);
     return Status();
   }
-  /// Main thread: spawns the queued replicas' workers (once `endpoint` is known).
-  void pump(const std::string& endpoint) {
-    std::vector<int32_t> q;
+  /// Main thread: reaps exited workers (their lines go to `exited`), reports the exit of a worker
+  /// of the replica's latest start, then spawns the queued replicas' workers (once `endpoint` is
+  /// known).
+  void pump(const std::string& endpoint, std::vector<std::string>* exited = nullptr) {
+    std::vector<Child> before = children_;
+    for (auto& line : reap_children(&children_)) {
+      if (exited) exited->push_back(std::move(line));
+    }
+    for (const Child& c : before) {
+      bool alive = false;
+      for (const Child& n : children_) alive = alive || n.pid == c.pid;
+      if (alive) continue;
+      auto it = owner_.find(c.pid);
+      if (it == owner_.end()) continue;
+      const auto [replica, gen] = it->second;
+      owner_.erase(it);
+      bool latest = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        latest = generation_[replica] == gen;  // not started again since: the exit is news
+      }
+      if (latest) report(replica, c.name + " (pid " + std::to_string(c.pid) + ") exited");
+    }
+    std::vector<std::pair<int32_t, int64_t>> q;
     {
       std::lock_guard<std::mutex> lock(mu_);
       q.swap(queued_);
     }
-    for (int32_t replica : q) spawn(replica, endpoint);
+    for (const auto& [replica, gen] : q) spawn(replica, gen, endpoint);
   }
   std::vector<Child>* children() { return &children_; }
 
@@ -87,7 +117,21 @@ class WorkerLauncher {
     }
     return false;
   }
-  void spawn(int32_t replica, const std::string& endpoint) {
+  void report(int32_t replica, const std::string& why) {
+    // Info: the head decides whether it matters (a retired worker's exit does not).
+    get_logger("cluster")->info("replica {}: {}", replica, why);
+    if (scheduler_) caf::anon_send(scheduler_, launch_err_atom::value, replica, why);
+  }
+  void spawn(int32_t replica, int64_t gen, const std::string& endpoint) {
+    // NOTE: never two processes of one replica (they would share its device and KV budget):
+    // the head waits for a retired worker's down message, which can come before its process
+    // has exited; the start is refused and the head retries after a backoff.
+    for (const auto& [pid, owner] : owner_) {
+      if (owner.first == replica) {
+        report(replica, "cannot start it: its worker pid " + std::to_string(pid) + " has not exited yet");
+        return;
+      }
+    }
     for (const NodeSpec& n : topo_.nodes) {
       if (!local(n)) continue;
       const int32_t threads = threads_per_worker_ > 0 ? threads_per_worker_
@@ -101,12 +145,12 @@ class WorkerLauncher {
                                  " (replica " + std::to_string(replica) + ")";
         auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}}, name);
         if (!c.ok()) {
-          // The head sees the replica never register; `status` shows it starting. Logged here.
-          get_logger("cluster")->error("{}", c.status().message());
+          report(replica, "cannot start " + name + ": " + c.status().message());
           continue;
         }
         get_logger("cluster")->info("started {} (pid {})", name, c->pid);
         children_.push_back(*c);
+        owner_[c->pid] = {replica, gen};
       }
     }
   }
@@ -114,9 +158,12 @@ class WorkerLauncher {
   const Topology& topo_;
   std::string config_path_;
   int32_t threads_per_worker_ = 0;
+  caf::actor scheduler_;
   std::mutex mu_;
-  std::vector<int32_t> queued_;
-  std::vector<Child> children_;  // main thread only
+  std::vector<std::pair<int32_t, int64_t>> queued_;  // (replica, generation)
+  std::map<int32_t, int64_t> generation_;            // replica -> start requests so far (under mu_)
+  std::vector<Child> children_;                      // main thread only
+  std::map<pid_t, std::pair<int32_t, int64_t>> owner_;  // live child -> (replica, generation); main thread
 };
 
 // Polls the head until `replicas` replicas are ready (or a stop signal / `timeout_s`).
@@ -127,8 +174,14 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last;
   while (std::chrono::steady_clock::now() < end && !stop_requested()) {
-    if (launcher) launcher->pump(endpoint);
-    if (children) {
+    if (launcher) {
+      // A worker of an autoscaled replica that exits is reported to the head, which starts the
+      // replica again (with a backoff): not a reason to give up the launch.
+      std::vector<std::string> exited;
+      launcher->pump(endpoint, &exited);
+      for (const auto& line : exited) get_logger("cluster")->warn("{}", line);
+    }
+    if (children && !launcher) {
       auto exited = reap_children(children);
       if (!exited.empty()) {
         for (const auto& line : exited) std::fprintf(stderr, "specserve: %s before the cluster was ready\n", line.c_str());
@@ -159,7 +212,9 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
       continue;
     }
     for (int i = 0; i < 5 && !stop_requested(); ++i) {
-      launcher->pump(endpoint);
+      std::vector<std::string> exited;
+      launcher->pump(endpoint, &exited);
+      for (const auto& line : exited) get_logger("cluster")->warn("{}", line);
       wait_for_stop(0.05);
     }
   }
@@ -208,16 +263,19 @@ int run_up(const UpOptions& o) {
   if (!ports.ok()) return fail("up", ports);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
-  ActorRuntime rt;
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
   // the rest when the pool is refilled); local workers are then children of this process, not of
   // node processes. Without it, every node process starts all its workers.
   const bool autoscaled = topo->autoscale.enabled();
+  // NOTE: declared before the runtime so that it outlives the scheduler actor, whose
+  // start_replica callback refers to it (locals are destroyed in reverse order).
   WorkerLauncher launcher(*topo, o.config_path, o.threads_per_worker);
+  ActorRuntime rt;
   std::function<Status(int32_t)> start_replica;
   if (autoscaled) start_replica = [&launcher](int32_t replica) { return launcher.request(replica); };
   auto head = Head::start(rt, *topo, *token, /*publish=*/true, start_replica);
   if (!head.ok()) return fail("up", head.status());
+  launcher.set_scheduler((*head)->scheduler());
   std::shared_ptr<void> front_end;
   if (o.front_end) {
     auto fe = o.front_end(*topo, **head, rt, *token);
@@ -273,8 +331,9 @@ int run_up(const UpOptions& o) {
   int rc = failed ? 1 : 0;
   while (!failed && !stop_requested()) {
     for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
-    launcher.pump(endpoint);
-    for (const auto& line : reap_children(launcher.children())) {
+    std::vector<std::string> exited;
+    launcher.pump(endpoint, &exited);
+    for (const auto& line : exited) {
       // A worker the autoscaler retired exits 0.
       if (line.find("exited with code 0") != std::string::npos) {
         get_logger("cluster")->info("{}", line);

@@ -131,6 +131,7 @@ struct AutoscaleSpec {
   double target_kv_cache_usage = 0.9;    ///< (0, 1]: mean KV usage of ready replicas above it is pressure
   double look_back_period_s = 30.0;      ///< > 0: TTFT samples window
   double new_replica_grace_s = 10.0;     ///< >= 0: TTFT samples of a replica ready for less are ignored
+  double start_timeout_s = 300.0;        ///< > 0: a replica starting/loading/warming this long without progress is stopped
   /// The file has an `autoscale:` section. Without one every declared replica serves (static).
   bool configured = false;
   /// True when the head runs the autoscaler: an `autoscale:` section with

@@ -510,7 +510,7 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
   Fields f(*this, n, "autoscale",
            {"min_replicas", "max_replicas", "warm_pool", "upscale_delay_s", "downscale_delay_s",
             "target_ongoing_requests", "ttft_slo_ms", "target_kv_cache_usage", "look_back_period_s",
-            "new_replica_grace_s"});
+            "new_replica_grace_s", "start_timeout_s"});
   AutoscaleSpec& a = topo_.autoscale;
   a.configured = true;
   if (auto v = read_int(f, "min_replicas", 0, INT32_MAX, false)) a.min_replicas = static_cast<int32_t>(*v);
@@ -533,6 +533,7 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
   positive("target_ongoing_requests", &a.target_ongoing_requests, 1e9, "(0, 1e9]");
   positive("target_kv_cache_usage", &a.target_kv_cache_usage, 1.0, "(0, 1]");
   positive("look_back_period_s", &a.look_back_period_s, 1e9, "(0, 1e9] seconds");
+  positive("start_timeout_s", &a.start_timeout_s, 1e9, "(0, 1e9] seconds");
   if (*max_replicas && a.min_replicas > **max_replicas) {
     error(f.get("min_replicas") ? *f.get("min_replicas") : *f.get("max_replicas"), "autoscale.min_replicas",
           quote(std::to_string(a.min_replicas)) + " is greater than max_replicas " +

@@ -33,10 +33,20 @@ double percentile90(std::vector<double> values) {
 Autoscaler::Autoscaler(AutoscaleOptions options, int32_t initial_ready)
     : options_(std::move(options)), target_(std::max(0, initial_ready)) {}
 
+double Autoscaler::start_backoff_s(int32_t num_failures) const {
+  if (num_failures <= 0) return 0;
+  const double b = options_.start_backoff_s * std::pow(2.0, std::min(num_failures - 1, 30));
+  return std::min(b, options_.start_backoff_max_s);
+}
+
+bool Autoscaler::startable_now(const ReplicaView& r, double now_s) const {
+  return r.startable && now_s - r.state_since_s >= start_backoff_s(r.num_start_failures);
+}
+
 AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   const AutoscaleOptions& o = options_;
   AutoscaleDecision d;
-  std::vector<const ReplicaView*> ready, standby, stopped;
+  std::vector<const ReplicaView*> ready, standby, stopped, draining;
   std::map<int32_t, const ReplicaView*> by_id;
   int32_t starting = 0, draining_to_standby = 0;
   int64_t ongoing = in.num_queued;
@@ -52,12 +62,22 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
       case ReplicaState::kStandby: standby.push_back(&r); break;
       case ReplicaState::kStarting:
       case ReplicaState::kLoading:
-      case ReplicaState::kWarming: ++starting; break;
+      case ReplicaState::kWarming:
+        // Rule 0: a start without progress for start_timeout_s is given up.
+        if (in.now_s - r.state_since_s >= o.start_timeout_s) {
+          d.abandon.push_back(r.id);
+        } else {
+          ++starting;
+        }
+        break;
       case ReplicaState::kDraining:
         ongoing += r.num_assigned;
+        draining.push_back(&r);
         if (r.draining_to_standby) ++draining_to_standby;
         break;
-      case ReplicaState::kStopped: stopped.push_back(&r); break;
+      case ReplicaState::kStopped:
+        if (startable_now(r, in.now_s)) stopped.push_back(&r);
+        break;
     }
   }
   const auto num_ready = static_cast<int32_t>(ready.size());
@@ -100,7 +120,13 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   }
   d.pressure = !why_up.empty();
   // Rule 3: idle.
-  d.idle = !d.pressure && wanted < target_;
+  // NOTE: without the two projections a replica whose KV (or TTFT) pressure raised the target
+  // is removed as soon as the load count allows, and the pressure returns at once: a trace of 2
+  // long requests at 95% of one replica's KV flipped the target 1 <-> 2 every few seconds.
+  const bool kv_fits_one_fewer = o.target_kv_cache_usage >= 1.0 || kv_sum <= 0 ||
+                                 (num_ready > 1 && kv_sum / (num_ready - 1) < o.target_kv_cache_usage);
+  const bool ttft_fits = slo_s <= 0 || ttfts.empty() || d.ttft_p90_s < kIdleTtftMargin * slo_s;
+  d.idle = !d.pressure && wanted < target_ && kv_fits_one_fewer && ttft_fits;
 
   // Rule 4: hysteresis, with the two immediate exceptions.
   const int32_t before = target_;
@@ -160,6 +186,13 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   int32_t starting_left = starting;
   int32_t deficit = target_ - num_ready;
   if (deficit > 0) {
+    // A draining replica is loaded and its process lives: routing it again is instant, and
+    // cold-starting its slot instead would run a second process of the same replica.
+    std::sort(draining.begin(), draining.end(), by_id_asc);
+    for (size_t i = 0; i < draining.size() && deficit > 0; ++i, --deficit) {
+      d.undrain.push_back(draining[i]->id);
+      if (draining[i]->draining_to_standby) --draining_to_standby;
+    }
     const int32_t n = std::min(deficit, standby_left);
     for (int32_t i = 0; i < n; ++i) d.promote.push_back(standby[static_cast<size_t>(i)]->id);
     standby_left -= n;
@@ -168,6 +201,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     starting_left -= from_starting;
     deficit -= from_starting;
     cold_start(deficit);  // they join the pool when ready and are promoted on a later tick
+    d.num_start_for_deficit = static_cast<int32_t>(d.start.size());
   } else if (deficit < 0) {
     std::vector<const ReplicaView*> order = ready;
     std::sort(order.begin(), order.end(), [](const ReplicaView* a, const ReplicaView* b) {

@@ -17,44 +17,62 @@
 // downscale_delay_s, look_back_period_s) and KServe's scale-to-zero behaviour.
 //
 // Rules of tick(), in order (times in seconds on the caller's clock):
+//   0. Stuck starts. A replica starting, loading or warming that has not changed state for
+//      start_timeout_s is given up (`abandon`: the head stops it and counts a failed start). A
+//      stopped replica is cold-startable only when the head says it can be (`startable`: no
+//      process of it is still stopping) and its backoff after `num_start_failures` consecutive
+//      failed starts has passed: start_backoff_s * 2^(failures - 1), at most start_backoff_max_s,
+//      counted from when it stopped (state_since_s).
 //   1. Load. ongoing = queued at the head + requests assigned to ready and draining replicas;
 //      wanted_by_load = ceil(ongoing / target_ongoing_requests) (Ray Serve's formula). Zero
 //      traffic gives 0: a valid input, never a division by zero or a stall.
 //   2. Pressure (a reason to add a replica) holds when any of:
-//        a. wanted_by_load > ready;
+//        a. wanted_by_load > target (the target, not the ready count: replicas already decided
+//           and on their way are not asked for twice);
+//      and, only while the decision is settled (target <= ready: a shortage the signals below
+//      show is being fixed while decided replicas are still on their way):
 //        b. the oldest queued request has waited longer than ttft_slo_ms;
 //        c. the p90 of the TTFT samples in the last look_back_period_s is above ttft_slo_ms and
-//           ongoing > ready (one request per replica cannot be helped by another replica).
-//           Samples from a replica younger than new_replica_grace_s when the sample was taken
-//           (seconds since it became ready — promotion counts) are ignored: a new replica's
-//           first slow samples (cold caches, a backlog handed to it at once) do not scale up;
+//           ongoing > target (one request per replica cannot be helped by another replica).
+//           Only samples from ready replicas count, and samples from a replica younger than
+//           new_replica_grace_s when the sample was taken (seconds since it became ready —
+//           promotion counts) are ignored: a new replica's first slow samples (cold caches, a
+//           backlog handed to it at once) do not scale up;
 //        d. the mean KV-cache usage of ready replicas is above target_kv_cache_usage.
-//      Pressure asks for max(wanted_by_load, ready + 1) replicas.
-//   3. Idle (a reason to remove replicas) holds when there is no pressure and
-//      wanted_by_load < target; it asks for the largest wanted_by_load seen since idle began
-//      (so a brief lull inside steady load does not drop capacity it will need again).
+//      Pressure asks for max(wanted_by_load, target + 1) replicas.
+//   3. Idle (a reason to remove replicas) holds when there is no pressure, wanted_by_load <
+//      target, and removing one ready replica would not create pressure at once: the KV usage
+//      projected onto one replica fewer (sum of ready usage / (ready - 1)) stays below
+//      target_kv_cache_usage, and the TTFT p90 (when there are samples and an SLO) is below
+//      kIdleTtftMargin x ttft_slo_ms. Idle asks for the largest wanted_by_load seen since idle
+//      began (so a brief lull inside steady load does not drop capacity it will need again).
 //   4. Hysteresis. The target changes up only after pressure held on every tick for
 //      upscale_delay_s, and down only after idle held on every tick for downscale_delay_s; a tick
 //      without the condition restarts its timer. After any change of the target both timers
 //      restart (the cooldown): the next change needs a full delay of fresh evidence.
 //      Two exceptions act at once: the target is raised to min_replicas when below it, and from
-//      zero ready replicas to one when anything is queued (scale from zero, KServe's activator).
+//      zero to one when anything is queued (scale from zero, KServe's activator).
 //   5. Bounds. The target stays in [min_replicas, max_replicas], and never above the replicas
-//      that exist (declared slots).
+//      that exist (declared slots the head offers).
 //   6. Reconcile (every tick, no delay: the decision is already made):
-//        a. ready < target: promote standby replicas, lowest id first. What standby cannot
-//           cover is covered by replicas already starting (they become standby, then are
-//           promoted on a later tick), then by cold starts of stopped replicas, lowest id first.
+//        a. ready < target: first un-drain draining replicas (back to ready: they are loaded and
+//           their process lives; starting the same slot again would run two processes of one
+//           replica), lowest id first; then promote standby replicas, lowest id first. What is
+//           left is covered by replicas already starting (they become standby, then are
+//           promoted on a later tick), then by cold starts of startable stopped replicas, lowest
+//           id first.
 //        b. ready > target: drain the surplus, the replica with the fewest assigned requests
 //           first (ties: the highest id), so the fewest requests wait for a drain. A drained
 //           replica goes to standby while the pool (standby + starting + draining to standby)
 //           is short of warm_pool, else it stops.
 //        c. Pool: when standby + starting + draining-to-standby (less what 6a takes from them)
-//           is short of warm_pool, stopped replicas start cold, lowest id first; when standby
-//           exceeds warm_pool and nothing is short, the surplus standby replicas stop,
-//           highest id first.
+//           is short of warm_pool, startable stopped replicas start cold, lowest id first; when
+//           the pool exceeds warm_pool and the decision is settled, the surplus standby
+//           replicas stop, highest id first.
 //      A replica is never both promoted and stopped in one tick; draining replicas are left
-//      alone until the head reports them standby or stopped.
+//      alone (unless 6a un-drains them) until the head reports them standby or stopped.
+//   The reason of a change reads "pressure: ... (held N s)", "idle: ...", "min_replicas N",
+//   "bounded by ...", or "scale from zero: N queued".
 #pragma once
 
 #include <cstdint>
@@ -90,7 +108,14 @@ struct AutoscaleOptions {
   double target_kv_cache_usage = 0.9;    ///< (0, 1]; 1: the KV signal never fires
   double look_back_period_s = 30.0;      ///< TTFT samples older than this are ignored
   double new_replica_grace_s = 10.0;     ///< TTFT samples of younger replicas are ignored
+  double start_timeout_s = 300.0;        ///< > 0: starting/loading/warming this long without progress: given up
+  double start_backoff_s = 1.0;          ///< first wait before a replica whose start failed is started again
+  double start_backoff_max_s = 60.0;     ///< the doubling backoff's cap
 };
+
+/// Idle needs the TTFT p90 below this fraction of the SLO (rule 3): a p90 just under the SLO
+/// with one replica more would cross it with one fewer.
+inline constexpr double kIdleTtftMargin = 0.8;
 
 /// One replica in the tick's snapshot.
 struct ReplicaView {
@@ -100,6 +125,11 @@ struct ReplicaView {
   int32_t num_assigned = 0;     ///< requests on it now (running + waiting in its engine)
   double kv_cache_usage = 0;    ///< used / total KV blocks, [0, 1]
   bool draining_to_standby = false;  ///< kDraining: it will join the pool
+  double state_since_s = 0;     ///< when it entered its current state (rule 0)
+  int32_t num_start_failures = 0;  ///< consecutive failed starts (rule 0's backoff)
+  /// kStopped: false while a process of it is still stopping (the head waits for its workers'
+  /// down messages): it is not cold-started until then.
+  bool startable = true;
 };
 
 /// A time-to-first-token observation.
@@ -124,11 +154,15 @@ struct DrainAction {
   bool to_standby = false;  ///< true: standby once drained; false: stop
 };
 
-/// What tick() decided. The head executes the actions in this order: stop, drain, promote, start.
+/// What tick() decided. The head executes the actions in this order: abandon, stop, drain,
+/// undrain, promote, start.
 struct AutoscaleDecision {
   int32_t target_ready = 0;          ///< desired ready replicas after this tick
+  std::vector<int32_t> abandon;      ///< starting/loading/warming too long -> stopped (rule 0)
+  std::vector<int32_t> undrain;      ///< draining -> ready (routed again now)
   std::vector<int32_t> promote;      ///< standby -> ready (routed now)
   std::vector<int32_t> start;        ///< stopped -> starting (cold start; joins the pool when ready)
+  int32_t num_start_for_deficit = 0; ///< the first this many of `start` cover ready < target (6a); the rest refill the pool
   std::vector<DrainAction> drain;    ///< ready -> draining -> standby | stopped
   std::vector<int32_t> stop;         ///< standby -> stopped
   bool changed = false;              ///< target_ready changed in this tick
@@ -155,6 +189,9 @@ class Autoscaler {
   const AutoscaleOptions& options() const { return options_; }
 
  private:
+  double start_backoff_s(int32_t num_failures) const;
+  bool startable_now(const ReplicaView& r, double now_s) const;
+
   AutoscaleOptions options_;
   int32_t target_ = 0;
   std::optional<double> pressure_since_;

@@ -1,8 +1,11 @@
 // Elastic serving with real processes on loopback: `specserve up` with min_replicas 1,
 // max_replicas 3, warm_pool 1 and short delays on the default model (plain decoding). A bounded
-// burst through the client API scales the cluster up by promoting the standby replica (and the
-// pool is refilled by a cold start); after the burst it returns to one ready replica; no request
-// fails, each finishes with all its tokens, greedy output equal to the target alone.
+// burst through the client API scales the cluster up: the standby replica is promoted first, the
+// third slot is started cold and reaches ready too. After the burst, two long requests keep
+// running while the cluster scales back to one ready replica: the drain moves the one on a
+// drained replica with its KV (migrated), and the stopped replica's worker process is gone. No
+// request fails; each finishes with all its tokens, greedy output equal to an Engine running the
+// target alone.
 // No timing assertions: the waits are bounds, the measured times are only checked to exist.
 #include <gtest/gtest.h>
 
@@ -12,7 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <set>
 #include <chrono>
 #include <functional>
 #include <filesystem>
@@ -22,8 +27,11 @@
 
 #include "actors/client.h"
 #include "cluster/process.h"
+#include "cpu/cpu_backend.h"
 #include "model/gguf.h"
+#include "model/model_loader.h"
 #include "model/tokenizer.h"
+#include "spec/engine.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -41,6 +49,26 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// Greedy tokens of the target alone (the oracle for every replica's output).
+std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
+  EngineOptions eo;
+  eo.max_model_len = 512;
+  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
+  GenerateParams p;
+  p.prompt = prompt;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add_request(p).ok());
+  std::vector<int32_t> out;
+  std::vector<SeqEvent> ev;
+  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
+  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+  return out;
+}
+
 std::map<std::string, int> count_states(const ClusterStatus& st) {
   std::map<std::string, int> n;
   for (const auto& r : st.replicas) ++n[r.state];
@@ -55,12 +83,12 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   std::ofstream(config)
       << "cluster: { name: autoscale-test, token_file: " << dir << "/token }\n"
       << "head: { host: 127.0.0.1, actor_port: " << port << ", http_port: " << free_port() << " }\n"
-      << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 256 }\n"
+      << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512 }\n"
       << "nodes:\n  - name: n0\n    host: 127.0.0.1\n    devices: [cpu]\n    workers:\n"
       << "      - { role: target_shard, replica: 0, device: cpu }\n"
       << "      - { role: target_shard, replica: 1, device: cpu }\n"
       << "      - { role: target_shard, replica: 2, device: cpu }\n"
-      << "scheduler: { max_num_seqs: 2, kv_cache_bytes: 8MiB }\n"
+      << "scheduler: { max_num_seqs: 2, kv_cache_bytes: 48MiB }\n"
       << "autoscale: { min_replicas: 1, max_replicas: 3, warm_pool: 1, upscale_delay_s: 1, downscale_delay_s: 3,\n"
       << "             target_ongoing_requests: 2 }\n";
   const std::string ready = dir + "/ready";
@@ -110,6 +138,11 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   ASSERT_EQ(st.autoscale.cold_start_seconds.size(), 2u);
   for (double s : st.autoscale.cold_start_seconds) EXPECT_GT(s, 0.0);
   const int64_t promotions_before = st.autoscale.num_promotions;
+  int32_t first_ready = -1, standby_before = -1;
+  for (const auto& r : st.replicas) {
+    if (r.state == "ready") first_ready = r.replica;
+    if (r.state == "standby") standby_before = r.replica;
+  }
 
   // The burst: 24 requests at 2 per replica want 12 replicas; 3 at most.
   auto tok = Tokenizer::from_gguf(*GgufFile::open(testing::default_model_path()));
@@ -128,13 +161,27 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     hs.push_back(*h);
   }
-  // Watch the replicas while the burst runs.
+  // Watch the replicas while the burst runs: the most ready at once, the order in which the
+  // other replicas became ready, and every worker pid of each replica.
   int max_ready = 0;
+  std::vector<int32_t> became_ready;
+  std::map<int32_t, std::set<int>> pids;
   std::atomic<bool> burst_done{false};
   std::thread watcher([&] {
     while (!burst_done) {
       auto s = c.status(std::chrono::seconds(5));
-      if (s.ok()) max_ready = std::max(max_ready, count_states(*s)["ready"]);
+      if (s.ok()) {
+        max_ready = std::max(max_ready, count_states(*s)["ready"]);
+        for (const auto& r : s->replicas) {
+          if (r.state == "ready" && r.replica != first_ready &&
+              std::find(became_ready.begin(), became_ready.end(), r.replica) == became_ready.end()) {
+            became_ready.push_back(r.replica);
+          }
+        }
+        for (const auto& w : s->workers) {
+          if (w.pid > 0) pids[w.replica].insert(w.pid);
+        }
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
@@ -148,13 +195,50 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
     if (outputs[i % 4].empty()) outputs[i % 4] = r->tokens;
     EXPECT_EQ(r->tokens, outputs[i % 4]) << "request " << i;
   }
-  burst_done = true;
-  watcher.join();
   auto after_burst = c.status();
   ASSERT_TRUE(after_burst.ok());
-  EXPECT_GE(max_ready, 2) << "the burst did not scale up";
-  EXPECT_GT(after_burst->autoscale.num_promotions, promotions_before) << "scaled up without a promotion";
+  EXPECT_EQ(max_ready, 3) << "the burst wants every slot: 3 ready replicas";
+  ASSERT_FALSE(became_ready.empty()) << "the burst did not scale up";
+  EXPECT_EQ(became_ready[0], standby_before) << "the first replica added was not the standby one (no promotion)";
+  EXPECT_GT(after_burst->autoscale.num_promotions, promotions_before);
+  EXPECT_GE(after_burst->autoscale.num_cold_starts, 3) << "the third slot was not started cold";
   EXPECT_FALSE(after_burst->autoscale.promotion_seconds.empty()) << "decision -> first token was not measured";
+
+  // Two long requests keep running while the load falls below one replica's worth: the drain
+  // of the replica that holds one moves it, with its KV, to the replica that stays.
+  const char* long_texts[] = {"Once upon a time, in a land far away,", "The ocean covers most of the planet and"};
+  constexpr int32_t kLong = 150;
+  std::vector<std::shared_ptr<RequestHandle>> longs;
+  for (const char* t : long_texts) {
+    GenerateRequest r;
+    r.prompt_token_ids = tok->encode(t, true, false);
+    r.max_tokens = kLong;
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    auto h = c.submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    longs.push_back(*h);
+  }
+  int32_t long_migrations = 0;
+  std::vector<std::vector<int32_t>> long_outputs;
+  for (size_t i = 0; i < longs.size(); ++i) {
+    auto r = longs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "long request " << i << " failed: " << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(r->tokens.size(), static_cast<size_t>(kLong));
+    long_outputs.push_back(r->tokens);
+    long_migrations += r->num_migrations;
+  }
+  burst_done = true;
+  watcher.join();
+  // NOTE: the oracle runs after the long requests were submitted: loading it right after the
+  // burst would delay them past the scale-down they must overlap.
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(outputs[k], reference(tok->encode(texts[k], true, false), kTokens)) << "prompt " << k;
+  }
+  for (size_t i = 0; i < long_outputs.size(); ++i) {
+    EXPECT_EQ(long_outputs[i], reference(tok->encode(long_texts[i], true, false), kLong)) << "long request " << i;
+  }
 
   // After the burst: back to min_replicas ready, drained replicas parked or stopped.
   ASSERT_TRUE(until(60, [&] {
@@ -166,8 +250,21 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
       << st.autoscale.last_reason;
   EXPECT_EQ(st.autoscale.target_ready, 1);
   EXPECT_GE(st.autoscale.num_drains, 1);
-  EXPECT_EQ(st.finished, 24);
-  EXPECT_EQ(st.requeued, 0) << "a drain re-queued a request instead of letting it finish";
+  EXPECT_EQ(st.finished, 26);
+  EXPECT_EQ(st.requeued, 0) << "a drain re-queued a request instead of moving it";
+  EXPECT_GT(st.migrated, 0) << "no drain overlapped a running request";
+  EXPECT_GT(long_migrations, 0) << "neither long request moved in the drain";
+  // The stopped replica's worker processes are gone (`up` reaps them).
+  int stopped = 0;
+  for (const auto& r : st.replicas) {
+    if (r.state != "stopped") continue;
+    ++stopped;
+    ASSERT_FALSE(pids[r.replica].empty()) << "replica " << r.replica << " never had a worker";
+    for (int pid : pids[r.replica]) {
+      EXPECT_TRUE(until(15, [&] { return ::kill(pid, 0) != 0; })) << "replica " << r.replica << ": pid " << pid << " lives on";
+    }
+  }
+  EXPECT_EQ(stopped, 1) << "scale-down keeps the pool and stops the rest";
   for (const auto& r : st.replicas) {
     ASSERT_EQ(r.state_seconds_total.size(), 7u);
     if (r.state == "ready") EXPECT_GT(r.state_seconds_total[3], 0.0);

@@ -238,6 +238,85 @@ TEST(AutoscalePolicy, NewReplicasFirstSlowSamplesAreIgnored) {
   EXPECT_FALSE(b.tick(in).pressure);
 }
 
+// Issue: a scale-up right after a scale-down cold-started a replica whose process was still
+// shutting down (two processes of one replica on one device). Draining replicas are un-drained
+// first; a stopped replica whose workers have not gone yet is not started.
+TEST(AutoscalePolicy, BurstDuringDrainUndrainsInsteadOfColdStarting) {
+  Autoscaler a(opts(1, 3, 0, /*up=*/0.0, /*down=*/0.0), 3);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 0), rv(1, S::kReady, 0), rv(2, S::kReady, 0)};
+  in.now_s = 0;
+  auto d = a.tick(in);
+  ASSERT_TRUE(d.changed);
+  ASSERT_EQ(d.drain.size(), 2u);  // 2 then 1, both to stop (no pool)
+  // The burst arrives while both drain: 10 queued want every slot.
+  in.replicas = {rv(0, S::kReady, 0), rv(1, S::kDraining, 1), rv(2, S::kDraining, 1)};
+  in.num_queued = 10;
+  in.now_s = 0.1;
+  d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_EQ(d.undrain, (std::vector<int32_t>{1, 2}));
+  EXPECT_TRUE(d.start.empty()) << "a draining replica's slot was cold-started";
+  EXPECT_TRUE(d.promote.empty());
+  // Replica 2 finished draining and was retired, but its worker is still stopping: the deficit
+  // of one is not covered by starting it.
+  in.replicas = {rv(0, S::kReady, 5), rv(1, S::kReady, 5), rv(2, S::kStopped)};
+  in.replicas[2].startable = false;
+  in.now_s = 0.2;
+  d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_TRUE(d.start.empty()) << "started a replica whose process is still stopping";
+  in.replicas[2].startable = true;  // its down messages arrived
+  in.now_s = 0.3;
+  d = a.tick(in);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2}));
+}
+
+// Issue: a replica that never registered stayed `starting` forever and blocked the pool refill.
+TEST(AutoscalePolicy, StuckStartingIsAbandonedAndRetriedWithBackoff) {
+  AutoscaleOptions o = opts(1, 2, 1);
+  o.start_timeout_s = 30;
+  o.start_backoff_s = 2;
+  o.start_backoff_max_s = 5;
+  Autoscaler a(o, 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 0), rv(1, S::kStarting)};
+  in.replicas[1].state_since_s = 0;
+  in.now_s = 29.9;
+  auto d = a.tick(in);
+  EXPECT_TRUE(d.abandon.empty());
+  EXPECT_TRUE(d.start.empty());
+  in.now_s = 30.0;
+  d = a.tick(in);
+  EXPECT_EQ(d.abandon, (std::vector<int32_t>{1}));
+  EXPECT_TRUE(d.start.empty()) << "restarted in the tick that gave it up";
+  // The head stopped it and counted a failure: backoff 2 s, then 4 s, capped at 5 s.
+  in.replicas[1] = rv(1, S::kStopped);
+  in.replicas[1].state_since_s = 30.0;
+  in.replicas[1].num_start_failures = 1;
+  in.now_s = 31.9;
+  EXPECT_TRUE(a.tick(in).start.empty()) << "started before its backoff";
+  in.now_s = 32.0;
+  EXPECT_EQ(a.tick(in).start, (std::vector<int32_t>{1})) << "the pool is refilled after the backoff";
+  in.replicas[1].num_start_failures = 2;
+  in.now_s = 33.9;
+  EXPECT_TRUE(a.tick(in).start.empty());
+  in.now_s = 34.0;
+  EXPECT_EQ(a.tick(in).start, (std::vector<int32_t>{1}));
+  in.replicas[1].num_start_failures = 10;
+  in.now_s = 34.9;
+  EXPECT_TRUE(a.tick(in).start.empty());
+  in.now_s = 35.0;
+  EXPECT_EQ(a.tick(in).start, (std::vector<int32_t>{1})) << "backoff capped at start_backoff_max_s";
+  // Loading and warming without progress are given up too; progress (a new state) restarts it.
+  in.replicas[1] = rv(1, S::kWarming);
+  in.replicas[1].state_since_s = 20.0;
+  in.now_s = 49.9;
+  EXPECT_TRUE(a.tick(in).abandon.empty());
+  in.now_s = 50.0;
+  EXPECT_EQ(a.tick(in).abandon, (std::vector<int32_t>{1}));
+}
+
 TEST(AutoscalePolicy, Percentile90) {
   EXPECT_EQ(percentile90({}), 0.0);
   EXPECT_EQ(percentile90({3.0}), 3.0);
@@ -260,6 +339,8 @@ struct Sim {
   std::map<int32_t, double> ready_at;  // starting replica -> when it reports ready
   std::vector<std::pair<double, int32_t>> changes;  // (time, new target)
   int32_t promotions = 0, cold_starts = 0;
+  // Optional: fills in KV usage and TTFT samples of the snapshot (signals other than the count).
+  std::function<void(AutoscaleInput*)> signals;
 
   Sim(AutoscaleOptions o, int32_t slots) : a(o, o.min_replicas) {
     for (int32_t i = 0; i < slots; ++i) reps.push_back(rv(i, S::kStopped));
@@ -287,7 +368,12 @@ struct Sim {
     in.num_queued = left;
     in.oldest_wait_s = left > 0 ? 0.05 : 0;
     in.replicas = reps;
+    if (signals) signals(&in);
     AutoscaleDecision d = a.tick(in);
+    for (int32_t id : d.undrain) {
+      EXPECT_EQ(reps[id].state, S::kDraining);
+      reps[id].state = S::kReady;
+    }
     for (const auto& dr : d.drain) {
       for (auto& r : reps) {
         if (r.id == dr.replica) {
@@ -355,6 +441,48 @@ TEST(AutoscaleTrace, BurstyTraceDoesNotFlap) {
   EXPECT_GE(sim.count(S::kReady), 2);
   sim.run(10, [](double) { return 0; });
   EXPECT_EQ(sim.count(S::kReady), 1);
+}
+
+// Issue: 2 long requests at 95% of one replica's KV flipped the target 1 <-> 2 29 times in 60 s
+// (KV pressure raised it; the count alone said idle; removing the replica brought the pressure back).
+TEST(AutoscaleTrace, KvPressureDoesNotFlap) {
+  AutoscaleOptions o = opts(1, 3, 1, 1.0, 3.0);
+  o.target_kv_cache_usage = 0.9;
+  Sim sim(o, 3);
+  sim.run(3, [](double) { return 0; });
+  // The two requests stay on the replica that holds them: it is at 95%, the others empty.
+  sim.signals = [](AutoscaleInput* in) {
+    for (auto& r : in->replicas) r.kv_cache_usage = r.state == S::kReady ? 0.475 * r.num_assigned : 0;
+  };
+  sim.run(60, [](double) { return 2; });
+  ASSERT_FALSE(sim.changes.empty()) << "KV pressure never scaled up";
+  EXPECT_EQ(sim.changes.size(), 1u) << "flapped: " << sim.changes.size() << " target changes, last at t="
+                                    << sim.changes.back().first;
+  EXPECT_EQ(sim.a.target_ready(), 2);
+}
+
+// The same with TTFT: p90 1.5 s on one replica, 0.9 s on two (SLO 1 s): just under the SLO is no
+// reason to remove the replica that brought it there.
+TEST(AutoscaleTrace, TtftPressureDoesNotFlap) {
+  AutoscaleOptions o = opts(1, 3, 1, 1.0, 3.0);
+  o.ttft_slo_ms = 1000;
+  Sim sim(o, 3);
+  sim.run(3, [](double) { return 0; });
+  std::vector<TtftSample> samples;
+  sim.signals = [&](AutoscaleInput* in) {
+    int32_t ready = 0, first = -1;
+    for (const auto& r : in->replicas) {
+      if (r.state != S::kReady) continue;
+      ++ready;
+      if (first < 0) first = r.id;
+    }
+    if (first >= 0) samples.push_back({in->now_s, ready > 1 ? 0.9 : 1.5, first});
+    in->ttft = samples;
+  };
+  sim.run(60, [](double) { return 2; });
+  ASSERT_FALSE(sim.changes.empty()) << "TTFT pressure never scaled up";
+  EXPECT_EQ(sim.changes.size(), 1u) << "flapped: " << sim.changes.size() << " target changes, last at t="
+                                    << sim.changes.back().first;
 }
 
 TEST(AutoscaleTrace, ZeroTrafficNeverStallsNorScales) {
