@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <xxhash.h>
 
 #include "core/logging.h"
@@ -87,26 +89,42 @@ int KvDataPlane::expire(std::chrono::milliseconds max_age) {
   return n;
 }
 
+Expected<uint8_t*> KvDataPlane::receive_buffer(int64_t bytes) {
+  if (recv_ == nullptr || recv_->bytes() < bytes) {
+    // NOTE: grown to the next MiB and kept: one registration per data plane rather than one per
+    // fetch (ucp_mem_map of tens of MiB costs milliseconds), and UCX gets straight into it.
+    const int64_t mib = int64_t{1} << 20;
+    const int64_t grown = std::max((bytes + mib - 1) / mib * mib, recv_ == nullptr ? 0 : recv_->bytes() * 2);
+    recv_.reset();
+    auto region = agent_->allocate_region(grown);
+    if (!region.ok()) return region.status();
+    recv_ = std::move(*region);
+  }
+  return static_cast<uint8_t*>(recv_->data());
+}
+
 Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
                           std::span<const int32_t> blocks, KvDeadline deadline) {
   KvRemoteRegion remote;
   remote.base = offer.remote_addr;
   remote.bytes = static_cast<uint64_t>(offer.bytes);
   remote.rkey.assign(offer.rkey.begin(), offer.rkey.end());
-  std::vector<uint8_t> buf(static_cast<size_t>(offer.bytes));
+  auto staging = receive_buffer(offer.bytes);
+  if (!staging.ok()) return staging.status();
+  uint8_t* buf = *staging;
   Status st;
   if (offer.source_pid == static_cast<int32_t>(::getpid())) {
     // NOTE: both shards live in this process: the staging region is readable as it is.
     remote.rkey.clear();
-    st = make_in_process_endpoint()->get(buf.data(), offer.bytes, remote, 0, deadline);
+    st = make_in_process_endpoint()->get(buf, offer.bytes, remote, 0, deadline);
   } else {
     auto it = peers_.find(offer.source);
     if (it == peers_.end() || it->second->failed()) return unavailable("no KV endpoint to " + offer.source);
-    st = it->second->get(buf.data(), offer.bytes, remote, 0, deadline);
+    st = it->second->get(buf, offer.bytes, remote, 0, deadline);
     if (it->second->failed()) peers_.erase(it);
   }
   SPECSERVE_RETURN_IF_ERROR(st);
-  auto header = import_kv_blocks(backend, kv, expected, buf.data(), offer.bytes, blocks.data(),
+  auto header = import_kv_blocks(backend, kv, expected, buf, offer.bytes, blocks.data(),
                                  static_cast<int64_t>(blocks.size()));
   if (!header.ok()) return header.status();
   if (header->num_tokens != offer.num_cached) {

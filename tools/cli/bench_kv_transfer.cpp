@@ -6,7 +6,8 @@
 // ucx_perftest's server does); this process connects up front, then times back-to-back
 // KvEndpoint::get / put calls of each size into its own registered region. Each call is
 // synchronous (a put includes the flush that makes it visible remotely), exactly what an
-// importer pays per transfer. Transports: --transports, else the environment's UCX_TLS.
+// importer pays per transfer; inside a call the transfer is pipelined in chunks
+// (UcxAgentOptions::chunk_bytes / max_in_flight, --chunk-kib / --in-flight). Transports: --transports, else the environment's UCX_TLS.
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -37,6 +38,8 @@ struct Args {
   std::vector<std::string> ops = {"put", "get"};
   int64_t min_bytes_per_point = int64_t{1} << 30;  // iterations: at least this many bytes, >= 10
   int repeats = 3;                                  // the best of these runs is reported
+  int64_t chunk_kib = 0;                            // 0: UcxAgentOptions' default
+  int in_flight = 0;                                // 0: UcxAgentOptions' default
 };
 
 bool write_all(int fd, const void* p, size_t n) {
@@ -126,6 +129,8 @@ int run(const Args& a) {
   UcxAgentOptions opt;
   opt.name = "bench";
   opt.transports = a.transports;
+  if (a.chunk_kib > 0) opt.chunk_bytes = a.chunk_kib << 10;
+  if (a.in_flight > 0) opt.max_in_flight = a.in_flight;
   auto agent = UcxAgent::create(opt);
   if (!agent.ok()) return fail(agent.status().to_string());
   auto local = (*agent)->allocate_region(max_bytes);
@@ -135,6 +140,7 @@ int run(const Args& a) {
   if (!ep.ok()) return fail(ep.status().to_string());
 
   nlohmann::json results = nlohmann::json::array();
+  std::printf("chunks of %lld KiB, %d in flight\n", static_cast<long long>(opt.chunk_bytes >> 10), opt.max_in_flight);
   std::printf("| transports | op | size (MiB) | iterations | MiB/s (best of %d) |\n|---|---|---:|---:|---:|\n", a.repeats);
   for (const std::string& op : a.ops) {
     for (int64_t mib : a.sizes_mib) {
@@ -165,6 +171,8 @@ int run(const Args& a) {
                          {"op", op},
                          {"size_bytes", bytes},
                          {"iterations", iters},
+                         {"chunk_bytes", opt.chunk_bytes},
+                         {"max_in_flight", opt.max_in_flight},
                          {"mib_per_s", best},
                          {"mib_per_s_runs", mibps}});
     }
@@ -197,6 +205,10 @@ void add_bench_kv_transfer(CLI::App& app) {
   sub->add_option("--ops", a->ops, "put and/or get")->check(CLI::IsMember({"put", "get"}));
   sub->add_option("--min-bytes", a->min_bytes_per_point, "Bytes moved per timed run and size (iterations >= 10)");
   sub->add_option("--repeats", a->repeats, "Timed runs per point; the best is reported")->check(CLI::Range(1, 100));
+  sub->add_option("--chunk-kib", a->chunk_kib, "Pipeline chunk size in KiB (default: UcxAgentOptions' default)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 22));
+  sub->add_option("--in-flight", a->in_flight, "Chunks in flight per transfer (default: UcxAgentOptions' default)")
+      ->check(CLI::Range(1, 256));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-kv-transfer", [a] { return run(*a); });
 }
