@@ -140,10 +140,21 @@ class UcxEndpoint final : public KvEndpoint {
         // shared memory, such endpoints run without it: a transfer is still bounded by its
         // deadline, and over shared memory the target's CPU takes no part in a get or put, so a
         // stalled peer cannot stall it (a dead one's mapped pages stay readable).
+        // A dead peer answers UNREACHABLE too (tcp: connection refused): only when an endpoint
+        // without PEER mode can be created is PEER mode what failed; otherwise the agent keeps
+        // trying PEER mode for later peers.
+        p.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+        p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        st = ucp_ep_create(core_->worker, &p, &ep_);
+        if (st != UCS_OK) {
+          ep_ = nullptr;
+          return unavailable("ucx: connecting " + core_->name + " to peer " + peer_ + ": " + ucs(st));
+        }
         core_->peer_errors_unsupported = true;
         get_logger("kv")->warn("ucx: no transport in UCX_TLS={} handles peer failure; endpoints of {} rely on "
                                "transfer deadlines alone (the UCX ERROR above is this probe)",
                                core_->transports, core_->name);
+        return Status();
       }
     }
     if (core_->peer_errors_unsupported) {

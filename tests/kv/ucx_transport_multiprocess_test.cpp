@@ -438,8 +438,9 @@ TEST(UcxPeerFailure, PeerStoppedMidPipelineGivesDeadlineExceededAndNoLateWrites)
 }
 
 TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
-  Peer peer;
+  Peer peer, alive;
   ASSERT_NO_FATAL_FAILURE(start_peer(peer, "tcp", 4096));
+  ASSERT_NO_FATAL_FAILURE(start_peer(alive, "tcp", 4096));  // forked before this process's ucp_init
   ::kill(peer.pid, SIGKILL);
   EXPECT_EQ(peer.finish(0), -SIGKILL);
   auto agent = make_agent("tcp");
@@ -449,6 +450,13 @@ TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
   EXPECT_TRUE(ep.status().code() == StatusCode::kUnavailable || ep.status().code() == StatusCode::kDeadlineExceeded)
       << ep.status().to_string();
   EXPECT_NE(ep.status().message().find("ghost"), std::string::npos) << ep.status().to_string();
+  // A dead peer is not "no transport handles peer failure": the next endpoint over tcp still
+  // detects peer failure (it once lost it for the agent's lifetime).
+  auto ep2 = agent->connect(alive.address, "alive", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep2.ok()) << ep2.status().to_string();
+  EXPECT_EQ((*ep2)->describe().find("deadlines only"), std::string::npos) << (*ep2)->describe();
+  ep2->reset();
+  EXPECT_EQ(alive.finish(), 0);
 }
 
 TEST(UcxProgressThread, ServesPeersWhileTheOwnerIsIdle) {
