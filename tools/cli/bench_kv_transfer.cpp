@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -40,7 +41,18 @@ struct Args {
   int repeats = 3;                                  // the best of these runs is reported
   int64_t chunk_kib = 0;                            // 0: UcxAgentOptions' default
   int in_flight = 0;                                // 0: UcxAgentOptions' default
+  std::string memory = "ucx";                       // ucx: allocate_region; heap: register_region(aligned_alloc)
 };
+
+// Both sides' regions: UCX-allocated (ucp_mem_map ALLOCATE: shared memory under UCX_TLS=sm) or
+// page-aligned heap memory registered with ucp_mem_map (what ucx_perftest and most callers use).
+Expected<std::unique_ptr<UcxRegion>> make_region(UcxAgent& agent, const std::string& memory, int64_t bytes) {
+  if (memory == "ucx") return agent.allocate_region(bytes);
+  // NOTE: leaked on purpose: it lives as long as the process (the region must not outlive it).
+  void* p = std::aligned_alloc(4096, static_cast<size_t>((bytes + 4095) / 4096 * 4096));
+  if (p == nullptr) return resource_exhausted("bench-kv-transfer: no memory for " + std::to_string(bytes) + " bytes");
+  return agent.register_region(p, bytes);
+}
 
 bool write_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -64,7 +76,7 @@ bool read_all(int fd, void* p, size_t n) {
 }
 
 // The peer: announces its worker address and region, progresses until a byte arrives on fd.
-[[noreturn]] void serve(int fd, const std::string& transports, int64_t bytes) {
+[[noreturn]] void serve(int fd, const std::string& transports, const std::string& memory, int64_t bytes) {
   UcxAgentOptions opt;
   opt.name = "bench-peer";
   opt.transports = transports;
@@ -73,7 +85,7 @@ bool read_all(int fd, void* p, size_t n) {
     std::fprintf(stderr, "bench-kv-transfer peer: %s\n", agent.status().to_string().c_str());
     _exit(2);
   }
-  auto region = (*agent)->allocate_region(bytes);
+  auto region = make_region(**agent, memory, bytes);
   if (!region.ok()) {
     std::fprintf(stderr, "bench-kv-transfer peer: %s\n", region.status().to_string().c_str());
     _exit(3);
@@ -104,7 +116,7 @@ int run(const Args& a) {
   if (pid < 0) return 1;
   if (pid == 0) {
     ::close(sv[0]);
-    serve(sv[1], a.transports, max_bytes);
+    serve(sv[1], a.transports, a.memory, max_bytes);
   }
   ::close(sv[1]);
   const int fd = sv[0];
@@ -133,14 +145,15 @@ int run(const Args& a) {
   if (a.in_flight > 0) opt.max_in_flight = a.in_flight;
   auto agent = UcxAgent::create(opt);
   if (!agent.ok()) return fail(agent.status().to_string());
-  auto local = (*agent)->allocate_region(max_bytes);
+  auto local = make_region(**agent, a.memory, max_bytes);
   if (!local.ok()) return fail(local.status().to_string());
   std::memset((*local)->data(), 0xa5, static_cast<size_t>(max_bytes));
   auto ep = (*agent)->connect(address, "bench-peer", kv_deadline_after(std::chrono::seconds(30)));
   if (!ep.ok()) return fail(ep.status().to_string());
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("chunks of %lld KiB, %d in flight\n", static_cast<long long>(opt.chunk_bytes >> 10), opt.max_in_flight);
+  std::printf("chunks of %lld KiB, %d in flight, %s memory\n", static_cast<long long>(opt.chunk_bytes >> 10),
+              opt.max_in_flight, a.memory.c_str());
   std::printf("| transports | op | size (MiB) | iterations | MiB/s (best of %d) |\n|---|---|---:|---:|---:|\n", a.repeats);
   for (const std::string& op : a.ops) {
     for (int64_t mib : a.sizes_mib) {
@@ -173,6 +186,7 @@ int run(const Args& a) {
                          {"iterations", iters},
                          {"chunk_bytes", opt.chunk_bytes},
                          {"max_in_flight", opt.max_in_flight},
+                         {"memory", a.memory},
                          {"mib_per_s", best},
                          {"mib_per_s_runs", mibps}});
     }
@@ -209,6 +223,9 @@ void add_bench_kv_transfer(CLI::App& app) {
       ->check(CLI::Range(int64_t{4}, int64_t{1} << 22));
   sub->add_option("--in-flight", a->in_flight, "Chunks in flight per transfer (default: UcxAgentOptions' default)")
       ->check(CLI::Range(1, 256));
+  sub->add_option("--memory", a->memory,
+                  "Regions on both sides: ucx (UcxAgent::allocate_region) or heap (page-aligned heap, registered)")
+      ->check(CLI::IsMember({"ucx", "heap"}));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-kv-transfer", [a] { return run(*a); });
 }
