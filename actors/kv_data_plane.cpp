@@ -1,5 +1,6 @@
 #include "actors/kv_data_plane.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -129,6 +130,20 @@ int KvDataPlane::expire(std::chrono::milliseconds max_age) {
   return static_cast<int>(old.size());
 }
 
+Expected<uint8_t*> KvDataPlane::receive_buffer(int64_t bytes) {
+  if (recv_ == nullptr || recv_->bytes() < bytes) {
+    // NOTE: grown to the next MiB and kept: one registration per data plane rather than one per
+    // fetch (ucp_mem_map of tens of MiB costs milliseconds), and UCX gets straight into it.
+    const int64_t mib = int64_t{1} << 20;
+    const int64_t grown = std::max((bytes + mib - 1) / mib * mib, recv_ == nullptr ? 0 : recv_->bytes() * 2);
+    recv_.reset();
+    auto region = agent_->allocate_region(grown);
+    if (!region.ok()) return region.status();
+    recv_ = std::move(*region);
+  }
+  return static_cast<uint8_t*>(recv_->data());
+}
+
 Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
                           std::span<const int32_t> blocks, KvDeadline deadline) {
   // The size follows from the format and the blocks: anything else is refused before a byte is
@@ -138,14 +153,16 @@ Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv,
     return invalid_argument("kv offer: " + std::to_string(offer.bytes) + " bytes, expected " + std::to_string(want) + " for " +
                             std::to_string(blocks.size()) + " blocks");
   }
-  std::vector<uint8_t> buf(static_cast<size_t>(offer.bytes));
+  auto staging = receive_buffer(offer.bytes);
+  if (!staging.ok()) return staging.status();
+  uint8_t* buf = *staging;
   if (offer.source_process == kv_process_id()) {
     // NOTE: the source lives in this process: copy from its live offer under the table's lock.
     std::lock_guard<std::mutex> lock(local_offers().mu);
     auto it = local_offers().live.find({offer.source, offer.offer_id});
     if (it == local_offers().live.end()) return unavailable("kv offer " + std::to_string(offer.offer_id) + " of " + offer.source + " is gone");
     if (it->second.second != offer.bytes) return invalid_argument("kv offer: size differs from the source's");
-    std::memcpy(buf.data(), it->second.first, static_cast<size_t>(offer.bytes));
+    std::memcpy(buf, it->second.first, static_cast<size_t>(offer.bytes));
   } else {
     auto it = peers_.find(offer.source);
     if (it == peers_.end() || it->second.endpoint->failed()) return unavailable("no KV endpoint to " + offer.source);
@@ -153,11 +170,11 @@ Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv,
     remote.base = offer.remote_addr;
     remote.bytes = static_cast<uint64_t>(offer.bytes);
     remote.rkey.assign(offer.rkey.begin(), offer.rkey.end());
-    Status st = it->second.endpoint->get(buf.data(), offer.bytes, remote, 0, deadline);
+    Status st = it->second.endpoint->get(buf, offer.bytes, remote, 0, deadline);
     if (it->second.endpoint->failed()) peers_.erase(it);
     SPECSERVE_RETURN_IF_ERROR(st);
   }
-  auto header = import_kv_blocks(backend, kv, expected, buf.data(), offer.bytes, blocks.data(),
+  auto header = import_kv_blocks(backend, kv, expected, buf, offer.bytes, blocks.data(),
                                  static_cast<int64_t>(blocks.size()));
   if (!header.ok()) return header.status();
   if (header->num_tokens != offer.num_cached) {

@@ -69,7 +69,9 @@ class KvDataPlane {
   /// `kv` (ceil(offer.num_cached / block_size) ids). Errors (the caller recomputes): kUnavailable
   /// (no endpoint to the source, or it died), kDeadlineExceeded (it stalled), kCorruptData
   /// (checksum), kInvalidArgument (another model or layout, or the export holds another number
-  /// of tokens than the offer says).
+  /// of tokens than the offer says), kResourceExhausted (the receive region cannot grow).
+  /// The bytes land in one registered receive region of this data plane, grown to the largest
+  /// offer fetched so far and reused (not freed between fetches).
   Status fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
                std::span<const int32_t> blocks, KvDeadline deadline);
 
@@ -87,6 +89,10 @@ class KvDataPlane {
   };
   std::map<std::string, Peer> peers_;  // by peer name
   std::map<int64_t, Offer> offers_;
+  // The registered region fetch() gets into (grown on demand, kept between fetches).
+  std::unique_ptr<UcxRegion> recv_;
+  // recv_, grown to hold `bytes`. Errors: those of UcxAgent::allocate_region.
+  Expected<uint8_t*> receive_buffer(int64_t bytes);
   int64_t next_offer_ = 1;
 };
 

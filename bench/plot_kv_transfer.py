@@ -87,10 +87,14 @@ def main():
         f.write("\n")
 
     day = args.out.rsplit("_", 1)[-1]
+    r0 = next(iter(ours.values()), {})
+    chunk = (f"{r0['chunk_bytes'] >> 10} KiB, up to {r0['max_in_flight']}" if "chunk_bytes" in r0
+             else "(not recorded)")
     md = [f"# KV block transfer bandwidth vs ucx_perftest — {platform.node()}, {day}", "",
           f"Command: `{args.command}` (specserve {commit}); machine: {cpu_name()}.", "",
-          "Two processes on this host. Ours: `specserve bench-kv-transfer` (synchronous "
-          "`KvEndpoint::get` / `put` + flush into registered memory, best of 3 runs). UCX's: "
+          "Two processes on this host. Ours: `specserve bench-kv-transfer` (one "
+          "`KvEndpoint::get` / `put` (+ flush) call per transfer into registered memory, each call pipelined "
+          f"as chunks of {chunk} in flight; best of 3 runs). UCX's: "
           "`ucx_perftest -t ucp_put_bw | ucp_get -z` (server and client on 127.0.0.1, overall "
           "bandwidth; `-e` peer error handling where UCX allows it, as our endpoints: not on `sm` "
           "alone in UCX 1.13; exact commands in the JSON). MiB/s = 2^20 bytes per second. "

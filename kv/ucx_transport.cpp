@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,8 @@ struct UcxCore {
   // handles peer failure, e.g. UCX 1.13's shared memory): later endpoints go straight to NONE.
   bool peer_errors_unsupported = false;
   std::string name, transports;
+  int64_t chunk_bytes = int64_t{4} << 20;  // UcxAgentOptions::chunk_bytes
+  size_t max_in_flight = 8;                // UcxAgentOptions::max_in_flight
   // Registered regions of this agent (base, length) -> memh, to pass UCP_OP_ATTR_FIELD_MEMH when
   // a transfer's local buffer lies inside one.
   std::map<uintptr_t, std::pair<uint64_t, ucp_mem_h>> regions;
@@ -70,6 +73,36 @@ ucs_status_t wait_request(UcxCore& core, void* req, KvDeadline deadline) {
   }
 }
 
+// Reaps the completed requests of `live` (freeing them and removing them from it); returns the
+// first error among them, UCS_OK otherwise. Caller holds core.mu.
+ucs_status_t reap_requests(std::vector<void*>& live) {
+  ucs_status_t first = UCS_OK;
+  for (size_t i = 0; i < live.size();) {
+    const ucs_status_t st = ucp_request_check_status(live[i]);
+    if (st == UCS_INPROGRESS) {
+      ++i;
+      continue;
+    }
+    ucp_request_free(live[i]);
+    live[i] = live.back();
+    live.pop_back();
+    if (first == UCS_OK && st != UCS_OK) first = st;
+  }
+  return first;
+}
+
+// Progresses until every request in `live` completed (returns the first error, or UCS_OK) or
+// `deadline` passes (UCS_INPROGRESS; the rest stay in `live`). Caller holds core.mu.
+ucs_status_t wait_requests(UcxCore& core, std::vector<void*>& live, KvDeadline deadline) {
+  ucs_status_t first = UCS_OK;
+  for (uint32_t spins = 0; !live.empty(); ++spins) {
+    ucp_worker_progress(core.worker);
+    if (const ucs_status_t st = reap_requests(live); first == UCS_OK) first = st;
+    if (!live.empty() && (spins & 63) == 0 && std::chrono::steady_clock::now() >= deadline) return UCS_INPROGRESS;
+  }
+  return first;
+}
+
 class UcxEndpoint final : public KvEndpoint {
  public:
   UcxEndpoint(std::shared_ptr<UcxCore> core, std::string peer) : core_(std::move(core)), peer_(std::move(peer)) {}
@@ -107,10 +140,21 @@ class UcxEndpoint final : public KvEndpoint {
         // shared memory, such endpoints run without it: a transfer is still bounded by its
         // deadline, and over shared memory the target's CPU takes no part in a get or put, so a
         // stalled peer cannot stall it (a dead one's mapped pages stay readable).
+        // A dead peer answers UNREACHABLE too (tcp: connection refused): only when an endpoint
+        // without PEER mode can be created is PEER mode what failed; otherwise the agent keeps
+        // trying PEER mode for later peers.
+        p.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+        p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        st = ucp_ep_create(core_->worker, &p, &ep_);
+        if (st != UCS_OK) {
+          ep_ = nullptr;
+          return unavailable("ucx: connecting " + core_->name + " to peer " + peer_ + ": " + ucs(st));
+        }
         core_->peer_errors_unsupported = true;
         get_logger("kv")->warn("ucx: no transport in UCX_TLS={} handles peer failure; endpoints of {} rely on "
                                "transfer deadlines alone (the UCX ERROR above is this probe)",
                                core_->transports, core_->name);
+        return Status();
       }
     }
     if (core_->peer_errors_unsupported) {
@@ -164,9 +208,37 @@ class UcxEndpoint final : public KvEndpoint {
       rp.memh = memh;
     }
     const uint64_t raddr = remote.base + static_cast<uint64_t>(off);
-    void* req = is_put ? ucp_put_nbx(ep_, local, static_cast<size_t>(bytes), raddr, *rkey, &rp)
-                       : ucp_get_nbx(ep_, local, static_cast<size_t>(bytes), raddr, *rkey, &rp);
-    SPECSERVE_RETURN_IF_ERROR(finish_locked(req, deadline, what, bytes));
+    auto* bytes_at = static_cast<uint8_t*>(local);
+    const auto start = std::chrono::steady_clock::now();
+    // The pipeline: chunks posted while fewer than max_in_flight are outstanding, all progressed
+    // together; the first error or the deadline ends it (the rest are cancelled by the forced
+    // close in fail_locked).
+    std::vector<void*> live;
+    live.reserve(core_->max_in_flight);
+    int64_t posted = 0;
+    ucs_status_t st = UCS_OK;
+    for (uint32_t spins = 0;; ++spins) {
+      while (st == UCS_OK && posted < bytes && live.size() < core_->max_in_flight) {
+        const int64_t n = std::min(core_->chunk_bytes, bytes - posted);
+        void* req = is_put ? ucp_put_nbx(ep_, bytes_at + posted, static_cast<size_t>(n), raddr + posted, *rkey, &rp)
+                           : ucp_get_nbx(ep_, bytes_at + posted, static_cast<size_t>(n), raddr + posted, *rkey, &rp);
+        posted += n;
+        if (UCS_PTR_IS_ERR(req)) {
+          st = UCS_PTR_STATUS(req);
+        } else if (req != nullptr) {
+          live.push_back(req);
+        }
+      }
+      if (st != UCS_OK || (posted == bytes && live.empty())) break;
+      ucp_worker_progress(core_->worker);
+      st = reap_requests(live);
+      // The clock is read every 64 spins: a progress call costs well under a microsecond idle.
+      if (st == UCS_OK && !live.empty() && (spins & 63) == 0 && std::chrono::steady_clock::now() >= deadline) {
+        st = UCS_INPROGRESS;
+        break;
+      }
+    }
+    if (st != UCS_OK) return fail_locked(st, live, start, what, bytes);
     // A put's completion only frees the source buffer; the flush makes it visible remotely.
     // NOTE: a get's completion already means the bytes are here; no flush needed.
     if (is_put) return flush_locked(deadline, what, bytes);
@@ -175,21 +247,31 @@ class UcxEndpoint final : public KvEndpoint {
 
   Status finish_locked(void* req, KvDeadline deadline, const char* what, int64_t bytes) {
     const auto start = std::chrono::steady_clock::now();
-    const ucs_status_t st = wait_request(*core_, req, deadline);
-    const std::string op = bytes > 0 ? std::string(what) + " of " + std::to_string(bytes) + " bytes" : std::string(what);
+    std::vector<void*> live;
+    if (UCS_PTR_IS_ERR(req)) return fail_locked(UCS_PTR_STATUS(req), live, start, what, bytes);
+    if (req != nullptr) live.push_back(req);
+    const ucs_status_t st = wait_requests(*core_, live, deadline);
     if (st == UCS_OK) return Status();
+    return fail_locked(st, live, start, what, bytes);
+  }
+
+  // Ends a transfer that failed with `st` (UCS_INPROGRESS: its deadline passed) while the
+  // requests in `live` are still outstanding: marks the endpoint failed, force-closes it (which
+  // completes them, so nothing writes into the caller's buffer after we return) and returns
+  // kDeadlineExceeded or kUnavailable. Caller holds core.mu.
+  Status fail_locked(ucs_status_t st, std::vector<void*>& live, std::chrono::steady_clock::time_point start,
+                     const char* what, int64_t bytes) {
+    const std::string op = bytes > 0 ? std::string(what) + " of " + std::to_string(bytes) + " bytes" : std::string(what);
+    failed_ = true;
     if (st == UCS_INPROGRESS) {
-      // The peer stalled. Force-closing the endpoint completes the request (UCS_ERR_CANCELED), so
-      // nothing writes into the caller's buffer after we return.
-      failed_ = true;
+      // The peer stalled.
       error_ = UCS_ERR_TIMED_OUT;
-      close_locked(UCP_EP_CLOSE_FLAG_FORCE, req);
+      close_locked(UCP_EP_CLOSE_FLAG_FORCE, live);
       return deadline_exceeded("ucx " + op + " with peer " + peer_ + ": not done by its deadline (" +
                                std::to_string(ms_past(start)) + " ms waited); endpoint closed");
     }
-    failed_ = true;
     if (error_ == UCS_OK) error_ = st;
-    close_locked(UCP_EP_CLOSE_FLAG_FORCE);
+    close_locked(UCP_EP_CLOSE_FLAG_FORCE, live);
     return unavailable("ucx " + op + " with peer " + peer_ + ": " + ucs(st) +
                        (error_ != st ? " (peer error: " + ucs(error_) + ")" : "") + "; endpoint closed");
   }
@@ -204,9 +286,13 @@ class UcxEndpoint final : public KvEndpoint {
     return rkey;
   }
 
-  // Closes the endpoint (once) and waits, bounded, for the close and for `pending` (a request
+  // Closes the endpoint (once) and waits, bounded, for the close and for `pending` (requests
   // still in flight, completed by a forced close). Caller holds core.mu.
-  void close_locked(uint32_t flags, void* pending = nullptr) {
+  void close_locked(uint32_t flags) {
+    std::vector<void*> none;
+    close_locked(flags, none);
+  }
+  void close_locked(uint32_t flags, std::vector<void*>& pending) {
     for (auto& [bytes, rkey] : rkeys_) ucp_rkey_destroy(rkey);
     rkeys_.clear();
     if (ep_ == nullptr) return;
@@ -218,8 +304,9 @@ class UcxEndpoint final : public KvEndpoint {
     // NOTE: a graceful close flushes towards the peer; a dead peer could hold it for the transport
     // timeout, so it gets 1 s here before we give up on it (the request leaks; the worker frees it).
     const KvDeadline limit = kv_deadline_after(std::chrono::milliseconds(flags != 0 ? 5000 : 1000));
-    if (pending != nullptr && wait_request(*core_, pending, limit) == UCS_INPROGRESS) {
-      get_logger("kv")->warn("ucx: a request with peer {} did not complete after a forced close", peer_);
+    if (wait_requests(*core_, pending, limit) == UCS_INPROGRESS) {
+      get_logger("kv")->warn("ucx: {} request(s) with peer {} did not complete after a forced close", pending.size(),
+                             peer_);
     }
     if (wait_request(*core_, close_req, limit) == UCS_INPROGRESS) {
       get_logger("kv")->warn("ucx: closing the endpoint to peer {} did not complete", peer_);
@@ -253,6 +340,12 @@ Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& opti
   const char* env_tls = std::getenv("UCX_TLS");
   agent->transports_ = !options.transports.empty() ? options.transports : env_tls != nullptr ? env_tls : "default";
   core.transports = agent->transports_;
+  if (options.chunk_bytes <= 0 || options.max_in_flight < 1) {
+    return invalid_argument("ucx: chunk_bytes " + std::to_string(options.chunk_bytes) + " and max_in_flight " +
+                            std::to_string(options.max_in_flight) + " must be positive");
+  }
+  core.chunk_bytes = options.chunk_bytes;
+  core.max_in_flight = static_cast<size_t>(options.max_in_flight);
 
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);

@@ -19,6 +19,12 @@
 // The transport is whatever UCX selects under UCX_TLS (tcp, sm = shared memory + CMA, rc/ud
 // over RDMA); UcxAgentOptions::transports overrides the environment.
 //
+// Pipelining: a transfer larger than UcxAgentOptions::chunk_bytes is posted as several
+// non-blocking requests (up to max_in_flight outstanding) progressed together until all complete
+// or the deadline passes; the failure contract below covers every chunk (a dead or stalled peer
+// mid-pipeline still ends the whole transfer with kUnavailable / kDeadlineExceeded, and once the
+// call returns no chunk writes into the caller's buffer any more).
+//
 // Peer failure: endpoints are created with UCP_ERR_HANDLING_MODE_PEER; a dead peer's error (the
 // error handler, or a request completing with an error) fails the transfer with kUnavailable,
 // and a transfer past its deadline force-closes the endpoint (UCP_EP_CLOSE_FLAG_FORCE, which
@@ -62,6 +68,16 @@ struct UcxAgentOptions {
   /// without the owner calling progress()). Sleeps on the worker's event fd
   /// (UCP_FEATURE_WAKEUP) when the transports support it, else polls every 100 us.
   bool progress_thread = false;
+  /// A get or put larger than this is split into chunks of this many bytes, posted as separate
+  /// non-blocking requests with up to `max_in_flight` outstanding at once (a put is flushed once,
+  /// after its last chunk). Must be > 0.
+  /// NOTE: a single request of the whole size leaves the wire idle while UCX's tcp emulation
+  /// turns each get round (the target answers one request at a time), and over shared memory one
+  /// CMA call per request serialises page pinning and copying; several chunks in flight overlap
+  /// them, as ucx_perftest's window does. Defaults measured in bench/results/kv_transfer_*.md.
+  int64_t chunk_bytes = int64_t{4} << 20;
+  /// Requests of one transfer outstanding at once (>= 1).
+  int max_in_flight = 8;
 };
 
 /// Memory registered with the agent's context: a staging region peers put into / get from.

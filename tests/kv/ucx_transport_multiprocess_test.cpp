@@ -4,7 +4,9 @@
 // blocks and > 1 MiB with UCX_TLS=tcp and UCX_TLS=sm, bytes compared exactly; a whole KV export
 // is moved and imported; a peer that stalls gives kDeadlineExceeded by the deadline, and a peer
 // SIGKILLed in the middle of a 64 MiB get gives kUnavailable before its deadline — never a hang
-// or a crash, and the agent then serves another peer.
+// or a crash, and the agent then serves another peer. Pipelined transfers (many small chunks in
+// flight) move every byte, and a peer SIGSTOPped mid-pipeline gives kDeadlineExceeded with no
+// chunk writing into the buffer afterwards.
 // Several processes each: labelled "multiprocess" and run alone (tests/CMakeLists.txt).
 #include "kv/ucx_transport.h"
 
@@ -15,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -164,11 +167,14 @@ void start_peer(Peer& peer, const std::string& tls, int64_t bytes, PeerMode mode
   ASSERT_FALSE(peer.region.rkey.empty());
 }
 
-std::unique_ptr<UcxAgent> make_agent(const std::string& tls, bool progress_thread = false) {
+std::unique_ptr<UcxAgent> make_agent(const std::string& tls, bool progress_thread = false, int64_t chunk_bytes = 0,
+                                     int max_in_flight = 0) {
   UcxAgentOptions opt;
   opt.name = "importer";
   opt.transports = tls;
   opt.progress_thread = progress_thread;
+  if (chunk_bytes > 0) opt.chunk_bytes = chunk_bytes;
+  if (max_in_flight > 0) opt.max_in_flight = max_in_flight;
   auto a = UcxAgent::create(opt);
   EXPECT_TRUE(a.ok()) << a.status().to_string();
   return a.ok() ? std::move(*a) : nullptr;
@@ -267,6 +273,61 @@ TEST_P(UcxLoopback, MovesAKvExportBetweenProcessesAndImportsIt) {
   }
 }
 
+TEST_P(UcxLoopback, PipelinedGetAndPutOfManyChunksMoveEveryByte) {
+  // 64 KiB chunks, 3 in flight: a 2.5 MiB get at an odd offset is 40 chunks, the last one short,
+  // so the window refills many times; same for a put read back with a get.
+  const std::string tls = GetParam();
+  const int64_t region_bytes = 3 << 20;
+  Peer peer;
+  ASSERT_NO_FATAL_FAILURE(start_peer(peer, tls, region_bytes));
+  auto agent = make_agent(tls, false, /*chunk_bytes=*/64 << 10, /*max_in_flight=*/3);
+  ASSERT_NE(agent, nullptr);
+  auto ep = agent->connect(peer.address, "peer", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  auto local = agent->allocate_region(region_bytes);
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  auto* dst = static_cast<uint8_t*>((*local)->data());
+  std::vector<uint8_t> unregistered(static_cast<size_t>(region_bytes));
+  for (const bool registered : {true, false}) {
+    const int64_t off = 4097, bytes = (5 << 20) / 2 + 1234;
+    SCOPED_TRACE(tls + (registered ? ": registered" : ": unregistered"));
+    uint8_t* out = registered ? dst : unregistered.data();
+    std::memset(out, 0, static_cast<size_t>(bytes));
+    const Status st = (*ep)->get(out, bytes, peer.region, off, kv_deadline_after(std::chrono::seconds(10)));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < bytes; ++i) wrong += out[i] != pattern(static_cast<uint64_t>(off + i));
+    EXPECT_EQ(wrong, 0);
+  }
+  const int64_t put_bytes = (1 << 20) + 333, put_off = 100;
+  for (int64_t i = 0; i < put_bytes; ++i) dst[i] = static_cast<uint8_t>(i * 13 + 1);
+  Status st = (*ep)->put(dst, put_bytes, peer.region, put_off, kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  std::vector<uint8_t> back(static_cast<size_t>(put_bytes + 2));
+  st = (*ep)->get(back.data(), put_bytes + 2, peer.region, put_off - 1, kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(back[0], pattern(static_cast<uint64_t>(put_off - 1))) << "byte before the put changed";
+  EXPECT_EQ(std::memcmp(back.data() + 1, dst, static_cast<size_t>(put_bytes)), 0);
+  EXPECT_EQ(back[static_cast<size_t>(put_bytes + 1)], pattern(static_cast<uint64_t>(put_off + put_bytes)));
+  EXPECT_FALSE((*ep)->failed());
+  EXPECT_EQ(peer.finish(), 0);
+}
+
+TEST(UcxAgentOptionsCheck, RefusesNonPositiveChunksAndWindow) {
+  UcxAgentOptions o;
+  o.transports = "tcp";
+  o.chunk_bytes = 0;
+  auto a = UcxAgent::create(o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("chunk_bytes 0"), std::string::npos) << a.status().to_string();
+  o.chunk_bytes = 4096;
+  o.max_in_flight = 0;
+  a = UcxAgent::create(o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxLoopback, ::testing::Values("tcp", "sm"),
                          [](const auto& info) { return info.param; });
 
@@ -331,9 +392,55 @@ TEST(UcxPeerFailure, PeerKilledMidTransferGivesUnavailableBeforeTheDeadlineAndAg
   EXPECT_EQ(other.finish(), 0);
 }
 
-TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
+TEST(UcxPeerFailure, PeerStoppedMidPipelineGivesDeadlineExceededAndNoLateWrites) {
+  // Over tcp the target answers each chunk's get: SIGSTOP lands while a 64 MiB get runs as 1 MiB
+  // chunks, 4 in flight — as soon as the first chunk's last byte has arrived, so chunks are done,
+  // others in flight and most not yet posted. After the deadline every chunk must be cancelled:
+  // once the peer runs again and this side progresses, nothing changes in the buffer any more.
   Peer peer;
+  ASSERT_NO_FATAL_FAILURE(start_peer(peer, "tcp", 64 << 20));
+  auto agent = make_agent("tcp", false, /*chunk_bytes=*/1 << 20, /*max_in_flight=*/4);
+  ASSERT_NE(agent, nullptr);
+  auto ep = agent->connect(peer.address, "sleeper", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  std::vector<uint8_t> buf(64 << 20, 0);
+  uint64_t watch = (1 << 20) - 1;  // the last byte of chunk 0 whose pattern is not 0
+  while (pattern(watch) == 0) --watch;
+  const pid_t sleeper = peer.pid;
+  std::atomic<bool> stopped{false}, give_up{false};
+  std::thread stopper([&] {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!give_up.load() && std::atomic_ref<uint8_t>(buf[watch]).load(std::memory_order_relaxed) == 0 &&
+           std::chrono::steady_clock::now() < limit) {
+    }
+    if (!give_up.load()) stopped = ::kill(sleeper, SIGSTOP) == 0;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = (*ep)->get(buf.data(), 64 << 20, peer.region, 0, kv_deadline_after(std::chrono::milliseconds(1000)));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  give_up = true;
+  stopper.join();
+  ASSERT_TRUE(stopped) << "the peer was not stopped; get: " << st.to_string();
+  ASSERT_FALSE(st.ok()) << "63 MiB arrived between the first chunk and SIGSTOP";
+  EXPECT_EQ(buf[watch], pattern(watch)) << "chunk 0 had arrived before the stop";
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_NE(st.message().find("sleeper"), std::string::npos) << st.to_string();
+  EXPECT_LT(waited, std::chrono::seconds(7)) << "deadline 1 s + at most 5 s for the forced close";
+  EXPECT_TRUE((*ep)->failed());
+  const std::vector<uint8_t> at_return = buf;
+  ::kill(sleeper, SIGCONT);  // the peer answers whatever it still holds
+  agent->progress_until(kv_deadline_after(std::chrono::milliseconds(300)));
+  EXPECT_EQ(std::memcmp(at_return.data(), buf.data(), buf.size()), 0) << "a chunk wrote after get() returned";
+  st = (*ep)->get(buf.data(), 16, peer.region, 0, kv_deadline_after(std::chrono::seconds(1)));
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  ep->reset();
+  EXPECT_EQ(peer.finish(), 0) << "the resumed peer did not exit on 'q'";
+}
+
+TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
+  Peer peer, alive;
   ASSERT_NO_FATAL_FAILURE(start_peer(peer, "tcp", 4096));
+  ASSERT_NO_FATAL_FAILURE(start_peer(alive, "tcp", 4096));  // forked before this process's ucp_init
   ::kill(peer.pid, SIGKILL);
   EXPECT_EQ(peer.finish(0), -SIGKILL);
   auto agent = make_agent("tcp");
@@ -343,6 +450,13 @@ TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
   EXPECT_TRUE(ep.status().code() == StatusCode::kUnavailable || ep.status().code() == StatusCode::kDeadlineExceeded)
       << ep.status().to_string();
   EXPECT_NE(ep.status().message().find("ghost"), std::string::npos) << ep.status().to_string();
+  // A dead peer is not "no transport handles peer failure": the next endpoint over tcp still
+  // detects peer failure (it once lost it for the agent's lifetime).
+  auto ep2 = agent->connect(alive.address, "alive", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep2.ok()) << ep2.status().to_string();
+  EXPECT_EQ((*ep2)->describe().find("deadlines only"), std::string::npos) << (*ep2)->describe();
+  ep2->reset();
+  EXPECT_EQ(alive.finish(), 0);
 }
 
 TEST(UcxProgressThread, ServesPeersWhileTheOwnerIsIdle) {

@@ -6,7 +6,8 @@
 // ucx_perftest's server does); this process connects up front, then times back-to-back
 // KvEndpoint::get / put calls of each size into its own registered region. Each call is
 // synchronous (a put includes the flush that makes it visible remotely), exactly what an
-// importer pays per transfer. Transports: --transports, else the environment's UCX_TLS.
+// importer pays per transfer; inside a call the transfer is pipelined in chunks
+// (UcxAgentOptions::chunk_bytes / max_in_flight, --chunk-kib / --in-flight). Transports: --transports, else the environment's UCX_TLS.
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,7 +39,20 @@ struct Args {
   std::vector<std::string> ops = {"put", "get"};
   int64_t min_bytes_per_point = int64_t{1} << 30;  // iterations: at least this many bytes, >= 10
   int repeats = 3;                                  // the best of these runs is reported
+  int64_t chunk_kib = 0;                            // 0: UcxAgentOptions' default
+  int in_flight = 0;                                // 0: UcxAgentOptions' default
+  std::string memory = "ucx";                       // ucx: allocate_region; heap: register_region(aligned_alloc)
 };
+
+// Both sides' regions: UCX-allocated (ucp_mem_map ALLOCATE: shared memory under UCX_TLS=sm) or
+// page-aligned heap memory registered with ucp_mem_map (what ucx_perftest and most callers use).
+Expected<std::unique_ptr<UcxRegion>> make_region(UcxAgent& agent, const std::string& memory, int64_t bytes) {
+  if (memory == "ucx") return agent.allocate_region(bytes);
+  // NOTE: leaked on purpose: it lives as long as the process (the region must not outlive it).
+  void* p = std::aligned_alloc(4096, static_cast<size_t>((bytes + 4095) / 4096 * 4096));
+  if (p == nullptr) return resource_exhausted("bench-kv-transfer: no memory for " + std::to_string(bytes) + " bytes");
+  return agent.register_region(p, bytes);
+}
 
 bool write_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -61,7 +76,7 @@ bool read_all(int fd, void* p, size_t n) {
 }
 
 // The peer: announces its worker address and region, progresses until a byte arrives on fd.
-[[noreturn]] void serve(int fd, const std::string& transports, int64_t bytes) {
+[[noreturn]] void serve(int fd, const std::string& transports, const std::string& memory, int64_t bytes) {
   UcxAgentOptions opt;
   opt.name = "bench-peer";
   opt.transports = transports;
@@ -70,7 +85,7 @@ bool read_all(int fd, void* p, size_t n) {
     std::fprintf(stderr, "bench-kv-transfer peer: %s\n", agent.status().to_string().c_str());
     _exit(2);
   }
-  auto region = (*agent)->allocate_region(bytes);
+  auto region = make_region(**agent, memory, bytes);
   if (!region.ok()) {
     std::fprintf(stderr, "bench-kv-transfer peer: %s\n", region.status().to_string().c_str());
     _exit(3);
@@ -101,7 +116,7 @@ int run(const Args& a) {
   if (pid < 0) return 1;
   if (pid == 0) {
     ::close(sv[0]);
-    serve(sv[1], a.transports, max_bytes);
+    serve(sv[1], a.transports, a.memory, max_bytes);
   }
   ::close(sv[1]);
   const int fd = sv[0];
@@ -126,15 +141,19 @@ int run(const Args& a) {
   UcxAgentOptions opt;
   opt.name = "bench";
   opt.transports = a.transports;
+  if (a.chunk_kib > 0) opt.chunk_bytes = a.chunk_kib << 10;
+  if (a.in_flight > 0) opt.max_in_flight = a.in_flight;
   auto agent = UcxAgent::create(opt);
   if (!agent.ok()) return fail(agent.status().to_string());
-  auto local = (*agent)->allocate_region(max_bytes);
+  auto local = make_region(**agent, a.memory, max_bytes);
   if (!local.ok()) return fail(local.status().to_string());
   std::memset((*local)->data(), 0xa5, static_cast<size_t>(max_bytes));
   auto ep = (*agent)->connect(address, "bench-peer", kv_deadline_after(std::chrono::seconds(30)));
   if (!ep.ok()) return fail(ep.status().to_string());
 
   nlohmann::json results = nlohmann::json::array();
+  std::printf("chunks of %lld KiB, %d in flight, %s memory\n", static_cast<long long>(opt.chunk_bytes >> 10),
+              opt.max_in_flight, a.memory.c_str());
   std::printf("| transports | op | size (MiB) | iterations | MiB/s (best of %d) |\n|---|---|---:|---:|---:|\n", a.repeats);
   for (const std::string& op : a.ops) {
     for (int64_t mib : a.sizes_mib) {
@@ -165,6 +184,9 @@ int run(const Args& a) {
                          {"op", op},
                          {"size_bytes", bytes},
                          {"iterations", iters},
+                         {"chunk_bytes", opt.chunk_bytes},
+                         {"max_in_flight", opt.max_in_flight},
+                         {"memory", a.memory},
                          {"mib_per_s", best},
                          {"mib_per_s_runs", mibps}});
     }
@@ -197,6 +219,13 @@ void add_bench_kv_transfer(CLI::App& app) {
   sub->add_option("--ops", a->ops, "put and/or get")->check(CLI::IsMember({"put", "get"}));
   sub->add_option("--min-bytes", a->min_bytes_per_point, "Bytes moved per timed run and size (iterations >= 10)");
   sub->add_option("--repeats", a->repeats, "Timed runs per point; the best is reported")->check(CLI::Range(1, 100));
+  sub->add_option("--chunk-kib", a->chunk_kib, "Pipeline chunk size in KiB (default: UcxAgentOptions' default)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 22));
+  sub->add_option("--in-flight", a->in_flight, "Chunks in flight per transfer (default: UcxAgentOptions' default)")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--memory", a->memory,
+                  "Regions on both sides: ucx (UcxAgent::allocate_region) or heap (page-aligned heap, registered)")
+      ->check(CLI::IsMember({"ucx", "heap"}));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-kv-transfer", [a] { return run(*a); });
 }

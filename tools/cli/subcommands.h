@@ -15,6 +15,7 @@ void add_bench_spec(CLI::App& app);
 void add_bench_model(CLI::App& app);
 void add_bench_actors(CLI::App& app);  ///< `specserve bench-actors`: actor-path overhead vs the Engine; tokens/s vs clients.
 void add_bench_http(CLI::App& app);
+void add_bench_migrate(CLI::App& app);  ///< `specserve bench-migrate`: KV migration over UCX vs re-prefill.
 void add_bench_kv_transfer(CLI::App& app);  ///< `specserve bench-kv-transfer`: UCX KV transfer bandwidth between two processes.  ///< `specserve bench`: any OpenAI-compatible server, N streaming clients (vLLM's benchmark_serving).
 
 /// `specserve serve | up | node | worker | status | client`: the actor runtime.
