@@ -104,6 +104,7 @@ Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvEx
   o.rkey.assign((*region)->remote().rkey.begin(), (*region)->remote().rkey.end());
   o.bytes = bytes;
   o.source_process = kv_process_id();
+  o.source_address_hash = XXH3_64bits(agent_->address().data(), agent_->address().size());
   {
     std::lock_guard<std::mutex> lock(local_offers().mu);
     local_offers().live[{name_, o.offer_id}] = {(*region)->data(), bytes};
@@ -166,6 +167,10 @@ Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv,
   } else {
     auto it = peers_.find(offer.source);
     if (it == peers_.end() || it->second.endpoint->failed()) return unavailable("no KV endpoint to " + offer.source);
+    if (XXH3_64bits(it->second.address.data(), it->second.address.size()) != offer.source_address_hash) {
+      // NOTE: the worker of that name was restarted: the offer's region and key died with the old one.
+      return unavailable("kv offer of " + offer.source + " comes from an earlier worker of that name");
+    }
     KvRemoteRegion remote;
     remote.base = offer.remote_addr;
     remote.bytes = static_cast<uint64_t>(offer.bytes);

@@ -99,6 +99,7 @@ struct KvOffer {
   std::string rkey;             ///< its packed UCX remote key (bytes)
   int64_t bytes = 0;            ///< size of the export (header + blocks)
   uint64_t source_process = 0;  ///< a random id of the source's process (kv_process_id): same process, a plain copy
+  uint64_t source_address_hash = 0;  ///< XXH3-64 of the source's UCX worker address: a restarted worker with the same name is not it
 };
 
 /// What a replica runs for one request (prompt and sampling in token space).
@@ -398,7 +399,7 @@ typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KvOffer& x) {
   return f(caf::meta::type_name("KvOffer"), x.source, x.offer_id, x.num_cached, x.tokens_hash, x.remote_addr, x.rkey,
-           x.bytes, x.source_process);
+           x.bytes, x.source_process, x.source_address_hash);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MigratedSeq& x) {

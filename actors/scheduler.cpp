@@ -230,6 +230,7 @@ struct SchedulerState {
   // Requests between replicas: their request actor is asked for the next attempt's WorkItem, so
   // they are neither queued nor running. A cancel meanwhile is remembered and applied on arrival.
   std::set<int64_t> in_transit;
+  std::map<std::string, caf::actor> retiring_peers;  // data-plane name -> a retired shard not down yet
   std::set<int64_t> cancelled_in_transit;
   bool draining = false;
   std::vector<caf::response_promise> drain_waiters;
@@ -372,7 +373,10 @@ void dispatch(SchedSelf self) {
     if (it == s.queue.end()) continue;
     ReplicaEntry& r = s.replicas[a.replica];
     WorkItem item = std::move(it->second.item);
-    if (!item.kv.source.empty() && now_s(self) - it->second.enqueued_at > kMaxOfferWait_s) {
+    if (!item.kv.source.empty() && !kv_peer(s, item.kv.source)) {
+      // Its source went down meanwhile: the KV died with it (reading it could only fail).
+      item.kv = KvOffer{};
+    } else if (!item.kv.source.empty() && now_s(self) - it->second.enqueued_at > kMaxOfferWait_s) {
       // NOTE: the source frees an offer nobody read within its lifetime (60 s): an item that
       // waited in the queue close to that recomputes instead of racing the expiry.
       release_offer(self, item.kv);
@@ -556,6 +560,7 @@ caf::actor kv_peer(SchedulerState& s, const std::string& name) {
     if (r.shard && kv_peer_name(r.shard_hello.role, rid) == name) return r.shard;
     if (r.prefill && kv_peer_name(r.prefill_hello.role, rid) == name) return r.prefill;
   }
+  if (auto it = s.retiring_peers.find(name); it != s.retiring_peers.end()) return it->second;
   return {};
 }
 
@@ -643,6 +648,9 @@ void update_startup_state(SchedSelf self, int32_t rid) {
 void retire(SchedSelf self, int32_t rid) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
+  // A retired shard keeps serving the KV of the sequences that just moved off it until receivers
+  // have read it: it stays reachable as a data-plane peer until its down message.
+  if (r.shard && !r.shard_hello.kv_address.empty()) s.retiring_peers[kv_peer_name(r.shard_hello.role, rid)] = r.shard;
   for (caf::actor* a : {&r.shard, &r.draft}) {
     if (!*a) continue;
     s.retired[a->address()] = rid;
@@ -940,6 +948,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       auto& rr = s.replicas[rit->second];
       rr.num_retiring = std::max(0, rr.num_retiring - 1);
       s.retired.erase(rit);
+      for (auto p = s.retiring_peers.begin(); p != s.retiring_peers.end();) {
+        p = p->second.address() == m.source ? s.retiring_peers.erase(p) : std::next(p);
+      }
       s.workers.erase(m.source);
       return;
     }
@@ -1123,8 +1134,15 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (it == s.replicas.end() || !it->second.shard) return -1;
         bool other = false;
         for (const auto& [rid, r] : s.replicas) other = other || (rid != replica && r.routed());
-        if (!other) return -1;
         ReplicaEntry& r = it->second;
+        if (!other) {
+          // Nowhere to move them: the replica takes no new work, finishes what it has, then stops.
+          r.draining_out = true;
+          get_logger("actors")->info("replica {}: draining; no other replica is ready, its {} request(s) finish here",
+                                     replica, r.assigned.size());
+          if (then_quit) self->send(r.shard, retire_atom::value);
+          return static_cast<int32_t>(r.assigned.size());
+        }
         r.draining_out = true;
         get_logger("actors")->info("replica {}: draining; moving its {} request(s) to other replicas", replica, r.assigned.size());
         self->send(r.shard, migrate_atom::value, then_quit);

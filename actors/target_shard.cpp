@@ -331,6 +331,7 @@ void do_step(Self self) {
   l.finished = std::move(load.finished);
   self->send(s.cfg.scheduler, std::move(l));
   if (s.engine->has_work()) schedule_step(self);
+  maybe_quit(self);
 }
 
 caf::behavior target_shard(Self self, WorkerConfig cfg) {

@@ -476,8 +476,8 @@ int run_worker(const WorkerOptions& o) {
             stopping = true;
             // A target shard stopping on its own (the rest of the cluster goes on) first moves
             // its running sequences, with their KV, to other replicas; the shard quits once
-            // receivers have them. The head answers -1 when there is nowhere to move them (the
-            // whole cluster drains, or no other replica is ready): then it stops at once.
+            // receivers have them. With no other replica ready its requests finish here first.
+            // The head answers -1 when the whole cluster drains (then it stops at once).
             int32_t moving = -1;
             if (spec.role == WorkerRole::kTargetShard) {
               self->request(head, std::chrono::seconds(2), drain_rep_atom::value, *token, spec.replica, true)
@@ -486,7 +486,9 @@ int run_worker(const WorkerOptions& o) {
             if (moving >= 0) {
               std::fprintf(stderr, "specserve worker: moving %d request(s) of replica %d to other replicas before stopping\n",
                            moving, spec.replica);
-              stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+              // NOTE: a shard in the middle of a long step (a big prefill on a CPU) takes the migrate
+              // message only after it; then receivers read its KV. Bounded, then it stops anyway.
+              stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
             } else {
               caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
             }

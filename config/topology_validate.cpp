@@ -34,6 +34,7 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
   std::map<int32_t, std::map<int32_t, std::string>> shards;
   std::map<int32_t, std::string> other_workers;  // replica -> path of a draft/prefill worker
   std::map<int32_t, std::string> draft_workers;  // replica -> path of its draft worker
+  std::map<int32_t, std::string> prefill_workers;  // replica -> path of its prefill worker
   for (size_t i = 0; i < topo_.nodes.size(); ++i) {
     const NodeSpec& node = topo_.nodes[i];
     for (size_t j = 0; j < node.workers.size(); ++j) {
@@ -57,12 +58,15 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
         }
       } else {
         other_workers.emplace(w.replica, wp);
-        if (w.role == WorkerRole::kDraftWorker) {
+        if (w.role == WorkerRole::kDraftWorker || w.role == WorkerRole::kPrefillWorker) {
+          // One of each per replica: the scheduler hands a replica's drafts to one draft worker
+          // and its new prompts to one prefill worker.
           const std::string rp = explicit_.count(wp + ".role") ? wp + ".role" : wp;
-          auto [it, inserted] = draft_workers.emplace(w.replica, wp);
+          auto& seen = w.role == WorkerRole::kDraftWorker ? draft_workers : prefill_workers;
+          auto [it, inserted] = seen.emplace(w.replica, wp);
           if (!inserted) {
-            error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(w.replica)) + " already has a draft_worker: " +
-                                              it->second);
+            error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(w.replica)) + " already has a " +
+                                              worker_role_name(w.role) + ": " + it->second);
           }
         }
       }

@@ -549,6 +549,16 @@ TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
   EXPECT_NE(two.status().message().find("nodes[0].workers[2].role: replica '0' already has a draft_worker: nodes[0].workers[1]"),
             std::string::npos)
       << two.status().message();
+  // One prefill worker per replica too (the scheduler hands a replica's new prompts to one).
+  const std::string prefill = "      - {role: prefill_worker, device: cpu}\n";
+  auto one_prefill = parse_topology(make(ngram, shard + prefill), "t.yaml");
+  EXPECT_TRUE(one_prefill.ok()) << one_prefill.status().to_string();
+  auto two_prefill = parse_topology(make(ngram, shard + prefill + prefill), "t.yaml");
+  ASSERT_FALSE(two_prefill.ok());
+  EXPECT_NE(two_prefill.status().message().find(
+                "nodes[0].workers[2].role: replica '0' already has a prefill_worker: nodes[0].workers[1]"),
+            std::string::npos)
+      << two_prefill.status().message();
 }
 
 }  // namespace

@@ -254,6 +254,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   EXPECT_EQ(st.requeued, 0) << "a drain re-queued a request instead of moving it";
   EXPECT_GT(st.migrated, 0) << "no drain overlapped a running request";
   EXPECT_GT(long_migrations, 0) << "neither long request moved in the drain";
+  EXPECT_GT(st.kv_migrated_tokens, 0) << "the drained sequences' KV must move, not be recomputed";
   // The stopped replica's worker processes are gone (`up` reaps them).
   int stopped = 0;
   for (const auto& r : st.replicas) {

@@ -304,11 +304,11 @@ int run_client(const ClientArgs& a) {
     if (a.json) {
       std::printf("{\"request_id\": %lld, \"text\": \"%s\", \"finish_reason\": \"%s\", \"prompt_tokens\": %d, "
                   "\"completion_tokens\": %d, \"num_drafts\": %lld, \"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, "
-                  "\"num_requeues\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f, \"tokens\": [",
+                  "\"num_requeues\": %d, \"num_migrations\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f, \"tokens\": [",
                   static_cast<long long>(res->request_id), json_escape(res->text).c_str(), res->finish_reason.c_str(),
                   res->prompt_tokens, res->completion_tokens, static_cast<long long>(res->num_drafts),
                   static_cast<long long>(res->num_draft_tokens), static_cast<long long>(res->num_accepted_tokens),
-                  res->num_requeues, res->seconds, res->first_token_seconds);
+                  res->num_requeues, res->num_migrations, res->seconds, res->first_token_seconds);
       for (size_t t = 0; t < res->tokens.size(); ++t) std::printf("%s%d", t ? ", " : "", res->tokens[t]);
       std::printf("]");
       if (a.logprobs > 0) std::printf(", %s", json_logprobs(*res, tok).c_str());
