@@ -194,7 +194,7 @@ def main():
     ap.add_argument("--out", required=True, help="output GGUF path")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--rows", type=int, default=2048, help="padded positions per step (batch of whole sequences)")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--token-weight", type=float, default=0.1, help="weight of the CE term (EAGLE: 0.1)")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform noise half-width, times the features' RMS")
     ap.add_argument("--clip", type=float, default=0.5, help="gradient norm clip (EAGLE: 0.5)")
