@@ -78,7 +78,7 @@ if [ "$parallel" = 1 ]; then
   epid=$!
   wait "$mpid" || { cat "$work/train_medusa.log" >&2; exit 1; }
   wait "$epid" || { cat "$work/train_eagle.log" >&2; exit 1; }
-  tail -3 "$work/train_medusa.log" "$work/train_eagle.log" >&2
+  tail -n 3 "$work/train_medusa.log" "$work/train_eagle.log" >&2
 else
   log "training Medusa"
   "${medusa_cmd[@]}" --threads "$threads"
