@@ -73,9 +73,11 @@ Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOut
   const int64_t n_layers = batch.num_layers > 0 ? std::min(batch.num_layers, c.num_layers) : c.num_layers;
 
   // ---- validate and lay out rows (host side) ----
-  std::vector<int32_t> tokens, positions, slots, logit_idx;
+  std::vector<int32_t> tokens, positions, slots, logit_idx, hidden_idx;
   std::vector<AttentionSeq> attn(batch.seqs.size());
   out->seq_row_offset.assign(1, 0);
+  out->seq_hidden_offset.assign(1, 0);
+  bool hidden_is_logits = true;  // every sequence's hidden rows are its logit rows
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     const SequenceInput& s = batch.seqs[si];
     const std::string where = "sequence " + std::to_string(si) + ": ";
@@ -135,6 +137,18 @@ Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOut
       }
     }
     out->seq_row_offset.push_back(static_cast<int32_t>(logit_idx.size()));
+    if (batch.return_hidden) {
+      if (s.hidden_rows.empty()) {
+        hidden_idx.insert(hidden_idx.end(), logit_idx.begin() + out->seq_row_offset[si], logit_idx.end());
+      } else {
+        hidden_is_logits = false;
+        for (int32_t r : s.hidden_rows) {
+          if (r < 0 || r >= n) return invalid_argument(where + "hidden_rows entry " + std::to_string(r) + " is outside 0.." + std::to_string(n - 1));
+          hidden_idx.push_back(a.row_begin + r);
+        }
+      }
+      out->seq_hidden_offset.push_back(static_cast<int32_t>(hidden_idx.size()));
+    }
   }
   const int64_t N = static_cast<int64_t>(tokens.size());
   const int64_t M = static_cast<int64_t>(logit_idx.size());
@@ -190,11 +204,24 @@ Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOut
   out->hidden_size = d;
   out->logits.resize(static_cast<size_t>(M * c.vocab_size));
   B.download(out->logits.data(), logits, M * c.vocab_size * 4);
-  if (batch.return_hidden) {
+  if (batch.return_hidden && hidden_is_logits) {
     out->hidden.resize(static_cast<size_t>(M * d));
     B.download(out->hidden.data(), normed, M * d * 4);
+  } else if (batch.return_hidden) {
+    // Rows of their own: the same final norm, without the output head.
+    const int64_t H = static_cast<int64_t>(hidden_idx.size());
+    out->hidden.resize(static_cast<size_t>(H * d));
+    if (H > 0) {
+      Buffer& hsel = scratch(15, H * d * 4);
+      Buffer& hnorm = scratch(16, H * d * 4);
+      B.gather_rows(x.f32(), hidden_idx.data(), H, d, hsel.f32());
+      B.rms_norm(hsel.f32(), *output_norm_, c.norm_eps, H, d, hnorm.f32());
+      B.synchronize();
+      B.download(out->hidden.data(), hnorm, H * d * 4);
+    }
   } else {
     out->hidden.clear();
+    out->seq_hidden_offset.clear();
   }
   return Status();
 }

@@ -27,12 +27,19 @@ struct SequenceInput {
   std::vector<int32_t> parents;
   /// Which new tokens need logits (indices into tokens). Empty: only the last one.
   std::vector<int32_t> logit_rows;
+  /// Which new tokens need their hidden state when ForwardBatch::return_hidden is set (indices
+  /// into tokens, any order, may differ from logit_rows). Empty: those of logit_rows. A row that
+  /// needs a hidden state but no logits skips the output head (the Medusa / EAGLE proposers
+  /// read the hidden state of every prefill row; spec/proposer.h).
+  std::vector<int32_t> hidden_rows;
 };
 
 /// A batch of sequences for one forward call; prefill chunks and decode tokens mix freely.
 struct ForwardBatch {
   std::vector<SequenceInput> seqs;
-  bool return_hidden = false;  ///< also return the final-norm hidden state of each logit row
+  /// Also return final-norm hidden states (output_norm(x), the vector the output head
+  /// multiplies) of each sequence's hidden_rows (default: its logit rows).
+  bool return_hidden = false;
   /// Run only the first `num_layers` layers (0 = all), then the final norm and head: the
   /// layer-skip self-speculative draft (shares every weight with the full model).
   int64_t num_layers = 0;
@@ -43,9 +50,14 @@ struct ForwardOutput {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   std::vector<float> logits;            ///< [num_rows, vocab_size]
-  std::vector<float> hidden;            ///< [num_rows, hidden_size] when asked
-  std::vector<int32_t> seq_row_offset;  ///< first row of sequence i; size seqs + 1
+  std::vector<float> hidden;            ///< [num_hidden_rows, hidden_size] when asked
+  std::vector<int32_t> seq_row_offset;  ///< first logit row of sequence i; size seqs + 1
+  std::vector<int32_t> seq_hidden_offset;  ///< first hidden row of sequence i; size seqs + 1 (when asked)
   const float* row(int32_t seq, int32_t k) const { return logits.data() + (seq_row_offset[seq] + k) * vocab_size; }
+  /// Hidden state of sequence `seq`'s k-th hidden row (its k-th hidden_rows entry, or k-th logit row).
+  const float* hidden_row(int32_t seq, int32_t k) const {
+    return hidden.data() + (seq_hidden_offset[seq] + k) * hidden_size;
+  }
 };
 
 /// Loading options.
@@ -62,6 +74,14 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
+  /// The weights a draft head shares with its target (Medusa, EAGLE: spec/*_proposer.h), on
+  /// backend(): token embedding [vocab, hidden], output head [vocab, hidden] (the embedding
+  /// when tied), final norm [1, hidden].
+  const Weight& token_embedding() const { return *tok_embd_; }
+  const Weight& output_head() const { return config_.tied_output ? *tok_embd_ : *output_; }
+  const Weight& output_norm() const { return *output_norm_; }
+  /// The RoPE parameters the model applies (a draft head's attention uses the same).
+  const RopeParams& rope_params() const { return rope_; }
 
   /// A KV store for this model: `num_blocks` blocks of `block_size` tokens in every layer.
   Expected<std::unique_ptr<KvStorage>> create_kv(int64_t num_blocks, int64_t block_size) const;

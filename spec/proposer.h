@@ -25,6 +25,16 @@ struct DraftRequest {
   int32_t prompt_len = 0;           ///< tokens[0, prompt_len) is the prompt
   int32_t num_tokens = 0;           ///< k: at most this many draft tokens
   const SamplingParams* sampling = nullptr;  ///< the sequence's sampling options
+  /// Only for a proposer whose needs_hidden() is true (else empty): the target's final-norm
+  /// hidden states ([n, hidden_size] floats, row i = position hidden_begin + i of `tokens`) of
+  /// the positions the target computed since this sequence's previous propose() — prefill rows,
+  /// then each step the last known token and the accepted path. Position p's hidden state is
+  /// the target's feature at token p (its logits predict token p + 1); positions <
+  /// tokens.size() - 1 are known by now. hidden_begin == 0 means the sequence starts afresh (new,
+  /// or recomputed after preemption): drop what was kept for it. The span is valid during the call.
+  int32_t hidden_begin = 0;
+  std::span<const float> hidden;
+  int32_t hidden_size = 0;
 };
 
 /// A proposer's answer for one sequence. tokens.size() <= k (may be empty: no guess).
@@ -46,6 +56,9 @@ class Proposer {
   /// Fills (*out)[i] for requests[i]. A failure degrades the step to plain decoding for these
   /// sequences; it never fails a request.
   virtual Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) = 0;
+  /// True when propose() needs DraftRequest::hidden (Medusa, EAGLE: heads on the target's
+  /// hidden states); the engine then asks the target for them (ForwardBatch::return_hidden).
+  virtual bool needs_hidden() const { return false; }
   /// The sequence finished: drop its state.
   virtual void release(int64_t seq_id) { (void)seq_id; }
 };

@@ -250,6 +250,63 @@ TEST_F(ModelTest, ReturnsHiddenStatesAndLayerSkipOnRequest) {
   EXPECT_GT(max_abs_diff(early.logits.data(), full.logits.data(), vocab()), 0.0f);
 }
 
+// hidden_rows: rows of their own (no logits needed) give the same final-norm hidden state as
+// when they are logit rows, and that hidden state times the output head is the row's logits.
+TEST_F(ModelTest, HiddenRowsEqualTheHiddenOfLogitRows) {
+  auto cache = kv(4);
+  const auto toks = encode("The quick brown fox jumps over the lazy dog");
+  const int32_t n = static_cast<int32_t>(toks.size());
+  ForwardBatch all;
+  SequenceInput s = seq(toks, 0, blocks(0, blocks_for(n)));
+  for (int32_t r = 0; r < n; ++r) s.logit_rows.push_back(r);
+  all.seqs.push_back(s);
+  all.return_hidden = true;
+  const ForwardOutput ref = run(all, *cache);
+  const int64_t d = model_->config().hidden_size;
+  ASSERT_EQ(ref.hidden.size(), static_cast<size_t>(n * d));
+  ASSERT_EQ(ref.seq_hidden_offset, (std::vector<int32_t>{0, n}));
+
+  // Two sequences: the first asks for hidden rows {n-1, 0, 2} and only its last row's logits,
+  // the second (same prompt, other blocks) for the default (its logit rows).
+  ForwardBatch b;
+  SequenceInput a = seq(toks, 0, blocks(0, blocks_for(n)));
+  a.hidden_rows = {n - 1, 0, 2};
+  SequenceInput c = seq(toks, 0, blocks(blocks_for(n), blocks_for(n)));
+  c.logit_rows = {1, 3};
+  b.seqs = {a, c};
+  b.return_hidden = true;
+  const ForwardOutput out = run(b, *cache);
+  ASSERT_EQ(out.seq_hidden_offset, (std::vector<int32_t>{0, 3, 5}));
+  ASSERT_EQ(out.hidden.size(), static_cast<size_t>(5 * d));
+  const int32_t want[5] = {n - 1, 0, 2, 1, 3};
+  for (int32_t k = 0; k < 5; ++k) {
+    const int32_t seq_i = k < 3 ? 0 : 1, row_k = k < 3 ? k : k - 3;
+    EXPECT_EQ(0, std::memcmp(out.hidden_row(seq_i, row_k), ref.hidden_row(0, want[k]), d * sizeof(float))) << "hidden row " << k;
+  }
+  // The output head applied to a hidden row gives that row's logits (argmax and values).
+  std::vector<float> logits(static_cast<size_t>(vocab()));
+  const float* h = ref.hidden_row(0, n - 1);
+  const auto& head = model_->output_head();
+  ASSERT_EQ(head.rows(), vocab());
+  ASSERT_EQ(head.cols(), d);
+  auto hb = model_->backend().alloc(d * 4);
+  auto lb = model_->backend().alloc(vocab() * 4);
+  model_->backend().upload(*hb, h, d * 4);
+  model_->backend().matmul(head, hb->f32(), 1, lb->f32());
+  model_->backend().download(logits.data(), *lb, vocab() * 4);
+  EXPECT_LT(max_abs_diff(logits.data(), ref.row(0, n - 1), vocab()), 1e-3f);
+
+  SequenceInput bad = seq(toks, 0, blocks(0, blocks_for(n)));
+  bad.hidden_rows = {n};
+  ForwardBatch bb;
+  bb.seqs = {bad};
+  bb.return_hidden = true;
+  ForwardOutput o2;
+  const Status st = model_->forward(bb, *cache, &o2);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("hidden_rows"), std::string::npos) << st.message();
+}
+
 // ---------------------------------------------------------------------------------------------
 // validation
 
