@@ -24,6 +24,8 @@ struct EagleProposer::Row {
   bool want_logits = false;
 };
 
+EagleProposer::EagleProposer(Transformer& t, EagleOptions o) : target_(t), opts_(std::move(o)) {}
+
 EagleProposer::~EagleProposer() {
   for (auto& [id, s] : seqs_) s->blocks.release_all(*pool_);
 }

@@ -112,7 +112,7 @@ class EagleProposer final : public Proposer {
   struct Layer {
     std::unique_ptr<Weight> fc_w, fc_b, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
   };
-  EagleProposer(Transformer& t, EagleOptions o) : target_(t), opts_(std::move(o)) {}
+  EagleProposer(Transformer& t, EagleOptions o);
   Buffer& scratch(int idx, int64_t bytes);
   /// One head pass over `rows` (grouped by sequence, see Row): writes each row's K/V at its
   /// slot, attends as `attn` says, returns the predicted features [rows, d] and the logits of
