@@ -4,7 +4,6 @@
 #include <climits>
 #include <optional>
 
-#include "model/model_fingerprint.h"
 #include "spec/eagle_proposer.h"
 #include "spec/medusa_proposer.h"
 #include "spec/model_drafter.h"
@@ -47,12 +46,12 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
     if (!t.ok()) return t.status();
     tree = std::move(*t);
   }
-  const uint64_t fingerprint = model_fingerprint(*target.file);
   if (medusa) {
     MedusaOptions o;
     // Medusa's default tree, mc_sim_7b_63, trimmed to num_speculative_tokens nodes.
     o.tree_paths = tree ? tree->paths : medusa_mc_sim_7b_63();
-    auto m = MedusaProposer::load(spec.model, *target.model, fingerprint, o);
+    if (spec.draft_vocab_size) o.draft_vocab_size = *spec.draft_vocab_size;
+    auto m = MedusaProposer::load(spec.model, *target.model, *target.file, o);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Proposer>(std::move(*m));
   }
@@ -64,7 +63,8 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
   }
   if (spec.eagle_topk) o.topk = *spec.eagle_topk;
   if (spec.eagle_depth) o.depth = *spec.eagle_depth;
-  auto e = EagleProposer::load(spec.model, *target.model, fingerprint, o);
+  if (spec.draft_vocab_size) o.draft_vocab_size = *spec.draft_vocab_size;
+  auto e = EagleProposer::load(spec.model, *target.model, *target.file, o);
   if (!e.ok()) return e.status();
   return std::unique_ptr<Proposer>(std::move(*e));
 }

@@ -85,6 +85,9 @@ struct SpeculativeSpec {
   std::string speculative_token_tree;
   std::optional<int32_t> eagle_topk;      ///< eagle's dynamic tree: children per expanded node, 1..64
   std::optional<int32_t> eagle_depth;     ///< eagle's dynamic tree: deepest level, 1..64
+  /// medusa / eagle only: the heads score token ids below this only (a prefix of the output
+  /// head: cheaper drafting, still exact after verification); unset: the proposer's default.
+  std::optional<int32_t> draft_vocab_size;
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   int32_t draft_tensor_parallel_size = 1;
   bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance

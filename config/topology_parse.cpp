@@ -282,7 +282,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
             "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
-            "eagle_depth"});
+            "eagle_depth", "draft_vocab_size"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -322,6 +322,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (auto t = read_string(f, "speculative_token_tree", false)) s.speculative_token_tree = *t;
   if (auto v = read_int(f, "eagle_topk", 1, 64, false)) s.eagle_topk = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "eagle_depth", 1, 64, false)) s.eagle_depth = static_cast<int32_t>(*v);
+  if (auto v = read_int(f, "draft_vocab_size", 0, INT32_MAX, false)) s.draft_vocab_size = static_cast<int32_t>(*v);
   if (!method_ok) return;  // the method-specific checks below would only echo that error
 
   const std::string method = quote(speculative_method_name(s.method));
@@ -359,8 +360,10 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   // Trees: static trees for the head methods; the dynamic tree's knobs for eagle only, and not
   // beside a static tree (which replaces the dynamic one).
   const bool head_method = s.method == SpeculativeMethod::kMedusa || s.method == SpeculativeMethod::kEagle;
-  if (const YAML::Node* v = f.get("speculative_token_tree"); v && !head_method) {
-    error(*v, f.path("speculative_token_tree"), "applies only to methods 'medusa' and 'eagle', not " + method + "; got " + describe(*v));
+  for (const char* key : {"speculative_token_tree", "draft_vocab_size"}) {
+    if (const YAML::Node* v = f.get(key); v && !head_method) {
+      error(*v, f.path(key), "applies only to methods 'medusa' and 'eagle', not " + method + "; got " + describe(*v));
+    }
   }
   if (const YAML::Node* v = f.get("speculative_token_tree"); v && head_method && s.speculative_token_tree.empty()) {
     error(*v, f.path("speculative_token_tree"), "is empty: give a tree such as \"[(0,), (0, 0)]\" or leave the key out");

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "model/model_fingerprint.h"
+
 namespace specserve {
 
 /// A sequence's head state: its paged KV holds `tokens.size()` confirmed entries (positions
@@ -38,10 +40,14 @@ void EagleProposer::release(int64_t seq_id) {
 }
 
 Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& path, Transformer& target,
-                                                             uint64_t target_fingerprint, EagleOptions o) {
+                                                             const GgufFile& target_file, EagleOptions o) {
+  const uint64_t target_fingerprint = model_fingerprint(target_file);
   if (o.topk < 1 || o.topk > 64) return invalid_argument("eagle_topk = " + std::to_string(o.topk) + ": must be in 1..64");
   if (o.depth < 1 || o.depth > 64) return invalid_argument("eagle_depth = " + std::to_string(o.depth) + ": must be in 1..64");
   if (o.block_size < 1) return invalid_argument("block_size = " + std::to_string(o.block_size) + ": must be >= 1");
+  if (o.draft_vocab_size < 0) {
+    return invalid_argument("draft_vocab_size = " + std::to_string(o.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
+  }
   StaticTree tree;
   if (o.mode == EagleOptions::Mode::kStatic) {
     if (o.tree_paths.empty()) return invalid_argument("speculative_token_tree: a static EAGLE tree needs at least one node");
@@ -106,6 +112,14 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
   e->tree_ = std::move(tree);
   e->d_ = d;
   e->vocab_ = tc.vocab_size;
+  e->head_ = &target.output_head();
+  if (op.draft_vocab_size > 0 && op.draft_vocab_size != tc.vocab_size) {
+    auto w = load_output_head_rows(target_file, target.backend(), op.draft_vocab_size);
+    if (!w.ok()) return w.status();
+    e->draft_head_ = std::move(*w);
+    e->head_ = e->draft_head_.get();
+    e->vocab_ = op.draft_vocab_size;
+  }
   e->num_heads_ = *heads;
   e->num_kv_heads_ = *kv_heads;
   e->head_dim_ = hd;
@@ -217,7 +231,7 @@ void EagleProposer::run(const std::vector<Row>& rows, const std::vector<Attentio
     Buffer& bsel = scratch(16, M * d * 4);
     Buffer& bl = scratch(17, M * vocab_ * 4);
     B.gather_rows(x.f32(), sel.data(), M, d, bsel.f32());
-    B.matmul(target_.output_head(), bsel.f32(), M, bl.f32());
+    B.matmul(*head_, bsel.f32(), M, bl.f32());
     B.synchronize();
     logits->resize(static_cast<size_t>(M * vocab_));
     B.download(logits->data(), bl, M * vocab_ * 4);
@@ -237,7 +251,7 @@ Status EagleProposer::teacher_forced(std::span<const int32_t> tokens, std::span<
                             std::to_string(tokens.size()) + " tokens and " + std::to_string(features.size()) + " floats");
   }
   for (int32_t t : tokens) {
-    if (t < 0 || t >= vocab_) return invalid_argument("teacher_forced: token " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= target_.config().vocab_size) return invalid_argument("teacher_forced: token " + std::to_string(t) + " is outside the vocabulary");
   }
   BlockTable bt;
   SPECSERVE_RETURN_IF_ERROR(bt.reserve(*pool_, static_cast<int32_t>(n)));

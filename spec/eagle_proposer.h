@@ -72,6 +72,10 @@ struct EagleOptions {
   int32_t depth = 6;
   /// kStatic: the tree as paths (spec/token_tree.h's TokenTree::paths), each prefix before it.
   std::vector<std::vector<int32_t>> tree_paths;
+  /// > 0: the head scores only token ids 0 .. draft_vocab_size-1 (a prefix of the target's output
+  /// head, spec/head_common.h load_output_head_rows): each level's head pass costs that fraction
+  /// of the full vocabulary's; candidates' log-probabilities are normalised over that set.
+  int64_t draft_vocab_size = 0;
   int32_t block_size = 16;
   int64_t num_kv_blocks = 0;   ///< 0: enough for 4 sequences of max_model_len
   int32_t max_model_len = 0;   ///< 0: the target's context length
@@ -80,14 +84,15 @@ struct EagleOptions {
 class EagleProposer final : public Proposer {
  public:
   /// Opens and validates the head file at `path` against `target` (hidden size, vocabulary size,
-  /// head_dim even, fingerprint = model_fingerprint of the target's GGUF), loads it onto
-  /// target.backend() and allocates its KV. `target` and its backend must outlive the proposer.
+  /// head_dim even, fingerprint = model_fingerprint of `target_file`, the GGUF `target` was loaded
+  /// from), loads it onto target.backend() and allocates its KV. `target`, its backend and
+  /// `target_file` must outlive the proposer.
   /// Errors: those of GgufFile::open; kInvalidArgument naming the file, the key or tensor and its
   /// value (wrong architecture, missing or out-of-range key, sizes unlike the target's, another
   /// model's fingerprint, extra tensors), or the option and its value (topk, depth, tree paths);
   /// kCorruptData for a tensor of the wrong shape or type; kResourceExhausted for the KV.
   static Expected<std::unique_ptr<EagleProposer>> load(const std::string& path, Transformer& target,
-                                                       uint64_t target_fingerprint, EagleOptions options = {});
+                                                       const GgufFile& target_file, EagleOptions options = {});
   ~EagleProposer() override;
 
   std::string name() const override { return "eagle"; }
@@ -98,7 +103,7 @@ class EagleProposer final : public Proposer {
   Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
   void release(int64_t seq_id) override;
 
-  /// Test hook: the head's predicted features f^(p) [n, d] and their logits [n, vocab] for
+  /// Test hook: the head's predicted features f^(p) [n, d] and their logits [n, draft vocab] for
   /// positions 1..n of `tokens` [n + 1] with the given features f(0..n-1) ([n, d], teacher
   /// forcing, as in training), causal over that sequence alone (no state is kept).
   Status teacher_forced(std::span<const int32_t> tokens, std::span<const float> features, std::vector<float>* predicted,
@@ -124,6 +129,8 @@ class EagleProposer final : public Proposer {
   EagleOptions opts_;
   std::unique_ptr<GgufFile> file_;
   Layer L_;
+  std::unique_ptr<Weight> draft_head_;  ///< the output head's first draft_vocab_size rows, when set
+  const Weight* head_ = nullptr;        ///< what scores the drafts: draft_head_ or the target's
   int64_t d_ = 0, vocab_ = 0, num_heads_ = 0, num_kv_heads_ = 0, head_dim_ = 0, ffn_ = 0;
   float eps_ = 1e-5f;
   RopeParams rope_;

@@ -126,6 +126,23 @@ Status HeadFileChecker::check_no_other_tensors() const {
   return Status();
 }
 
+Expected<std::unique_ptr<Weight>> load_output_head_rows(const GgufFile& target_file, Backend& backend, int64_t rows) {
+  const GgufTensorInfo* t = target_file.find_tensor("output.weight");
+  if (!t) t = target_file.find_tensor("token_embd.weight");
+  if (!t || t->shape.size() != 2) return invalid_argument(target_file.path() + ": no output head (output.weight / token_embd.weight)");
+  const int64_t d = t->shape[0], vocab = t->shape[1];
+  if (rows < 1 || rows > vocab) {
+    return invalid_argument("draft_vocab_size = " + std::to_string(rows) + ": must be in 1.." + std::to_string(vocab) + " (0: the whole vocabulary)");
+  }
+  GgufTensorInfo part = *t;
+  part.shape = {d, rows};
+  part.num_elements = d * rows;
+  part.num_bytes = static_cast<uint64_t>(ggml_row_bytes(t->type(), d)) * static_cast<uint64_t>(rows);
+  auto w = backend.load_weight(part);
+  if (!w.ok()) return Status(w.status().code(), target_file.path() + ": " + w.status().message());
+  return std::move(*w);
+}
+
 bool StaticTree::is_chain() const {
   for (int32_t i = 0; i < num_nodes(); ++i) {
     if (parents[static_cast<size_t>(i)] != i - 1) return false;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/backend.h"
 #include "model/gguf.h"
 
 namespace specserve {
@@ -53,6 +54,17 @@ class HeadFileChecker {
   std::string arch_;
   std::set<std::string> seen_;
 };
+
+/// The first `rows` rows (token ids 0 .. rows-1) of the target's output head (output.weight, or
+/// token_embd.weight when tied), loaded onto `backend` as a [rows, d] weight: a draft head that
+/// scores only these ids (the draft vocabulary; see MedusaOptions::draft_vocab_size). The rows
+/// are a prefix of the GGUF tensor's storage, so no copy is made before load_weight.
+/// NOTE: BPE vocabularies are numbered in merge order, so low ids are roughly the frequent ones
+/// (the idea of FR-Spec, Zhao et al. 2025, "FR-Spec: Accelerating Large-Vocabulary Language
+/// Models via Frequency-Ranked Speculative Sampling", with id order standing in for counts).
+/// Drafting never proposes a higher id; verification by the target keeps the output exact.
+/// Errors: kInvalidArgument for rows outside 1..vocab; the backend's load_weight errors.
+Expected<std::unique_ptr<Weight>> load_output_head_rows(const GgufFile& target_file, Backend& backend, int64_t rows);
 
 /// A static draft tree, as the proposers use it: node i hangs below parents[i] (-1: the last
 /// known token; otherwise an earlier node), at depth depths[i] (1-based), and takes the

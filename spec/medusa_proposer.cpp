@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "model/model_fingerprint.h"
+
 namespace specserve {
 
 Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string& path, Transformer& target,
-                                                               uint64_t target_fingerprint, MedusaOptions o) {
+                                                               const GgufFile& target_file, MedusaOptions o) {
+  const uint64_t target_fingerprint = model_fingerprint(target_file);
   auto file = GgufFile::open(path);
   if (!file.ok()) return file.status();
   auto f = std::make_unique<GgufFile>(std::move(*file));
@@ -43,6 +46,17 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
   m->tree_ = std::move(tree);
   m->d_ = d;
   m->vocab_ = tc.vocab_size;
+  m->head_ = &target.output_head();
+  if (m->opts_.draft_vocab_size < 0) {
+    return invalid_argument("draft_vocab_size = " + std::to_string(m->opts_.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
+  }
+  if (m->opts_.draft_vocab_size > 0 && m->opts_.draft_vocab_size != tc.vocab_size) {
+    auto w = load_output_head_rows(target_file, target.backend(), m->opts_.draft_vocab_size);
+    if (!w.ok()) return w.status();
+    m->draft_head_ = std::move(*w);
+    m->head_ = m->draft_head_.get();
+    m->vocab_ = m->opts_.draft_vocab_size;
+  }
   const int64_t use = m->opts_.max_heads > 0 ? std::min<int64_t>(m->opts_.max_heads, *num_heads) : *num_heads;
   Backend& B = target.backend();
   for (int64_t i = 0; i < use; ++i) {
@@ -107,7 +121,7 @@ void MedusaProposer::run_heads(const float* hidden, const std::vector<int32_t>& 
     off += m;
   }
   // One pass of the (large) shared output head over every head's rows.
-  B.matmul(target_.output_head(), out.f32(), total, L.f32());
+  B.matmul(*head_, out.f32(), total, L.f32());
   B.synchronize();
   logits->resize(static_cast<size_t>(total * vocab_));
   B.download(logits->data(), L, total * vocab_ * 4);

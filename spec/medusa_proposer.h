@@ -44,19 +44,23 @@ struct MedusaOptions {
   std::vector<std::vector<int32_t>> tree_paths;
   /// Use only the first N heads (0: all of the file's).
   int32_t max_heads = 0;
+  /// > 0: the heads score only token ids 0 .. draft_vocab_size-1 (a prefix of the target's
+  /// output head; see load_output_head_rows): the head pass costs that fraction of the full
+  /// vocabulary's. 0: the whole vocabulary.
+  int64_t draft_vocab_size = 0;
 };
 
 class MedusaProposer final : public Proposer {
  public:
   /// Opens and validates the head file at `path` against `target` (hidden size, vocabulary size,
-  /// `target_fingerprint` = model_fingerprint of the target's GGUF), loads the heads onto
-  /// target.backend() (which must outlive the proposer, as must `target`).
+  /// model_fingerprint of `target_file`, the GGUF `target` was loaded from), loads the heads onto
+  /// target.backend(). `target`, its backend and `target_file` must outlive the proposer.
   /// Errors: kNotFound / kCorruptData from opening the GGUF; kInvalidArgument naming the file, the
   /// key or tensor and its value (wrong architecture, missing or out-of-range key, hidden or vocab
   /// size unlike the target's, fingerprint of another model, extra tensors) or the tree (a path
   /// whose prefix is missing); kCorruptData for a tensor of the wrong shape or type.
   static Expected<std::unique_ptr<MedusaProposer>> load(const std::string& path, Transformer& target,
-                                                        uint64_t target_fingerprint, MedusaOptions options = {});
+                                                        const GgufFile& target_file, MedusaOptions options = {});
 
   std::string name() const override { return "medusa"; }
   bool needs_hidden() const override { return true; }
@@ -68,7 +72,7 @@ class MedusaProposer final : public Proposer {
 
   int32_t num_heads() const { return static_cast<int32_t>(heads_.size()); }
   /// The heads' logits for hidden states `hidden` [n, hidden_size]: `*logits` becomes
-  /// [num_heads, n, vocab] (head-major). For tests and tools; propose() uses the same code.
+  /// [num_heads, n, draft_vocab] (head-major; draft_vocab = draft_vocab_size or the vocabulary). For tests and tools; propose() uses the same code.
   Status head_logits(std::span<const float> hidden, int32_t n, std::vector<float>* logits);
 
  private:
@@ -85,6 +89,8 @@ class MedusaProposer final : public Proposer {
   MedusaOptions opts_;
   std::unique_ptr<GgufFile> file_;
   std::vector<Head> heads_;
+  std::unique_ptr<Weight> draft_head_;  ///< the output head's first draft_vocab_size rows, when set
+  const Weight* head_ = nullptr;        ///< what scores the heads: draft_head_ or the target's
   StaticTree tree_;
   int64_t d_ = 0, vocab_ = 0;
   /// Per sequence: the last hidden state seen and its position.

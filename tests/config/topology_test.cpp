@@ -589,6 +589,10 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
   EXPECT_EQ(eagle->models.speculative->method, SpeculativeMethod::kEagle);
   EXPECT_EQ(eagle->models.speculative->eagle_topk, 5);
   EXPECT_EQ(eagle->models.speculative->eagle_depth, 7);
+  EXPECT_FALSE(eagle->models.speculative->draft_vocab_size.has_value());
+  auto vocab = parse_topology(make("method: eagle, " + head + ", draft_vocab_size: 8192"), "t.yaml");
+  ASSERT_TRUE(vocab.ok()) << vocab.status().to_string();
+  EXPECT_EQ(vocab->models.speculative->draft_vocab_size, 8192);
   EXPECT_TRUE(eagle->models.speculative->speculative_token_tree.empty());
   auto eagle_tree = parse_topology(make("method: eagle, " + head + ", speculative_token_tree: \"[(0,), (0, 0)]\""), "t.yaml");
   ASSERT_TRUE(eagle_tree.ok()) << eagle_tree.status().to_string();
@@ -612,6 +616,9 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
       {"method: medusa, " + head + ", speculative_token_tree: [0, 1]", false,
        {"t.yaml:3:", "models.speculative.speculative_token_tree", "[0, 1]"}},
       {"method: medusa, num_speculative_tokens: 8", false, {"t.yaml:3:", "models.speculative.model", "missing required field", "'medusa'"}},
+      {"method: ngram, num_speculative_tokens: 4, draft_vocab_size: 8192", false,
+       {"t.yaml:3:", "models.speculative.draft_vocab_size", "'ngram'", "'8192'"}},
+      {"method: eagle, " + head + ", draft_vocab_size: -1", false, {"t.yaml:3:", "models.speculative.draft_vocab_size", "'-1'"}},
       {"method: eagle, " + head, true, {"t.yaml:9:16:", "nodes[0].workers[1].role", "'draft_worker'", "'eagle'", "hidden states"}},
       {"method: medusa, " + head, true, {"t.yaml:9:16:", "nodes[0].workers[1].role", "'medusa'", "hidden states"}},
   };

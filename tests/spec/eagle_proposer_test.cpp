@@ -43,7 +43,7 @@ class EagleTest : public ::testing::Test {
     EagleWeights ew = write_eagle(p, s);
     if (w) *w = ew;
     if (path_out) *path_out = p;
-    auto m = EagleProposer::load(p, *target_.model, target_.fingerprint, std::move(o));
+    auto m = EagleProposer::load(p, *target_.model, *target_.file, std::move(o));
     if (!m.ok()) return m.status();
     if (out) *out = std::move(*m);
     return Status();
@@ -230,7 +230,7 @@ TEST_F(EagleTest, RejectsMismatchedAndCorruptFiles) {
     ASSERT_TRUE(w.add_tensor_f32("eagle.fc.weight", {128, 64}, std::vector<float>(128 * 64, 0.0f)).ok());
     const std::string p = temp_path("eagle_nobias");
     ASSERT_TRUE(w.write_file(p).ok());
-    auto r = EagleProposer::load(p, *target_.model, target_.fingerprint);
+    auto r = EagleProposer::load(p, *target_.model, *target_.file);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find(p + ": tensor 'eagle.fc.bias' is missing"), std::string::npos) << r.status().message();
   }
@@ -322,6 +322,32 @@ TEST_F(EagleTest, DraftsMatchTheReferenceInEveryMode) {
     }
   }
   EXPECT_GT(*std::max_element(depth.begin(), depth.end()), 1);
+}
+
+TEST_F(EagleTest, DraftVocabularyKeepsDraftsBelowIt) {
+  EagleOptions o;
+  o.topk = 3;
+  o.depth = 3;
+  o.draft_vocab_size = 50;
+  EagleWeights w;
+  std::unique_ptr<EagleProposer> e;
+  ASSERT_TRUE(load(spec(), &e, o, nullptr, &w).ok());
+  const std::vector<int32_t> toks = random_tokens(8, 41);
+  const std::vector<float> feats = gaussian(8 * kD, 1.0f, 42);
+  std::vector<DraftTree> out;
+  ASSERT_TRUE(e->propose({request(1, toks, feats, 0, 7, 8)}, &out).ok());
+  ASSERT_EQ(out[0].tokens.size(), 8u);
+  for (int32_t t : out[0].tokens) EXPECT_LT(t, 50);
+  // The root's candidates are the best ids below 50 of the full head.
+  std::vector<float> lg = ref_logits(ref_feature(w, toks, feats, 1, {}));
+  std::vector<int32_t> best;
+  top_k(lg.data(), 50, 3, &best);
+  std::vector<int32_t> roots;
+  for (size_t i = 0; i < out[0].tokens.size(); ++i) {
+    if (out[0].parents[i] == -1) roots.push_back(out[0].tokens[i]);
+  }
+  EXPECT_EQ(roots[0], best[0]);
+  for (int32_t t : roots) EXPECT_NE(std::find(best.begin(), best.end(), t), best.end());
 }
 
 TEST_F(EagleTest, CatchesUpIncrementallyAndRollsBackTreeEntries) {

@@ -38,7 +38,7 @@ class MedusaTest : public ::testing::Test {
     MedusaWeights mw = write_medusa(p, s);
     if (w) *w = mw;
     if (path_out) *path_out = p;
-    auto m = MedusaProposer::load(p, *target_.model, target_.fingerprint, std::move(o));
+    auto m = MedusaProposer::load(p, *target_.model, *target_.file, std::move(o));
     if (!m.ok()) return m.status();
     if (out) *out = std::move(*m);
     return Status();
@@ -120,10 +120,10 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
     std::fputs("not a gguf file", f);
     std::fclose(f);
   }
-  auto m = MedusaProposer::load(junk, *target_.model, target_.fingerprint);
+  auto m = MedusaProposer::load(junk, *target_.model, *target_.file);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find(junk), std::string::npos) << m.status().message();
-  auto missing = MedusaProposer::load("/nonexistent/medusa.gguf", *target_.model, target_.fingerprint);
+  auto missing = MedusaProposer::load("/nonexistent/medusa.gguf", *target_.model, *target_.file);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/medusa.gguf"), std::string::npos);
   // A tree whose path has no prefix.
@@ -162,6 +162,41 @@ TEST_F(MedusaTest, HeadLogitsMatchTheContractFormula) {
   ASSERT_TRUE(load(spec(), &m).ok());
   std::vector<float> logits;
   EXPECT_FALSE(m->head_logits(std::vector<float>(10), 1, &logits).ok());
+}
+
+TEST_F(MedusaTest, DraftVocabularyScoresAPrefixOfTheIds) {
+  std::unique_ptr<MedusaProposer> full, part;
+  ASSERT_TRUE(load(spec(), &full).ok());
+  MedusaOptions o;
+  o.draft_vocab_size = 100;
+  ASSERT_TRUE(load(spec(), &part, o).ok());
+  const int n = 2;
+  std::vector<float> h = random_hidden(n, 17), lf, lp;
+  ASSERT_TRUE(full->head_logits(h, n, &lf).ok());
+  ASSERT_TRUE(part->head_logits(h, n, &lp).ok());
+  ASSERT_EQ(lp.size(), size_t{3} * n * 100);
+  for (int row = 0; row < 3 * n; ++row) {
+    for (int v = 0; v < 100; ++v) EXPECT_NEAR(lp[static_cast<size_t>(row * 100 + v)], lf[static_cast<size_t>(row * 512 + v)], 1e-4);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> tokens = {300, 400, 500};
+  DraftRequest r;
+  r.seq_id = 1;
+  r.tokens = tokens;
+  r.num_tokens = 3;
+  r.sampling = &greedy;
+  r.hidden = std::span<const float>(h.data(), 64);
+  r.hidden_begin = 1;
+  r.hidden_size = 64;
+  std::vector<DraftTree> out;
+  ASSERT_TRUE(part->propose({r}, &out).ok());
+  ASSERT_EQ(out[0].tokens.size(), 3u);
+  for (int32_t t : out[0].tokens) EXPECT_LT(t, 100);
+  o.draft_vocab_size = 513;
+  Status st = load(spec(), nullptr, o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("draft_vocab_size = 513"), std::string::npos) << st.message();
 }
 
 TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {

@@ -35,6 +35,10 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   EXPECT_EQ((*e)->method, SpeculativeMethod::kEagle);
   EXPECT_EQ((*e)->eagle_topk, 6);
   EXPECT_EQ((*e)->eagle_depth, 5);
+  EXPECT_FALSE((*e)->draft_vocab_size.has_value());
+  auto v = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "draft_vocab_size": 8192})");
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ((*v)->draft_vocab_size, 8192);
 
   auto es = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "speculative_token_tree": "[(0,), (0, 0)]"})");
   ASSERT_TRUE(es.ok()) << es.status().to_string();
@@ -64,6 +68,8 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "speculative_token_tree": "[(0,)]", "eagle_depth": 3})",
        {"eagle_depth = 3", "static", "[(0,)]"}},
       {R"({"method": "eagle3", "model": "e", "num_speculative_tokens": 4})", {"method 'eagle3'", "medusa, eagle"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
   };
   for (const Case& c : cases) {

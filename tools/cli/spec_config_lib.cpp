@@ -11,7 +11,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   std::string method, model = a.speculative_model;
   int k = a.num_speculative_tokens;
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
-  int lookup_min = -1, lookup_max = -1, num_layers = -1, eagle_topk = -1, eagle_depth = -1;
+  int lookup_min = -1, lookup_max = -1, num_layers = -1, eagle_topk = -1, eagle_depth = -1, draft_vocab = -1;
   std::string token_tree;
   bool has_token_tree = false;
   if (!a.speculative_config.empty()) {
@@ -25,7 +25,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
                                                 "draft_tensor_parallel_size", "num_layers", "adaptive_k",
-                                                "speculative_token_tree", "eagle_topk", "eagle_depth"};
+                                                "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size"};
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
@@ -51,6 +51,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     SPECSERVE_RETURN_IF_ERROR(get_int("num_layers", &num_layers));
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_topk", &eagle_topk));
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_depth", &eagle_depth));
+    SPECSERVE_RETURN_IF_ERROR(get_int("draft_vocab_size", &draft_vocab));
     if (j.contains("speculative_token_tree")) {
       if (!j["speculative_token_tree"].is_string()) {
         return invalid_argument("--speculative-config: speculative_token_tree must be a string such as \"[(0,), (0, 0)]\", got " +
@@ -85,6 +86,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   if (has_token_tree && method != "medusa" && method != "eagle") {
     return invalid_argument("--speculative-config: speculative_token_tree applies to methods medusa and eagle only, not " + method);
   }
+  if (draft_vocab != -1 && method != "medusa" && method != "eagle") {
+    return invalid_argument("--speculative-config: draft_vocab_size applies to methods medusa and eagle only, not " + method);
+  }
+  if (draft_vocab < -1) return invalid_argument("--speculative-config: draft_vocab_size = " + std::to_string(draft_vocab) + ": must be >= 0 (0: the whole vocabulary)");
   for (auto [key, v] : {std::pair<const char*, int>{"eagle_topk", eagle_topk}, {"eagle_depth", eagle_depth}}) {
     if (v == -1) continue;
     if (method != "eagle") return invalid_argument(std::string("--speculative-config: ") + key + " applies to method eagle only, not " + method);
@@ -132,6 +137,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     spec.speculative_token_tree = token_tree;
     if (eagle_topk != -1) spec.eagle_topk = eagle_topk;
     if (eagle_depth != -1) spec.eagle_depth = eagle_depth;
+    if (draft_vocab != -1) spec.draft_vocab_size = draft_vocab;
   } else {
     return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
   }

@@ -25,6 +25,7 @@ struct SpecArgs {
 /// num_speculative_tokens, prompt_lookup_min/max (ngram), num_layers (layer_skip),
 /// speculative_token_tree (medusa, eagle: vLLM's tree string, parsed when the proposer is
 /// built), eagle_topk / eagle_depth (eagle's dynamic tree, 1..64, not with a static tree),
+/// draft_vocab_size (medusa, eagle: score only ids below it; 0: all),
 /// disable_by_batch_size, max_model_len, draft_tensor_parallel_size (1), adaptive_k.
 /// Errors (kInvalidArgument) name the flag or JSON key and the value: malformed JSON, unknown
 /// key or method, a value of the wrong type or out of range, a key for another method, a
