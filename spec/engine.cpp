@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/logging.h"
+#include "spec/tree_verify.h"
 
 namespace specserve {
 
@@ -39,6 +40,12 @@ Status EngineOptions::validate() const {
   if (num_speculative_tokens < 0 || num_speculative_tokens > 64) return bad("num_speculative_tokens", num_speculative_tokens, "must be in 0..64");
   if (disable_by_batch_size < 0) return bad("disable_by_batch_size", disable_by_batch_size, "must be >= 0");
   if (priority_aging_steps < 0) return bad("priority_aging_steps", priority_aging_steps, "must be >= 0");
+  if (!(posterior_threshold > 0.0f && posterior_threshold <= 1.0f)) {
+    return invalid_argument("posterior_threshold = " + std::to_string(posterior_threshold) + ": must be in (0, 1]");
+  }
+  if (!(posterior_alpha >= 0.0f && posterior_alpha <= 1.0f)) {
+    return invalid_argument("posterior_alpha = " + std::to_string(posterior_alpha) + ": must be in [0, 1]");
+  }
   return Status();
 }
 
@@ -397,6 +404,94 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
 
 }  // namespace
 
+std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev) {
+  const int32_t vocab = static_cast<int32_t>(out.vocab_size);
+  const int32_t n = static_cast<int32_t>(d.tokens.size());
+  std::vector<int32_t> chain;
+  std::span<const int32_t> parents = d.parents;
+  if (parents.empty()) {
+    for (int32_t j = 0; j < n; ++j) chain.push_back(j - 1);
+    parents = chain;
+  }
+  const TreeIndex tree = index_tree(parents);
+  Sampler& smp = *s.sampler;
+  const bool greedy = s.params.sampling.is_greedy();
+  const int32_t top_n = s.params.sampling.logprobs;
+  std::vector<int32_t> path;
+  std::vector<float> p;
+  if (opts_.typical_acceptance && !greedy) {
+    // The target's distribution at every vertex, with the output that the path to it would
+    // leave (penalties see it), then Medusa's longest typical path.
+    std::vector<std::vector<float>> vp(static_cast<size_t>(n + 1));
+    std::vector<int32_t> output;
+    for (int32_t v = -1; v < n; ++v) {
+      output.assign(s.output().begin(), s.output().end());
+      for (int32_t a : tree.path_to(v)) output.push_back(d.tokens[static_cast<size_t>(a)]);
+      smp.compute_probs(out.row(seq, v + 1), vocab, s.prompt(), output, &vp[static_cast<size_t>(v + 1)]);
+    }
+    TypicalAcceptanceParams tp;
+    tp.posterior_threshold = opts_.posterior_threshold;
+    tp.posterior_alpha = opts_.posterior_alpha;
+    const std::vector<int32_t> typical = typical_accept_path(tree, d.tokens, vp, tp);
+    int32_t v = -1;
+    for (int32_t c : typical) {
+      const int32_t token = d.tokens[static_cast<size_t>(c)];
+      SampleResult lp = raw_logprobs(out.row(seq, v + 1), vocab, token, top_n);
+      path.push_back(c);
+      if (!emit(s, token, &lp, ev)) return path;
+      v = c;
+    }
+    const int32_t bonus = smp.sample_from(vp[static_cast<size_t>(v + 1)]);
+    SampleResult lp = raw_logprobs(out.row(seq, v + 1), vocab, bonus, top_n);
+    emit(s, bonus, &lp, ev);
+    return path;
+  }
+  int32_t v = -1;  // the vertex whose successor is decided next: the root, then accepted nodes
+  for (;;) {
+    const float* row = out.row(seq, v + 1);
+    // p after the path so far: emit() appended it to s's output, so penalties see it.
+    smp.compute_probs(row, vocab, s.prompt(), s.output(), &p);
+    NodeVerdict verdict;
+    if (greedy) {
+      verdict.token = Sampler::argmax(p.data(), vocab);  // p is one-hot at the argmax
+      verdict.child = greedy_child(tree, d.tokens, v, verdict.token);
+    } else {
+      verdict = rejection_sample_children(tree.children_of(v), d.tokens, d.probs, &p, smp);
+    }
+    SampleResult lp = raw_logprobs(row, vocab, verdict.token, top_n);
+    const bool alive = emit(s, verdict.token, &lp, ev);
+    if (verdict.child < 0) break;
+    path.push_back(verdict.child);  // accepted, even when it ended the sequence (as for chains)
+    if (!alive) break;
+    v = verdict.child;
+  }
+  return path;
+}
+
+void Engine::compact_path(Seq& s, int32_t base, std::span<const int32_t> path) {
+  const auto moves = compaction_moves(path);
+  if (moves.empty()) return;
+  const int32_t bs = opts_.block_size;
+  const std::vector<int32_t>& table = s.blocks.blocks();
+  auto slot = [&](int32_t pos) { return table[static_cast<size_t>(pos / bs)] * bs + pos % bs; };
+  std::vector<int32_t> src, dst;
+  for (const auto& [from, to] : moves) {
+    src.push_back(slot(base + from));
+    dst.push_back(slot(base + to));
+  }
+  // NOTE: a move may write a slot an earlier move read (e.g. nodes 1, 2 to rows 1, 2), which is
+  // safe only one move after the other (compaction_moves); Backend::kv_copy_slots promises no
+  // order within a call, so such a path is copied one move per call.
+  bool chained = false;
+  for (int32_t d : dst) chained = chained || std::find(src.begin(), src.end(), d) != src.end();
+  Backend& b = target_.backend();
+  if (!chained) {
+    b.kv_copy_slots(*kv_, src.data(), dst.data(), static_cast<int64_t>(src.size()));
+  } else {
+    for (size_t j = 0; j < src.size(); ++j) b.kv_copy_slots(*kv_, &src[j], &dst[j], 1);
+  }
+}
+
 StepState Engine::step_state() const {
   StepState st;
   st.num_free_blocks = pool_->num_free();
@@ -540,15 +635,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     const int64_t vocab = target_.config().vocab_size;
     for (size_t i = 0; i < dreqs.size(); ++i) {
       DraftTree& d = proposed[i];
-      const int32_t k = dreqs[i].num_tokens;
-      bool ok = static_cast<int32_t>(d.tokens.size()) <= k && d.parents.empty();
-      for (int32_t t : d.tokens) ok = ok && t >= 0 && t < vocab;
-      if (!d.probs.empty()) ok = ok && d.probs.size() == d.tokens.size();
-      for (const auto& q : d.probs) ok = ok && static_cast<int64_t>(q.size()) == vocab;  // q is dense [vocab]
-      if (!ok) {
-        get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored", dreqs[i].seq_id, proposer_->name());
+      // A tree's node count is its draft budget (k); q is dense [vocab] per node.
+      Status valid = validate_draft_tree(d, dreqs[i].num_tokens, vocab);
+      if (!valid.ok()) {
+        get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored: {}", dreqs[i].seq_id, proposer_->name(),
+                                 valid.message());
         d = DraftTree{};
       }
+      if (d.tokens.empty()) d = DraftTree{};  // no guess: a plain decode row
       drafts[dreq_entry[i]] = std::move(d);
     }
   }
@@ -584,6 +678,11 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     in.block_table = s.blocks.blocks();
     if (!p.draft.tokens.empty()) {
       for (int32_t r = 0; r < p.rows; ++r) in.logit_rows.push_back(r);
+    }
+    if (!p.draft.parents.empty()) {
+      // Row 0 is the last known token (it follows the cached prefix); node i is row i + 1.
+      in.parents.push_back(-1);
+      for (int32_t par : p.draft.parents) in.parents.push_back(par + 1);
     }
     batch.seqs.push_back(std::move(in));
   }
@@ -628,7 +727,16 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         break;
       }
     }
-    for (int32_t r = 0; r <= k && alive; ++r) {
+    // Trees (and, under typical acceptance, sampled chains) go through spec/tree_verify.h; plain
+    // chains keep the chain verifier below.
+    const bool is_tree = !pl.draft.parents.empty();
+    const bool tree_verified = k > 0 && (is_tree || (opts_.typical_acceptance && !greedy));
+    std::vector<int32_t> path;
+    if (alive && tree_verified) {
+      path = verify_tree(s, pl.draft, out, static_cast<int32_t>(i), &ev);
+      accepted = static_cast<int32_t>(path.size());
+    }
+    for (int32_t r = 0; r <= k && alive && !tree_verified; ++r) {
       const float* row = out.row(static_cast<int32_t>(i), r);
       smp.compute_probs(row, vocab, s.prompt(), s.output(), &p_probs);
       int32_t token;
@@ -682,7 +790,9 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         finished_stats_[s.id].add(step_spec);
         stats_.spec.add(step_spec);
       }
-      if (opts_.adaptive_k) {
+      // NOTE: for a tree, k is the node budget and a branching tree is never wholly accepted:
+      // the heuristic would shrink it to 1, so trees keep their k.
+      if (opts_.adaptive_k && !is_tree) {
         // NOTE: adaptive k follows Hugging Face's assisted-generation heuristic: +2 after a
         // fully accepted draft, -1 after any rejection, kept within [1, the request's cap].
         s.k = accepted == k ? std::min(s.k + 2, s.max_k) : std::max(1, s.k - 1);
@@ -690,6 +800,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     }
     if (s.finish == FinishReason::kNone) {
       // KV is valid for the last known token and the accepted drafts; rejected slots go.
+      if (tree_verified) compact_path(s, base, path);
       s.num_cached = base + 1 + accepted;
       s.blocks.set_num_tokens(s.num_cached);
       s.blocks.truncate(*pool_, s.num_cached + 1);

@@ -4,7 +4,11 @@
 // Each step() runs one target forward pass over every running sequence: prefill chunks,
 // plain decode tokens, and, for sequences with drafts, the last token plus its draft tokens,
 // which are verified in the same pass (greedy: longest matching prefix plus the bonus token;
-// sampling: lossless speculative sampling, Leviathan et al. 2023 / Chen et al. 2023).
+// sampling: lossless speculative sampling, Leviathan et al. 2023 / Chen et al. 2023). A draft
+// may be a token tree (DraftTree::parents): the pass then uses tree attention, greedy takes the
+// longest matching path, sampling uses multi-candidate recursive rejection sampling over each
+// node's children (SpecInfer / EAGLE; spec/tree_verify.h), and the accepted path's KV is
+// compacted into consecutive slots before the rest is released.
 // Greedy output is token-for-token identical with and without speculation because every
 // backend op is batch-invariant (model/backend.h). Which sequences run, how many rows and
 // draft tokens each gets, and which are preempted is decided by the pure step policy
@@ -53,6 +57,16 @@ struct EngineOptions {
   /// before its last known token). Output is identical either way (the backend is
   /// batch-invariant); only prefill work drops.
   bool enable_prefix_caching = true;
+  /// Medusa's typical acceptance (Cai et al. 2024, section 2.3.1) for SAMPLED requests
+  /// (temperature > 0): a draft token passes when the target gives it probability above
+  /// min(posterior_threshold, posterior_alpha * exp(-entropy)), the longest passing path of the
+  /// tree (or chain) is kept, and the token after it is sampled from the target.
+  /// NOTE: LOSSY — the output no longer follows the target's distribution (it favours the
+  /// draft's likely tokens and raises acceptance). Off by default; greedy requests are
+  /// unaffected (they stay token-for-token equal to plain decoding).
+  bool typical_acceptance = false;
+  float posterior_threshold = 0.09f;  ///< Medusa's epsilon, in (0, 1]
+  float posterior_alpha = 0.3f;       ///< Medusa's delta (weight of exp(-entropy)), in [0, 1]
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
 };
@@ -103,7 +117,9 @@ struct SpecStats {
   int64_t num_drafts = 0;           ///< steps where the sequence had >= 1 draft token
   int64_t num_draft_tokens = 0;     ///< draft tokens proposed
   int64_t num_accepted_tokens = 0;  ///< draft tokens accepted (a rejection ends the count for that draft)
-  std::vector<int64_t> accepted_per_pos;  ///< [k]: drafts whose token at position i was accepted
+  /// [k]: drafts whose token at position i was accepted; for a tree draft, position i is depth
+  /// i + 1 (the accepted path holds one node per depth). num_draft_tokens counts every tree node.
+  std::vector<int64_t> accepted_per_pos;
   double acceptance_rate() const { return num_draft_tokens ? double(num_accepted_tokens) / num_draft_tokens : 0.0; }
   /// 1 + accepted / drafts: tokens emitted per verification step.
   double mean_acceptance_length() const { return num_drafts ? 1.0 + double(num_accepted_tokens) / num_drafts : 1.0; }
@@ -236,6 +252,14 @@ class Engine {
   void finish(Seq& s, FinishReason r);
   /// Appends `token` to s (stop rules); returns false when the sequence finished.
   bool emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev);
+  /// Verifies tree draft `d` (or a chain under typical acceptance) of s against its logit rows
+  /// `seq` of `out` (row 0 the last known token, row i + 1 node i) and emits the accepted
+  /// tokens plus the bonus / recovered token (spec/tree_verify.h). Returns the accepted nodes
+  /// from depth 1 on; s may have finished on one of them.
+  std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
+  /// Moves the KV of the accepted `path` (tree nodes computed at rows path[j] + 1 after the
+  /// last known token at position `base`) to positions base + 1 + j (Backend::kv_copy_slots).
+  void compact_path(Seq& s, int32_t base, std::span<const int32_t> path);
   /// True when `token` ends the output of a request with params `sp` (stop_token_ids; EOS
   /// unless ignore_eos, known only with a tokenizer).
   bool is_stop_token(const SamplingParams& sp, int32_t token) const;

@@ -184,7 +184,8 @@ class FailingProposer final : public Proposer {
 };
 
 /// Returns drafts the engine must reject: out-of-vocabulary and negative ids, more than k
-/// tokens, a tree, probabilities that do not match the tokens, and answers of the wrong size.
+/// tokens, a tree whose parents are not earlier nodes, probabilities that do not match the
+/// tokens, and answers of the wrong size.
 class GarbageProposer final : public Proposer {
  public:
   std::string name() const override { return "garbage"; }
@@ -203,7 +204,7 @@ class GarbageProposer final : public Proposer {
         case 0: d.tokens.assign(static_cast<size_t>(k), V + 3); break;
         case 1: d.tokens.assign(static_cast<size_t>(k), -1); break;
         case 2: d.tokens.assign(static_cast<size_t>(k + 1), 1); break;
-        case 3: d.tokens.assign(static_cast<size_t>(k), 1), d.parents.assign(static_cast<size_t>(k), -1); break;
+        case 3: d.tokens.assign(static_cast<size_t>(k), 1), d.parents.assign(static_cast<size_t>(k), 0); break;  // parents[0] = 0: not an earlier node
         case 4: d.tokens.assign(static_cast<size_t>(k), 1), d.probs.assign(static_cast<size_t>(k + 1), std::vector<float>(V, 0.0f)); break;
         default: d.tokens = {1, V}; if (k < 2) d.tokens = {V}; break;
       }

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   specserve::cli::add_bench_http(app);
   specserve::cli::add_bench_kv_transfer(app);
   specserve::cli::add_bench_migrate(app);
+  specserve::cli::add_dump_hidden(app);
   specserve::cli::add_cluster_commands(app);
   try {
     app.parse(argc, argv);

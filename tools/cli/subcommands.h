@@ -18,6 +18,9 @@ void add_bench_http(CLI::App& app);
 void add_bench_migrate(CLI::App& app);  ///< `specserve bench-migrate`: KV migration over UCX vs re-prefill.
 void add_bench_kv_transfer(CLI::App& app);  ///< `specserve bench-kv-transfer`: UCX KV transfer bandwidth between two processes.  ///< `specserve bench`: any OpenAI-compatible server, N streaming clients (vLLM's benchmark_serving).
 
+/// `specserve dump-hidden`: hidden states + target argmax over a prompt file (head training data).
+void add_dump_hidden(CLI::App& app);
+
 /// `specserve serve | up | node | worker | status | client`: the actor runtime.
 void add_cluster_commands(CLI::App& app);
 

@@ -1,0 +1,156 @@
+// `specserve dump-hidden` on the real default model: shapes and index of the dump, greedy
+// continuation consistent with the teacher-forced argmax, and hidden x output head = logits'
+// argmax (the property Medusa/EAGLE training relies on). Also the .npy and half helpers.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+#include "model/dequant.h"
+#include "model/model_fingerprint.h"
+#include "tests/test_util.h"
+#include "tools/cli/dump_hidden_lib.h"
+
+namespace specserve::cli {
+namespace {
+
+std::filesystem::path temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("dump_hidden_test_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+template <typename T>
+std::vector<T> load(const std::string& path, const std::string& want_descr, std::vector<int64_t>* shape) {
+  std::string descr;
+  std::vector<uint8_t> bytes;
+  Status st = read_npy(path, &descr, shape, &bytes);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(descr, want_descr) << path;
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+TEST(Half, KnownValuesAndRoundTrip) {
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(-2.5f), 0xc100);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(1e6f), 0x7c00);          // overflow -> inf
+  EXPECT_EQ(float_to_half(1e-8f), 0x0000);         // underflow -> 0
+  EXPECT_EQ(float_to_half(5.9604645e-8f), 0x0001); // smallest subnormal
+  EXPECT_EQ(float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
+  for (float f : {0.1f, -3.14159f, 1234.5f, 6.1e-5f, -0.0004f})
+    EXPECT_NEAR(half_to_float(float_to_half(f)), f, std::abs(f) * 1e-3f) << f;
+}
+
+TEST(DumpHidden, RejectsBadPromptLine) {
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("bad");
+  std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"ok\"}\n[1, 2]\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("p.jsonl:2"), std::string::npos) << r.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
+  auto backend = make_cpu_backend(2);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("real");
+  std::ofstream(dir / "p.jsonl")
+      << "{\"messages\": [{\"role\": \"user\", \"content\": \"Name three colours.\"}]}\n"
+      << "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+         "\"What is 12 times 7?\"}]}\n"
+      << "{\"prompt\": \"The capital of France is\"}\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 12;
+  o.max_num_seqs = 2;      // fewer slots than prompts: continuous batching admits the third later
+  o.forward_tokens = 48;   // several teacher-forced passes
+  auto sum = dump_hidden(*lm, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().to_string();
+  EXPECT_EQ(sum->num_sequences, 3);
+  EXPECT_EQ(sum->num_argmax_mismatches, 0);
+  EXPECT_GT(sum->num_generated, 3);
+  char fp[32];
+  std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(model_fingerprint(*lm->file)));
+  EXPECT_EQ(sum->target_fingerprint, fp);
+
+  std::ifstream jf(dir / "out" / "index.json");
+  const auto idx = nlohmann::json::parse(jf);
+  const int64_t d = lm->model->config().hidden_size, V = lm->model->config().vocab_size;
+  EXPECT_EQ(idx["target_fingerprint"], fp);
+  EXPECT_EQ(idx["hidden_size"], d);
+  const int64_t N = idx["num_positions"];
+  ASSERT_EQ(idx["sequences"].size(), 3u);
+  int64_t off = 0;
+  for (const auto& s : idx["sequences"]) {
+    EXPECT_EQ(s["offset"], off);
+    EXPECT_GT(s["length"].get<int64_t>(), s["prompt_length"].get<int64_t>());
+    EXPECT_LE(s["length"].get<int64_t>() - s["prompt_length"].get<int64_t>(), 12);
+    off += s["length"].get<int64_t>();
+  }
+  EXPECT_EQ(off, N);
+
+  std::vector<int64_t> shape;
+  const auto hidden = load<uint16_t>((dir / "out" / "hidden.npy").string(), "<f2", &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{N, d}));
+  const auto tokens = load<int32_t>((dir / "out" / "tokens.npy").string(), "<i4", &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{N}));
+  const auto argmax = load<int32_t>((dir / "out" / "argmax.npy").string(), "<i4", &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{N}));
+  const auto head = load<float>((dir / "out" / "head.npy").string(), "<f4", &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{V, d}));
+  const GgufTensorInfo* out_t = lm->file->find_tensor(lm->model->config().tied_output ? "token_embd.weight" : "output.weight");
+  ASSERT_NE(out_t, nullptr);
+  auto ref = dequantize_tensor(*out_t);
+  ASSERT_TRUE(ref.ok());
+  ASSERT_EQ(ref->size(), head.size());
+  EXPECT_EQ(std::memcmp(ref->data(), head.data(), head.size() * 4), 0);
+
+  // Greedy continuation == teacher-forced argmax, and hidden (float16) x head reproduces the
+  // logits' argmax (rows where the top two are closer than the float16 rounding may differ).
+  int64_t checked = 0, agree = 0;
+  for (const auto& s : idx["sequences"]) {
+    const int64_t o0 = s["offset"], len = s["length"], pl = s["prompt_length"];
+    for (int64_t p = o0 + pl - 1; p + 1 < o0 + len; ++p) EXPECT_EQ(argmax[p], tokens[p + 1]) << "position " << p;
+    for (int64_t p = o0; p < o0 + len; ++p) {
+      if ((p - o0) % 3 != 0 && p + 1 != o0 + len) continue;  // a third of the rows and each last one: keeps it fast
+      std::vector<float> h(d);
+      for (int64_t c = 0; c < d; ++c) h[c] = half_to_float(hidden[p * d + c]);
+      float best = -1e30f, at_stored = 0;
+      int32_t best_id = -1;
+      for (int64_t v = 0; v < V; ++v) {
+        float acc = 0;
+        for (int64_t c = 0; c < d; ++c) acc += head[v * d + c] * h[c];
+        if (acc > best) best = acc, best_id = static_cast<int32_t>(v);
+        if (v == argmax[p]) at_stored = acc;
+      }
+      ++checked;
+      agree += best_id == argmax[p];
+      EXPECT_GE(at_stored, best - 0.05f * std::max(1.0f, std::abs(best))) << "position " << p;
+    }
+  }
+  EXPECT_GE(checked, N / 3);
+  EXPECT_GE(agree, checked * 95 / 100) << agree << "/" << checked;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace specserve::cli

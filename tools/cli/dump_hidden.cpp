@@ -1,0 +1,101 @@
+// `specserve dump-hidden`: self-distillation data (hidden states, tokens, target argmax) for
+// training Medusa / EAGLE heads (tools/train/). See tools/cli/dump_hidden_lib.h for the format.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <unistd.h>
+
+#include "cpu/cpu_backend.h"
+#include "model/gguf.h"
+#include "tools/cli/common.h"
+#include "tools/cli/dump_hidden_lib.h"
+#include "tools/cli/registry.h"
+#include "tools/cli/subcommands.h"
+
+namespace specserve::cli {
+namespace {
+
+struct DumpArgs {
+  std::string model;
+  DumpHiddenOptions opts;
+  int threads = 0;
+  bool print_fingerprint = false;
+};
+
+int run_dump_hidden(const DumpArgs& a) {
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
+  if (a.print_fingerprint) {
+    auto f = GgufFile::open(path);
+    if (!f.ok()) {
+      std::fprintf(stderr, "specserve dump-hidden: %s\n", f.status().to_string().c_str());
+      return 1;
+    }
+    std::printf("%s\n", fingerprint_hex(*f).c_str());
+    return 0;
+  }
+  if (a.opts.prompts_path.empty() || a.opts.out_dir.empty()) {
+    std::fprintf(stderr, "specserve dump-hidden: --prompts and --out are required\n");
+    return 2;
+  }
+  auto backend = make_cpu_backend(a.threads);
+  auto loaded = load_model(path, *backend);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "specserve dump-hidden: %s\n", loaded.status().to_string().c_str());
+    return 1;
+  }
+  const bool tty = isatty(fileno(stderr));
+  auto progress = [tty](const std::string& line, bool final_line) {
+    // On a terminal one line is rewritten in place; in a log every update is its own line.
+    if (tty)
+      std::fprintf(stderr, "\r\033[K[dump-hidden] %s%s", line.c_str(), final_line ? "\n" : "");
+    else
+      std::fprintf(stderr, "[dump-hidden] %s\n", line.c_str());
+    std::fflush(stderr);
+  };
+  auto sum = dump_hidden(*loaded, a.opts, progress);
+  if (!sum.ok()) {
+    std::fprintf(stderr, "\nspecserve dump-hidden: %s\n", sum.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr,
+               "[dump-hidden] %lld sequences, %lld positions (%lld generated), argmax mismatches %lld; "
+               "generate %.1f s, forward %.1f s; fingerprint %s -> %s\n",
+               static_cast<long long>(sum->num_sequences), static_cast<long long>(sum->num_positions),
+               static_cast<long long>(sum->num_generated), static_cast<long long>(sum->num_argmax_mismatches),
+               sum->generate_seconds, sum->forward_seconds, sum->target_fingerprint.c_str(), a.opts.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_dump_hidden(CLI::App& app) {
+  auto args = std::make_shared<DumpArgs>();
+  auto* sub = app.add_subcommand(
+      "dump-hidden",
+      "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, then per "
+      "position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
+  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  sub->add_option("--prompts", args->opts.prompts_path,
+                  "JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} or {\"prompt\": \"...\"} per line");
+  sub->add_option("--out", args->opts.out_dir, "Output directory (hidden.npy, tokens.npy, argmax.npy, head.npy, "
+                                               "embed.npy, index.json)");
+  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024));
+  sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N prompts (0: all)")
+      ->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--max-prompt-tokens", args->opts.max_prompt_tokens, "Skip prompts longer than this (tokens)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--forward-tokens", args->opts.forward_tokens,
+                  "Rows per teacher-forced forward pass (logits memory: rows x vocab x 4 bytes)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_flag("--no-weights", [args](int64_t) { args->opts.write_weights = false; },
+                "Do not write head.npy / embed.npy (the dequantized output head and embedding)");
+  sub->add_flag("--print-fingerprint", args->print_fingerprint,
+                "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
+  sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
+  register_command("dump-hidden", [args] { return run_dump_hidden(*args); });
+}
+
+}  // namespace specserve::cli

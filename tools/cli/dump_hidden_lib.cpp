@@ -1,0 +1,414 @@
+// specserve tools: `specserve dump-hidden` (see dump_hidden_lib.h).
+#include "tools/cli/dump_hidden_lib.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/chat_template.h"
+#include "model/dequant.h"
+#include "model/model_fingerprint.h"
+#include "spec/engine.h"
+
+namespace specserve::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// One prompt after tokenizing, then its continuation.
+struct DumpSeq {
+  int64_t line = 0;                 ///< 1-based line of the prompt file
+  std::vector<int32_t> tokens;      ///< prompt, then the continuation
+  int32_t prompt_length = 0;
+  std::string finish;
+};
+
+Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOptions& o, int64_t* num_skipped) {
+  std::ifstream in(o.prompts_path);
+  if (!in) return not_found("dump-hidden: cannot open prompt file " + o.prompts_path);
+  std::vector<DumpSeq> out;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (o.max_prompts > 0 && static_cast<int64_t>(out.size()) >= o.max_prompts) break;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const std::string where = o.prompts_path + ":" + std::to_string(line_no);
+    if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
+    DumpSeq s;
+    s.line = line_no;
+    if (j.contains("messages")) {
+      if (!j["messages"].is_array() || j["messages"].empty())
+        return invalid_argument(where + ": \"messages\" must be a non-empty array");
+      std::vector<ChatMessage> msgs;
+      for (const auto& m : j["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+            !m["content"].is_string())
+          return invalid_argument(where + ": each message needs string \"role\" and \"content\"");
+        msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      auto text = apply_chat_template(*lm.file, msgs, /*add_generation_prompt=*/true);
+      if (!text.ok()) return Status(text.status().code(), where + ": " + text.status().message());
+      s.tokens = lm.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      s.tokens = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
+    } else {
+      return invalid_argument(where + ": needs \"messages\" (chat) or \"prompt\" (string)");
+    }
+    // NOTE: a cut prompt would lose its chat-template head (training on text the serving path
+    // never sees), so long prompts are skipped and counted instead.
+    if (s.tokens.empty() || static_cast<int32_t>(s.tokens.size()) > o.max_prompt_tokens) {
+      ++*num_skipped;
+      continue;
+    }
+    s.prompt_length = static_cast<int32_t>(s.tokens.size());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+/// Greedy continuations of every sequence through the Engine (continuous batching).
+Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<DumpSeq>& seqs,
+                    const DumpProgress& progress) {
+  EngineOptions eo;
+  int32_t longest = 0;
+  for (const auto& s : seqs) longest = std::max(longest, s.prompt_length);
+  eo.max_model_len = longest + o.max_new_tokens + 1;
+  eo.max_num_seqs = o.max_num_seqs;
+  eo.max_num_batched_tokens = std::max(2048, eo.max_model_len);
+  eo.num_kv_blocks = static_cast<int64_t>(o.max_num_seqs) * ((eo.max_model_len + eo.block_size - 1) / eo.block_size) + 16;
+  auto engine = Engine::create(*lm.model, lm.tokenizer.get(), nullptr, eo);
+  if (!engine.ok()) return engine.status();
+  std::map<int64_t, size_t> by_id;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    GenerateParams p;
+    p.prompt = seqs[i].tokens;
+    p.max_tokens = o.max_new_tokens;
+    p.sampling.temperature = 0.0f;
+    auto id = (*engine)->add_request(std::move(p));
+    if (!id.ok()) return Status(id.status().code(), "prompt line " + std::to_string(seqs[i].line) + ": " + id.status().message());
+    by_id[*id] = i;
+  }
+  const auto t0 = Clock::now();
+  auto last = t0;
+  size_t done = 0;
+  int64_t generated = 0;
+  std::vector<SeqEvent> events;
+  while ((*engine)->has_work()) {
+    events.clear();
+    Status st = (*engine)->step(&events);
+    if (!st.ok()) return st;
+    for (const auto& ev : events) {
+      DumpSeq& s = seqs[by_id.at(ev.seq_id)];
+      s.tokens.insert(s.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      generated += static_cast<int64_t>(ev.tokens.size());
+      if (ev.finish != FinishReason::kNone) {
+        if (ev.finish == FinishReason::kError) return internal_error("prompt line " + std::to_string(s.line) + ": " + ev.error);
+        s.finish = finish_reason_name(ev.finish);
+        ++done;
+      }
+    }
+    if (progress && seconds_since(last) > 0.5) {
+      last = Clock::now();
+      char buf[200];
+      const double t = seconds_since(t0);
+      std::snprintf(buf, sizeof buf, "generate: %zu/%zu prompts done, %d running, %" PRId64 " tokens, %.0f tok/s, %.0f s",
+                    done, seqs.size(), (*engine)->num_running(), generated, t > 0 ? generated / t : 0.0, t);
+      progress(buf, false);
+    }
+  }
+  if (progress) {
+    char buf[200];
+    const double t = seconds_since(t0);
+    std::snprintf(buf, sizeof buf, "generate: %zu/%zu prompts done, %" PRId64 " tokens in %.1f s (%.0f tok/s)", done,
+                  seqs.size(), generated, t, t > 0 ? generated / t : 0.0);
+    progress(buf, true);
+  }
+  return Status();
+}
+
+std::string npy_header(const std::string& descr, const std::vector<int64_t>& shape) {
+  std::string sh = "(";
+  for (size_t i = 0; i < shape.size(); ++i) sh += (i ? ", " : "") + std::to_string(shape[i]);
+  sh += shape.size() == 1 ? ",)" : ")";
+  std::string h = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + sh + ", }";
+  // Magic (6) + version (2) + length (2) + header, padded with spaces to a multiple of 64, ending in '\n'.
+  const size_t total = 10 + h.size() + 1;
+  h.append((64 - total % 64) % 64, ' ');
+  h += '\n';
+  return h;
+}
+
+}  // namespace
+
+std::string fingerprint_hex(const GgufFile& file) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, model_fingerprint(file));
+  return buf;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));  // inf / nan
+  int32_t e = static_cast<int32_t>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);  // underflow -> 0
+    mant |= 0x800000u;                                 // subnormal: implicit bit made explicit
+    const uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may round up into the exponent: correct
+  return static_cast<uint16_t>(sign | h);
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) {
+        mant <<= 1;
+        --exp;
+      }
+      x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+Status write_npy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape, const void* data,
+                 size_t num_bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return internal_error("cannot write " + path);
+  const std::string h = npy_header(descr, shape);
+  const uint16_t len = static_cast<uint16_t>(h.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  const char lb[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
+  f.write(lb, 2);
+  f.write(h.data(), static_cast<std::streamsize>(h.size()));
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(num_bytes));
+  if (!f) return internal_error("short write to " + path);
+  return Status();
+}
+
+Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t>* shape, std::vector<uint8_t>* bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found("cannot open " + path);
+  char magic[8];
+  f.read(magic, 8);
+  if (!f || std::memcmp(magic, "\x93NUMPY", 6) != 0) return corrupt_data(path + ": not a .npy file");
+  uint32_t hlen = 0;
+  if (magic[6] == 1) {
+    unsigned char b[2];
+    f.read(reinterpret_cast<char*>(b), 2);
+    hlen = b[0] | (b[1] << 8);
+  } else {
+    unsigned char b[4];
+    f.read(reinterpret_cast<char*>(b), 4);
+    hlen = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+  }
+  std::string h(hlen, '\0');
+  f.read(h.data(), hlen);
+  if (!f) return corrupt_data(path + ": truncated header");
+  const auto d0 = h.find("'descr': '");
+  const auto s0 = h.find("'shape': (");
+  if (d0 == std::string::npos || s0 == std::string::npos || h.find("'fortran_order': False") == std::string::npos)
+    return corrupt_data(path + ": unsupported header " + h);
+  *descr = h.substr(d0 + 10, h.find('\'', d0 + 10) - (d0 + 10));
+  shape->clear();
+  std::string dims = h.substr(s0 + 10, h.find(')', s0) - (s0 + 10));
+  std::stringstream ss(dims);
+  std::string tok;
+  int64_t n = 1;
+  while (std::getline(ss, tok, ',')) {
+    if (tok.find_first_not_of(' ') == std::string::npos) continue;
+    shape->push_back(std::stoll(tok));
+    n *= shape->back();
+  }
+  const size_t elem = (*descr == "<f2") ? 2 : (*descr == "<f4" || *descr == "<i4") ? 4 : 0;
+  if (elem == 0) return corrupt_data(path + ": unsupported dtype " + *descr);
+  bytes->resize(static_cast<size_t>(n) * elem);
+  f.read(reinterpret_cast<char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+  if (!f) return corrupt_data(path + ": data shorter than its shape");
+  return Status();
+}
+
+Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
+  if (o.max_new_tokens < 1 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.forward_tokens < 1 || o.max_prompts < 0)
+    return invalid_argument("dump-hidden: max_new_tokens, max_num_seqs, max_prompt_tokens, forward_tokens must be >= 1");
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return internal_error("dump-hidden: cannot create " + o.out_dir + ": " + ec.message());
+  DumpHiddenSummary sum;
+  sum.target_fingerprint = fingerprint_hex(*lm.file);
+  int64_t skipped = 0;
+  auto seqs_or = read_prompts(lm, o, &skipped);
+  if (!seqs_or.ok()) return seqs_or.status();
+  std::vector<DumpSeq> seqs = std::move(*seqs_or);
+  if (seqs.empty()) return invalid_argument("dump-hidden: no usable prompt in " + o.prompts_path);
+
+  auto t0 = Clock::now();
+  if (Status st = generate_all(lm, o, seqs, progress); !st.ok()) return st;
+  sum.generate_seconds = seconds_since(t0);
+
+  // Teacher-forced passes: every row a logit row, hidden returned for all of them.
+  Transformer& model = *lm.model;
+  const ModelConfig& cfg = model.config();
+  const int64_t d = cfg.hidden_size, V = cfg.vocab_size, bs = 16;
+  int64_t total = 0;
+  size_t longest = 0;
+  for (const auto& s : seqs) {
+    total += static_cast<int64_t>(s.tokens.size());
+    longest = std::max(longest, s.tokens.size());
+  }
+  const int64_t budget = std::max<int64_t>(o.forward_tokens, static_cast<int64_t>(longest));
+  constexpr size_t kMaxSeqsPerPass = 64;
+  auto kv = model.create_kv(budget / bs + static_cast<int64_t>(kMaxSeqsPerPass) + 1, bs);
+  if (!kv.ok()) return kv.status();
+  std::vector<uint16_t> hidden(static_cast<size_t>(total * d));
+  std::vector<int32_t> tokens(static_cast<size_t>(total)), argmax(static_cast<size_t>(total));
+  std::vector<int64_t> offsets(seqs.size());
+  int64_t off = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    offsets[i] = off;
+    std::copy(seqs[i].tokens.begin(), seqs[i].tokens.end(), tokens.begin() + off);
+    off += static_cast<int64_t>(seqs[i].tokens.size());
+  }
+  t0 = Clock::now();
+  auto last = t0;
+  ForwardOutput out;
+  for (size_t i = 0; i < seqs.size();) {
+    ForwardBatch batch;
+    batch.return_hidden = true;
+    std::vector<size_t> members;
+    int64_t rows = 0;
+    int32_t next_block = 0;
+    while (i < seqs.size() && members.size() < kMaxSeqsPerPass &&
+           (members.empty() || rows + static_cast<int64_t>(seqs[i].tokens.size()) <= budget)) {
+      SequenceInput in;
+      in.tokens = seqs[i].tokens;
+      const int32_t n = static_cast<int32_t>(in.tokens.size());
+      for (int32_t b = 0; b < (n + bs - 1) / bs; ++b) in.block_table.push_back(next_block++);
+      in.logit_rows.resize(static_cast<size_t>(n));
+      for (int32_t r = 0; r < n; ++r) in.logit_rows[static_cast<size_t>(r)] = r;
+      rows += n;
+      members.push_back(i++);
+      batch.seqs.push_back(std::move(in));
+    }
+    if (Status st = model.forward(batch, **kv, &out); !st.ok()) return st;
+    if (static_cast<int64_t>(out.hidden.size()) != rows * d) return internal_error("dump-hidden: forward returned no hidden rows");
+    for (size_t m = 0; m < members.size(); ++m) {
+      const DumpSeq& s = seqs[members[m]];
+      for (size_t r = 0; r < s.tokens.size(); ++r) {
+        const int64_t row = out.seq_row_offset[m] + static_cast<int64_t>(r);
+        const int64_t dst = offsets[members[m]] + static_cast<int64_t>(r);
+        const float* lg = out.logits.data() + row * V;
+        argmax[static_cast<size_t>(dst)] = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
+        const float* h = out.hidden.data() + row * d;
+        for (int64_t c = 0; c < d; ++c) hidden[static_cast<size_t>(dst * d + c)] = float_to_half(h[c]);
+        // Continuation tokens were generated greedily: the teacher-forced argmax must agree.
+        if (static_cast<int32_t>(r) >= s.prompt_length - 1 && r + 1 < s.tokens.size() &&
+            argmax[static_cast<size_t>(dst)] != s.tokens[r + 1])
+          ++sum.num_argmax_mismatches;
+      }
+    }
+    if (progress && (seconds_since(last) > 0.5 || i == seqs.size())) {
+      last = Clock::now();
+      char buf[200];
+      const double t = seconds_since(t0);
+      const int64_t done_pos = i < seqs.size() ? offsets[i] : total;
+      std::snprintf(buf, sizeof buf, "forward: %zu/%zu sequences, %" PRId64 "/%" PRId64 " positions, %.0f pos/s, %.0f s", i,
+                    seqs.size(), done_pos, total, t > 0 ? done_pos / t : 0.0, t);
+      progress(buf, i == seqs.size());
+    }
+  }
+  sum.forward_seconds = seconds_since(t0);
+  sum.num_sequences = static_cast<int64_t>(seqs.size());
+  sum.num_positions = total;
+  for (const auto& s : seqs) sum.num_generated += static_cast<int64_t>(s.tokens.size()) - s.prompt_length;
+
+  const std::string dir = o.out_dir + "/";
+  if (Status st = write_npy(dir + "hidden.npy", "<f2", {total, d}, hidden.data(), hidden.size() * 2); !st.ok()) return st;
+  if (Status st = write_npy(dir + "tokens.npy", "<i4", {total}, tokens.data(), tokens.size() * 4); !st.ok()) return st;
+  if (Status st = write_npy(dir + "argmax.npy", "<i4", {total}, argmax.data(), argmax.size() * 4); !st.ok()) return st;
+  if (o.write_weights) {
+    const GgufTensorInfo* emb = lm.file->find_tensor("token_embd.weight");
+    const GgufTensorInfo* head = cfg.tied_output ? emb : lm.file->find_tensor("output.weight");
+    if (!emb || !head) return corrupt_data(lm.file->path() + ": token_embd.weight / output.weight missing");
+    for (auto [name, t] : {std::pair{"embed.npy", emb}, std::pair{"head.npy", head}}) {
+      auto w = dequantize_tensor(*t);
+      if (!w.ok()) return w.status();
+      if (Status st = write_npy(dir + name, "<f4", {V, d}, w->data(), w->size() * 4); !st.ok()) return st;
+    }
+  }
+  nlohmann::json idx;
+  idx["format"] = "specserve-hidden-dump/1";
+  idx["model"] = lm.file->path();
+  idx["target_fingerprint"] = sum.target_fingerprint;
+  idx["hidden_size"] = d;
+  idx["vocab_size"] = V;
+  idx["num_positions"] = total;
+  idx["max_new_tokens"] = o.max_new_tokens;
+  idx["num_generated"] = sum.num_generated;
+  idx["num_prompts_skipped"] = skipped;
+  idx["num_argmax_mismatches"] = sum.num_argmax_mismatches;
+  idx["tied_output"] = cfg.tied_output;
+  idx["eog_ids"] = std::vector<int32_t>(lm.tokenizer->eog_ids().begin(), lm.tokenizer->eog_ids().end());
+  idx["target_config"] = {{"arch", cfg.arch},
+                          {"hidden_size", cfg.hidden_size},
+                          {"num_layers", cfg.num_layers},
+                          {"num_heads", cfg.num_heads},
+                          {"num_kv_heads", cfg.num_kv_heads},
+                          {"head_dim", cfg.head_dim},
+                          {"rope_dim", cfg.rope_dim},
+                          {"ffn_size", cfg.ffn_size},
+                          {"rope_theta", cfg.rope_theta},
+                          {"rope_neox", cfg.rope_style == RopeStyle::kNeox},
+                          {"norm_eps", cfg.norm_eps}};
+  nlohmann::json js = nlohmann::json::array();
+  for (size_t i = 0; i < seqs.size(); ++i)
+    js.push_back({{"offset", offsets[i]},
+                  {"length", seqs[i].tokens.size()},
+                  {"prompt_length", seqs[i].prompt_length},
+                  {"line", seqs[i].line},
+                  {"finish", seqs[i].finish}});
+  idx["sequences"] = js;
+  idx["generate_seconds"] = sum.generate_seconds;
+  idx["forward_seconds"] = sum.forward_seconds;
+  std::ofstream f(dir + "index.json", std::ios::trunc);
+  f << idx.dump(1) << "\n";
+  if (!f) return internal_error("cannot write " + dir + "index.json");
+  return sum;
+}
+
+}  // namespace specserve::cli

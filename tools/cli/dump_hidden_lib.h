@@ -1,0 +1,80 @@
+// specserve tools: `specserve dump-hidden` — self-distillation data for Medusa / EAGLE heads.
+//
+// The target generates its own greedy continuation of every prompt (spec::Engine, continuous
+// batching, no speculation), then runs teacher-forced forward passes over prompt + continuation
+// with every row a logit row and ForwardBatch::return_hidden, and writes, per position, the
+// final-norm hidden state (what the output head multiplies), the token id and the target's
+// argmax next token. Medusa (Cai et al. 2024, "Medusa-1": heads on a frozen target) and EAGLE
+// (Li et al. 2024) train on exactly these features. tools/train/ reads the files.
+//
+// Output directory (NumPy .npy v1.0, little-endian, C order):
+//   hidden.npy   [num_positions, hidden_size] float16  final-norm hidden state at each position
+//   tokens.npy   [num_positions] int32                  token id at each position
+//   argmax.npy   [num_positions] int32                  argmax of the target's logits there (next token)
+//   head.npy     [vocab_size, hidden_size] float32      the output head, dequantized (tied: = embedding)
+//   embed.npy    [vocab_size, hidden_size] float32      the token embedding, dequantized
+//   index.json   sequences (offset, length, prompt_length, finish), shapes, target_fingerprint, ...
+// Positions of sequence i are rows [offset_i, offset_i + length_i); its first prompt_length_i are
+// the prompt (chat template applied), the rest the target's greedy continuation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model_loader.h"
+
+namespace specserve::cli {
+
+/// What to dump and how.
+struct DumpHiddenOptions {
+  std::string prompts_path;         ///< JSONL: {"messages": [{"role","content"}...]} or {"prompt": "..."} per line
+  std::string out_dir;              ///< created if missing; existing files are overwritten
+  int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt (EOS may end it sooner)
+  int32_t max_num_seqs = 24;        ///< sequences generated at once (Engine batch)
+  int32_t max_prompts = 0;          ///< 0: all lines of the file
+  int32_t max_prompt_tokens = 384;  ///< longer prompts are cut to their last this many tokens
+  int32_t forward_tokens = 1024;    ///< rows per teacher-forced forward pass (memory: rows * vocab * 4 B)
+  bool write_weights = true;        ///< also write head.npy and embed.npy
+};
+
+/// What a dump produced.
+struct DumpHiddenSummary {
+  int64_t num_sequences = 0;
+  int64_t num_positions = 0;
+  int64_t num_generated = 0;       ///< continuation tokens over all sequences
+  /// Continuation positions whose teacher-forced argmax differs from the token generated next
+  /// (0 when generation and teacher forcing agree, as batch invariance promises).
+  int64_t num_argmax_mismatches = 0;
+  double generate_seconds = 0, forward_seconds = 0;
+  std::string target_fingerprint;  ///< 16 hex digits of model_fingerprint() of the target
+};
+
+/// Called with a one-line progress message ("generate 40/300 prompts ..."); may be empty.
+using DumpProgress = std::function<void(const std::string& line, bool final_line)>;
+
+/// Runs the dump (see the file comment) with the loaded target. Errors: kNotFound (prompt
+/// file), kInvalidArgument (a JSONL line that is not an object with "messages" or "prompt",
+/// naming the line; options out of range), chat template errors, engine and forward errors,
+/// kInternal when an output file cannot be written.
+Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& opts, const DumpProgress& progress = {});
+
+/// "%016llx" of model_fingerprint(file): the string heads carry as `<arch>.target_fingerprint`.
+std::string fingerprint_hex(const GgufFile& file);
+
+/// Writes a .npy v1.0 file: `descr` is the NumPy type string ("<f2", "<f4", "<i4"), `shape`
+/// the array's shape, `data` its bytes in C order. Errors: kInternal naming the path.
+Status write_npy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape, const void* data,
+                 size_t num_bytes);
+
+/// Reads a .npy v1.0/2.0 file written as above (C order). Fills *descr, *shape and *bytes.
+/// Errors: kNotFound, kCorruptData (bad magic, header or size) naming the path.
+Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t>* shape, std::vector<uint8_t>* bytes);
+
+/// IEEE half <-> float (round to nearest even; used for hidden.npy).
+uint16_t float_to_half(float f);
+float half_to_float(uint16_t h);
+
+}  // namespace specserve::cli

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Generates the prompt corpus for head training (self-distillation): templated chat prompts
+over topics and task kinds similar to an assistant's everyday work — writing, open QA, math,
+coding, summarisation, translation, reasoning, extraction, rewriting, multi-turn chat.
+
+Deliberately NOT drawn from Spec-Bench (the benchmark the heads are measured on): every prompt
+is built here from templates and word lists, deterministically from --seed.
+
+Output: JSONL, one {"messages": [{"role": ..., "content": ...}, ...], "task": KIND} per line,
+the format `specserve dump-hidden --prompts` reads.
+
+Usage: make_prompts.py --out prompts.jsonl [--num 320] [--seed 0]
+"""
+import argparse
+import json
+import random
+
+TOPICS = [
+    "photosynthesis", "the French Revolution", "black holes", "machine learning", "the water cycle",
+    "climate change", "the Roman Empire", "volcanoes", "the human immune system", "electric cars",
+    "the stock market", "honey bees", "the Internet", "renewable energy", "the Moon landing",
+    "coffee", "chess", "the printing press", "earthquakes", "vaccines", "recycling", "jazz music",
+    "the Great Wall of China", "DNA", "rainforests", "social media", "sleep", "the Olympic Games",
+    "inflation", "electricity", "bread baking", "the solar system", "ancient Egypt", "gardening",
+    "plate tectonics", "antibiotics", "the Renaissance", "cloud computing", "ocean tides",
+    "public libraries", "bicycles", "composting", "the Silk Road", "dinosaurs", "smartphones",
+]
+AUDIENCES = ["a ten-year-old", "a high school student", "a busy manager", "a beginner", "an expert",
+             "my grandmother", "a new employee", "a tourist"]
+FORMS = ["a short poem", "a haiku", "a limerick", "a short story", "a blog post introduction",
+         "a product description", "a motivational speech", "a diary entry", "a news headline and lede",
+         "a tweet", "a dialogue between two friends", "a persuasive paragraph"]
+THINGS = ["a rainy afternoon", "a lost cat", "the first day of school", "a robot learning to cook",
+          "a lighthouse keeper", "a city at night", "an old bicycle", "a dragon who is afraid of fire",
+          "a time traveller", "a small bakery", "autumn leaves", "a mountain hike", "a space station",
+          "a forgotten letter", "a friendly ghost", "a busy train station"]
+LANGS = ["French", "Spanish", "German", "Italian", "Portuguese"]
+SENTENCES = [
+    "The weather is beautiful today.", "Where is the nearest train station?", "I would like a cup of tea, please.",
+    "The meeting starts at nine o'clock.", "My brother is a doctor.", "We are going to the beach tomorrow.",
+    "This book is very interesting.", "Can you help me find my keys?", "The museum is closed on Mondays.",
+    "She plays the piano every evening.", "How much does this cost?", "I have lived here for five years.",
+]
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
+    "returns the n-th Fibonacci number", "counts the vowels in a string", "merges two sorted lists",
+    "removes duplicates from a list while keeping order", "finds the largest element of an array",
+    "checks whether a string is a palindrome", "converts Celsius to Fahrenheit", "sums the digits of an integer",
+    "computes the greatest common divisor of two numbers", "flattens a nested list",
+    "counts word frequencies in a text", "implements binary search", "transposes a matrix",
+    "validates an email address with a regular expression", "reads a CSV file and prints each row",
+]
+CODE_LANGS = ["Python", "JavaScript", "C++", "Java", "Go", "Rust", "Python", "Python"]
+NAMES = ["Alice", "Bob", "Maria", "Ken", "Priya", "Omar", "Lena", "Tom", "Sara", "Ivan"]
+ITEMS = ["apples", "pencils", "books", "marbles", "cookies", "stickers", "oranges", "coins"]
+PASSAGE_FACTS = {
+    "a new city park": ["The park opened in May after two years of construction.",
+                        "It has a playground, a pond and three kilometres of walking paths.",
+                        "Local residents voted on the design in an online survey.",
+                        "The city plans to host free concerts there every summer weekend."],
+    "a company's quarterly results": ["Revenue grew by 12 percent compared with the same quarter last year.",
+                                      "Most of the growth came from online sales.",
+                                      "Costs rose because of higher shipping prices.",
+                                      "The company expects demand to stay strong until the end of the year."],
+    "a school science fair": ["More than eighty students presented projects this year.",
+                              "The winning project measured air quality around the school.",
+                              "Judges included two engineers and a university professor.",
+                              "Next year the fair will be open to students from nearby towns."],
+    "a study on sleep": ["Researchers followed 2,000 adults for three years.",
+                         "People who slept less than six hours had more colds.",
+                         "Regular bedtimes mattered as much as total sleep.",
+                         "The authors recommend avoiding screens an hour before bed."],
+    "a library renovation": ["The central library will close for six months.",
+                             "The renovation adds a café, quiet study rooms and a maker space.",
+                             "A temporary branch will operate from the town hall.",
+                             "The project is funded by a regional grant and private donations."],
+}
+SYSTEMS = [None, None, None, "You are a helpful assistant.", "You are a concise assistant. Keep answers short.",
+           "You are a friendly tutor who explains things step by step."]
+
+
+def writing(r):
+    return r.choice([
+        f"Write {r.choice(FORMS)} about {r.choice(THINGS)}.",
+        f"Write {r.choice(FORMS)} about {r.choice(TOPICS)}.",
+        f"Compose an email to a colleague asking to move our meeting about {r.choice(TOPICS)} to next week.",
+        f"Give me five creative title ideas for an article about {r.choice(TOPICS)}.",
+        f"Write a short thank-you note to {r.choice(NAMES)} for helping me move house.",
+    ])
+
+
+def qa(r):
+    t = r.choice(TOPICS)
+    return r.choice([
+        f"What is {t}?", f"Explain {t} to {r.choice(AUDIENCES)}.", f"Why is {t} important?",
+        f"What are three interesting facts about {t}?", f"How does {t} work?",
+        f"What are the main advantages and disadvantages of {t}?", f"Give a brief history of {t}.",
+    ])
+
+
+def math(r):
+    a, b, c = r.randint(2, 99), r.randint(2, 99), r.randint(2, 12)
+    n1, n2 = r.sample(NAMES, 2)
+    it = r.choice(ITEMS)
+    return r.choice([
+        f"What is {a} times {b}?", f"What is {a * c} divided by {c}?", f"Calculate {a} + {b} - {c}.",
+        f"{n1} has {a} {it} and gives {min(a, c)} to {n2}. How many {it} does {n1} have left?",
+        f"A shop sells {it} at {c} dollars each. How much do {b} {it} cost?",
+        f"Solve for x: {c}x + {a} = {a + c * b}.",
+        f"What is {c * 10} percent of {a * 10}?",
+        f"A train travels {a * 10} kilometres in {c} hours. What is its average speed?",
+        f"Is {a * b + 1} a prime number? Explain.",
+        f"What is the area of a rectangle with sides {a} cm and {b} cm?",
+    ])
+
+
+def coding(r):
+    lang, task = r.choice(CODE_LANGS), r.choice(CODE_TASKS)
+    return r.choice([
+        f"Write a {lang} function that {task}.",
+        f"How do I write a function in {lang} that {task}?",
+        f"Explain what a function that {task} would look like in {lang}, with an example.",
+        f"Write a {lang} program that {task}, and add comments.",
+        f"What is the difference between a list and a dictionary in Python?",
+        f"Explain recursion with a simple {lang} example.",
+    ])
+
+
+def summarise(r):
+    subject, facts = r.choice(list(PASSAGE_FACTS.items()))
+    text = " ".join(r.sample(facts, k=len(facts)))
+    return r.choice([
+        f"Summarize the following text in one sentence:\n\n{text}",
+        f"Give the main points of this text as a bulleted list:\n\n{text}",
+        f"Write a short headline for this news item:\n\n{text}",
+        f"Summarize this for {r.choice(AUDIENCES)}:\n\n{text}",
+    ])
+
+
+def translate(r):
+    s, lang = r.choice(SENTENCES), r.choice(LANGS)
+    return r.choice([
+        f"Translate into {lang}: {s}", f"How do you say \"{s}\" in {lang}?",
+        f"Translate the following sentence to {lang} and explain any difficult words: {s}",
+    ])
+
+
+def reasoning(r):
+    n1, n2, n3 = r.sample(NAMES, 3)
+    a, b = r.randint(3, 9), r.randint(10, 30)
+    return r.choice([
+        f"{n1} is taller than {n2}, and {n2} is taller than {n3}. Who is the shortest?",
+        f"If it takes {a} machines {a} minutes to make {a} widgets, how long would {b} machines take to make {b} widgets?",
+        f"{n1} is older than {n2}. {n3} is younger than {n2}. Is {n1} older than {n3}? Explain your reasoning.",
+        f"What comes next in the sequence {a}, {2 * a}, {3 * a}, {4 * a}, ...?",
+        f"A farmer has {b} sheep. All but {a} run away. How many are left?",
+        f"Think step by step: should I take an umbrella if the forecast says {b} percent chance of rain?",
+        f"Which is heavier, a kilogram of feathers or a kilogram of {r.choice(ITEMS)}?",
+    ])
+
+
+def rewrite(r):
+    s = r.choice(SENTENCES + [f"{r.choice(TOPICS).capitalize()} is very important for many people."])
+    return r.choice([
+        f"Rewrite this sentence in a more formal tone: {s}", f"Make this sentence more exciting: {s}",
+        f"Fix the grammar and improve the style: {s.lower().replace('.', '')} and it was good",
+        f"Give three different ways to say: {s}",
+    ])
+
+
+def extraction(r):
+    n, a, city = r.choice(NAMES), r.randint(20, 70), r.choice(["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Austin"])
+    text = f"{n} is {a} years old, lives in {city} and works as a {r.choice(['teacher', 'nurse', 'pilot', 'chef'])}."
+    return r.choice([
+        f"Extract the name, age and city from this text as JSON: {text}",
+        f"List every number in this text: {text}",
+        f"Classify the sentiment of this review as positive, negative or neutral: \"The {r.choice(ITEMS)} arrived late but tasted great.\"",
+    ])
+
+
+TASKS = {"writing": writing, "qa": qa, "math": math, "coding": coding, "summarisation": summarise,
+         "translation": translate, "reasoning": reasoning, "rewrite": rewrite, "extraction": extraction}
+WEIGHTS = {"writing": 3, "qa": 3, "math": 2, "coding": 2, "summarisation": 1, "translation": 1,
+           "reasoning": 2, "rewrite": 1, "extraction": 1}
+
+
+def make(num, seed):
+    r = random.Random(seed)
+    kinds = [k for k, w in WEIGHTS.items() for _ in range(w)]
+    out, seen = [], set()
+    while len(out) < num:
+        kind = r.choice(kinds)
+        user = TASKS[kind](r)
+        if user in seen:
+            continue
+        seen.add(user)
+        msgs = []
+        sys_msg = r.choice(SYSTEMS)
+        if sys_msg:
+            msgs.append({"role": "system", "content": sys_msg})
+        if r.random() < 0.08:  # a few two-turn chats
+            msgs += [{"role": "user", "content": "Hi! Can you help me with something?"},
+                     {"role": "assistant", "content": "Of course! What do you need help with?"}]
+        msgs.append({"role": "user", "content": user})
+        out.append({"messages": msgs, "task": kind})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output JSONL path")
+    ap.add_argument("--num", type=int, default=320, help="number of prompts (default 320)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    a = ap.parse_args()
+    rows = make(a.num, a.seed)
+    with open(a.out, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    counts = {}
+    for row in rows:
+        counts[row["task"]] = counts.get(row["task"], 0) + 1
+    print(f"[make-prompts] {len(rows)} prompts -> {a.out}: {counts}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Trains the Medusa and EAGLE heads of the default model (SmolLM2-135M-Instruct Q4_1) from
+# nothing, on the CPU, and writes them where the runtime and the repository expect them:
+#   1. fetch the model (scripts/fetch-model.sh) and build specserve (scripts/build.sh)
+#   2. the Python environment (tools/train/venv.sh: torch, numpy, matplotlib, gguf)
+#   3. a prompt corpus (tools/train/make_prompts.py; templated, not Spec-Bench)
+#   4. self-distillation data: `specserve dump-hidden` (greedy continuations, hidden states)
+#   5. tools/train/train_medusa.py and train_eagle.py (curves to bench/results/)
+#   6. tools/train/make_reference.py (tests/data/heads_reference.json) and models/heads/SHA256SUMS
+# Usage: tools/train/train_all.sh [--work DIR] [--num-prompts N] [--max-new-tokens N]
+#          [--medusa-epochs N] [--eagle-epochs N] [--threads N] [--parallel] [--skip-build]
+#          [--skip-dump] [--tag YYYY-MM-DD]
+#   --work DIR          scratch space for prompts, the dump (~300 MB) and checkpoints
+#                       (default ~/.cache/specserve/train)
+#   --num-prompts N     prompts in the corpus (default 320)
+#   --max-new-tokens N  greedy continuation per prompt (default 96)
+#   --medusa-epochs N   (default 10)     --eagle-epochs N (default 16)
+#   --max-minutes M     wall-time cap per trainer (default 20)
+#   --threads N         torch / specserve threads (default 2)
+#   --parallel          train Medusa and EAGLE at the same time (one thread each)
+#   --skip-build        use the existing build/bin/specserve
+#   --skip-dump         reuse the dump already in --work
+#   --tag T             suffix of bench/results/train_{medusa,eagle}_T.{json,png} (default: today)
+set -euo pipefail
+here="$(cd "$(dirname "$0")/../.." && pwd)"
+work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
+num_prompts=320 max_new=96 medusa_epochs=10 eagle_epochs=16 threads=2 parallel=0 skip_build=0 skip_dump=0
+max_minutes=20 tag="$(date +%F)"
+cmdline="tools/train/train_all.sh $*"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --work) work="$2"; shift 2 ;;
+    --num-prompts) num_prompts="$2"; shift 2 ;;
+    --max-new-tokens) max_new="$2"; shift 2 ;;
+    --medusa-epochs) medusa_epochs="$2"; shift 2 ;;
+    --eagle-epochs) eagle_epochs="$2"; shift 2 ;;
+    --max-minutes) max_minutes="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --parallel) parallel=1; shift ;;
+    --skip-build) skip_build=1; shift ;;
+    --skip-dump) skip_dump=1; shift ;;
+    --tag) tag="$2"; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "train_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+cd "$here"
+mkdir -p "$work" models/heads bench/results
+log() { echo "[train-all $(date +%T)] $*" >&2; }
+
+model="$(scripts/fetch-model.sh)"
+if [ "$skip_build" = 0 ]; then
+  log "building specserve"
+  SPECSERVE_BUILD_JOBS="${SPECSERVE_BUILD_JOBS:-2}" scripts/build.sh
+fi
+bin="${SPECSERVE_BUILD_DIR:-$here/build}/bin/specserve"
+py="$(tools/train/venv.sh | tail -1)"
+
+if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
+  log "prompts: $num_prompts"
+  "$py" tools/train/make_prompts.py --out "$work/prompts.jsonl" --num "$num_prompts" --seed 0
+  log "dump-hidden (greedy continuations of $max_new tokens, then teacher-forced hidden states)"
+  "$bin" dump-hidden --model "$model" --prompts "$work/prompts.jsonl" --out "$work/dump" \
+    --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
+fi
+
+medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out models/heads/medusa-smollm2-135m.gguf
+            --epochs "$medusa_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_medusa_$tag"
+            --save-torch "$work/medusa.pt")
+eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out models/heads/eagle-smollm2-135m.gguf
+           --epochs "$eagle_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_eagle_$tag"
+           --save-torch "$work/eagle.pt")
+if [ "$parallel" = 1 ]; then
+  log "training Medusa and EAGLE in parallel (1 thread each); logs in $work/train_{medusa,eagle}.log"
+  "${medusa_cmd[@]}" --threads 1 > "$work/train_medusa.log" 2>&1 &
+  mpid=$!
+  "${eagle_cmd[@]}" --threads 1 > "$work/train_eagle.log" 2>&1 &
+  epid=$!
+  wait "$mpid" || { cat "$work/train_medusa.log" >&2; exit 1; }
+  wait "$epid" || { cat "$work/train_eagle.log" >&2; exit 1; }
+  tail -3 "$work/train_medusa.log" "$work/train_eagle.log" >&2
+else
+  log "training Medusa"
+  "${medusa_cmd[@]}" --threads "$threads"
+  log "training EAGLE"
+  "${eagle_cmd[@]}" --threads "$threads"
+fi
+
+log "reference outputs and checksums"
+"$py" tools/train/make_reference.py --dump "$work/dump" --medusa models/heads/medusa-smollm2-135m.gguf \
+  --eagle models/heads/eagle-smollm2-135m.gguf --out tests/data/heads_reference.json --command "$cmdline"
+(cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf > SHA256SUMS && cat SHA256SUMS >&2)
+log "done: models/heads/, bench/results/train_{medusa,eagle}_$tag.{json,png}, tests/data/heads_reference.json"
