@@ -243,12 +243,13 @@ void EagleProposer::run(const std::vector<Row>& rows, const std::vector<Attentio
   B.download(features->data(), x, R * d * 4);
 }
 
-Status EagleProposer::teacher_forced(std::span<const int32_t> tokens, std::span<const float> features,
+Status EagleProposer::teacher_forced(std::span<const int32_t> tokens, std::span<const float> features, int32_t first_position,
                                      std::vector<float>* predicted, std::vector<float>* logits) {
-  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
-  if (n < 1 || static_cast<int64_t>(features.size()) != n * d_) {
-    return invalid_argument("teacher_forced: need tokens [n + 1] and features [n, " + std::to_string(d_) + "], got " +
-                            std::to_string(tokens.size()) + " tokens and " + std::to_string(features.size()) + " floats");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 1 || static_cast<int64_t>(features.size()) != n * d_ || first_position < 1) {
+    return invalid_argument("teacher_forced: need tokens [n >= 1], features [n, " + std::to_string(d_) + "] and first_position >= 1, got " +
+                            std::to_string(tokens.size()) + " tokens, " + std::to_string(features.size()) + " floats, position " +
+                            std::to_string(first_position));
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= target_.config().vocab_size) return invalid_argument("teacher_forced: token " + std::to_string(t) + " is outside the vocabulary");
@@ -259,8 +260,8 @@ Status EagleProposer::teacher_forced(std::span<const int32_t> tokens, std::span<
   std::vector<Row> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     Row& r = rows[static_cast<size_t>(i)];
-    r.token = tokens[static_cast<size_t>(i + 1)];
-    r.position = static_cast<int32_t>(i + 1);
+    r.token = tokens[static_cast<size_t>(i)];
+    r.position = first_position + static_cast<int32_t>(i);
     r.slot = static_cast<int32_t>(bt.blocks()[static_cast<size_t>(i / bs)] * bs + i % bs);
     r.feature = features.data() + i * d_;
     r.want_logits = true;

@@ -103,11 +103,13 @@ class EagleProposer final : public Proposer {
   Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
   void release(int64_t seq_id) override;
 
-  /// Test hook: the head's predicted features f^(p) [n, d] and their logits [n, draft vocab] for
-  /// positions 1..n of `tokens` [n + 1] with the given features f(0..n-1) ([n, d], teacher
-  /// forcing, as in training), causal over that sequence alone (no state is kept).
-  Status teacher_forced(std::span<const int32_t> tokens, std::span<const float> features, std::vector<float>* predicted,
-                        std::vector<float>* logits);
+  /// Test hook (teacher forcing, as in training): row j is token tokens[j] at position
+  /// first_position + j with input feature features[j] (the target's feature of the position
+  /// before); causal over these rows alone, no state kept. Returns the predicted features
+  /// [n, d] and their logits [n, draft vocab]. Errors: kInvalidArgument for mismatched sizes, a
+  /// token outside the vocabulary, first_position < 1.
+  Status teacher_forced(std::span<const int32_t> tokens, std::span<const float> features, int32_t first_position,
+                        std::vector<float>* predicted, std::vector<float>* logits);
   /// KV blocks held by sequences now (for tests of release / rollback).
   int32_t num_used_blocks() const { return pool_->num_blocks() - pool_->num_free(); }
 

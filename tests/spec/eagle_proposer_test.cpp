@@ -258,9 +258,9 @@ TEST_F(EagleTest, TeacherForcedMatchesTheContractFormulas) {
     std::vector<int32_t> tokens = random_tokens(n + 1, 3);
     std::vector<float> feats = gaussian(static_cast<size_t>(n * kD), 1.0f, 4);
     std::vector<float> pred, logits;
-    ASSERT_TRUE(e->teacher_forced(tokens, feats, &pred, &logits).ok());
     std::vector<int32_t> toks(tokens.begin() + 1, tokens.end()), pos(static_cast<size_t>(n));
-    std::iota(pos.begin(), pos.end(), 1);
+    ASSERT_TRUE(e->teacher_forced(toks, feats, 5, &pred, &logits).ok());
+    std::iota(pos.begin(), pos.end(), 5);
     std::vector<std::vector<float>> in;
     for (int j = 0; j < n; ++j) in.emplace_back(feats.begin() + j * kD, feats.begin() + (j + 1) * kD);
     std::vector<float> ref = eagle_reference(w, target_.embed, toks, in, pos);
