@@ -281,7 +281,8 @@ void TopologyParser::parse_target(const YAML::Node& n) {
 void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
-            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k"});
+            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "typical_acceptance",
+            "posterior_threshold", "posterior_alpha"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -312,6 +313,17 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
     s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
   }
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
+  if (auto a = read_bool(f, "typical_acceptance")) s.typical_acceptance = *a;
+  for (const char* key : {"posterior_threshold", "posterior_alpha"}) {
+    const bool is_threshold = std::string(key) == "posterior_threshold";
+    auto v = read_double(f, key, 0, false);
+    if (!v) continue;
+    if ((is_threshold && *v == 0) || *v > 1) {
+      error(*f.get(key), f.path(key), quote(f.get(key)->Scalar()) + " must be in " + (is_threshold ? "(0, 1]" : "[0, 1]"));
+      continue;
+    }
+    (is_threshold ? s.posterior_threshold : s.posterior_alpha) = static_cast<float>(*v);
+  }
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
   if (lmin) s.prompt_lookup_min = static_cast<int32_t>(*lmin);
   if (lmax) s.prompt_lookup_max = static_cast<int32_t>(*lmax);

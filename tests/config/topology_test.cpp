@@ -529,6 +529,33 @@ TEST(TopologyNgramDefaults, FollowVllm) {
   EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
+// Medusa's typical acceptance (lossy, off by default) and its two parameters, range-checked.
+TEST(TopologyTypicalAcceptance, ParsesAndChecksRanges) {
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n  speculative: {method: ngram, num_speculative_tokens: 4" + spec +
+           "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto def = parse_topology(make(""), "t.yaml");
+  ASSERT_TRUE(def.ok()) << def.status().to_string();
+  EXPECT_FALSE(def->models.speculative->typical_acceptance);
+  EXPECT_FLOAT_EQ(def->models.speculative->posterior_threshold, 0.09f);
+  EXPECT_FLOAT_EQ(def->models.speculative->posterior_alpha, 0.3f);
+  auto on = parse_topology(make(", typical_acceptance: true, posterior_threshold: 0.2, posterior_alpha: 0.1"), "t.yaml");
+  ASSERT_TRUE(on.ok()) << on.status().to_string();
+  EXPECT_TRUE(on->models.speculative->typical_acceptance);
+  EXPECT_FLOAT_EQ(on->models.speculative->posterior_threshold, 0.2f);
+  EXPECT_FLOAT_EQ(on->models.speculative->posterior_alpha, 0.1f);
+  auto zero = parse_topology(make(", posterior_threshold: 0"), "t.yaml");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("models.speculative.posterior_threshold: '0' must be in (0, 1]"), std::string::npos)
+      << zero.status().message();
+  auto big = parse_topology(make(", posterior_alpha: 1.5"), "t.yaml");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("models.speculative.posterior_alpha: '1.5' must be in [0, 1]"), std::string::npos)
+      << big.status().message();
+}
+
 TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
   const std::string model = std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   auto make = [&](const std::string& spec, const std::string& workers) {
