@@ -80,6 +80,15 @@ Status load_and_warm(Self self) {
   bo.sparse_max_entries = 512;
   auto p = build_proposer(*t.models.speculative, s.target, *s.backend, bo);
   if (!p.ok()) return Status(p.status().code(), t.where("models.speculative") + ": models.speculative: " + p.status().message());
+  if ((*p)->needs_hidden()) {
+    // NOTE: propose messages carry token ids only; a proposer that drafts from the target's
+    // hidden states would silently draft nothing here. The topology validation refuses this
+    // too; this guards a proposer that needs them under another method name.
+    return invalid_argument(t.where("models.speculative") + ": models.speculative.method " +
+                            "'" + std::string(speculative_method_name(t.models.speculative->method)) + "' (proposer " + (*p)->name() +
+                            ") drafts from the target's hidden states, which a draft_worker does not receive; "
+                            "remove the draft_worker so that the target_shard runs the proposer itself");
+  }
   s.proposer = std::move(*p);
   s.load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   self->send(s.cfg.scheduler, hello(self, "warming"));

@@ -57,6 +57,7 @@ class ProposerSlot final : public Proposer {
   void release(int64_t seq_id) override {
     if (inner_) inner_->release(seq_id);
   }
+  bool needs_hidden() const override { return inner_ && inner_->needs_hidden(); }
 
  private:
   std::string method_;

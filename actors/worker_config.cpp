@@ -22,6 +22,9 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
     o.num_speculative_tokens = s.num_speculative_tokens;
     o.disable_by_batch_size = s.disable_by_batch_size.value_or(0);
     o.adaptive_k = s.adaptive_k;
+    o.typical_acceptance = s.typical_acceptance;
+    o.posterior_threshold = s.posterior_threshold;
+    o.posterior_alpha = s.posterior_alpha;
   }
   SPECSERVE_RETURN_IF_ERROR(o.validate());
   return o;

@@ -91,6 +91,11 @@ struct SpeculativeSpec {
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   int32_t draft_tensor_parallel_size = 1;
   bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance
+  /// Medusa's typical acceptance for sampled requests (EngineOptions::typical_acceptance):
+  /// LOSSY, off by default.
+  bool typical_acceptance = false;
+  float posterior_threshold = 0.09f;      ///< in (0, 1]
+  float posterior_alpha = 0.3f;           ///< in [0, 1]
 };
 
 struct ModelsSpec {

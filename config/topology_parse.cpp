@@ -282,7 +282,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
             "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
-            "eagle_depth", "draft_vocab_size"});
+            "eagle_depth", "draft_vocab_size", "typical_acceptance", "posterior_threshold", "posterior_alpha"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -313,6 +313,17 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
     s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
   }
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
+  if (auto a = read_bool(f, "typical_acceptance")) s.typical_acceptance = *a;
+  for (const char* key : {"posterior_threshold", "posterior_alpha"}) {
+    const bool is_threshold = std::string(key) == "posterior_threshold";
+    auto v = read_double(f, key, 0, false);
+    if (!v) continue;
+    if ((is_threshold && *v == 0) || *v > 1) {
+      error(*f.get(key), f.path(key), quote(f.get(key)->Scalar()) + " must be in " + (is_threshold ? "(0, 1]" : "[0, 1]"));
+      continue;
+    }
+    (is_threshold ? s.posterior_threshold : s.posterior_alpha) = static_cast<float>(*v);
+  }
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
   if (lmin) s.prompt_lookup_min = static_cast<int32_t>(*lmin);
   if (lmax) s.prompt_lookup_max = static_cast<int32_t>(*lmax);
@@ -510,16 +521,6 @@ void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, 
   w->model = want;
   if (w->role == WorkerRole::kDraftWorker && !topo_.models.speculative) {
     error(*f.get("role"), f.path("role"), "'draft_worker' needs models.speculative, which is not set");
-  }
-  if (w->role == WorkerRole::kDraftWorker && topo_.models.speculative &&
-      (topo_.models.speculative->method == SpeculativeMethod::kMedusa ||
-       topo_.models.speculative->method == SpeculativeMethod::kEagle)) {
-    // NOTE: Medusa and EAGLE heads read the target's hidden states every step; they run inside
-    // the target_shard, next to the target, never in a separate draft_worker.
-    error(*f.get("role"), f.path("role"),
-          "'draft_worker' cannot run models.speculative.method " +
-              quote(speculative_method_name(topo_.models.speculative->method)) +
-              ": its heads need the target's hidden states in-process; drop the draft_worker (the target_shard runs the heads)");
   }
 }
 

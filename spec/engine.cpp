@@ -66,6 +66,11 @@ struct Engine::Seq {
   int32_t k = 0;                // current speculation length (adaptive), within [1, max_k] once it drafted
   int32_t max_k = 0;            // this request's cap: min(GenerateParams::num_speculative_tokens, the engine's); 0: never drafts
   int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
+  // Hidden hand-over (a proposer with needs_hidden(); spec/proposer.h): the target's final-norm
+  // hidden states [n, hidden_size] of positions [hidden_begin, hidden_begin + n) not yet handed
+  // to the proposer. While it runs, hidden_begin + n == num_cached.
+  std::vector<float> hidden;
+  int32_t hidden_begin = 0;
   FinishReason finish = FinishReason::kNone;
   SpecStats spec;
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
@@ -196,7 +201,9 @@ Expected<int64_t> Engine::add_migrated(GenerateParams params, SequenceImport imp
   s.spec.add(import.spec);
   const bool room = static_cast<int32_t>(running_.size()) < opts_.max_num_seqs &&
                     (import.num_cached + opts_.block_size - 1) / opts_.block_size <= pool_->num_free();
-  if (import.num_cached == 0 || !import.load_kv || !room) return id;
+  // NOTE: a proposer that needs hidden states needs them for every position, which only a
+  // recompute gives: such a sequence recomputes its KV instead of loading it.
+  if (import.num_cached == 0 || !import.load_kv || !room || wants_hidden(s)) return id;
   if (!s.blocks.reserve(*pool_, import.num_cached).ok()) return id;
   Status st = import.load_kv(*kv_, s.blocks.blocks());
   if (!st.ok()) {
@@ -296,6 +303,8 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
 
 bool Engine::may_draft(const Seq& s) const { return proposer_ != nullptr && s.max_k > 0; }
 
+bool Engine::wants_hidden(const Seq& s) const { return may_draft(s) && proposer_->needs_hidden(); }
+
 void Engine::cache_full_blocks(Seq& s) {
   if (!opts_.enable_prefix_caching) return;
   extend_block_hashes(s.tokens, opts_.block_size, &s.block_hashes);
@@ -305,6 +314,10 @@ void Engine::cache_full_blocks(Seq& s) {
 }
 
 std::span<const BlockHash> Engine::hit_candidates(const Seq& s) const {
+  // NOTE: a proposer that needs hidden states needs them for every position, and a cached
+  // prefix has none: such sequences compute their whole prompt (their blocks are still
+  // registered for others).
+  if (wants_hidden(s)) return {};
   const size_t max_blocks = (s.tokens.size() - 1) / static_cast<size_t>(opts_.block_size);
   return std::span<const BlockHash>(s.block_hashes).first(std::min(max_blocks, s.block_hashes.size()));
 }
@@ -590,6 +603,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     Seq& victim = **it;
     victim.blocks.release_all(*pool_);
     victim.num_cached = 0;
+    victim.hidden.clear();
+    victim.hidden_begin = 0;  // the recompute hands every position over again from 0
     if (may_draft(victim)) proposer_->release(victim.id);
     get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim.id);
     waiting_.push_back(std::move(*it));
@@ -604,10 +619,12 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   std::vector<DraftTree> drafts(plan.scheduled.size());
   std::vector<DraftRequest> dreqs;
   std::vector<size_t> dreq_entry;
+  std::vector<Seq*> dreq_seq;
+  const int32_t hidden_size = static_cast<int32_t>(target_.config().hidden_size);
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
     const ScheduledSeq& e = plan.scheduled[i];
     if (e.num_draft_tokens == 0) continue;
-    const Seq& s = *by_id.at(e.id);
+    Seq& s = *by_id.at(e.id);
     SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
                                                        " draft tokens planned over its cap " + std::to_string(s.max_k));
     DraftRequest r;
@@ -616,8 +633,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     r.prompt_len = s.prompt_len;
     r.num_tokens = e.num_draft_tokens;
     r.sampling = &s.params.sampling;
+    if (wants_hidden(s)) {
+      r.hidden_begin = s.hidden_begin;
+      r.hidden = std::span<const float>(s.hidden);
+      r.hidden_size = hidden_size;
+    }
     dreqs.push_back(r);
     dreq_entry.push_back(i);
+    dreq_seq.push_back(&s);
   }
   if (!dreqs.empty()) {
     std::vector<DraftTree> proposed(dreqs.size());
@@ -631,6 +654,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       // NOTE: a failing proposer degrades this step to plain decoding; the requests go on.
       get_logger("spec")->warn("proposer {} failed, decoding without drafts this step: {}", proposer_->name(), st.to_string());
       proposed.assign(dreqs.size(), DraftTree{});
+    } else {
+      // The hidden rows are handed over; a failed call gets them again with the next ones.
+      for (size_t j = 0; j < dreqs.size(); ++j) {
+        Seq& s = *dreq_seq[j];
+        if (dreqs[j].hidden_size == 0) continue;
+        s.hidden_begin += static_cast<int32_t>(s.hidden.size() / static_cast<size_t>(hidden_size));
+        s.hidden.clear();
+      }
     }
     const int64_t vocab = target_.config().vocab_size;
     for (size_t i = 0; i < dreqs.size(); ++i) {
@@ -684,6 +715,12 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       in.parents.push_back(-1);
       for (int32_t par : p.draft.parents) in.parents.push_back(par + 1);
     }
+    if (wants_hidden(s)) {
+      // Every row: prefill rows all go to the proposer; of a draft's rows only the accepted
+      // path's will, which is known after verification.
+      for (int32_t r = 0; r < static_cast<int32_t>(in.tokens.size()); ++r) in.hidden_rows.push_back(r);
+      batch.return_hidden = true;
+    }
     batch.seqs.push_back(std::move(in));
   }
   ForwardOutput out;
@@ -697,7 +734,16 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   for (size_t i = 0; i < batch_plan.size(); ++i) {
     Planned& pl = batch_plan[i];
     Seq& s = *pl.seq;
+    const bool keep_hidden = wants_hidden(s);
+    // Appends hidden row `r` of this sequence (position s.hidden_begin + kept rows) to s.hidden.
+    auto keep_hidden_row = [&](int32_t r) {
+      const float* h = out.hidden_row(static_cast<int32_t>(i), r);
+      s.hidden.insert(s.hidden.end(), h, h + out.hidden_size);
+    };
     if (!pl.completes) {
+      if (keep_hidden) {
+        for (int32_t r = 0; r < pl.rows; ++r) keep_hidden_row(r);
+      }
       s.num_cached += pl.rows;
       s.blocks.set_num_tokens(s.num_cached);
       cache_full_blocks(s);
@@ -799,9 +845,18 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       }
     }
     if (s.finish == FinishReason::kNone) {
+      if (keep_hidden) {
+        // Positions base - rows + 1 .. base (a prefill's rows, or the last known token), then
+        // the accepted drafts at base + 1 ...: the rows whose KV stays.
+        for (int32_t r = 0; r < (k == 0 ? pl.rows : 1); ++r) keep_hidden_row(r);
+        for (int32_t a = 0; a < accepted; ++a) keep_hidden_row(tree_verified ? path[static_cast<size_t>(a)] + 1 : a + 1);
+      }
       // KV is valid for the last known token and the accepted drafts; rejected slots go.
       if (tree_verified) compact_path(s, base, path);
       s.num_cached = base + 1 + accepted;
+      SPECSERVE_CHECK(!keep_hidden || s.hidden_begin + static_cast<int32_t>(s.hidden.size() / static_cast<size_t>(out.hidden_size)) ==
+                                          s.num_cached,
+                      "seq " + std::to_string(s.id) + ": hidden rows out of step with its KV");
       s.blocks.set_num_tokens(s.num_cached);
       s.blocks.truncate(*pool_, s.num_cached + 1);
       cache_full_blocks(s);

@@ -206,7 +206,9 @@ class Engine {
   /// same random stream). `*kv_loaded` (when given) says which happened.
   /// NOTE: greedy output is identical either way. Seeded sampling is identical to the
   /// uninterrupted run when the KV loads; after a recompute, the first step is a prefill that
-  /// samples without drafts, so with a proposer it consumes the stream differently there. Errors: those of
+  /// samples without drafts, so with a proposer it consumes the stream differently there. With a
+  /// proposer that needs hidden states (Proposer::needs_hidden) a sequence that may draft always
+  /// recomputes (the hidden states of its cached positions are not carried). Errors: those of
   /// add_request; kInvalidArgument for a bad rng_state or num_cached outside [0, tokens).
   Expected<int64_t> add_migrated(GenerateParams params, SequenceImport import, bool* kv_loaded = nullptr);
   /// The state of a running or waiting sequence for migration (a waiting one has nothing
@@ -266,6 +268,9 @@ class Engine {
   /// True when the proposer may be asked for drafts for s (then it may hold state for s, and
   /// release() is due when s finishes or is preempted).
   bool may_draft(const Seq& s) const;
+  /// True when s may draft with a proposer that needs the target's hidden states: the target
+  /// returns them for s's rows and s keeps them until the next propose() (spec/proposer.h).
+  bool wants_hidden(const Seq& s) const;
   /// Prefix caching: hashes s's new full blocks and registers the blocks wholly within its
   /// valid KV (num_cached) in the pool. No-op when caching is off.
   void cache_full_blocks(Seq& s);

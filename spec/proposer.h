@@ -37,13 +37,21 @@ struct DraftRequest {
   int32_t hidden_size = 0;
 };
 
-/// A proposer's answer for one sequence. tokens.size() <= k (may be empty: no guess).
+/// A proposer's answer for one sequence. tokens.size() <= k (may be empty: no guess); for a
+/// tree, k is the node budget. The engine ignores (with a warning) a draft that breaks these
+/// rules (spec/tree_verify.h validate_draft_tree).
 struct DraftTree {
   std::vector<int32_t> tokens;
-  /// One parent per token (-1: child of the last known token). Empty: a chain.
+  /// One parent per token (-1: child of the last known token; else an earlier index,
+  /// parents[i] < i). Empty: a chain. Siblings are verified in their order here (greedy takes the
+  /// first one equal to the target's argmax), so put the likelier ones first.
   std::vector<int32_t> parents;
   /// When the request samples: q for each token, dense [vocab] (the distribution the token was
   /// drawn from). Empty for greedy requests and for deterministic proposers (q is one-hot).
+  /// For a tree, each node's token must be drawn from its q independently of its earlier
+  /// siblings (SpecInfer's i.i.d. case; q may be the same for all of them); a proposer that picks
+  /// siblings deterministically (top-k) sends no probs: they are then verified without
+  /// replacement. Either way sampling stays lossless (spec/tree_verify.h).
   std::vector<std::vector<float>> probs;
 };
 

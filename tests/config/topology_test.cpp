@@ -529,6 +529,33 @@ TEST(TopologyNgramDefaults, FollowVllm) {
   EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
+// Medusa's typical acceptance (lossy, off by default) and its two parameters, range-checked.
+TEST(TopologyTypicalAcceptance, ParsesAndChecksRanges) {
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n  speculative: {method: ngram, num_speculative_tokens: 4" + spec +
+           "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto def = parse_topology(make(""), "t.yaml");
+  ASSERT_TRUE(def.ok()) << def.status().to_string();
+  EXPECT_FALSE(def->models.speculative->typical_acceptance);
+  EXPECT_FLOAT_EQ(def->models.speculative->posterior_threshold, 0.09f);
+  EXPECT_FLOAT_EQ(def->models.speculative->posterior_alpha, 0.3f);
+  auto on = parse_topology(make(", typical_acceptance: true, posterior_threshold: 0.2, posterior_alpha: 0.1"), "t.yaml");
+  ASSERT_TRUE(on.ok()) << on.status().to_string();
+  EXPECT_TRUE(on->models.speculative->typical_acceptance);
+  EXPECT_FLOAT_EQ(on->models.speculative->posterior_threshold, 0.2f);
+  EXPECT_FLOAT_EQ(on->models.speculative->posterior_alpha, 0.1f);
+  auto zero = parse_topology(make(", posterior_threshold: 0"), "t.yaml");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("models.speculative.posterior_threshold: '0' must be in (0, 1]"), std::string::npos)
+      << zero.status().message();
+  auto big = parse_topology(make(", posterior_alpha: 1.5"), "t.yaml");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("models.speculative.posterior_alpha: '1.5' must be in [0, 1]"), std::string::npos)
+      << big.status().message();
+}
+
 TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
   const std::string model = std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   auto make = [&](const std::string& spec, const std::string& workers) {
@@ -549,6 +576,18 @@ TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
   EXPECT_NE(two.status().message().find("nodes[0].workers[2].role: replica '0' already has a draft_worker: nodes[0].workers[1]"),
             std::string::npos)
       << two.status().message();
+  // Medusa and EAGLE need the target's hidden states: never on a draft worker.
+  for (const char* method : {"medusa", "eagle"}) {
+    const std::string heads = "  speculative: {method: " + std::string(method) + ", model: " + model + ", num_speculative_tokens: 4}\n";
+    auto local = parse_topology(make(heads, shard), "t.yaml");
+    EXPECT_TRUE(local.ok()) << method << ": " << local.status().to_string();
+    auto remote = parse_topology(make(heads, shard + draft), "t.yaml");
+    ASSERT_FALSE(remote.ok()) << method;
+    EXPECT_NE(remote.status().message().find("nodes[0].workers[1].role: a draft_worker cannot run models.speculative.method '" +
+                                             std::string(method) + "': it drafts from the target's hidden states"),
+              std::string::npos)
+        << remote.status().message();
+  }
   // One prefill worker per replica too (the scheduler hands a replica's new prompts to one).
   const std::string prefill = "      - {role: prefill_worker, device: cpu}\n";
   auto one_prefill = parse_topology(make(ngram, shard + prefill), "t.yaml");
@@ -619,7 +658,7 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
       {"method: ngram, num_speculative_tokens: 4, draft_vocab_size: 8192", false,
        {"t.yaml:3:", "models.speculative.draft_vocab_size", "'ngram'", "'8192'"}},
       {"method: eagle, " + head + ", draft_vocab_size: -1", false, {"t.yaml:3:", "models.speculative.draft_vocab_size", "'-1'"}},
-      {"method: eagle, " + head, true, {"t.yaml:9:16:", "nodes[0].workers[1].role", "'draft_worker'", "'eagle'", "hidden states"}},
+      {"method: eagle, " + head, true, {"t.yaml:9:16:", "nodes[0].workers[1].role", "a draft_worker", "'eagle'", "hidden states"}},
       {"method: medusa, " + head, true, {"t.yaml:9:16:", "nodes[0].workers[1].role", "'medusa'", "hidden states"}},
   };
   for (const Bad& b : bad) {

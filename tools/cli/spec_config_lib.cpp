@@ -25,7 +25,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
                                                 "draft_tensor_parallel_size", "num_layers", "adaptive_k",
-                                                "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size"};
+                                                "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size",
+                                                "typical_acceptance", "posterior_threshold", "posterior_alpha"};
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
@@ -63,6 +64,21 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (j.contains("adaptive_k")) {
       if (!j["adaptive_k"].is_boolean()) return invalid_argument("--speculative-config: adaptive_k must be true or false, got " + j["adaptive_k"].dump());
       eo->adaptive_k = j["adaptive_k"].get<bool>();
+    }
+    if (j.contains("typical_acceptance")) {
+      if (!j["typical_acceptance"].is_boolean()) {
+        return invalid_argument("--speculative-config: typical_acceptance must be true or false, got " + j["typical_acceptance"].dump());
+      }
+      eo->typical_acceptance = j["typical_acceptance"].get<bool>();
+    }
+    for (const char* key : {"posterior_threshold", "posterior_alpha"}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_number()) return invalid_argument(std::string("--speculative-config: ") + key + " must be a number, got " + j[key].dump());
+      (std::string(key) == "posterior_threshold" ? eo->posterior_threshold : eo->posterior_alpha) = j[key].get<float>();
+    }
+    if (!(eo->posterior_threshold > 0 && eo->posterior_threshold <= 1) || !(eo->posterior_alpha >= 0 && eo->posterior_alpha <= 1)) {
+      return invalid_argument("--speculative-config: posterior_threshold = " + std::to_string(eo->posterior_threshold) +
+                              " must be in (0, 1] and posterior_alpha = " + std::to_string(eo->posterior_alpha) + " in [0, 1]");
     }
     int dbs = 0, mml = eo->max_model_len, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
@@ -107,6 +123,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   spec.num_speculative_tokens = k;
   spec.model = model;
   spec.adaptive_k = eo->adaptive_k;
+  spec.typical_acceptance = eo->typical_acceptance;
+  spec.posterior_threshold = eo->posterior_threshold;
+  spec.posterior_alpha = eo->posterior_alpha;
   if (method == "ngram") {
     spec.method = SpeculativeMethod::kNgram;
     if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;

@@ -13,7 +13,8 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
                  R"(JSON, vLLM keys: {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
                  R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5, )"
                  R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N, )"
-                 R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 6, "draft_vocab_size": N})");
+                 R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 6, "draft_vocab_size": N, )"
+                 R"("typical_acceptance": false (lossy: Medusa's), "posterior_threshold": 0.09, "posterior_alpha": 0.3})");
 }
 
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,

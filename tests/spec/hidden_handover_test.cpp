@@ -1,0 +1,173 @@
+// Hidden hand-over to proposers that need the target's hidden states (spec/proposer.h,
+// Proposer::needs_hidden; the Medusa / EAGLE contract): every position's final-norm hidden state
+// reaches the proposer exactly once per (re)computation, in order, equal to the target's own
+// forward hidden state at that position; prefill rows, then the last known token and the
+// accepted tree path each step; starting again from 0 after a preemption; never for proposers
+// that do not ask, nor from a prefix-cache hit. Greedy output stays that of plain decoding.
+#include <gtest/gtest.h>
+
+#include "tests/spec/spec_engine_fixtures.h"
+#include "tests/spec/tree_test_util.h"
+
+namespace specserve {
+namespace {
+
+using namespace spec_engine_testing;
+using tree_testing::OracleTreeProposer;
+
+/// Drafts with an inner proposer and records, per sequence, the hidden rows handed over,
+/// checking the contract at each call.
+class HiddenRecorder final : public Proposer {
+ public:
+  HiddenRecorder(Proposer* inner, bool needs) : inner_(inner), needs_(needs) {}
+  std::string name() const override { return "hidden_recorder"; }
+  bool needs_hidden() const override { return needs_; }
+  void release(int64_t seq_id) override {
+    inner_->release(seq_id);
+    ++releases_;
+  }
+  Status propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) override {
+    const int64_t d = target().config().hidden_size;
+    for (const DraftRequest& r : reqs) {
+      if (!needs_) {
+        EXPECT_TRUE(r.hidden.empty());
+        EXPECT_EQ(r.hidden_size, 0);
+        continue;
+      }
+      EXPECT_EQ(r.hidden_size, d);
+      EXPECT_EQ(r.hidden.size() % static_cast<size_t>(d), 0u);
+      const int32_t n = static_cast<int32_t>(r.hidden.size() / static_cast<size_t>(d));
+      auto& seq = seqs_[r.seq_id];
+      if (r.hidden_begin == 0) {
+        if (!seq.hidden.empty()) ++restarts_;
+        seq.hidden.clear();
+        seq.tokens.clear();
+      }
+      EXPECT_EQ(r.hidden_begin, static_cast<int32_t>(seq.hidden.size())) << "seq " << r.seq_id << ": rows skipped or repeated";
+      EXPECT_EQ(r.hidden_begin + n, static_cast<int32_t>(r.tokens.size()) - 1)
+          << "seq " << r.seq_id << ": hidden must cover every position but the last known token";
+      for (int32_t j = 0; j < n; ++j) seq.hidden.emplace_back(r.hidden.begin() + j * d, r.hidden.begin() + (j + 1) * d);
+      seq.tokens.assign(r.tokens.begin(), r.tokens.end());
+      ++calls_with_hidden_;
+      rows_ += n;
+    }
+    return inner_->propose(reqs, out);
+  }
+
+  struct Seq {
+    std::vector<std::vector<float>> hidden;  // [position][d]
+    Tokens tokens;                           // the known tokens at the last call
+  };
+  std::map<int64_t, Seq> seqs_;
+  int64_t calls_with_hidden_ = 0, rows_ = 0, restarts_ = 0, releases_ = 0;
+
+ private:
+  Proposer* inner_;
+  bool needs_;
+};
+
+/// The target's final-norm hidden state at every position of `tokens` (one prefill).
+std::vector<std::vector<float>> forward_hidden(const Tokens& tokens) {
+  const int64_t bs = 16;
+  auto kv = target().create_kv((static_cast<int64_t>(tokens.size()) + bs - 1) / bs, bs);
+  EXPECT_TRUE(kv.ok());
+  ForwardBatch b;
+  b.return_hidden = true;
+  SequenceInput in;
+  in.tokens = tokens;
+  for (int32_t i = 0; i * bs < static_cast<int64_t>(tokens.size()); ++i) in.block_table.push_back(i);
+  for (int32_t r = 0; r < static_cast<int32_t>(tokens.size()); ++r) in.hidden_rows.push_back(r);
+  b.seqs.push_back(in);
+  ForwardOutput out;
+  Status st = target().forward(b, **kv, &out);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  std::vector<std::vector<float>> h;
+  for (int32_t r = 0; r < static_cast<int32_t>(tokens.size()); ++r) h.emplace_back(out.hidden_row(0, r), out.hidden_row(0, r) + out.hidden_size);
+  return h;
+}
+
+/// Every recorded position's hidden state equals the target's forward at that position.
+void expect_hidden_matches(const HiddenRecorder& rec, const std::string& where) {
+  int64_t compared = 0;
+  for (const auto& [id, seq] : rec.seqs_) {
+    if (seq.hidden.empty()) continue;
+    const auto want = forward_hidden(seq.tokens);
+    ASSERT_LE(seq.hidden.size(), want.size()) << where;
+    for (size_t p = 0; p < seq.hidden.size(); ++p) {
+      double worst = 0;
+      for (size_t j = 0; j < want[p].size(); ++j) worst = std::max(worst, static_cast<double>(std::abs(seq.hidden[p][j] - want[p][j])));
+      EXPECT_LT(worst, 1e-5) << where << ": seq " << id << " position " << p << " of " << seq.tokens.size();
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 500) << where;
+}
+
+std::unique_ptr<OracleTreeProposer> oracle(const TokenTree& shape, uint64_t seed) {
+  auto p = std::make_unique<OracleTreeProposer>(shape, static_cast<int32_t>(target().config().vocab_size), 0.2, seed);
+  for (size_t i = 0; i < requests().size(); ++i) p->add(requests()[i].prompt, reference().requests[i].tokens);
+  return p;
+}
+
+TEST(HiddenHandover, ProposerGetsTheTargetsHiddenStatesOfEveryPosition) {
+  for (int32_t batch : {1, 4}) {
+    auto inner = oracle(default_medusa_tree(10), 31);
+    HiddenRecorder rec(inner.get(), true);
+    EngineOptions o = spec_options(10, batch);
+    const std::string where = "batch " + std::to_string(batch);
+    const RunResult got = run_engine(target(), tokenizer(), &rec, o, requests());
+    expect_same_outputs(got, reference(), where);
+    EXPECT_GT(got.stats.spec.num_accepted_tokens, got.stats.spec.num_drafts) << where << ": tree paths were accepted";
+    EXPECT_GT(rec.calls_with_hidden_, 300) << where;
+    expect_hidden_matches(rec, where);
+  }
+}
+
+TEST(HiddenHandover, RestartsFromZeroAfterPreemption) {
+  auto inner = oracle(default_medusa_tree(6), 32);
+  HiddenRecorder rec(inner.get(), true);
+  EngineOptions o = spec_options(6, 8);
+  o.num_kv_blocks = 40;  // 640 slots for 8 sequences of up to 256 tokens: preemptions
+  const RunResult got = run_engine(target(), tokenizer(), &rec, o, requests());
+  expect_same_outputs(got, reference(), "small KV cache");
+  EXPECT_GT(rec.restarts_, 0) << "no sequence was preempted after drafting: the test is vacuous";
+  expect_hidden_matches(rec, "small KV cache");
+}
+
+TEST(HiddenHandover, OnlyForProposersThatAskAndNeverFromThePrefixCache) {
+  // Requests sharing a 48-token prefix (3 blocks): a plain proposer hits the prefix cache; one
+  // that needs hidden states does not (a cached prefix has no hidden states) and still gets
+  // every position.
+  std::mt19937 rng(8);
+  const Tokens shared = random_tokens(rng, 48, 512);
+  std::vector<GenerateParams> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Tokens p = shared;
+    const Tokens tail = random_tokens(rng, 3 + i, 512);
+    p.insert(p.end(), tail.begin(), tail.end());
+    reqs.push_back(greedy_request(p, 12));
+  }
+  const RunResult plain = run_engine(target(), nullptr, nullptr, spec_options(0, 1), reqs);
+  for (bool needs : {false, true}) {
+    OracleTreeProposer inner(default_medusa_tree(6), 512, 0.2, 33);
+    for (size_t i = 0; i < reqs.size(); ++i) inner.add(reqs[i].prompt, plain.requests[i].tokens);
+    HiddenRecorder rec(&inner, needs);
+    EngineOptions o = spec_options(6, 1);  // one at a time: later requests find the prefix cached
+    const RunResult got = run_engine(target(), nullptr, &rec, o, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got.requests[i].tokens, plain.requests[i].tokens) << needs << " " << i;
+    if (needs) {
+      EXPECT_EQ(got.stats.prefix_cache_hits, 0);
+      EXPECT_GT(rec.rows_, 6 * 48);
+      for (const auto& [id, seq] : rec.seqs_) {
+        const auto want = forward_hidden(seq.tokens);
+        for (size_t p = 0; p < seq.hidden.size(); ++p) EXPECT_NEAR(seq.hidden[p][0], want[p][0], 1e-5) << id << " " << p;
+      }
+    } else {
+      EXPECT_GE(got.stats.prefix_cache_hits, 5 * 48) << "premise: the shared prefix is cached for plain proposers";
+      EXPECT_EQ(rec.calls_with_hidden_, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specserve
