@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --skip-build) skip_build=1; shift ;;
     --skip-dump) skip_dump=1; shift ;;
     --tag) tag="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "train_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
