@@ -14,8 +14,8 @@
 #                       (default ~/.cache/specserve/train)
 #   --num-prompts N     prompts in the corpus (default 640)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
-#   --medusa-epochs N   (default 10)     --eagle-epochs N (default 20)
-#   --max-minutes M     wall-time cap per trainer (default 20)
+#   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
+#   --max-minutes M     wall-time cap per trainer (default 40; a safety stop)
 #   --threads N         torch / specserve threads (default 2)
 #   --parallel          train Medusa and EAGLE at the same time (one thread each)
 #   --skip-build        use the existing build/bin/specserve
@@ -24,8 +24,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
-num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=20 threads=2 parallel=0 skip_build=0 skip_dump=0
-max_minutes=20 tag="$(date +%F)"
+num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
+max_minutes=40 tag="$(date +%F)"
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --skip-build) skip_build=1; shift ;;
     --skip-dump) skip_dump=1; shift ;;
     --tag) tag="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "train_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -13,7 +13,7 @@ Loss (EAGLE-1): smooth-L1(predicted feature, target feature) + 0.1 * CE(output_h
 the target's greedy next token); input features get uniform noise (EAGLE's U(-0.1, 0.1)
 augmentation, here scaled to the features' RMS).
 
-Usage: train_eagle.py --dump DIR --out eagle.gguf [--epochs 10] [--curves PREFIX] [--threads 2]
+Usage: train_eagle.py --dump DIR --out eagle.gguf [--epochs 8] [--curves PREFIX] [--threads 2]
 """
 import argparse
 import json
@@ -192,7 +192,7 @@ def main():
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--dump", required=True, nargs="+", help="specserve dump-hidden output directory (several: concatenated)")
     ap.add_argument("--out", required=True, help="output GGUF path")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--rows", type=int, default=2048, help="padded positions per step (batch of whole sequences)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--token-weight", type=float, default=0.1, help="weight of the CE term (EAGLE: 0.1)")

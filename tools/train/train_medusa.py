@@ -10,7 +10,7 @@ the token at position p + 2 + i (the output head itself predicts p + 1). Loss: s
 CE_i against the target's own greedy tokens (self-distillation), on continuation positions.
 W_i starts at zero, so every head starts as the target's own next-token prediction.
 
-Usage: train_medusa.py --dump DIR --out medusa.gguf [--epochs 8] [--curves PREFIX] [--threads 2]
+Usage: train_medusa.py --dump DIR --out medusa.gguf [--epochs 10] [--curves PREFIX] [--threads 2]
 """
 import argparse
 import json
@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--dump", required=True, nargs="+", help="specserve dump-hidden output directory (several: concatenated)")
     ap.add_argument("--out", required=True, help="output GGUF path")
     ap.add_argument("--num-heads", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=512, help="positions per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.0)

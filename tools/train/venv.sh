@@ -8,7 +8,7 @@
 # The venv lives in ${SPECSERVE_CACHE:-~/.cache/specserve}/train-venv.
 # Usage: tools/train/venv.sh
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0; fi
 cache="${SPECSERVE_CACHE:-$HOME/.cache/specserve}"
 venv="$cache/train-venv"
 sys_py=/usr/bin/python3
