@@ -147,16 +147,21 @@ class Curves:
                 a1.plot([r["epoch"] for r in tr], [r[k] for r in tr], label=f"train {k}", alpha=0.8)
         va = self.data["val"]
         for k in loss_keys:
-            if va and k in va[0]:
-                a1.plot([r["epoch"] for r in va], [r[k] for r in va], "o-", label=f"val {k}")
+            rows = [r for r in va if k in r]
+            if rows:
+                a1.plot([r["epoch"] for r in rows], [r[k] for r in rows], "o-", label=f"val {k}")
         a1.set_xlabel("epoch")
         a1.set_ylabel("loss")
         a1.set_title(f"{title}: loss")
         a1.grid(alpha=0.3)
         a1.legend(fontsize=7)
         for k in acc_keys:
-            if va and k in va[0]:
-                a2.plot([r["epoch"] for r in va], [r[k] for r in va], "o-", label=k)
+            rows = [r for r in va if k in r]
+            if rows:
+                a2.plot([r["epoch"] for r in rows], [r[k] for r in rows], "o-", label=k)
+        best = self.data["meta"].get("best_epoch")
+        if best is not None:
+            a2.axvline(best, color="grey", ls="--", lw=1, label=f"exported (epoch {best})")
         a2.set_xlabel("epoch")
         a2.set_ylabel("top-1 accuracy (held-out, full vocabulary)")
         a2.set_ylim(0, 1)
