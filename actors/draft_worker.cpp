@@ -60,6 +60,13 @@ Status load_and_warm(Self self) {
   auto& s = self->state;
   const Topology& t = s.cfg.topology;
   if (!t.models.speculative) return invalid_argument("models.speculative: a draft_worker needs a speculative method");
+  if (t.models.speculative->method == SpeculativeMethod::kMedusa || t.models.speculative->method == SpeculativeMethod::kEagle) {
+    // Heads read the target's hidden states every step: only the target_shard can run them.
+    return invalid_argument(t.where("models.speculative.method") + ": models.speculative.method = '" +
+                            speculative_method_name(t.models.speculative->method) +
+                            "': a draft_worker cannot run it (its heads need the target's hidden states in-process); "
+                            "remove the draft_worker and the target_shard runs the heads");
+  }
   const auto t0 = Clock::now();
   s.backend = make_cpu_backend(s.cfg.threads);
   auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);

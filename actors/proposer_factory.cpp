@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
 
+#include "spec/eagle_proposer.h"
+#include "spec/medusa_proposer.h"
 #include "spec/model_drafter.h"
 #include "spec/ngram_proposer.h"
+#include "spec/token_tree.h"
 
 namespace specserve {
 namespace {
@@ -27,6 +31,42 @@ void set_sparse(DrafterOptions* o, const ProposerBuildOptions& b) {
     o->sparse_keep_mass = b.sparse_keep_mass;
     o->sparse_max_entries = b.sparse_max_entries;
   }
+}
+
+// Medusa / EAGLE heads: they run on the target's backend, on its hidden states, with its
+// embedding and output head (spec/medusa_proposer.h, spec/eagle_proposer.h).
+Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& spec, LoadedModel& target,
+                                                        const ProposerBuildOptions& b) {
+  const bool medusa = spec.method == SpeculativeMethod::kMedusa;
+  const std::string method = medusa ? "medusa" : "eagle";
+  if (spec.model.empty()) return invalid_argument("model: method " + method + " needs its head file's path");
+  std::optional<TokenTree> tree;
+  if (!spec.speculative_token_tree.empty()) {
+    auto t = parse_token_tree(spec.speculative_token_tree, "speculative_token_tree");
+    if (!t.ok()) return t.status();
+    tree = std::move(*t);
+  }
+  if (medusa) {
+    MedusaOptions o;
+    // Medusa's default tree, mc_sim_7b_63, trimmed to num_speculative_tokens nodes.
+    o.tree_paths = tree ? tree->paths : medusa_mc_sim_7b_63();
+    if (spec.draft_vocab_size) o.draft_vocab_size = *spec.draft_vocab_size;
+    auto m = MedusaProposer::load(spec.model, *target.model, *target.file, o);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<Proposer>(std::move(*m));
+  }
+  EagleOptions o;
+  o.max_model_len = b.max_model_len;
+  if (tree) {
+    o.mode = EagleOptions::Mode::kStatic;
+    o.tree_paths = tree->paths;
+  }
+  if (spec.eagle_topk) o.topk = *spec.eagle_topk;
+  if (spec.eagle_depth) o.depth = *spec.eagle_depth;
+  if (spec.draft_vocab_size) o.draft_vocab_size = *spec.draft_vocab_size;
+  auto e = EagleProposer::load(spec.model, *target.model, *target.file, o);
+  if (!e.ok()) return e.status();
+  return std::unique_ptr<Proposer>(std::move(*e));
 }
 
 }  // namespace
@@ -72,10 +112,9 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
     }
     case SpeculativeMethod::kMedusa:
     case SpeculativeMethod::kEagle:
-      break;
+      return build_head_proposer(spec, target, b);
   }
-  return unsupported(std::string("method = ") + speculative_method_name(spec.method) +
-                       ": not available yet (ngram, draft_model, layer_skip are)");
+  return unsupported(std::string("method = ") + speculative_method_name(spec.method) + ": unknown");
 }
 
 }  // namespace specserve

@@ -23,9 +23,12 @@ struct ProposerBuildOptions {
 
 /// ngram -> NgramProposer(prompt_lookup_min, prompt_lookup_max); layer_skip -> the first
 /// num_layers (default half) layers of `target`; draft_model -> loads spec.model onto `backend`
-/// and checks its vocabulary against the target's. Errors name the field and value:
-/// `models.speculative.method` medusa/eagle (not built yet), num_layers out of range, a draft
-/// model that cannot be loaded or whose vocabulary differs.
+/// and checks its vocabulary against the target's; medusa / eagle -> loads the head file
+/// spec.model onto the target's backend, checked against the target (sizes, fingerprint), with
+/// spec.speculative_token_tree (default: Medusa's mc_sim_7b_63 for medusa, the dynamic EAGLE-2
+/// tree with eagle_topk / eagle_depth for eagle). Errors name the field and value: num_layers out
+/// of range, a draft model that cannot be loaded or whose vocabulary differs, a malformed tree, a
+/// head file that does not fit the target.
 Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
                                                    const ProposerBuildOptions& options);
 

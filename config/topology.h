@@ -79,6 +79,15 @@ struct SpeculativeSpec {
   int32_t prompt_lookup_min = 5;          ///< ngram only; 1 <= min <= max; vLLM's default 5 (= max when only max is given)
   int32_t prompt_lookup_max = 5;          ///< ngram only; vLLM's default 5 (= min when only min is given)
   std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
+  /// medusa / eagle only: vLLM's static tree, e.g. "[(0,), (0, 0), (0, 1)]" (paths of candidate
+  /// ranks; spec/token_tree.h parses it when the proposer is built). Empty: medusa uses Medusa's
+  /// mc_sim_7b_63 tree, eagle its dynamic EAGLE-2 tree. Trimmed to num_speculative_tokens nodes.
+  std::string speculative_token_tree;
+  std::optional<int32_t> eagle_topk;      ///< eagle's dynamic tree: children per expanded node, 1..64
+  std::optional<int32_t> eagle_depth;     ///< eagle's dynamic tree: deepest level, 1..64
+  /// medusa / eagle only: the heads score token ids below this only (a prefix of the output
+  /// head: cheaper drafting, still exact after verification); unset: the proposer's default.
+  std::optional<int32_t> draft_vocab_size;
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   int32_t draft_tensor_parallel_size = 1;
   bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance

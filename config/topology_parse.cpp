@@ -281,8 +281,8 @@ void TopologyParser::parse_target(const YAML::Node& n) {
 void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
-            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "typical_acceptance",
-            "posterior_threshold", "posterior_alpha"});
+            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
+            "eagle_depth", "draft_vocab_size", "typical_acceptance", "posterior_threshold", "posterior_alpha"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -330,6 +330,10 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (lmin && !lmax) s.prompt_lookup_max = s.prompt_lookup_min;
   if (lmax && !lmin) s.prompt_lookup_min = s.prompt_lookup_max;
   if (layers) s.num_layers = static_cast<int32_t>(*layers);
+  if (auto t = read_string(f, "speculative_token_tree", false)) s.speculative_token_tree = *t;
+  if (auto v = read_int(f, "eagle_topk", 1, 64, false)) s.eagle_topk = static_cast<int32_t>(*v);
+  if (auto v = read_int(f, "eagle_depth", 1, 64, false)) s.eagle_depth = static_cast<int32_t>(*v);
+  if (auto v = read_int(f, "draft_vocab_size", 0, INT32_MAX, false)) s.draft_vocab_size = static_cast<int32_t>(*v);
   if (!method_ok) return;  // the method-specific checks below would only echo that error
 
   const std::string method = quote(speculative_method_name(s.method));
@@ -362,6 +366,27 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (s.method != SpeculativeMethod::kLayerSkip) {
     if (const YAML::Node* v = f.get("num_layers")) {
       error(*v, f.path("num_layers"), "applies only to method 'layer_skip', not " + method + "; got " + describe(*v));
+    }
+  }
+  // Trees: static trees for the head methods; the dynamic tree's knobs for eagle only, and not
+  // beside a static tree (which replaces the dynamic one).
+  const bool head_method = s.method == SpeculativeMethod::kMedusa || s.method == SpeculativeMethod::kEagle;
+  for (const char* key : {"speculative_token_tree", "draft_vocab_size"}) {
+    if (const YAML::Node* v = f.get(key); v && !head_method) {
+      error(*v, f.path(key), "applies only to methods 'medusa' and 'eagle', not " + method + "; got " + describe(*v));
+    }
+  }
+  if (const YAML::Node* v = f.get("speculative_token_tree"); v && head_method && s.speculative_token_tree.empty()) {
+    error(*v, f.path("speculative_token_tree"), "is empty: give a tree such as \"[(0,), (0, 0)]\" or leave the key out");
+  }
+  for (const char* key : {"eagle_topk", "eagle_depth"}) {
+    const YAML::Node* v = f.get(key);
+    if (!v) continue;
+    if (s.method != SpeculativeMethod::kEagle) {
+      error(*v, f.path(key), "applies only to method 'eagle', not " + method + "; got " + describe(*v));
+    } else if (!s.speculative_token_tree.empty()) {
+      error(*v, f.path(key), "sets eagle's dynamic tree, but speculative_token_tree " + quote(s.speculative_token_tree) +
+                                 " gives a static one; got " + describe(*v));
     }
   }
   topo_.models.speculative = s;
@@ -496,6 +521,16 @@ void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, 
   w->model = want;
   if (w->role == WorkerRole::kDraftWorker && !topo_.models.speculative) {
     error(*f.get("role"), f.path("role"), "'draft_worker' needs models.speculative, which is not set");
+  }
+  if (w->role == WorkerRole::kDraftWorker && topo_.models.speculative &&
+      (topo_.models.speculative->method == SpeculativeMethod::kMedusa ||
+       topo_.models.speculative->method == SpeculativeMethod::kEagle)) {
+    // NOTE: Medusa and EAGLE heads read the target's hidden states every step; they run inside
+    // the target_shard, next to the target, never in a separate draft_worker.
+    error(*f.get("role"), f.path("role"),
+          "'draft_worker' cannot run models.speculative.method " +
+              quote(speculative_method_name(topo_.models.speculative->method)) +
+              ": its heads need the target's hidden states in-process; drop the draft_worker (the target_shard runs the heads)");
   }
 }
 

@@ -68,7 +68,7 @@ TEST(DumpHidden, RejectsBadPromptLine) {
 }
 
 TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
-  auto backend = make_cpu_backend(2);
+  auto backend = make_cpu_backend(1);
   auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
   ASSERT_TRUE(lm.ok()) << lm.status().to_string();
   const auto dir = temp_dir("real");

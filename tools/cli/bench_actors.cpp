@@ -329,6 +329,10 @@ std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
   }
   if (!s->model.empty()) o << ", model: \"" << s->model << "\"";
   if (s->num_layers) o << ", num_layers: " << *s->num_layers;
+  if (!s->speculative_token_tree.empty()) o << ", speculative_token_tree: \"" << s->speculative_token_tree << "\"";
+  if (s->eagle_topk) o << ", eagle_topk: " << *s->eagle_topk;
+  if (s->eagle_depth) o << ", eagle_depth: " << *s->eagle_depth;
+  if (s->draft_vocab_size) o << ", draft_vocab_size: " << *s->draft_vocab_size;
   if (s->disable_by_batch_size && *s->disable_by_batch_size > 0) o << ", disable_by_batch_size: " << *s->disable_by_batch_size;
   o << ", adaptive_k: " << (s->adaptive_k ? "true" : "false") << " }\n";
   return o.str();

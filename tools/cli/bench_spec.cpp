@@ -2,6 +2,7 @@
 // reported in the shape of its leaderboard: per task and overall, the speedup over plain
 // decoding measured in the same run, tokens/s, acceptance rate and mean accepted tokens per
 // step; plus acceptance by draft position. Greedy outputs are checked against the baseline.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -240,6 +241,30 @@ int run_bench(const BenchArgs& a) {
     std::printf("\nCells: decode-phase speedup over the baseline of this run (mean accepted tokens per step). Decode phase:\n"
                 "after every sequence of a batch had its first token (prefill is the same for every method and, on 2 CPU\n"
                 "cores, long: end-to-end includes it).\n");
+    // Acceptance by depth: the share of verification steps whose draft token at depth i (a
+    // chain's i-th token; a tree's accepted node at depth i) was accepted.
+    size_t max_depth = 0;
+    for (const auto& r : runs) max_depth = std::max(max_depth, r.total.spec.accepted_per_pos.size());
+    if (max_depth > 0) {
+      max_depth = std::min<size_t>(max_depth, 12);
+      std::printf("\nAcceptance by depth (share of steps whose token at depth i was accepted):\n\n| method |");
+      for (size_t i = 0; i < max_depth; ++i) std::printf(" %zu |", i + 1);
+      std::printf("\n|---|");
+      for (size_t i = 0; i < max_depth; ++i) std::printf("---|");
+      std::printf("\n");
+      for (const auto& r : runs) {
+        if (r.total.spec.num_drafts == 0) continue;
+        std::printf("| %s |", r.name.c_str());
+        for (size_t i = 0; i < max_depth; ++i) {
+          if (i < r.total.spec.accepted_per_pos.size()) {
+            std::printf(" %.3f |", static_cast<double>(r.total.spec.accepted_per_pos[i]) / static_cast<double>(r.total.spec.num_drafts));
+          } else {
+            std::printf(" - |");
+          }
+        }
+        std::printf("\n");
+      }
+    }
     std::fflush(stdout);
   }
   if (!a.output.empty()) {

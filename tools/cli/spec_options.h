@@ -13,23 +13,12 @@
 #include "spec/engine.h"
 #include "spec/proposer.h"
 #include "tools/cli/common.h"
+#include "tools/cli/spec_config_lib.h"
 
 namespace specserve::cli {
 
-/// Raw flag values: --speculative-model, --num-speculative-tokens, --speculative-config.
-struct SpecArgs {
-  std::string speculative_model;
-  int num_speculative_tokens = 0;
-  std::string speculative_config;  ///< JSON object with vLLM's keys
-};
-
 /// Registers the flags on `sub`.
 void add_spec_options(CLI::App& sub, SpecArgs* args);
-
-/// Turns the flags into a `models.speculative` entry (nullopt: no speculation) and sets the
-/// engine's num_speculative_tokens / disable_by_batch_size / max_model_len / adaptive_k. Errors
-/// name the flag or JSON key and value (see make_proposer).
-Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, EngineOptions* engine_options);
 
 /// Builds the proposer the flags ask for (nullptr when none) and sets the engine's
 /// num_speculative_tokens / disable_by_batch_size / max_model_len. Errors name the flag or JSON

@@ -21,18 +21,33 @@ IGNORE = -100  # label of positions without a target (cross_entropy's ignore_ind
 
 
 class Dump:
-    """A dump-hidden directory in memory (hidden as float32 torch tensors; ~100 MB for 45k rows)."""
+    """One or more dump-hidden directories of the same target, concatenated in order (hidden as
+    float32 torch tensors; ~100 MB per 45k rows). Several directories of consecutive prompt
+    ranges equal one dump of all the prompts (greedy output does not depend on the batch)."""
 
-    def __init__(self, path):
-        self.path = path
-        with open(os.path.join(path, "index.json")) as f:
-            self.index = json.load(f)
-        self.hidden = torch.from_numpy(np.load(os.path.join(path, "hidden.npy")).astype(np.float32))  # [N, d]
-        self.tokens = torch.from_numpy(np.load(os.path.join(path, "tokens.npy")).astype(np.int64))  # [N]
-        self.argmax = torch.from_numpy(np.load(os.path.join(path, "argmax.npy")).astype(np.int64))  # [N]
-        self.head = torch.from_numpy(np.load(os.path.join(path, "head.npy")))  # [V, d] float32
-        self.embed = torch.from_numpy(np.load(os.path.join(path, "embed.npy")))  # [V, d] float32
-        self.seqs = self.index["sequences"]
+    def __init__(self, paths):
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        self.path = paths[0]
+        hid, tok, arg, self.seqs = [], [], [], []
+        base = 0
+        for p in paths:
+            with open(os.path.join(p, "index.json")) as f:
+                index = json.load(f)
+            if p == paths[0]:
+                self.index = index
+            elif index["target_fingerprint"] != self.index["target_fingerprint"]:
+                raise ValueError(f"{p}: dump of another target ({index['target_fingerprint']})")
+            hid.append(np.load(os.path.join(p, "hidden.npy")))  # [N_i, d] float16
+            tok.append(np.load(os.path.join(p, "tokens.npy")))  # [N_i] int32
+            arg.append(np.load(os.path.join(p, "argmax.npy")))  # [N_i] int32
+            for s in index["sequences"]:
+                self.seqs.append(dict(s, offset=s["offset"] + base))
+            base += len(tok[-1])
+        self.hidden = torch.from_numpy(np.concatenate(hid).astype(np.float32))  # [N, d]
+        self.tokens = torch.from_numpy(np.concatenate(tok).astype(np.int64))  # [N]
+        self.argmax = torch.from_numpy(np.concatenate(arg).astype(np.int64))  # [N]
+        self.head = torch.from_numpy(np.load(os.path.join(self.path, "head.npy")))  # [V, d] float32
+        self.embed = torch.from_numpy(np.load(os.path.join(self.path, "embed.npy")))  # [V, d] float32
         self.d = int(self.index["hidden_size"])
         self.vocab = int(self.index["vocab_size"])
         self.fingerprint = self.index["target_fingerprint"]
@@ -132,16 +147,21 @@ class Curves:
                 a1.plot([r["epoch"] for r in tr], [r[k] for r in tr], label=f"train {k}", alpha=0.8)
         va = self.data["val"]
         for k in loss_keys:
-            if va and k in va[0]:
-                a1.plot([r["epoch"] for r in va], [r[k] for r in va], "o-", label=f"val {k}")
+            rows = [r for r in va if k in r]
+            if rows:
+                a1.plot([r["epoch"] for r in rows], [r[k] for r in rows], "o-", label=f"val {k}")
         a1.set_xlabel("epoch")
         a1.set_ylabel("loss")
         a1.set_title(f"{title}: loss")
         a1.grid(alpha=0.3)
         a1.legend(fontsize=7)
         for k in acc_keys:
-            if va and k in va[0]:
-                a2.plot([r["epoch"] for r in va], [r[k] for r in va], "o-", label=k)
+            rows = [r for r in va if k in r]
+            if rows:
+                a2.plot([r["epoch"] for r in rows], [r[k] for r in rows], "o-", label=k)
+        best = self.data["meta"].get("best_epoch")
+        if best is not None:
+            a2.axvline(best, color="grey", ls="--", lw=1, label=f"exported (epoch {best})")
         a2.set_xlabel("epoch")
         a2.set_ylabel("top-1 accuracy (held-out, full vocabulary)")
         a2.set_ylim(0, 1)

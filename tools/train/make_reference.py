@@ -47,7 +47,7 @@ def top5(h, head):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dump", required=True)
+    ap.add_argument("--dump", required=True, nargs="+")
     ap.add_argument("--medusa", required=True)
     ap.add_argument("--eagle", required=True)
     ap.add_argument("--out", required=True)

@@ -12,9 +12,9 @@
 #          [--skip-dump] [--tag YYYY-MM-DD]
 #   --work DIR          scratch space for prompts, the dump (~300 MB) and checkpoints
 #                       (default ~/.cache/specserve/train)
-#   --num-prompts N     prompts in the corpus (default 320)
+#   --num-prompts N     prompts in the corpus (default 640)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
-#   --medusa-epochs N   (default 10)     --eagle-epochs N (default 16)
+#   --medusa-epochs N   (default 10)     --eagle-epochs N (default 20)
 #   --max-minutes M     wall-time cap per trainer (default 20)
 #   --threads N         torch / specserve threads (default 2)
 #   --parallel          train Medusa and EAGLE at the same time (one thread each)
@@ -24,7 +24,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
-num_prompts=320 max_new=96 medusa_epochs=10 eagle_epochs=16 threads=2 parallel=0 skip_build=0 skip_dump=0
+num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=20 threads=2 parallel=0 skip_build=0 skip_dump=0
 max_minutes=20 tag="$(date +%F)"
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
@@ -78,7 +78,7 @@ if [ "$parallel" = 1 ]; then
   epid=$!
   wait "$mpid" || { cat "$work/train_medusa.log" >&2; exit 1; }
   wait "$epid" || { cat "$work/train_eagle.log" >&2; exit 1; }
-  tail -3 "$work/train_medusa.log" "$work/train_eagle.log" >&2
+  tail -n 3 "$work/train_medusa.log" "$work/train_eagle.log" >&2
 else
   log "training Medusa"
   "${medusa_cmd[@]}" --threads "$threads"

@@ -190,7 +190,7 @@ def export(model, path, dump):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--dump", required=True, help="specserve dump-hidden output directory")
+    ap.add_argument("--dump", required=True, nargs="+", help="specserve dump-hidden output directory (several: concatenated)")
     ap.add_argument("--out", required=True, help="output GGUF path")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--rows", type=int, default=2048, help="padded positions per step (batch of whole sequences)")
@@ -223,11 +223,14 @@ def main():
     curves = common.Curves({"method": "eagle", "epochs": a.epochs, "rows_per_step": a.rows, "lr": a.lr,
                             "token_weight": a.token_weight, "noise": a.noise, "params": nparam,
                             "train_sequences": len(tr_ids), "val_sequences": len(va_ids),
-                            "ce_vocab": len(sub.ids), "dump": os.path.abspath(a.dump), "threads": a.threads})
+                            "ce_vocab": len(sub.ids), "dump": [os.path.abspath(x) for x in a.dump], "threads": a.threads})
     ev = evaluate(model, dump, sub, val)
     curves.val(epoch=0, **ev)
     print("[eagle] epoch 0 val " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()), flush=True)
     step, stopped = 0, False
+    # Exported: the epoch with the best held-out top1_step1 + top1_step2.
+    score = lambda e: e["top1_step1"] + e["top1_step2"]  # noqa: E731
+    best = (score(ev), 0, {k: v.clone() for k, v in model.state_dict().items()})
     for epoch in range(1, a.epochs + 1):
         t0 = time.time()
         sv = sp = 0.0
@@ -253,6 +256,8 @@ def main():
                 break
         ev = evaluate(model, dump, sub, val)
         curves.val(epoch=epoch if not stopped else epoch - 1 + nb / steps_per_epoch, **ev)
+        if score(ev) > best[0]:
+            best = (score(ev), epoch, {k: v.clone() for k, v in model.state_dict().items()})
         print(f"[eagle] epoch {epoch}/{a.epochs} {time.time() - t0:.0f}s train feature={sv / nb:.4f} "
               f"token={sp / nb:.3f} | val " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()), flush=True)
         if stopped:
@@ -261,7 +266,10 @@ def main():
     elapsed = time.time() - t_start
     curves.data["meta"]["train_seconds"] = round(elapsed, 1)
     curves.data["meta"]["stopped_early"] = stopped
-    curves.data["final"] = curves.data["val"][-1]
+    model.load_state_dict(best[2])
+    curves.data["meta"]["best_epoch"] = best[1]
+    curves.data["final"] = curves.data["val"][best[1]]
+    print(f"[eagle] exporting epoch {best[1]} (best held-out top-1)", flush=True)
     if a.curves:
         curves.write(a.curves + ".json", a.curves + ".png", "EAGLE-1 head (SmolLM2-135M)",
                      ["loss", "loss_feature", "loss_token", "val_loss_feature", "val_loss_token"],

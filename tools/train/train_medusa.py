@@ -83,7 +83,7 @@ def export(model, path, dump, num_heads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--dump", required=True, help="specserve dump-hidden output directory")
+    ap.add_argument("--dump", required=True, nargs="+", help="specserve dump-hidden output directory (several: concatenated)")
     ap.add_argument("--out", required=True, help="output GGUF path")
     ap.add_argument("--num-heads", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=8)
@@ -112,12 +112,15 @@ def main():
     weights = [a.decay ** k for k in range(a.num_heads)]
     curves = common.Curves({"method": "medusa", "num_heads": a.num_heads, "epochs": a.epochs, "batch": a.batch,
                             "lr": a.lr, "train_positions": len(Xtr), "val_positions": len(Xva),
-                            "ce_vocab": len(sub.ids), "dump": os.path.abspath(a.dump), "threads": a.threads})
+                            "ce_vocab": len(sub.ids), "dump": [os.path.abspath(x) for x in a.dump], "threads": a.threads})
     ev = evaluate(model, Xva, Yva, dump.head, a.num_heads)
     curves.val(epoch=0, **ev)
     print(f"[medusa] epoch 0 val " + " ".join(f"{k}={v:.3f}" for k, v in ev.items()), flush=True)
     step = 0
     g = torch.Generator().manual_seed(0)
+    # Exported: the epoch with the best held-out accuracy summed over heads (the heads overfit
+    # small data; later epochs can be worse).
+    best = (sum(ev.values()), 0, {k: v.clone() for k, v in model.state_dict().items()})
     stopped = False
     for epoch in range(1, a.epochs + 1):
         perm = torch.randperm(len(Xtr), generator=g)
@@ -149,6 +152,8 @@ def main():
             hs = model(Xva)
             vl = {f"val_loss_head{k}": float(sub.loss(hs[k], Yva[:, k])) for k in range(a.num_heads)}
         curves.val(epoch=epoch if not stopped else epoch - 1 + nb / steps_per_epoch, **ev, **vl)
+        if sum(ev.values()) > best[0]:
+            best = (sum(ev.values()), epoch, {k: v.clone() for k, v in model.state_dict().items()})
         print(f"[medusa] epoch {epoch}/{a.epochs} {time.time() - t0:.0f}s train " +
               " ".join(f"{k}={v / max(1, nb):.3f}" for k, v in run.items()) + " | val " +
               " ".join(f"{k}={v:.3f}" for k, v in ev.items()), flush=True)
@@ -158,7 +163,10 @@ def main():
     elapsed = time.time() - t_start
     curves.data["meta"]["train_seconds"] = round(elapsed, 1)
     curves.data["meta"]["stopped_early"] = stopped
-    curves.data["final"] = curves.data["val"][-1]
+    model.load_state_dict(best[2])
+    curves.data["meta"]["best_epoch"] = best[1]
+    curves.data["final"] = curves.data["val"][best[1]]
+    print(f"[medusa] exporting epoch {best[1]} (best held-out top-1 sum)", flush=True)
     if a.curves:
         curves.write(a.curves + ".json", a.curves + ".png", "Medusa-1 heads (SmolLM2-135M)",
                      ["loss"] + [f"loss_head{k}" for k in range(a.num_heads)] +

@@ -1,0 +1,35 @@
+// The speculative-decoding flags' meaning, as pure functions (no CLI11, no model): the raw flag
+// values -> a `models.speculative` entry (config/topology.h) and the engine's options. Part of
+// specserve_cli_lib so that tests/tools/spec_config_test.cpp checks the parser without a binary.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "config/topology.h"
+#include "core/status.h"
+#include "spec/engine.h"
+
+namespace specserve::cli {
+
+/// Raw flag values: --speculative-model, --num-speculative-tokens, --speculative-config.
+struct SpecArgs {
+  std::string speculative_model;
+  int num_speculative_tokens = 0;
+  std::string speculative_config;  ///< JSON object with vLLM's keys
+};
+
+/// Turns the flags into a `models.speculative` entry (nullopt: no speculation) and sets the
+/// engine's num_speculative_tokens / disable_by_batch_size / max_model_len / adaptive_k.
+/// JSON keys: method (ngram | draft_model | layer_skip | medusa | eagle), model,
+/// num_speculative_tokens, prompt_lookup_min/max (ngram), num_layers (layer_skip),
+/// speculative_token_tree (medusa, eagle: vLLM's tree string, parsed when the proposer is
+/// built), eagle_topk / eagle_depth (eagle's dynamic tree, 1..64, not with a static tree),
+/// draft_vocab_size (medusa, eagle: score only ids below it; 0: all),
+/// disable_by_batch_size, max_model_len, draft_tensor_parallel_size (1), adaptive_k.
+/// Errors (kInvalidArgument) name the flag or JSON key and the value: malformed JSON, unknown
+/// key or method, a value of the wrong type or out of range, a key for another method, a
+/// method that needs a model (draft_model, medusa, eagle) without one.
+Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, EngineOptions* engine_options);
+
+}  // namespace specserve::cli
