@@ -169,5 +169,30 @@ TEST(HiddenHandover, OnlyForProposersThatAskAndNeverFromThePrefixCache) {
   }
 }
 
+TEST(HiddenHandover, MigratedSequencesRecomputeForProposersThatNeedHidden) {
+  // A migrated sequence's KV arrives without hidden states: with such a proposer it recomputes.
+  for (bool needs : {false, true}) {
+    OracleTreeProposer inner(default_medusa_tree(4), 512, 0.2, 34);
+    HiddenRecorder rec(&inner, needs);
+    auto e = Engine::create(target(), nullptr, &rec, spec_options(4, 2));
+    ASSERT_TRUE(e.ok());
+    GenerateParams g = greedy_request(Tokens(40, 7), 20);
+    g.resume_output = {1, 2, 3};
+    SequenceImport imp;
+    imp.num_cached = 32;
+    int loads = 0;
+    imp.load_kv = [&](KvStorage&, std::span<const int32_t>) {
+      ++loads;
+      return Status();
+    };
+    bool loaded = false;
+    auto id = (*e)->add_migrated(g, imp, &loaded);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_EQ(loaded, !needs);
+    EXPECT_EQ(loads, needs ? 0 : 1);
+    (*e)->remove_sequence(*id);
+  }
+}
+
 }  // namespace
 }  // namespace specserve
