@@ -68,6 +68,16 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
             error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(w.replica)) + " already has a " +
                                               worker_role_name(w.role) + ": " + it->second);
           }
+          // Medusa and EAGLE draft from the target's hidden states, which stay in the target
+          // shard's process (spec/proposer.h, Proposer::needs_hidden).
+          const auto& sp = topo_.models.speculative;
+          if (w.role == WorkerRole::kDraftWorker && sp &&
+              (sp->method == SpeculativeMethod::kMedusa || sp->method == SpeculativeMethod::kEagle)) {
+            error_at(topo_.where(rp), rp, "a draft_worker cannot run models.speculative.method " +
+                                              quote(speculative_method_name(sp->method)) +
+                                              ": it drafts from the target's hidden states, which only the target_shard has; "
+                                              "remove the draft_worker (the target_shard then runs the proposer itself)");
+          }
         }
       }
     }

@@ -576,6 +576,18 @@ TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {
   EXPECT_NE(two.status().message().find("nodes[0].workers[2].role: replica '0' already has a draft_worker: nodes[0].workers[1]"),
             std::string::npos)
       << two.status().message();
+  // Medusa and EAGLE need the target's hidden states: never on a draft worker.
+  for (const char* method : {"medusa", "eagle"}) {
+    const std::string heads = "  speculative: {method: " + std::string(method) + ", model: " + model + ", num_speculative_tokens: 4}\n";
+    auto local = parse_topology(make(heads, shard), "t.yaml");
+    EXPECT_TRUE(local.ok()) << method << ": " << local.status().to_string();
+    auto remote = parse_topology(make(heads, shard + draft), "t.yaml");
+    ASSERT_FALSE(remote.ok()) << method;
+    EXPECT_NE(remote.status().message().find("nodes[0].workers[1].role: a draft_worker cannot run models.speculative.method '" +
+                                             std::string(method) + "': it drafts from the target's hidden states"),
+              std::string::npos)
+        << remote.status().message();
+  }
   // One prefill worker per replica too (the scheduler hands a replica's new prompts to one).
   const std::string prefill = "      - {role: prefill_worker, device: cpu}\n";
   auto one_prefill = parse_topology(make(ngram, shard + prefill), "t.yaml");
