@@ -76,8 +76,10 @@ class HeadsEngineTest : public ::testing::Test {
     return e.ok() ? std::unique_ptr<Proposer>(std::move(*e)) : nullptr;
   }
 
-  /// Greedy runs of the first `num_prompts` prompts, `batch` at a time, k = tree node budget.
-  static EngineRun run(Proposer* proposer, int32_t k, int32_t batch, int32_t max_tokens, size_t num_prompts) {
+  /// Runs of the first `num_prompts` prompts, `batch` at a time, k = tree node budget; greedy
+  /// unless `temperature` > 0 (then prompt i samples with seed `seed + i`).
+  static EngineRun run(Proposer* proposer, int32_t k, int32_t batch, int32_t max_tokens, size_t num_prompts,
+                       float temperature = 0.0f, uint64_t seed = 0) {
     EngineOptions o;
     o.max_num_seqs = batch;
     o.max_model_len = 512;
@@ -92,7 +94,11 @@ class HeadsEngineTest : public ::testing::Test {
       GenerateParams p;
       p.prompt = prompts_[i];
       p.max_tokens = max_tokens;
-      p.sampling.temperature = 0;
+      p.sampling.temperature = temperature;
+      if (temperature > 0) {
+        p.sampling.seed = seed + i;
+        p.sampling.has_seed = true;
+      }
       p.sampling.ignore_eos = true;
       auto id = (*e)->add_request(p);
       EXPECT_TRUE(id.ok()) << id.status().to_string();

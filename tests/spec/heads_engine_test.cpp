@@ -52,5 +52,28 @@ TEST_F(HeadsEngineTest, GreedyIdentityAtBatch1StaticEagleChainAndMedusaTree) {
   EXPECT_GT(chain.spec.num_accepted_tokens + tree.spec.num_accepted_tokens, 0);
 }
 
+// Sampled requests: the heads' tokens are deterministic top ranks sent without q, which the
+// engine verifies without replacement (lossless; the distribution itself is checked by the tree
+// chi-square test). Here: drafts are accepted, nothing is refused, and a seeded run repeats.
+TEST_F(HeadsEngineTest, SeededSamplingWithHeadsRepeatsAndAccepts) {
+  EagleOptions o;
+  o.topk = 3;
+  o.depth = 3;
+  auto e = eagle(o);
+  ASSERT_TRUE(e);
+  const EngineRun a = run(e.get(), 6, 2, 12, 2, 0.7f, 11);
+  const EngineRun b = run(e.get(), 6, 2, 12, 2, 0.7f, 11);
+  auto m = medusa("", 8192);
+  ASSERT_TRUE(m);
+  const EngineRun c = run(m.get(), 6, 2, 12, 2, 0.7f, 11);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(a.tokens[i].size(), 12u);
+    EXPECT_EQ(a.tokens[i], b.tokens[i]) << "prompt " << i;
+    EXPECT_EQ(c.tokens[i].size(), 12u);
+  }
+  EXPECT_GT(a.spec.num_accepted_tokens, 0);
+  EXPECT_GT(c.spec.num_drafts, 0);
+}
+
 }  // namespace
 }  // namespace specserve::heads_testing
