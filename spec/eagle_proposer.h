@@ -66,10 +66,13 @@ struct EagleOptions {
   enum class Mode { kDynamic, kStatic, kChain };
   Mode mode = Mode::kDynamic;
   /// kDynamic: children per expanded node and expanded nodes per level (EAGLE-2's top_k), 1..64.
+  /// NOTE: a level's head pass reads every weight once whatever its rows (memory-bound on a
+  /// CPU), so a wider level costs little; the target's verification pays per node.
   int32_t topk = 4;
-  /// kDynamic: the deepest level drafted (tokens after the last known one), 1..64. The head runs
-  /// depth times per step (the catch-up pass included).
-  int32_t depth = 6;
+  /// kDynamic: the deepest level drafted (tokens after the last known one), 1..64 (EAGLE-2's
+  /// `depth` + 1). The head runs `depth` times per step, the catch-up pass included; deeper
+  /// levels were rarely accepted with the committed SmolLM2 head (bench/results/heads_*).
+  int32_t depth = 4;
   /// kStatic: the tree as paths (spec/token_tree.h's TokenTree::paths), each prefix before it.
   std::vector<std::vector<int32_t>> tree_paths;
   /// > 0: the head scores only token ids 0 .. draft_vocab_size-1 (a prefix of the target's output

@@ -1,0 +1,131 @@
+// Shared by the real-model Medusa / EAGLE engine tests (heads_engine_test.cpp, the default set;
+// heads_engine_slow_test.cpp, the full matrix): the default model, the committed head files
+// (models/heads/, trained by tools/train/train_all.sh), prompts from the recorded llama.cpp
+// reference, and a runner that drives an Engine to the end.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cpu/cpu_backend.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "spec/eagle_proposer.h"
+#include "spec/engine.h"
+#include "spec/medusa_proposer.h"
+#include "spec/token_tree.h"
+#include "tests/test_util.h"
+
+namespace specserve::heads_testing {
+
+inline const std::string kMedusaFile = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/medusa-smollm2-135m.gguf";
+inline const std::string kEagleFile = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/eagle-smollm2-135m.gguf";
+
+struct EngineRun {
+  std::vector<std::vector<int32_t>> tokens;  ///< per prompt
+  SpecStats spec;
+  EngineStats stats;
+};
+
+class HeadsEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend(1).release();
+    auto f = GgufFile::open(testing::default_model_path());
+    ASSERT_TRUE(f.ok()) << f.status().to_string() << " (scripts/fetch-model.sh fetches it)";
+    file_ = new GgufFile(std::move(*f));
+    auto m = Transformer::load(*file_, *backend_);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model_ = m->release();
+    auto t = Tokenizer::from_gguf(*file_);
+    ASSERT_TRUE(t.ok());
+    tokenizer_ = new Tokenizer(std::move(*t));
+    std::ifstream in(testing::data_path("llama_ref/smollm2_greedy.json"));
+    ASSERT_TRUE(in.good());
+    nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& p : j["cases"]) {
+      std::vector<int32_t> ids = p["prompt_ids"].get<std::vector<int32_t>>();
+      if (ids.size() > 96) ids.erase(ids.begin(), ids.end() - 96);  // keep prefill short on two cores
+      prompts_.push_back(ids);
+    }
+    ASSERT_GE(prompts_.size(), 4u);
+  }
+
+  static std::unique_ptr<Proposer> medusa(const std::string& tree = "", int64_t draft_vocab = 0) {
+    MedusaOptions o;
+    o.draft_vocab_size = draft_vocab;
+    if (!tree.empty()) {
+      auto t = parse_token_tree(tree);
+      EXPECT_TRUE(t.ok()) << t.status().to_string();
+      if (t.ok()) o.tree_paths = t->paths;
+    } else {
+      o.tree_paths = medusa_mc_sim_7b_63();
+    }
+    auto m = MedusaProposer::load(kMedusaFile, *model_, *file_, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::unique_ptr<Proposer>(std::move(*m)) : nullptr;
+  }
+  static std::unique_ptr<Proposer> eagle(EagleOptions o) {
+    auto e = EagleProposer::load(kEagleFile, *model_, *file_, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::unique_ptr<Proposer>(std::move(*e)) : nullptr;
+  }
+
+  /// Greedy runs of the first `num_prompts` prompts, `batch` at a time, k = tree node budget.
+  static EngineRun run(Proposer* proposer, int32_t k, int32_t batch, int32_t max_tokens, size_t num_prompts) {
+    EngineOptions o;
+    o.max_num_seqs = batch;
+    o.max_model_len = 512;
+    o.num_speculative_tokens = proposer ? k : 0;
+    auto e = Engine::create(*model_, tokenizer_, proposer, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    EngineRun r;
+    if (!e.ok()) return r;
+    r.tokens.resize(num_prompts);
+    std::map<int64_t, size_t> which;
+    for (size_t i = 0; i < num_prompts; ++i) {
+      GenerateParams p;
+      p.prompt = prompts_[i];
+      p.max_tokens = max_tokens;
+      p.sampling.temperature = 0;
+      p.sampling.ignore_eos = true;
+      auto id = (*e)->add_request(p);
+      EXPECT_TRUE(id.ok()) << id.status().to_string();
+      if (id.ok()) which[*id] = i;
+    }
+    std::vector<SeqEvent> evs;
+    int guard = 0;
+    while ((*e)->has_work() && ++guard < 10000) {
+      evs.clear();
+      Status st = (*e)->step(&evs);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok()) break;
+      for (const SeqEvent& ev : evs) {
+        auto& out = r.tokens[which[ev.seq_id]];
+        out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+      }
+    }
+    r.stats = (*e)->stats();
+    r.spec = r.stats.spec;
+    return r;
+  }
+
+  static Backend* backend_;
+  static GgufFile* file_;
+  static Transformer* model_;
+  static Tokenizer* tokenizer_;
+  static std::vector<std::vector<int32_t>> prompts_;
+};
+
+inline Backend* HeadsEngineTest::backend_ = nullptr;
+inline GgufFile* HeadsEngineTest::file_ = nullptr;
+inline Transformer* HeadsEngineTest::model_ = nullptr;
+inline Tokenizer* HeadsEngineTest::tokenizer_ = nullptr;
+inline std::vector<std::vector<int32_t>> HeadsEngineTest::prompts_;
+
+}  // namespace specserve::heads_testing

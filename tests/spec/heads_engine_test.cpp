@@ -1,0 +1,56 @@
+// Medusa and EAGLE on the real default model with the committed heads (models/heads/): greedy
+// output through the tree engine is token-for-token that of plain decoding, in a batch of 4, and
+// drafts are accepted (the heads were trained on this target). The full matrix (two tree shapes
+// per method, batch 1 and 4, longer outputs) is heads_engine_slow_test.cpp.
+#include <cstdio>
+
+#include "tests/spec/heads_engine_fixture.h"
+
+namespace specserve::heads_testing {
+namespace {
+
+TEST_F(HeadsEngineTest, GreedyIdentityAtBatch4) {
+  const int32_t kTokens = 12;
+  const EngineRun plain = run(nullptr, 0, 4, kTokens, 4);
+  auto m = medusa("", 8192);  // mc_sim_7b_63 trimmed to k
+  ASSERT_TRUE(m);
+  const EngineRun med = run(m.get(), 6, 4, kTokens, 4);
+  EagleOptions o;
+  o.topk = 3;
+  o.depth = 4;
+  o.draft_vocab_size = 8192;
+  auto e = eagle(o);
+  ASSERT_TRUE(e);
+  const EngineRun eag = run(e.get(), 6, 4, kTokens, 4);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(med.tokens[i], plain.tokens[i]) << "medusa, prompt " << i;
+    EXPECT_EQ(eag.tokens[i], plain.tokens[i]) << "eagle, prompt " << i;
+  }
+  EXPECT_GT(med.spec.num_drafts, 0);
+  EXPECT_GT(med.spec.num_accepted_tokens, 0) << "medusa heads accepted nothing";
+  EXPECT_GT(eag.spec.num_drafts, 0);
+  EXPECT_GT(eag.spec.num_accepted_tokens, 0) << "eagle head accepted nothing";
+  std::printf("[heads] batch 4: mean accepted length medusa %.2f, eagle %.2f\n", med.spec.mean_acceptance_length(),
+              eag.spec.mean_acceptance_length());
+}
+
+TEST_F(HeadsEngineTest, GreedyIdentityAtBatch1StaticEagleChainAndMedusaTree) {
+  const int32_t kTokens = 16;
+  const EngineRun plain = run(nullptr, 0, 1, kTokens, 1);
+  EagleOptions o;
+  o.mode = EagleOptions::Mode::kStatic;
+  o.tree_paths = parse_token_tree("[(0,), (0, 0), (0, 0, 0)]")->paths;
+  auto e = eagle(o);
+  ASSERT_TRUE(e);
+  const EngineRun chain = run(e.get(), 3, 1, kTokens, 1);
+  auto m = medusa("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]");
+  ASSERT_TRUE(m);
+  const EngineRun tree = run(m.get(), 6, 1, kTokens, 1);
+  EXPECT_EQ(chain.tokens[0], plain.tokens[0]);
+  EXPECT_EQ(tree.tokens[0], plain.tokens[0]);
+  EXPECT_GT(chain.spec.num_accepted_tokens + tree.spec.num_accepted_tokens, 0);
+}
+
+}  // namespace
+}  // namespace specserve::heads_testing
