@@ -3,8 +3,8 @@
 # Medusa and EAGLE (the committed heads in models/heads/) beside ngram, layer_skip and draft_model,
 # all in one run against the same baseline; per task and overall the decode speedup, mean accepted
 # tokens per step and acceptance by depth; greedy outputs checked token for token against the baseline.
-#   batch 1: the first 2 questions of each of the six tasks (first turn, chat template), 96 tokens;
-#   batch 8: the first 8 questions of each task, 48 tokens, batches of 8 questions of one task.
+#   batch 1: the first 2 questions of each of the six tasks (first turn, chat template), 64 tokens;
+#   batch 8: the first 8 questions of each task, 32 tokens, batches of 8 questions of one task.
 # draft_model has no smaller model with SmolLM2's vocabulary to use here: it runs the target itself
 # as its draft (acceptance ceiling, cost about 2x), stated as such in the results.
 # Writes bench/results/spec_trees_b1_<date>.{json,md,png} and spec_trees_b8_<date>.*.
@@ -27,10 +27,10 @@ specs=(
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192}"
 )
 b1="$here/bench/results/spec_trees_b1_$day"
-"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 2 --max-tokens 96 \
+"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 2 --max-tokens 64 \
   --batch-sizes 1 "${specs[@]}" --output "$b1.json" | tee "$b1.md"
 "$py" "$here/bench/plot_spec_bench.py" "$b1.json"
 b8="$here/bench/results/spec_trees_b8_$day"
-"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 8 --max-tokens 48 \
+"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 8 --max-tokens 32 \
   --batch-sizes 8 "${specs[@]}" --output "$b8.json" | tee "$b8.md"
 "$py" "$here/bench/plot_spec_bench.py" "$b8.json"
