@@ -1,5 +1,7 @@
 #include "spec/head_common.h"
 
+#include "spec/token_tree.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -16,12 +18,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + "]";
-}
-
-std::string path_text(const std::vector<int32_t>& p) {
-  std::string t = "(";
-  for (size_t i = 0; i < p.size(); ++i) t += (i ? ", " : "") + std::to_string(p[i]);
-  return t + (p.size() == 1 ? ",)" : ")");
 }
 
 }  // namespace
@@ -153,27 +149,13 @@ bool StaticTree::is_chain() const {
 int32_t StaticTree::max_depth() const { return depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end()); }
 
 Expected<StaticTree> static_tree_from_paths(const std::vector<std::vector<int32_t>>& paths, const std::string& what) {
+  // Validation and node order are spec/token_tree's; a StaticTree is its parents, depths, ranks.
+  auto tree = token_tree_from_paths(paths, what);
+  if (!tree.ok()) return tree.status();
   StaticTree t;
-  std::map<std::vector<int32_t>, int32_t> index;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::vector<int32_t>& p = paths[i];
-    const std::string at = what + ": node " + std::to_string(i) + " " + (p.empty() ? std::string("()") : path_text(p));
-    if (p.empty()) return invalid_argument(at + " is an empty path");
-    for (int32_t r : p) {
-      if (r < 0) return invalid_argument(at + " has a negative rank " + std::to_string(r));
-    }
-    if (index.count(p)) return invalid_argument(at + " is written twice");
-    int32_t parent = -1;
-    if (p.size() > 1) {
-      auto it = index.find(std::vector<int32_t>(p.begin(), p.end() - 1));
-      if (it == index.end()) return invalid_argument(at + ": its prefix " + path_text(std::vector<int32_t>(p.begin(), p.end() - 1)) + " is not written before it");
-      parent = it->second;
-    }
-    index[p] = static_cast<int32_t>(i);
-    t.parents.push_back(parent);
-    t.depths.push_back(static_cast<int32_t>(p.size()));
-    t.ranks.push_back(p.back());
-  }
+  t.parents = tree->parents;
+  t.depths = tree->depths;
+  for (int32_t i = 0; i < tree->num_nodes(); ++i) t.ranks.push_back(tree->rank(i));
   return t;
 }
 

@@ -77,9 +77,8 @@ struct StaticTree {
   int32_t max_depth() const;
 };
 
-/// Builds a StaticTree from paths (Medusa choices; spec/token_tree.h's TokenTree::paths) given
-/// in an order where each path's prefix comes before it. Errors (kInvalidArgument naming `what`,
-/// the index and the path): an empty path, a negative rank, a duplicate, a missing prefix.
+/// Builds a StaticTree from paths (Medusa choices): spec/token_tree.h's token_tree_from_paths
+/// (its validation, errors and node order) as parents, depths and ranks.
 Expected<StaticTree> static_tree_from_paths(const std::vector<std::vector<int32_t>>& paths, const std::string& what);
 
 /// The chain (0,), (0, 0), ... of `k` nodes.
