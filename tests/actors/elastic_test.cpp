@@ -228,6 +228,17 @@ std::string state_of(const ClusterStatus& st, int32_t replica) {
   return "?";
 }
 
+// The head's view, for failure messages.
+std::string describe(const Expected<ClusterStatus>& st) {
+  if (!st.ok()) return "status: " + st.status().to_string();
+  std::string out = "autoscaler: target " + std::to_string(st->autoscale.target_ready) + ", ongoing " +
+                    std::to_string(st->autoscale.ongoing) + ", last change: " + st->autoscale.last_reason + "\n";
+  for (const auto& r : st->replicas) {
+    out += "replica " + std::to_string(r.replica) + ": " + r.state + ", assigned " + std::to_string(r.assigned) + "\n";
+  }
+  return out + "queued " + std::to_string(st->queued) + ", running " + std::to_string(st->running) + "\n";
+}
+
 GenerateRequest request(int32_t num_tokens) {
   GenerateRequest r;
   for (int32_t i = 0; i < num_tokens; ++i) r.prompt_token_ids.push_back(100 + i);
@@ -471,8 +482,14 @@ TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
   Promotion p;
   // Replica 1's cache holds 1 block of 16 tokens: a 40-token request never fits there.
   ASSERT_NO_FATAL_FAILURE(p.start(1));
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.client->submit(request(40)).ok());
-  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; })) << p.rec.dump();
+  std::vector<std::shared_ptr<RequestHandle>> hs;  // kept: a dropped handle cancels its request
+  for (int i = 0; i < 3; ++i) {
+    auto h = p.client->submit(request(40));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
+      << p.rec.dump() << describe(p.client->status());
   // The handed-back request can only go back to replica 0: replica 0 is not asked again for a
   // while (one futile round per second at most, instead of one per message round trip: without
   // the guard this window holds hundreds).
