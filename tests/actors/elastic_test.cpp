@@ -7,7 +7,9 @@
 //  - a replica whose target shard dies loses its draft worker too (a restart starts both);
 //  - a promoted replica gets the requests waiting (not started) in a busy replica's engine, so it
 //    serves at once, and the head reports decision -> routed / first request sent / first token;
-//  - a request handed back that can only go back where it came from does not ping-pong.
+//  - a request handed back that can only go back where it came from does not ping-pong;
+//  - with real target shards, the handed-back request finishes on the promoted replica with the
+//    tokens of the target alone.
 // Timing: the waits are bounds (seconds) on things that take milliseconds; nothing is timed.
 #include <gtest/gtest.h>
 
@@ -25,6 +27,10 @@
 #include "actors/draft_worker.h"
 #include "actors/head.h"
 #include "actors/messages.h"
+#include "actors/target_shard.h"
+#include "cpu/cpu_backend.h"
+#include "model/model_loader.h"
+#include "spec/engine.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -500,6 +506,97 @@ TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->queued, 0);
   EXPECT_EQ(st->running, 3) << "every request is still on replica 0";
+}
+
+// Greedy tokens of the target alone (the oracle).
+std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
+  EngineOptions eo;
+  eo.max_model_len = 512;
+  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
+  GenerateParams p;
+  p.prompt = prompt;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add_request(p).ok());
+  std::vector<int32_t> out;
+  std::vector<SeqEvent> ev;
+  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
+  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+  return out;
+}
+
+// The target shard's side of the hand-back (reclaim_atom): two real shards in this process, each
+// running one sequence at a time (max_num_seqs 1). Three requests go to replica 0 (one runs, two
+// wait in its engine); the promotion of replica 1 takes the last admitted one, which finishes
+// there with exactly the tokens of the target alone, its stream uninterrupted.
+TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWithTheSameTokens) {
+  ActorRuntime rt;
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.scheduler.max_num_seqs = 1;
+  t.scheduler.kv_cache_bytes = int64_t{16} << 20;
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 1;
+  t.autoscale.upscale_delay_s = 0;
+  t.autoscale.downscale_delay_s = 1000;
+  t.autoscale.target_ongoing_requests = 2;
+  auto head = Head::start(rt, t, kToken, /*publish=*/false);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
+  for (int32_t r = 0; r < 2; ++r) {  // one after the other: replica 0 is the one routed at start-up
+    WorkerConfig wc;
+    wc.node = "local";
+    wc.replica = r;
+    wc.topology = t;
+    wc.threads = 1;
+    wc.token = kToken;
+    wc.scheduler = (*head)->scheduler();
+    spawn_target_shard(rt.system(), wc);
+    ASSERT_TRUE(until(120, [&] {
+      auto st = client->status();
+      return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
+    })) << "replica " << r << ": " << describe(client->status());
+  }
+  const Tokenizer& tok = (*head)->tokenizer();
+  const char* texts[] = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
+                         "The three laws of motion state that"};
+  constexpr int32_t kTokens = 24;
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const char* text : texts) {
+    GenerateRequest r;
+    r.prompt_token_ids = tok.encode(text, true, false);
+    r.max_tokens = kTokens;
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    auto h = client->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  int32_t migrations = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(r->tokens, reference(tok.encode(texts[i], true, false), kTokens)) << "request " << i;
+    EXPECT_EQ(r->num_requeues, 0);
+    migrations += r->num_migrations;
+    if (i == 2) EXPECT_EQ(r->num_migrations, 1) << "the last admitted request is the one handed back";
+  }
+  EXPECT_EQ(migrations, 1);
+  auto st = client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->migrated, 1);
+  EXPECT_EQ(st->autoscale.num_promotions, 1);
+  ASSERT_EQ(st->autoscale.promotion_seconds.size(), 1u) << describe(st);
+  EXPECT_LE(st->autoscale.promotion_dispatch_seconds.at(0), st->autoscale.promotion_seconds[0]);
+  for (const auto& r : st->replicas) {
+    if (r.replica == 1) EXPECT_EQ(r.load.generated_tokens, kTokens) << "replica 1 ran the handed-back request";
+  }
+  client.reset();
+  (*head)->stop();
 }
 
 }  // namespace
