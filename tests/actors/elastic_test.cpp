@@ -583,17 +583,20 @@ TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWi
     EXPECT_EQ(r->tokens, reference(tok.encode(texts[i], true, false), kTokens)) << "request " << i;
     EXPECT_EQ(r->num_requeues, 0);
     migrations += r->num_migrations;
-    if (i == 2) EXPECT_EQ(r->num_migrations, 1) << "the last admitted request is the one handed back";
+    if (i == 2) EXPECT_GE(r->num_migrations, 1) << "the last admitted request is the one handed back";
   }
-  EXPECT_EQ(migrations, 1);
+  // NOTE: when replica 1 finishes it, request 2 may still wait on replica 0 and be handed back
+  // too (it then lands wherever a slot is free first, maybe replica 0 again): more than one
+  // hand-back is allowed, each lossless.
+  EXPECT_GE(migrations, 1);
   auto st = client->status();
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->migrated, 1);
+  EXPECT_EQ(st->migrated, migrations);
   EXPECT_EQ(st->autoscale.num_promotions, 1);
   ASSERT_EQ(st->autoscale.promotion_seconds.size(), 1u) << describe(st);
   EXPECT_LE(st->autoscale.promotion_dispatch_seconds.at(0), st->autoscale.promotion_seconds[0]);
   for (const auto& r : st->replicas) {
-    if (r.replica == 1) EXPECT_EQ(r.load.generated_tokens, kTokens) << "replica 1 ran the handed-back request";
+    if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, kTokens) << "replica 1 ran the handed-back request";
   }
   client.reset();
   (*head)->stop();
