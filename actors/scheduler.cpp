@@ -907,7 +907,7 @@ void autoscale_tick(SchedSelf self) {
   for (int32_t rid : d.undrain) undrain(self, rid);
   for (int32_t rid : d.promote) promote(self, rid, decided_at);
   // NOTE: on CPU hosts a cold start (loading weights, a warm-up pass) competes for the cores with
-  // the promoted replica's first prefill and slowed it several-fold on a 2-core machine; it waits
+  // the promoted replica's first prefill (not measured apart yet; the bench shows it); it waits
   // (at most kRefillHoldS) until that replica served its first token. This holds the pool refill
   // and also a cold start for the rest of a scale-up: it takes seconds, the promotion should take
   // one prefill, and the policy asks for it again on every tick until it happens.
