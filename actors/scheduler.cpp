@@ -1178,6 +1178,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (ra == s.request_actors.end() || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(ra->second)) return;
         s.request_actors.erase(ra);
         s.queue.erase(id);
+        s.rebalanced_from.erase(id);
         auto it = s.running.find(id);
         if (it != s.running.end()) {
           const int32_t rid = it->second;
