@@ -32,7 +32,8 @@ struct GlooOptions {
   std::chrono::milliseconds timeout{60000};
 };
 
-/// Joins rank `rank` of a `size`-rank group. Every rank calls this at the same time (from its
+/// Joins rank `rank` of a `size`-rank group. The communicator's buffers must be host memory
+/// (CpuBackend buffers are; a CUDA backend pairs with NCCL instead). Every rank calls this at the same time (from its
 /// own thread or process) with a store they share and the same prefix; it returns when all
 /// ranks are connected. Errors: kInvalidArgument naming rank or size when size < 1 or rank is
 /// outside [0, size); kDeadlineExceeded / kUnavailable when a peer does not show up within

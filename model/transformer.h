@@ -125,7 +125,11 @@ class TensorParallelPeers {
 class Transformer {
  public:
   /// Reads config and weights from `file` onto `backend` (which must outlive the model).
-  /// Errors: those of ModelConfig::from_gguf and Backend::load_weight.
+  /// With opts.tp_size > 1, only shard opts.tp_rank (TensorParallelShard): its tensors are
+  /// sliced (model/tensor_slice.h) before Backend::load_weight, so backends need nothing new.
+  /// Errors: those of ModelConfig::from_gguf, Backend::load_weight, tensor_parallel_shard and
+  /// slicing; kInvalidArgument naming tensor_parallel_size when tp_size > 1 comes without a
+  /// communicator or with one of another rank or size.
   static Expected<std::unique_ptr<Transformer>> load(const GgufFile& file, Backend& backend, LoadOptions opts = {});
 
   const ModelConfig& config() const { return config_; }
