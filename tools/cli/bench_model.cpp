@@ -23,6 +23,7 @@ namespace {
 struct Args {
   std::string model, output;
   int threads = 0;
+  int tensor_parallel_size = 1;
   int repeats = 3;
   std::vector<int> prompt_lengths = {256, 512};
   int decode_tokens = 128;
@@ -53,14 +54,13 @@ double median(std::vector<double> v) {
 }
 
 int run(const Args& a) {
-  auto backend = make_cpu_backend(a.threads);
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto lm = load_model(path, *backend);
-  if (!lm.ok()) {
-    std::fprintf(stderr, "specserve bench-model: %s\n", lm.status().to_string().c_str());
+  auto loaded = load_cpu_model(path, a.threads, a.tensor_parallel_size);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "specserve bench-model: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  Transformer& m = *lm->model;
+  Transformer& m = *(*loaded)->lm.model;
   const ModelConfig& c = m.config();
   const int bs = 16;
   ForwardOutput fo;
@@ -94,6 +94,7 @@ int run(const Args& a) {
   nlohmann::json out;
   out["model"] = path;
   out["threads"] = a.threads;
+  out["tensor_parallel_size"] = a.tensor_parallel_size;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;
     for (int r = 0; r < a.repeats; ++r) {
@@ -157,7 +158,10 @@ void add_bench_model(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("bench-model", "Prefill and decode tokens/s of the model runtime, and the bandwidth bound (a benchmark)");
   sub->add_option("--model", a->model, "GGUF model (default: the fetched SmolLM2-135M-Instruct)");
-  sub->add_option("--threads", a->threads, "CPU threads (default: all)");
+  sub->add_option("--threads", a->threads, "CPU threads (default: all), split between tensor-parallel ranks");
+  sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
+                  "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
   sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time");
   sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time")->check(CLI::Range(1, 4096));

@@ -23,6 +23,7 @@ struct GenerateArgs {
   int top_k = -1;
   int64_t seed = -1;
   int threads = 0;
+  int tensor_parallel_size = 1;
   int max_model_len = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;
@@ -32,13 +33,13 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto backend = make_cpu_backend(a.threads);
-  auto loaded = load_model(path, *backend);
+  auto loaded = load_cpu_model(path, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  LoadedModel& lm = *loaded;
+  LoadedModel& lm = (*loaded)->lm;
+  Backend* backend = &(*loaded)->backend();
   std::string text = a.prompt;
   bool parse_special = false;
   if (!a.chat.empty()) {
@@ -138,7 +139,11 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Random seed (default: random)");
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
-  sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
+  sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks");
+  sub->add_option("--tensor-parallel-size", args->tensor_parallel_size,
+                  "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
+                  "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");
