@@ -315,7 +315,7 @@ struct ReplicaStatus {
   /// Its last warm promotion, each measured from the autoscaler's decision (0: none):
   double promotion_routable_seconds = 0;    ///< -> routed (a state flip in the head)
   double promotion_dispatch_seconds = 0;    ///< -> the first request sent to it
-  double promotion_seconds = 0;             ///< -> that request's first token
+  double promotion_seconds = 0;             ///< -> the first token of the first request sent to it with none yet
   int64_t num_promotions = 0;
   int64_t num_cold_starts = 0;
 };
@@ -344,7 +344,9 @@ struct AutoscaleStatus {
   /// replica's engine: reclaim_atom); a promotion with nothing to serve waits here for traffic;
   std::vector<double> promotion_dispatch_seconds;
   /// decision -> the first token of that request (the rest is the replica's first engine step:
-  /// one prefill forward pass, plus the message hops shard -> request actor -> head).
+  /// one prefill forward pass, plus the message hops shard -> request actor -> head). When that
+  /// request already streamed tokens elsewhere (re-queued after its replica died, or moved), the
+  /// first request sent to it that has no token yet is the one measured.
   std::vector<double> promotion_seconds;
   /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
   /// set beside promotion_seconds.

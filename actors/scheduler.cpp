@@ -196,8 +196,8 @@ struct ReplicaEntry {
   bool awaiting_assign = false;     // promoted (scale-up); no request dispatched to it yet
   double scale_decision_at = -1;    // when the scale-up that routes it was decided
   bool cold_path = false;           // that scale-up started it cold (not a warm promotion)
-  int64_t measured_request = 0;     // its first request after the scale-up; 0: none
-  bool awaiting_first_token = false;  // measured_request's first token not seen yet
+  int64_t measured_request = 0;     // its first request after the scale-up with no token yet; 0: none
+  bool awaiting_first_token = false;  // a request was sent to it; measured_request's first token not seen yet
   double promotion_routable_s = 0, promotion_dispatch_s = 0;  // its last warm promotion (decision -> ...)
   // Rebalance (reclaim_atom): asked of its shard so far, and handled as its ShardLoad says.
   int64_t reclaims_sent = 0;
@@ -409,14 +409,20 @@ void dispatch(SchedSelf self) {
       if (rb->second == a.replica) r.no_reclaim_until = now_s(self) + kNoReclaimAfterReturnS;
       s.rebalanced_from.erase(rb);
     }
-    if (r.awaiting_assign) {  // the scale-up's measurement follows this request
+    if (r.awaiting_assign) {  // the first request sent to it since the scale-up
       r.awaiting_assign = false;
       r.awaiting_first_token = true;
-      r.measured_request = item.request_id;
       if (!r.cold_path && r.scale_decision_at >= 0) {
         r.promotion_dispatch_s = now_s(self) - r.scale_decision_at;
         keep_last(&s.as.promotion_dispatch_seconds, r.promotion_dispatch_s);
       }
+    }
+    // The first token is measured on the first request sent to it that has none yet: a request
+    // re-queued or moved after streaming tokens elsewhere never reports a first token again
+    // (the request actor reports it once), so it would leave the measurement (and the CPU
+    // host's hold on cold starts) waiting.
+    if (r.awaiting_first_token && r.measured_request == 0 && item.resume_output.empty()) {
+      r.measured_request = item.request_id;
     }
     const bool fresh = item.resume_output.empty() && item.rng_state.empty() && item.kv.source.empty();
     if (fresh && r.prefill && r.prefill_ready) {

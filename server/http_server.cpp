@@ -245,7 +245,7 @@ void HttpServer::Impl::declare_lifecycle_metrics() {
   metrics.declare("specserve:replica_promotion_dispatch_seconds", K::kGauge,
                   "The replica's last warm promotion: the autoscaler's decision to the first request sent to it.");
   metrics.declare("specserve:replica_promotion_seconds", K::kGauge,
-                  "The replica's last warm promotion: the autoscaler's decision to the first token of the first request sent to it.");
+                  "The replica's last warm promotion: the autoscaler's decision to the first token of the first request sent to it that had none yet.");
 }
 
 void HttpServer::Impl::refresh_lifecycle_metrics(const ClusterStatus& st) {

@@ -8,6 +8,8 @@
 //  - a promoted replica gets the requests waiting (not started) in a busy replica's engine, so it
 //    serves at once, and the head reports decision -> routed / first request sent / first token;
 //  - a request handed back that can only go back where it came from does not ping-pong;
+//  - a promotion's first token is measured on a request that had none yet (a re-queued one that
+//    streamed tokens elsewhere never reports a first token again);
 //  - with real target shards, the handed-back request finishes on the promoted replica with the
 //    tokens of the target alone.
 // Timing: the waits are bounds (seconds) on things that take milliseconds; nothing is timed.
@@ -407,7 +409,8 @@ struct Promotion {
   ActorRuntime rt;
   std::unique_ptr<Head> head;
   std::unique_ptr<Client> client;
-  void start(int32_t replica1_kv_blocks) {
+  std::vector<caf::actor> shards;  // replica 0's, replica 1's
+  void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1) {
     Topology t = make_topology(2, /*drafts=*/false);
     t.autoscale.min_replicas = 1;
     t.autoscale.max_replicas = 2;
@@ -424,8 +427,11 @@ struct Promotion {
       f.replica = r;
       f.scheduler = head->scheduler();
       f.rec = &rec;
-      if (r == 1) f.total_kv_blocks = replica1_kv_blocks;
-      rt.system().spawn(fake_worker, f);
+      if (r == 1) {
+        f.total_kv_blocks = replica1_kv_blocks;
+        f.max_num_seqs = replica1_max_num_seqs;
+      }
+      shards.push_back(rt.system().spawn(fake_worker, f));
       ASSERT_TRUE(until(5, [&] {
         auto st = client->status();
         return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
@@ -510,6 +516,44 @@ TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->queued, 0);
   EXPECT_EQ(st->running, 3) << "every request is still on replica 0";
+}
+
+TEST(ElasticPromotion, FirstTokenIsMeasuredOnARequestThatHadNoneYet) {
+  Promotion p;
+  // Replica 1 runs 2 requests at once: both re-queued requests below get a token there.
+  ASSERT_NO_FATAL_FAILURE(p.start(64, 2));
+  // Two requests on replica 0 (one slot): the first runs and streams a token, the second waits.
+  // Two ongoing requests want one replica: no promotion yet.
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 2; ++i) {
+    auto h = p.client->submit(request(10));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  auto c = hs[0]->next(std::chrono::seconds(5));
+  ASSERT_TRUE(c.has_value() && c->tokens == std::vector<int32_t>{42}) << p.rec.dump();
+  EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
+  // Replica 0's shard dies: both requests are re-queued (the first with its token, first in
+  // line), replica 1 is promoted and gets both. The first one sent streamed its first token on
+  // replica 0 and never reports one again: the promotion is measured on the second.
+  caf::anon_send_exit(p.shards[0], caf::exit_reason::kill);
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work ") == 2; }))
+      << p.rec.dump() << describe(p.client->status());
+  ClusterStatus st;
+  EXPECT_TRUE(until(5, [&] {
+    auto s = p.client->status();
+    if (s.ok()) st = *s;
+    return s.ok() && !st.autoscale.promotion_seconds.empty();
+  })) << "decision -> first token was not measured:\n" << p.rec.dump() << describe(p.client->status());
+  EXPECT_EQ(st.autoscale.num_promotions, 1);
+  ASSERT_EQ(st.autoscale.promotion_dispatch_seconds.size(), 1u);
+  if (!st.autoscale.promotion_seconds.empty()) {
+    EXPECT_LE(st.autoscale.promotion_dispatch_seconds[0], st.autoscale.promotion_seconds[0]);
+  }
+  // The second request's stream: exactly one token (from replica 1), none twice.
+  c = hs[1]->next(std::chrono::seconds(5));
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->tokens, std::vector<int32_t>{42});
 }
 
 // Greedy tokens of the target alone (the oracle).
