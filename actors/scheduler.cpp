@@ -512,6 +512,7 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.reclaims_sent = r.reclaims_done = 0;
   set_state(self, replica_id, ReplicaState::kStopped);
   r.awaiting_first_token = false;
+  r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
   if (s.autoscaler && r.draft) {
     // A restart starts the replica's draft worker afresh: the old one goes.
     s.retired[r.draft.address()] = replica_id;
@@ -745,6 +746,7 @@ void retire(SchedSelf self, int32_t rid) {
   r.in_flight.clear();
   r.reclaims_sent = r.reclaims_done = 0;
   r.awaiting_first_token = false;
+  r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
   ++s.as.num_stops;
   set_state(self, rid, ReplicaState::kStopped);
 }
@@ -770,6 +772,7 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   auto& r = s.replicas[rid];
   r.drain_to_standby = to_standby;
   r.awaiting_first_token = false;
+  r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
   ++s.as.num_drains;
   set_state(self, rid, ReplicaState::kDraining);
   bool other = false;

@@ -491,7 +491,10 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
       [self](reclaim_atom, int32_t n) {
         // Another routed replica has a free slot (often one just promoted from standby) while
         // requests wait here: up to n of those still waiting in the engine (not running) go back
-        // to the head, the last admitted first, so the longest-waiting ones keep their place here.
+        // to the head, taken from the back of the engine's waiting queue (the most recently
+        // queued, or a sequence preempted back into it).
+        // NOTE: not the step policy's (priority, arrival) order: a younger request handed back
+        // may start on the free replica before older ones still waiting here.
         // NOTE: a waiting sequence has no KV yet (or only a preempted one's, which migrates like
         // a drained sequence's); it leaves with its sampler state, so output stays the same.
         auto& s = self->state;
