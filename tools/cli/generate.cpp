@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/logging.h"
-#include "cpu/cpu_backend.h"
+#include "tools/cli/backend_factory.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
@@ -23,6 +23,7 @@ struct GenerateArgs {
   int top_k = -1;
   int64_t seed = -1;
   int threads = 0;
+  std::string device = "cpu";
   int max_model_len = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;
@@ -32,7 +33,12 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto backend = make_cpu_backend(a.threads);
+  auto made = make_backend_for_device("--device", a.device, a.threads);
+  if (!made.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", made.status().to_string().c_str());
+    return 2;
+  }
+  std::unique_ptr<Backend> backend = std::move(*made);
   auto loaded = load_model(path, *backend);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
@@ -124,7 +130,7 @@ int run_generate(const GenerateArgs& a) {
 
 void add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU, streaming it to stdout");
+  auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU or a GPU (--device), streaming it to stdout");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
   auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
@@ -139,6 +145,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
   sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
+  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");

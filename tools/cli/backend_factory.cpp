@@ -1,0 +1,33 @@
+#include "tools/cli/backend_factory.h"
+
+#include <cstdlib>
+
+#include "config/topology.h"
+#include "cpu/cpu_backend.h"
+#ifdef SPECSERVE_WITH_CUDA
+#include "gpu/cuda_backend.h"
+#endif
+
+namespace specserve::cli {
+
+Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& flag, const std::string& device,
+                                                           int threads) {
+  auto spec = parse_device(device);
+  if (!spec.ok()) return invalid_argument(flag + " = '" + device + "': " + spec.status().message());
+  if (spec->kind == DeviceKind::kCpu) return make_cpu_backend(threads);
+#ifdef SPECSERVE_WITH_CUDA
+  CudaBackendOptions opts;
+  if (const char* mm = std::getenv("SPECSERVE_CUDA_MATMUL"); mm && *mm) {
+    auto m = parse_cuda_matmul(mm);
+    if (!m.ok()) return invalid_argument("SPECSERVE_CUDA_MATMUL: " + m.status().message());
+    opts.matmul = *m;
+  }
+  auto b = make_cuda_backend(spec->index, opts);
+  if (!b.ok()) return Status(b.status().code(), flag + " = '" + device + "': " + b.status().message());
+  return std::move(*b);
+#else
+  return unavailable(flag + " = '" + device + "': this specserve was built without the CUDA backend (nvcc not found at configure time)");
+#endif
+}
+
+}  // namespace specserve::cli
