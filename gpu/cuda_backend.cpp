@@ -2,12 +2,14 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpu/kernels.h"
@@ -26,12 +28,55 @@ namespace {
 #define SPECSERVE_CUBLAS_CHECK(expr)                                                                  \
   do {                                                                                                \
     const cublasStatus_t st_ = (expr);                                                                \
-    SPECSERVE_CHECK(st_ == CUBLAS_STATUS_SUCCESS, std::string(#expr) + ": " + cublasGetStatusString(st_)); \
+    SPECSERVE_CHECK(st_ == CUBLAS_STATUS_SUCCESS, std::string(#expr) + ": status " + std::to_string(static_cast<int>(st_))); \
   } while (0)
 // After a kernel launch: configuration errors surface here, execution errors at the next sync.
 #define SPECSERVE_CUDA_LAUNCHED() SPECSERVE_CUDA_CHECK(cudaGetLastError())
 
 using gpu::WeightType;
+
+// NOTE: cuBLAS is opened with dlopen when the first CudaBackend is made, not linked: loading
+// libcublas + libcublasLt costs ~0.25 s at every process start (measured here), which every
+// `specserve` run and test process would pay on a CUDA build even on the CPU.
+struct CublasApi {
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  std::string error;  // why it could not be loaded; empty when loaded
+};
+
+const CublasApi& cublas_api() {
+  static const CublasApi api = [] {
+    CublasApi a;
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* name : {SPECSERVE_CUBLAS_PATH, "libcublas.so.13", "libcublas.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      const char* e = dlerror();
+      tried += std::string(tried.empty() ? "" : "; ") + (e ? e : name);
+    }
+    if (!lib) {
+      a.error = "cannot load cuBLAS: " + tried;
+      return a;
+    }
+    auto sym = [&](const char* name, auto* fn) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
+      if (!*fn && a.error.empty()) a.error = std::string("cuBLAS lacks ") + name;
+    };
+    sym("cublasCreate_v2", &a.create);
+    sym("cublasDestroy_v2", &a.destroy);
+    sym("cublasSetStream_v2", &a.set_stream);
+    sym("cublasSetMathMode", &a.set_math_mode);
+    sym("cublasGemmEx", &a.gemm_ex);
+    return a;
+  }();
+  return api;
+}
 
 // fp32 -> bf16 bits, round to nearest even (as __float2bfloat16_rn); NaN stays a quiet NaN.
 uint16_t f32_to_bf16_bits(float f) {
@@ -134,13 +179,16 @@ class CudaBackend final : public Backend {
     cudaError_t e = cudaSetDevice(device_);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (e != cudaSuccess) return internal_error("cuda:" + std::to_string(device_) + ": " + cudaGetErrorString(e));
-    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+    const CublasApi& api = cublas_api();
+    if (!api.error.empty()) return internal_error("cuda:" + std::to_string(device_) + ": " + api.error);
+    if (const cublasStatus_t st = api.create(&cublas_); st != CUBLAS_STATUS_SUCCESS) {
       cublas_ = nullptr;
-      return internal_error("cuda:" + std::to_string(device_) + ": cublasCreate failed");
+      return internal_error("cuda:" + std::to_string(device_) + ": cublasCreate failed with status " +
+                            std::to_string(static_cast<int>(st)));
     }
-    SPECSERVE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    SPECSERVE_CUBLAS_CHECK(api.set_stream(cublas_, stream_));
     // NOTE: the default math mode (no TF32: the fp32 path stays fp32; bf16 inputs accumulate in fp32).
-    SPECSERVE_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    SPECSERVE_CUBLAS_CHECK(api.set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
     err_ = static_cast<int32_t*>(device_alloc_or_die(sizeof(int32_t), "the error word"));
     SPECSERVE_CUDA_CHECK(cudaMemset(err_, 0, sizeof(int32_t)));
     return Status();
@@ -149,7 +197,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
-    if (cublas_) cublasDestroy(cublas_);
+    if (cublas_) cublas_api().destroy(cublas_);
     cudaFree(err_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -279,11 +327,11 @@ class CudaBackend final : public Backend {
         auto* xb = static_cast<uint16_t*>(act_bf16_.get(n * W.cols() * 2, stream_, "bf16 activations"));
         gpu::launch_f32_to_bf16(x, xb, n * W.cols(), stream_);
         SPECSERVE_CUDA_LAUNCHED();
-        SPECSERVE_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_16BF,
+        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_16BF,
                                             k_, xb, CUDA_R_16BF, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT));
       } else {
-        SPECSERVE_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_32F,
+        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_32F,
                                             k_, x, CUDA_R_32F, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT));
       }

@@ -72,6 +72,7 @@ struct SyntheticShape {
 constexpr SyntheticShape kShapes[] = {
     {"llama-1b", 16, 2048, 32, 8, 8192, 128256, true},
     {"llama-8b", 32, 4096, 32, 8, 14336, 128256, false},
+    {"llama-tiny", 2, 256, 4, 2, 512, 1024, false},  // checks the benchmark itself in seconds
 };
 
 // A llama GGUF image of `shape` in memory: matrices bf16 with values cycled from one random
@@ -148,7 +149,7 @@ int run(const Args& a) {
     for (const auto& s : kShapes)
       if (a.synthetic == s.name) sh = &s;
     if (!sh) {
-      std::fprintf(stderr, "specserve bench-model: --synthetic = '%s': expected llama-1b or llama-8b\n", a.synthetic.c_str());
+      std::fprintf(stderr, "specserve bench-model: --synthetic = '%s': expected llama-1b, llama-8b or llama-tiny\n", a.synthetic.c_str());
       return 2;
     }
     const double t0 = now_s();
@@ -335,7 +336,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   sub->add_option("--synthetic", a->synthetic,
-                  "Instead of --model: a model shaped like llama-1b or llama-8b with random bf16 weights, built in memory");
+                  "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");
   sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
   sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time");
