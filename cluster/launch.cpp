@@ -441,6 +441,7 @@ int run_worker(const WorkerOptions& o) {
   wc.role = spec.role;
   wc.replica = spec.replica;
   wc.rank = spec.rank;
+  wc.device = spec.device;
   wc.topology = *topo;
   wc.remote_draft = has_draft_worker(*topo, spec.replica);
   wc.threads = o.threads;
@@ -522,6 +523,14 @@ int run_serve(const ServeOptions& o) {
   wc.role = WorkerRole::kTargetShard;
   wc.topology = t;
   wc.threads = o.threads;
+  // The topology's first target shard says where the model runs (cpu when none is declared).
+  bool found = false;
+  for (const NodeSpec& n : t.nodes)
+    for (const WorkerSpec& w : n.workers)
+      if (w.role == WorkerRole::kTargetShard && !found) {
+        wc.device = w.device;
+        found = true;
+      }
   wc.token = *token;
   wc.scheduler = (*head)->scheduler();
   spawn_target_shard(rt.system(), wc);

@@ -218,8 +218,8 @@ class CudaBackend final : public Backend {
     const int64_t cols = t.shape[0];
     const int64_t rows = t.shape.size() == 2 ? t.shape[1] : 1;
     // NOTE: vectors (norm weights, biases) stay fp32: they are tiny and scale every activation;
-    // matrices become bf16, half the bytes a decode step reads.
-    const bool keep_f32 = t.shape.size() == 1;
+    // matrices become bf16, half the bytes a decode step reads (unless fp32_weights).
+    const bool keep_f32 = t.shape.size() == 1 || opts_.fp32_weights;
     const int64_t count = rows * cols;
     if (!keep_f32 && t.type() == GgmlType::BF16) {
       // Already bf16: upload the GGUF bytes as they are (no host round trip through fp32).

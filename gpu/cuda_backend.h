@@ -6,7 +6,8 @@
 //
 // Numerics: activations and the KV cache are fp32 in device memory, as on the CPU. 2-D weights
 // (matmul weights and embedding tables) are dequantised from GGUF on the host at load
-// (model/dequant.h) and stored as bf16; vectors (norm weights, biases) stay fp32. Matmuls
+// (model/dequant.h) and stored as bf16 (fp32 with CudaBackendOptions::fp32_weights); vectors
+// (norm weights, biases) stay fp32. Matmuls
 // multiply bf16 weights by the bf16-rounded activations with fp32 accumulation and fp32
 // output. Results therefore differ from the fp32 CPU reference by bf16 rounding (relative
 // error ~1e-3 per matmul); tests/gpu/cuda_backend_test.cpp states the bounds it checks.
@@ -41,6 +42,9 @@ const char* cuda_matmul_name(CudaMatmul m);
 
 struct CudaBackendOptions {
   CudaMatmul matmul = CudaMatmul::kCublas;
+  /// Keep matrices in fp32 instead of bf16 (twice the memory and bytes per step): the CPU
+  /// reference's numerics up to summation order, for parity checks (tests, tools/gpu-check.sh).
+  bool fp32_weights = false;
 };
 
 /// Number of CUDA devices visible to this process; 0 (never an error) when there is no GPU, no

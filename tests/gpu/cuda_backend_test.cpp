@@ -10,11 +10,13 @@
 //   - embedding (the table is stored as bf16 on the GPU): nmse < 1e-5 (bf16 rounding, 2^-9
 //     relative at most, ~1e-6 in the mean square);
 //   - matmul (bf16 weights x bf16-rounded activations, fp32 accumulation): nmse < 1e-4;
-//   - whole forward pass, logits: nmse < 1e-3 on the synthetic model (2 layers), < 5e-3 on the
-//     default model (30 layers of bf16 rounding on top of Q4_1), and the same argmax.
-// Greedy generation must be identical to the CPU's on both models. On the real model a bf16
-// rounding could in principle flip a near-tie between the two best tokens; the failure message
-// then prints the CPU's gap between them at the first divergence.
+//   - whole forward pass, logits, bf16 weights: nmse < 1e-3 on the synthetic model (3 layers),
+//     < 5e-3 on the default model (30 layers of bf16 rounding on top of Q4_1); fp32 weights
+//     (CudaBackendOptions::fp32_weights): nmse < 1e-6 on both.
+// Greedy generation: with fp32 weights identical to the CPU's on both models, for both matmul
+// paths. With bf16 weights a rounding can flip a near tie between the two best tokens, so a
+// divergence passes only where the CPU's top-2 logit gap is below 0.1 (synthetic, logits of std
+// ~4) or 0.25 (default model) and is reported; a divergence at a larger gap fails.
 // Every test skips with a visible message when no CUDA device is present (ctest label "gpu";
 // tools/gpu-check.sh runs them on a GPU machine).
 #include "gpu/cuda_backend.h"
@@ -444,15 +446,37 @@ float top2_gap(const std::vector<float>& l) {
   return v[0] - v[1];
 }
 
-void expect_same_greedy(const Greedy& cpu, const Greedy& gpu, const std::string& what) {
+// Greedy outputs must be identical. With `near_tie` > 0 (bf16 weights: logits carry ~1e-3
+// relative rounding error) a divergence is accepted only where the CPU's two best logits are
+// within `near_tie` of each other — a rounding flip, reported; anywhere else it is a bug.
+void expect_same_greedy(const Greedy& cpu, const Greedy& gpu, const std::string& what, float near_tie) {
   for (size_t i = 0; i < cpu.tokens.size(); ++i) {
-    if (cpu.tokens[i] != gpu.tokens[i]) {
+    if (cpu.tokens[i] == gpu.tokens[i]) continue;
+    const float gap = top2_gap(cpu.logits[i]);
+    if (gap < near_tie) {
+      std::printf("[ info ] %s: greedy diverges at token %zu at a near tie (cpu top-2 gap %g < %g): accepted\n",
+                  what.c_str(), i, gap, near_tie);
+    } else {
       ADD_FAILURE() << what << ": greedy token " << i << " differs: cpu " << cpu.tokens[i] << ", gpu " << gpu.tokens[i]
-                    << "; the cpu's top-2 logit gap there is " << top2_gap(cpu.logits[i]);
-      return;
+                    << "; the cpu's top-2 logit gap there is " << gap << " (allowed near tie: < " << near_tie << ")";
     }
+    return;
   }
+  std::printf("[ info ] %s: greedy output identical to the cpu's (%zu tokens)\n", what.c_str(), cpu.tokens.size());
 }
+
+// The four CUDA configurations the model tests run: matmul path x weight storage.
+struct Config {
+  CudaMatmul matmul;
+  bool fp32_weights;
+  std::string name() const {
+    return std::string(cuda_matmul_name(matmul)) + (fp32_weights ? ", fp32 weights" : ", bf16 weights");
+  }
+};
+const Config kConfigs[] = {{CudaMatmul::kCublas, false},
+                           {CudaMatmul::kBatchInvariant, false},
+                           {CudaMatmul::kCublas, true},
+                           {CudaMatmul::kBatchInvariant, true}};
 
 class CudaModel : public ::testing::Test {
  protected:
@@ -477,21 +501,22 @@ TEST_F(CudaModel, SyntheticForwardAndGreedyMatchCpu) {
     auto cpu = make_cpu_backend(1);
     auto cm = Transformer::load(*f, *cpu);
     ASSERT_TRUE(cm.ok());
-    for (CudaMatmul mm : {CudaMatmul::kCublas, CudaMatmul::kBatchInvariant}) {
-      auto gpu = make_cuda_backend(0, CudaBackendOptions{mm});
+    for (const Config& cfg : kConfigs) {
+      auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.fp32_weights});
       ASSERT_TRUE(gpu.ok());
       auto gm = Transformer::load(*f, **gpu);
       ASSERT_TRUE(gm.ok());
-      const std::string what = std::string("synthetic ") + ggml_type_name(static_cast<uint32_t>(storage)) + ", " +
-                               cuda_matmul_name(mm);
+      const std::string what =
+          std::string("synthetic ") + ggml_type_name(static_cast<uint32_t>(storage)) + ", " + cfg.name();
       const std::vector<int32_t> prompt = {5, 77, 300, 12, 12, 400, 9, 1, 250, 33, 81, 2, 499, 100, 7, 64, 65, 66};
       const std::vector<int32_t> dec = {3, 4, 5, 6, 7};
       const auto want = run_logits(**cm, prompt, dec);
       const auto got = run_logits(**gm, prompt, dec);
       const double e = nmse(got, want);
       std::printf("[ info ] %s: forward logits nmse %.3g\n", what.c_str(), e);
-      EXPECT_LT(e, 1e-3) << what;
-      expect_same_greedy(greedy(**cm, prompt, 40), greedy(**gm, prompt, 40), what);
+      EXPECT_LT(e, cfg.fp32_weights ? 1e-6 : 1e-3) << what;
+      // Logits have std ~4 (logit_scale); bf16 rounding moves them by ~0.01.
+      expect_same_greedy(greedy(**cm, prompt, 40), greedy(**gm, prompt, 40), what, cfg.fp32_weights ? 0.0f : 0.1f);
     }
   }
 }
@@ -509,17 +534,17 @@ TEST_F(CudaDefaultModel, ForwardAndGreedyMatchCpu) {
   ASSERT_TRUE(cm.ok());
   const auto want_greedy = greedy(**cm, prompt, 32);
   const auto want = run_logits(**cm, prompt, {want_greedy.tokens.begin(), want_greedy.tokens.begin() + 4});
-  for (CudaMatmul mm : {CudaMatmul::kCublas, CudaMatmul::kBatchInvariant}) {
-    auto gpu = make_cuda_backend(0, CudaBackendOptions{mm});
+  for (const Config& cfg : kConfigs) {
+    auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.fp32_weights});
     ASSERT_TRUE(gpu.ok());
     auto gm = Transformer::load(f, **gpu);
     ASSERT_TRUE(gm.ok());
-    const std::string what = std::string("default model, ") + cuda_matmul_name(mm);
+    const std::string what = "default model, " + cfg.name();
     const auto got = run_logits(**gm, prompt, {want_greedy.tokens.begin(), want_greedy.tokens.begin() + 4});
     const double e = nmse(got, want);
     std::printf("[ info ] %s: forward logits nmse %.3g\n", what.c_str(), e);
-    EXPECT_LT(e, 5e-3) << what;
-    expect_same_greedy(want_greedy, greedy(**gm, prompt, 32), what);
+    EXPECT_LT(e, cfg.fp32_weights ? 1e-6 : 5e-3) << what;
+    expect_same_greedy(want_greedy, greedy(**gm, prompt, 32), what, cfg.fp32_weights ? 0.0f : 0.25f);
   }
 }
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gguf_writer.h"
-#include "tools/cli/backend_factory.h"
+#include "actors/backend_factory.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "gpu/cuda_backend.h"
 #endif

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/logging.h"
-#include "tools/cli/backend_factory.h"
+#include "actors/backend_factory.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"

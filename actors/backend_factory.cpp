@@ -1,4 +1,4 @@
-#include "tools/cli/backend_factory.h"
+#include "actors/backend_factory.h"
 
 #include <cstdlib>
 
@@ -8,7 +8,7 @@
 #include "gpu/cuda_backend.h"
 #endif
 
-namespace specserve::cli {
+namespace specserve {
 
 Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& flag, const std::string& device,
                                                            int threads) {
@@ -22,6 +22,11 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
     if (!m.ok()) return invalid_argument("SPECSERVE_CUDA_MATMUL: " + m.status().message());
     opts.matmul = *m;
   }
+  if (const char* w = std::getenv("SPECSERVE_CUDA_WEIGHTS"); w && *w) {
+    const std::string v = w;
+    if (v != "bf16" && v != "fp32") return invalid_argument("SPECSERVE_CUDA_WEIGHTS = '" + v + "': expected bf16 or fp32");
+    opts.fp32_weights = v == "fp32";
+  }
   auto b = make_cuda_backend(spec->index, opts);
   if (!b.ok()) return Status(b.status().code(), flag + " = '" + device + "': " + b.status().message());
   return std::move(*b);
@@ -30,4 +35,4 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
 #endif
 }
 
-}  // namespace specserve::cli
+}  // namespace specserve

@@ -1,5 +1,6 @@
-// specserve CLI: the Backend a `--device` flag names ("cpu" or "cuda:N"), for every subcommand
-// that runs a model in this process.
+// specserve actors: the Backend a device names ("cpu" or "cuda:N"): a worker's `device` in a
+// topology, or the CLI's `--device`. The one place that knows which backends this build has
+// (SPECSERVE_WITH_CUDA: the CUDA backend, gpu/, was built).
 #pragma once
 
 #include <memory>
@@ -8,16 +9,17 @@
 #include "core/status.h"
 #include "model/backend.h"
 
-namespace specserve::cli {
+namespace specserve {
 
 /// The backend for `device` ("cpu" or "cuda:N", config/topology.h's DeviceSpec syntax);
 /// `threads` is the CPU backend's thread count (0: every core). On CUDA the matmul path comes
 /// from $SPECSERVE_CUDA_MATMUL ("cublas", the default, or "batch_invariant";
-/// gpu/cuda_backend.h).
-/// Errors name `flag` and the value: kInvalidArgument for a malformed device or an ordinal
+/// gpu/cuda_backend.h), and the weights' storage from $SPECSERVE_CUDA_WEIGHTS ("bf16", the
+/// default, or "fp32").
+/// Errors name `flag` (the flag or field the value came from) and the value: kInvalidArgument for a malformed device or an ordinal
 /// outside 0 .. count-1; kUnavailable when this build has no CUDA backend or no CUDA device is
 /// present.
 Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& flag, const std::string& device,
                                                            int threads);
 
-}  // namespace specserve::cli
+}  // namespace specserve
