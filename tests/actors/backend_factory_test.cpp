@@ -1,0 +1,47 @@
+// actors/backend_factory.h: the backend a device string names, and the errors that name the
+// flag and value when it cannot be made (malformed, no CUDA in this build, no device, bad ordinal).
+#include "actors/backend_factory.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace specserve {
+namespace {
+
+TEST(BackendFactory, CpuIsTheCpuBackend) {
+  auto b = make_backend_for_device("--device", "cpu", 1);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ((*b)->name(), "cpu");
+}
+
+TEST(BackendFactory, MalformedDeviceNamesFlagAndValue) {
+  for (const char* bad : {"gpu", "cuda", "cuda:", "cuda:-1", "cuda:x", ""}) {
+    auto b = make_backend_for_device("--device", bad, 1);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("--device = '" + std::string(bad) + "'"), std::string::npos) << b.status().message();
+  }
+}
+
+// cuda:N either works (a GPU is present and N exists) or fails with an error that names the
+// flag, the value and the reason; never a crash inside CUDA.
+TEST(BackendFactory, CudaWithoutADeviceOrOutOfRangeIsAClearError) {
+  for (const char* dev : {"cuda:0", "cuda:63"}) {
+    auto b = make_backend_for_device("nodes[0].workers[0].device", dev, 1);
+    if (b.ok()) {
+      EXPECT_EQ((*b)->name(), dev);
+      continue;
+    }
+    const std::string m = b.status().message();
+    EXPECT_NE(m.find("nodes[0].workers[0].device = '" + std::string(dev) + "'"), std::string::npos) << m;
+    const bool no_cuda_build = m.find("built without the CUDA backend") != std::string::npos;
+    const bool no_device = m.find("no CUDA device") != std::string::npos;
+    const bool bad_ordinal = m.find("does not exist") != std::string::npos;
+    EXPECT_TRUE(no_cuda_build || no_device || bad_ordinal) << m;
+    EXPECT_EQ(b.status().code(), bad_ordinal ? StatusCode::kInvalidArgument : StatusCode::kUnavailable) << m;
+  }
+}
+
+}  // namespace
+}  // namespace specserve
