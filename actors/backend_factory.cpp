@@ -35,4 +35,17 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
 #endif
 }
 
+Status check_device_available(const std::string& flag, const std::string& device) {
+  auto spec = parse_device(device);
+  if (!spec.ok()) return invalid_argument(flag + " = '" + device + "': " + spec.status().message());
+  if (spec->kind == DeviceKind::kCpu) return Status();
+#ifdef SPECSERVE_WITH_CUDA
+  auto info = cuda_device_info(spec->index);
+  if (!info.ok()) return Status(info.status().code(), flag + " = '" + device + "': " + info.status().message());
+  return Status();
+#else
+  return unavailable(flag + " = '" + device + "': this specserve was built without the CUDA backend (nvcc not found at configure time)");
+#endif
+}
+
 }  // namespace specserve

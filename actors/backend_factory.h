@@ -22,4 +22,8 @@ namespace specserve {
 Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& flag, const std::string& device,
                                                            int threads);
 
+/// Whether make_backend_for_device could make `device` here, without making it (no CUDA context,
+/// no allocation): for checking a topology before a worker loads its model. Same errors.
+Status check_device_available(const std::string& flag, const std::string& device);
+
 }  // namespace specserve

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "actors/backend_factory.h"
 #include "actors/client.h"
 #include "actors/draft_worker.h"
 #include "actors/gateway.h"
@@ -407,9 +408,8 @@ int run_worker(const WorkerOptions& o) {
                                            std::to_string(node->workers.size()) + " worker(s)"));
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
-  if (spec.device.kind != DeviceKind::kCpu) {
-    return fail("worker", unsupported(topo->where("nodes") + ": device " + spec.device.to_string() +
-                                      ": the CUDA backend is not built yet (issue 9); use cpu"));
+  if (Status st = check_device_available(topo->where("nodes") + ": device", spec.device.to_string()); !st.ok()) {
+    return fail("worker", st);
   }
   if (topo->models.target.tensor_parallel_size != 1) {
     return fail("worker", unsupported(topo->where("models.target.tensor_parallel_size") +

@@ -13,6 +13,7 @@ TEST(BackendFactory, CpuIsTheCpuBackend) {
   auto b = make_backend_for_device("--device", "cpu", 1);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_EQ((*b)->name(), "cpu");
+  EXPECT_TRUE(check_device_available("--device", "cpu").ok());
 }
 
 TEST(BackendFactory, MalformedDeviceNamesFlagAndValue) {
@@ -35,6 +36,10 @@ TEST(BackendFactory, CudaWithoutADeviceOrOutOfRangeIsAClearError) {
     }
     const std::string m = b.status().message();
     EXPECT_NE(m.find("nodes[0].workers[0].device = '" + std::string(dev) + "'"), std::string::npos) << m;
+    // The check without making a backend agrees with the factory.
+    const Status check = check_device_available("nodes[0].workers[0].device", dev);
+    EXPECT_EQ(check.code(), b.status().code()) << check.to_string();
+    EXPECT_EQ(check.message(), m);
     const bool no_cuda_build = m.find("built without the CUDA backend") != std::string::npos;
     const bool no_device = m.find("no CUDA device") != std::string::npos;
     const bool bad_ordinal = m.find("does not exist") != std::string::npos;
