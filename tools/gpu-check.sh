@@ -157,11 +157,14 @@ if ! stage build 240 ninja -C "$build" -j "$(nproc)" specserve "$test_bin"; then
   exit 4
 fi
 
-# The default model: present (carried into models/ or in the cache), else fetched when the
-# network allows; without it the default-model tests and bench-spec are reported as not run.
+# The default model (98 MB): $SPECSERVE_MODEL, models/, a shared/ folder in or beside the
+# checkout, or the cache; else fetched when the network allows; without it the default-model
+# tests and bench-spec are reported as not run.
 model=""
-for m in "$here/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$HOME/.cache/specserve/models/SmolLM2-135M-Instruct.Q4_1.gguf"; do
-  [ -f "$m" ] && model="$m" && break
+name="SmolLM2-135M-Instruct.Q4_1.gguf"
+for m in "${SPECSERVE_MODEL:-}" "$here/models/$name" "$here/shared/models/$name" "$here/../shared/models/$name" \
+         "$HOME/.cache/specserve/models/$name"; do
+  [ -n "$m" ] && [ -f "$m" ] && model="$m" && break
 done
 if [ -z "$model" ]; then
   stage fetch_model 60 "$here/scripts/fetch-model.sh" && model="$here/models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -3,10 +3,13 @@
 // --device cuda:N runs it on a GPU, where the bandwidth is the device's peak (2 x memory clock
 // x bus width); --synthetic llama-1b|llama-8b builds a model of that shape with random bf16
 // weights in memory (no download); --decode-batches times decode at several batch sizes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -14,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gguf_writer.h"
 #include "actors/backend_factory.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "gpu/cuda_backend.h"
 #endif
+#include "model/gguf_writer.h"
 #include "model/sampling.h"
 #include "tools/cli/common.h"
 #include "tools/cli/registry.h"
@@ -75,10 +78,11 @@ constexpr SyntheticShape kShapes[] = {
     {"llama-tiny", 2, 256, 4, 2, 512, 1024, false},  // checks the benchmark itself in seconds
 };
 
-// A llama GGUF image of `shape` in memory: matrices bf16 with values cycled from one random
-// pool (their values do not change the speed), norms 1.0 in fp32. No tokenizer: the benchmark
-// feeds token ids.
-Expected<std::vector<uint8_t>> synthetic_gguf(const SyntheticShape& sh) {
+// A llama GGUF file of `shape` at `path`: matrices bf16 with values cycled from one random pool
+// (their values do not change the speed), norms 1.0 in fp32. No tokenizer: the benchmark feeds
+// token ids. NOTE: written to a file (tmpfs when there is one) rather than GgufWriter::to_bytes,
+// whose growing vector would copy an 8B model's 16 GB several times.
+Status write_synthetic_gguf(const SyntheticShape& sh, const std::string& path) {
   GgufWriter w;
   const std::string a = "llama.";
   w.add_string("general.architecture", "llama");
@@ -127,7 +131,7 @@ Expected<std::vector<uint8_t>> synthetic_gguf(const SyntheticShape& sh) {
     SPECSERVE_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", sh.ffn, d));
   }
   buf = {};
-  return w.to_bytes();
+  return w.write_file(path);
 }
 
 int run(const Args& a) {
@@ -141,7 +145,6 @@ int run(const Args& a) {
   std::string path = a.model.empty() ? default_model_path() : a.model;
   // The model: a file (load_model, with its tokenizer) or a synthetic image in memory.
   LoadedModel lm;
-  std::vector<uint8_t> image;
   std::unique_ptr<GgufFile> image_file;
   std::unique_ptr<Transformer> synthetic_model;
   if (!a.synthetic.empty()) {
@@ -153,13 +156,16 @@ int run(const Args& a) {
       return 2;
     }
     const double t0 = now_s();
-    auto bytes = synthetic_gguf(*sh);
-    if (!bytes.ok()) {
-      std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", bytes.status().to_string().c_str());
+    const std::string dir = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path().string();
+    const std::string file = dir + "/specserve-bench-" + sh->name + "-" + std::to_string(::getpid()) + ".gguf";
+    Status st = write_synthetic_gguf(*sh, file);
+    if (!st.ok()) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", st.to_string().c_str());
       return 1;
     }
-    image = std::move(*bytes);
-    auto f = GgufFile::from_memory(image.data(), image.size(), std::string("synthetic ") + sh->name);
+    const double t1 = now_s();
+    auto f = GgufFile::open(file);
+    std::filesystem::remove(file);  // the mapping keeps the data until the file object goes
     if (!f.ok()) {
       std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", f.status().to_string().c_str());
       return 1;
@@ -172,8 +178,8 @@ int run(const Args& a) {
     }
     synthetic_model = std::move(*m);
     path = std::string("synthetic:") + sh->name;
-    std::fprintf(stderr, "[bench-model] %s: %.1f GB of bf16 weights built and loaded in %.1f s\n", sh->name,
-                 image.size() / 1e9, now_s() - t0);
+    std::fprintf(stderr, "[bench-model] %s: bf16 weights written in %.1f s, loaded onto %s in %.1f s\n", sh->name,
+                 t1 - t0, backend->name().c_str(), now_s() - t1);
   } else {
     auto loaded = load_model(path, *backend);
     if (!loaded.ok()) {
