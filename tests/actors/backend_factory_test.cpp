@@ -48,5 +48,25 @@ TEST(BackendFactory, CudaWithoutADeviceOrOutOfRangeIsAClearError) {
   }
 }
 
+TEST(BackendFactory, KvPlanChangesNothingOnTheCpu) {
+  auto b = make_backend_for_device("--device", "cpu", 1);
+  ASSERT_TRUE(b.ok());
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn_size = 128;
+  c.vocab_size = 100;
+  c.context_length = 256;
+  EngineOptions o;
+  ASSERT_TRUE(plan_kv_cache(**b, c, &o).ok());
+  EXPECT_EQ(o.num_kv_blocks, 0) << "the CPU keeps the engine's default";
+  o.num_kv_blocks = 7;
+  ASSERT_TRUE(plan_kv_cache(**b, c, &o).ok());
+  EXPECT_EQ(o.num_kv_blocks, 7) << "an explicit size is kept";
+}
+
 }  // namespace
 }  // namespace specserve

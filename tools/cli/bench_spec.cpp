@@ -69,6 +69,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const std::vec
   eo.max_model_len = 4096;
   auto proposer = make_proposer(sa, lm, backend, &eo);
   if (!proposer.ok()) return proposer.status();
+  SPECSERVE_RETURN_IF_ERROR(plan_kv_cache(backend, lm.model->config(), &eo));  // GPU: from free memory
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) return engine.status();
   RunResult rr;

@@ -81,6 +81,11 @@ int run_generate(const GenerateArgs& a) {
     std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
     return 1;
   }
+  // On a GPU: the target's KV pool from what the weights (the draft's too) leave free.
+  if (Status plan = plan_kv_cache(*backend, lm.model->config(), &eo); !plan.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", plan.to_string().c_str());
+    return 1;
+  }
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", engine.status().to_string().c_str());
