@@ -4,8 +4,9 @@
 //
 // Error measure: normalised mean squared error, nmse(gpu, cpu) = sum (g - c)^2 / sum c^2.
 // Bounds (and why):
-//   - ops whose GPU inputs are the CPU's fp32 values and that compute in fp32 (rms_norm, rope,
-//     attention, swiglu, add): nmse < 1e-9 — only summation order and libm ulps differ;
+//   - ops whose GPU inputs are the CPU's fp32 values and that compute in fp32 (rms_norm,
+//     attention, swiglu): nmse < 1e-9 — only summation order and libm ulps differ; add: equal;
+//     rope: nmse < 1e-6 (positions up to 5000: an angle's last rounding is worth ~3e-4 rad);
 //   - copies (gather_rows, kv_write, kv_copy_slots, kv export/import): bit-identical;
 //   - embedding (the table is stored as bf16 on the GPU): nmse < 1e-5 (bf16 rounding, 2^-9
 //     relative at most, ~1e-6 in the mean square);
@@ -268,7 +269,9 @@ TEST_F(CudaOps, RopeMatchesCpuNormalNeoxAndYarn) {
     auto xb = buf(*gpu_, x);
     auto pb = buf(*gpu_, pos);
     gpu_->rope(xb->f32(), pb->i32(), n, heads, variants[v]);
-    EXPECT_LT(nmse(get(*gpu_, *xb, n * heads * hd), want), 1e-9) << "variant " << v;
+    // 1e-6, not 1e-9: at position ~5000 one rounding more or less in the angle (a fused
+    // multiply-add in yarn's mix, on either side) moves it by ~3e-4 rad.
+    EXPECT_LT(nmse(get(*gpu_, *xb, n * heads * hd), want), 1e-6) << "variant " << v;
   }
 }
 

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/logging.h"
 #include "actors/backend_factory.h"
+#include "core/logging.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"

@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "core/logging.h"
 #include "actors/backend_factory.h"
+#include "core/logging.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
