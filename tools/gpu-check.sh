@@ -139,13 +139,14 @@ fi
 
 # ---- 2. build
 configure=(cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECSERVE_CUDA=ON)
-if ! stage configure 60 "${configure[@]}"; then
-  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1; }; then
-    log "configure failed; installing the build's packages with scripts/setup-deps.sh"
-    stage setup_deps 150 "$here/scripts/setup-deps.sh" && stage configure_again 60 "${configure[@]}"
-  fi
+configured=0
+if stage configure 60 "${configure[@]}"; then
+  configured=1
+elif command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1; }; then
+  log "configure failed (packages missing?); installing the build's packages with scripts/setup-deps.sh"
+  stage setup_deps 150 "$here/scripts/setup-deps.sh" && stage configure_again 60 "${configure[@]}" && configured=1
 fi
-if ! grep -q "CUDA backend ON" "$out"/configure*.log 2>/dev/null; then
+if [ "$configured" != 1 ] || ! grep -q "CUDA backend ON" "$out"/configure*.log 2>/dev/null; then
   log "the build could not be configured with the CUDA backend; see configure*.log and setup_deps.log"
   write_summary
   exit 4
@@ -218,4 +219,6 @@ fi
 
 write_summary
 log "done in $(elapsed) s; summary: $summary"
+gpu_slug="$(head -n 1 "$out/nvidia-smi.txt" | sed -E 's/^GPU [0-9]+: //; s/ \(UUID.*//; s/[^A-Za-z0-9]+/-/g; s/-+$//' | tr 'A-Z' 'a-z')"
+log "to record this run: cp $summary bench/results/gpu_check_$(date +%Y-%m-%d)_${gpu_slug:-gpu}.md (and the JSON files beside it)"
 exit "$failed"
