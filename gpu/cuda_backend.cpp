@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
     // NOTE: the default math mode (no TF32: the fp32 path stays fp32; bf16 inputs accumulate in fp32).
     SPECSERVE_CUBLAS_CHECK(api.set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
     err_ = static_cast<int32_t*>(device_alloc_or_die(sizeof(int32_t), "the error word"));
-    SPECSERVE_CUDA_CHECK(cudaMemset(err_, 0, sizeof(int32_t)));
+    SPECSERVE_CUDA_CHECK(cudaMemsetAsync(err_, 0, sizeof(int32_t), stream_));
     return Status();
   }
 
@@ -516,7 +516,11 @@ class CudaBackend final : public Backend {
       return resource_exhausted("weight of " + std::to_string(bytes >> 20) + " MiB does not fit on " + name() + ": " +
                                 cudaGetErrorString(e));
     }
-    SPECSERVE_CUDA_CHECK(cudaMemcpy(d, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+    // On this backend's stream, then waited for: a plain cudaMemcpy runs on the legacy default
+    // stream, which a non-blocking stream does not wait for, and from pageable memory it may
+    // return before the data has landed.
+    SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(d, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+    SPECSERVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return std::unique_ptr<Weight>(new CudaWeight(rows, cols, type, d));
   }
 
