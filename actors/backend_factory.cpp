@@ -23,9 +23,9 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
     opts.matmul = *m;
   }
   if (const char* w = std::getenv("SPECSERVE_CUDA_WEIGHTS"); w && *w) {
-    const std::string v = w;
-    if (v != "bf16" && v != "fp32") return invalid_argument("SPECSERVE_CUDA_WEIGHTS = '" + v + "': expected bf16 or fp32");
-    opts.fp32_weights = v == "fp32";
+    auto v = parse_cuda_weights(w);
+    if (!v.ok()) return invalid_argument("SPECSERVE_CUDA_WEIGHTS: " + v.status().message());
+    opts.weights = *v;
   }
   auto b = make_cuda_backend(spec->index, opts);
   if (!b.ok()) return Status(b.status().code(), flag + " = '" + device + "': " + b.status().message());

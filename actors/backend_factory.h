@@ -17,7 +17,7 @@ namespace specserve {
 /// `threads` is the CPU backend's thread count (0: every core). On CUDA the matmul path comes
 /// from $SPECSERVE_CUDA_MATMUL ("cublas", the default, or "batch_invariant";
 /// gpu/cuda_backend.h), and the weights' storage from $SPECSERVE_CUDA_WEIGHTS ("bf16", the
-/// default, or "fp32").
+/// default, "fp16" or "fp32").
 /// Errors name `flag` (the flag or field the value came from) and the value: kInvalidArgument for a malformed device or an ordinal
 /// outside 0 .. count-1; kUnavailable when this build has no CUDA backend or no CUDA device is
 /// present.

@@ -1,6 +1,7 @@
 #include "gpu/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -85,6 +86,12 @@ uint16_t f32_to_bf16_bits(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
+}
+
+// fp32 -> fp16 bits, round to nearest even, with cuda_fp16.h's host conversion.
+uint16_t f32_to_f16_bits(float f) {
+  const __half_raw r = __float2half_rn(f);
+  return r.x;
 }
 
 void* device_alloc_or_die(int64_t bytes, const char* what) {
@@ -218,10 +225,10 @@ class CudaBackend final : public Backend {
     const int64_t cols = t.shape[0];
     const int64_t rows = t.shape.size() == 2 ? t.shape[1] : 1;
     // NOTE: vectors (norm weights, biases) stay fp32: they are tiny and scale every activation;
-    // matrices become bf16, half the bytes a decode step reads (unless fp32_weights).
-    const bool keep_f32 = t.shape.size() == 1 || opts_.fp32_weights;
+    // matrices become bf16 (or fp16), half the bytes a decode step reads (unless kF32).
+    const bool keep_f32 = t.shape.size() == 1 || opts_.weights == CudaWeights::kF32;
     const int64_t count = rows * cols;
-    if (!keep_f32 && t.type() == GgmlType::BF16) {
+    if (!keep_f32 && opts_.weights == CudaWeights::kBF16 && t.type() == GgmlType::BF16) {
       // Already bf16: upload the GGUF bytes as they are (no host round trip through fp32).
       if (t.data == nullptr || static_cast<int64_t>(t.num_bytes) != count * 2) {
         return corrupt_data("tensor '" + t.name + "': " + std::to_string(t.num_bytes) + " bytes for " +
@@ -232,9 +239,13 @@ class CudaBackend final : public Backend {
     auto data = dequantize_tensor(t);
     if (!data.ok()) return data.status();
     if (keep_f32) return upload_weight(rows, cols, WeightType::kF32, data->data(), count * 4);
-    std::vector<uint16_t> bf(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) bf[static_cast<size_t>(i)] = f32_to_bf16_bits((*data)[static_cast<size_t>(i)]);
-    return upload_weight(rows, cols, WeightType::kBF16, bf.data(), count * 2);
+    std::vector<uint16_t> half(static_cast<size_t>(count));
+    if (opts_.weights == CudaWeights::kF16) {
+      for (int64_t i = 0; i < count; ++i) half[static_cast<size_t>(i)] = f32_to_f16_bits((*data)[static_cast<size_t>(i)]);
+      return upload_weight(rows, cols, WeightType::kF16, half.data(), count * 2);
+    }
+    for (int64_t i = 0; i < count; ++i) half[static_cast<size_t>(i)] = f32_to_bf16_bits((*data)[static_cast<size_t>(i)]);
+    return upload_weight(rows, cols, WeightType::kBF16, half.data(), count * 2);
   }
 
   std::unique_ptr<Buffer> alloc(int64_t bytes) override {
@@ -323,12 +334,14 @@ class CudaBackend final : public Backend {
       // times X^T [cols, n] (row-major X is col-major X^T).
       const float alpha = 1.0f, beta = 0.0f;
       const int m_ = static_cast<int>(W.rows()), n_ = static_cast<int>(n), k_ = static_cast<int>(W.cols());
-      if (W.type() == WeightType::kBF16) {
-        auto* xb = static_cast<uint16_t*>(act_bf16_.get(n * W.cols() * 2, stream_, "bf16 activations"));
-        gpu::launch_f32_to_bf16(x, xb, n * W.cols(), stream_);
+      if (W.type() != WeightType::kF32) {
+        // The activations in the weights' 16-bit type (cuBLAS multiplies like types).
+        const cudaDataType dt = W.type() == WeightType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+        auto* xb = static_cast<uint16_t*>(act_half_.get(n * W.cols() * 2, stream_, "16-bit activations"));
+        gpu::launch_f32_to_half(x, xb, W.type(), n * W.cols(), stream_);
         SPECSERVE_CUDA_LAUNCHED();
-        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_16BF,
-                                            k_, xb, CUDA_R_16BF, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
+        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), dt,
+                                            k_, xb, dt, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT));
       } else {
         SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_32F,
@@ -539,7 +552,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int32_t* err_ = nullptr;  // device error word (gpu::ErrorBit)
-  DeviceScratch act_bf16_, meta_dev_, idx_dev_, pack_;
+  DeviceScratch act_half_, meta_dev_, idx_dev_, pack_;
   std::vector<int32_t> meta_, idx_host_;
   std::vector<int32_t> meta_on_device_;  // what meta_dev_ holds (at meta_dev_ptr_)
   const void* meta_dev_ptr_ = nullptr;
@@ -554,6 +567,17 @@ Expected<CudaMatmul> parse_cuda_matmul(const std::string& text) {
 }
 
 const char* cuda_matmul_name(CudaMatmul m) { return m == CudaMatmul::kCublas ? "cublas" : "batch_invariant"; }
+
+Expected<CudaWeights> parse_cuda_weights(const std::string& text) {
+  if (text == "bf16") return CudaWeights::kBF16;
+  if (text == "fp16") return CudaWeights::kF16;
+  if (text == "fp32") return CudaWeights::kF32;
+  return invalid_argument("cuda weights '" + text + "': expected bf16, fp16 or fp32");
+}
+
+const char* cuda_weights_name(CudaWeights w) {
+  return w == CudaWeights::kBF16 ? "bf16" : w == CudaWeights::kF16 ? "fp16" : "fp32";
+}
 
 int cuda_device_count() {
   int n = 0;

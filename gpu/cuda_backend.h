@@ -6,7 +6,7 @@
 //
 // Numerics: activations and the KV cache are fp32 in device memory, as on the CPU. 2-D weights
 // (matmul weights and embedding tables) are dequantised from GGUF on the host at load
-// (model/dequant.h) and stored as bf16 (fp32 with CudaBackendOptions::fp32_weights); vectors
+// (model/dequant.h) and stored as bf16 (or fp16 or fp32: CudaBackendOptions::weights); vectors
 // (norm weights, biases) stay fp32. Matmuls
 // multiply bf16 weights by the bf16-rounded activations with fp32 accumulation and fp32
 // output. Results therefore differ from the fp32 CPU reference by bf16 rounding (relative
@@ -26,7 +26,7 @@ namespace specserve {
 
 /// How CudaBackend::matmul computes.
 enum class CudaMatmul {
-  /// cublasGemmEx, bf16 x bf16 -> fp32 with fp32 accumulation. Fast at every batch size, but
+  /// cublasGemmEx, bf16 x bf16 (or fp16 x fp16) -> fp32 with fp32 accumulation. Fast at every batch size, but
   /// cuBLAS may pick a different algorithm (split-K, another tile) for another number of rows,
   /// so a row's result can depend on the batch (see the NOTE in gpu/cuda_backend.cpp).
   kCublas,
@@ -40,11 +40,21 @@ enum class CudaMatmul {
 Expected<CudaMatmul> parse_cuda_matmul(const std::string& text);
 const char* cuda_matmul_name(CudaMatmul m);
 
+/// How CudaBackend stores matrices (vectors always stay fp32).
+enum class CudaWeights {
+  kBF16,  ///< bf16: fp32's range, 8-bit mantissa (the default)
+  kF16,   ///< fp16: 11-bit mantissa, range +-65504 (the activations a cuBLAS matmul reads are
+          ///< rounded to fp16 too, so a model with huge activations overflows)
+  kF32,   ///< fp32: twice the bytes; the CPU reference's numerics up to summation order (parity)
+};
+
+/// Parses "bf16", "fp16" or "fp32" (kInvalidArgument naming the value otherwise).
+Expected<CudaWeights> parse_cuda_weights(const std::string& text);
+const char* cuda_weights_name(CudaWeights w);
+
 struct CudaBackendOptions {
   CudaMatmul matmul = CudaMatmul::kCublas;
-  /// Keep matrices in fp32 instead of bf16 (twice the memory and bytes per step): the CPU
-  /// reference's numerics up to summation order, for parity checks (tests, tools/gpu-check.sh).
-  bool fp32_weights = false;
+  CudaWeights weights = CudaWeights::kBF16;
 };
 
 /// Number of CUDA devices visible to this process; 0 (never an error) when there is no GPU, no

@@ -7,6 +7,7 @@
 // NOTE: compiled without fast math: expf/cosf/sinf/sqrtf and division are the IEEE-accurate
 // versions, so results stay within a few ulp of the CPU's libm.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,8 +26,9 @@ constexpr int kMaxHeadDim = 256;      // attention: floats per head at most
 constexpr int kMaxPerLane = kMaxHeadDim / 32;
 
 __device__ __forceinline__ float load_w(const void* w, WeightType t, int64_t i) {
-  return t == WeightType::kBF16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i])
-                                : static_cast<const float*>(w)[i];
+  if (t == WeightType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
+  if (t == WeightType::kF16) return __half2float(static_cast<const __half*>(w)[i]);
+  return static_cast<const float*>(w)[i];
 }
 
 // Grid-stride loop bounds for the element-wise kernels.
@@ -42,6 +44,26 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __global__ void f32_to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
   for (int64_t i = first_index(); i < n; i += stride()) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void f32_to_f16_kernel(const float* x, __half* y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += stride()) y[i] = __float2half_rn(x[i]);
+}
+
+// Eight 16-bit weights (one 16-byte load) as floats.
+template <WeightType kType>
+__device__ __forceinline__ void unpack8(const uint4& raw, float* wf) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    float2 f;
+    if constexpr (kType == WeightType::kBF16) {
+      f = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(&raw)[p]);
+    } else {
+      f = __half22float2(reinterpret_cast<const __half2*>(&raw)[p]);
+    }
+    wf[2 * p] = f.x;
+    wf[2 * p + 1] = f.y;
+  }
 }
 
 // One block per token: out[i, :] = table[ids[i], :].
@@ -88,7 +110,9 @@ __global__ void add_bias_kernel(float* y, const void* bias, WeightType t, int64_
 // products of the columns it owns (vectorised: the 8-column groups l, l+32, ...; scalar: the
 // columns l, l+32, ...), then warp_sum adds the 32 partial sums. That order depends on `cols`
 // alone, so a row's result is the same whatever `n` is and wherever the row sits in the batch.
-template <bool kVec>
+// kVec: kF32 = the scalar loop (any type, any alignment); kBF16 / kF16 = 16-byte loads of 8
+// weights of that type (cols % 8 == 0, rows and x 16-byte aligned).
+template <WeightType kVec>
 __global__ void matmul_rowwise_kernel(const void* w, WeightType t, int64_t rows, int64_t cols, const float* x, int64_t n,
                                       float* y) {
   const int lane = threadIdx.x & 31;
@@ -99,19 +123,13 @@ __global__ void matmul_rowwise_kernel(const void* w, WeightType t, int64_t rows,
     float acc[kMatmulRows];
 #pragma unroll
     for (int r = 0; r < kMatmulRows; ++r) acc[r] = 0.0f;
-    if (kVec) {
-      // bf16 weights, cols % 8 == 0, 16-byte aligned rows: 8 weights (one uint4) per step.
-      const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + j * cols);
+    if constexpr (kVec != WeightType::kF32) {
+      // 16-bit weights, cols % 8 == 0, 16-byte aligned rows: 8 weights (one uint4) per step.
+      const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + j * cols);
       for (int64_t c = lane; c < cols / 8; c += 32) {
         const uint4 raw = wr[c];
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
         float wf[8];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float2 f = __bfloat1622float2(h2[p]);
-          wf[2 * p] = f.x;
-          wf[2 * p + 1] = f.y;
-        }
+        unpack8<kVec>(raw, wf);
 #pragma unroll
         for (int r = 0; r < kMatmulRows; ++r) {
           if (r < nr) {
@@ -351,9 +369,13 @@ unsigned grid_for(int64_t n) {
 
 // ---------------------------------------------------------------- launchers
 
-void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+void launch_f32_to_half(const float* x, uint16_t* y, WeightType type, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  if (type == WeightType::kF16) {
+    f32_to_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__half*>(y), n);
+  } else {
+    f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  }
 }
 
 void launch_embedding(const void* table, WeightType type, int64_t rows, int64_t cols, const int32_t* ids, int64_t n,
@@ -377,14 +399,17 @@ void launch_matmul_rowwise(const void* w, WeightType type, int64_t rows, int64_t
                            float* y, cudaStream_t stream) {
   if (n <= 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kMatmulWarps - 1) / kMatmulWarps);
-  const bool vec = type == WeightType::kBF16 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+  const bool vec = type != WeightType::kF32 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
   // NOTE: the vectorised and scalar kernels sum in different orders; which one runs depends on
-  // the shape and the pointers' alignment, never on n, so batch invariance is kept.
-  if (vec) {
-    matmul_rowwise_kernel<true><<<blocks, kMatmulWarps * 32, 0, stream>>>(w, type, rows, cols, x, n, y);
+  // the shape, the type and the pointers' alignment, never on n, so batch invariance is kept.
+  const unsigned threads = kMatmulWarps * 32;
+  if (vec && type == WeightType::kBF16) {
+    matmul_rowwise_kernel<WeightType::kBF16><<<blocks, threads, 0, stream>>>(w, type, rows, cols, x, n, y);
+  } else if (vec) {
+    matmul_rowwise_kernel<WeightType::kF16><<<blocks, threads, 0, stream>>>(w, type, rows, cols, x, n, y);
   } else {
-    matmul_rowwise_kernel<false><<<blocks, kMatmulWarps * 32, 0, stream>>>(w, type, rows, cols, x, n, y);
+    matmul_rowwise_kernel<WeightType::kF32><<<blocks, threads, 0, stream>>>(w, type, rows, cols, x, n, y);
   }
 }
 

@@ -1,7 +1,7 @@
 // specserve gpu: launchers of the CUDA kernels (gpu/kernels.cu), one per Backend op.
 //
 // Internal to gpu/: included by gpu/cuda_backend.cpp only. Pointers are device pointers unless
-// said otherwise; bf16 values travel as uint16_t (their bit pattern) so that this header needs
+// said otherwise; bf16 and fp16 values travel as uint16_t (their bit pattern) so that this header needs
 // no CUDA C++ types. Every launcher enqueues on `stream` and returns at once; launch errors are
 // checked by the caller (cudaGetLastError). Each kernel's CPU reference is the CpuBackend op of
 // the same name (cpu/cpu_backend.cpp); tests/gpu/cuda_backend_test.cpp compares the two.
@@ -20,10 +20,10 @@ enum ErrorBit : int32_t {
 };
 
 /// Storage of a weight on the device.
-enum class WeightType { kF32, kBF16 };
+enum class WeightType { kF32, kBF16, kF16 };
 
-/// y[i] = bf16(x[i]) (round to nearest even), i < n.
-void launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+/// y[i] = x[i] as bf16 or fp16 (`type`; round to nearest even), i < n.
+void launch_f32_to_half(const float* x, uint16_t* y, WeightType type, int64_t n, cudaStream_t stream);
 
 /// out[i, :] = table[ids[i], :] for i < n; table [rows, cols].
 void launch_embedding(const void* table, WeightType type, int64_t rows, int64_t cols, const int32_t* ids, int64_t n,
@@ -33,10 +33,10 @@ void launch_embedding(const void* table, WeightType type, int64_t rows, int64_t 
 void launch_rms_norm(const float* x, const void* w, WeightType type, float eps, int64_t n, int64_t d, float* out,
                      cudaStream_t stream);
 
-/// y[i, j] += bias[j] for i < n, j < cols (bias fp32 or bf16).
+/// y[i, j] += bias[j] for i < n, j < cols (bias of any WeightType).
 void launch_add_bias(float* y, const void* bias, WeightType type, int64_t n, int64_t cols, cudaStream_t stream);
 
-/// Batch-invariant matmul y[n, rows] = x[n, cols] * w[rows, cols]^T with w bf16 or fp32: one
+/// Batch-invariant matmul y[n, rows] = x[n, cols] * w[rows, cols]^T with w bf16, fp16 or fp32: one
 /// warp per output feature, each output's reduction order fixed by `cols` alone.
 void launch_matmul_rowwise(const void* w, WeightType type, int64_t rows, int64_t cols, const float* x, int64_t n,
                            float* y, cudaStream_t stream);

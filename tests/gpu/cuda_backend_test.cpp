@@ -10,12 +10,12 @@
 //   - copies (gather_rows, kv_write, kv_copy_slots, kv export/import): bit-identical;
 //   - embedding (the table is stored as bf16 on the GPU): nmse < 1e-5 (bf16 rounding, 2^-9
 //     relative at most, ~1e-6 in the mean square);
-//   - matmul (bf16 weights x bf16-rounded activations, fp32 accumulation): nmse < 1e-4;
-//   - whole forward pass, logits, bf16 weights: nmse < 1e-3 on the synthetic model (3 layers),
-//     < 5e-3 on the default model (30 layers of bf16 rounding on top of Q4_1); fp32 weights
-//     (CudaBackendOptions::fp32_weights): nmse < 1e-6 on both.
+//   - matmul (bf16 or fp16 weights x activations rounded alike, fp32 accumulation): nmse < 1e-4;
+//   - whole forward pass, logits, bf16 (or fp16) weights: nmse < 1e-3 on the synthetic model
+//     (3 layers), < 5e-3 on the default model (30 layers of rounding on top of Q4_1); fp32
+//     weights (CudaBackendOptions::weights = kF32): nmse < 1e-6 on both.
 // Greedy generation: with fp32 weights identical to the CPU's on both models, for both matmul
-// paths. With bf16 weights a rounding can flip a near tie between the two best tokens, so a
+// paths. With 16-bit weights a rounding can flip a near tie between the two best tokens, so a
 // divergence passes only where the CPU's top-2 logit gap is below 0.1 (synthetic, logits of std
 // ~4) or 0.25 (default model) and is reported; a divergence at a larger gap fails.
 // Every test skips with a visible message when no CUDA device is present (ctest label "gpu";
@@ -96,6 +96,9 @@ class CudaOps : public ::testing::Test {
     auto gi = make_cuda_backend(0, CudaBackendOptions{CudaMatmul::kBatchInvariant});
     ASSERT_TRUE(gi.ok()) << gi.status().to_string();
     gpu_inv_ = std::move(*gi);
+    auto gh = make_cuda_backend(0, CudaBackendOptions{CudaMatmul::kCublas, CudaWeights::kF16});
+    ASSERT_TRUE(gh.ok()) << gh.status().to_string();
+    gpu_f16_ = std::move(*gh);
   }
 
   // A weight [rows, cols] from fp32 host data (a vector when rows == 0).
@@ -144,7 +147,7 @@ class CudaOps : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<Backend> cpu_, gpu_, gpu_inv_;
+  std::unique_ptr<Backend> cpu_, gpu_, gpu_inv_, gpu_f16_;
 };
 
 TEST_F(CudaOps, NoDeviceOrdinalOutOfRangeIsAClearError) {
@@ -207,14 +210,14 @@ TEST_F(CudaOps, MatmulMatchesCpuBothPaths) {
           want[static_cast<size_t>(i * s.rows + j)] = static_cast<float>(acc);
         }
     }
-    for (Backend* be : {gpu_.get(), gpu_inv_.get()}) {
+    for (Backend* be : {gpu_.get(), gpu_inv_.get(), gpu_f16_.get()}) {
       auto wg = weight(*be, w, s.rows, s.cols);
       auto bg = weight(*be, b, 0, s.rows);
       auto xb = buf(*be, x);
       auto out = be->alloc(s.n * s.rows * 4);
       be->matmul(*wg, xb->f32(), s.n, out->f32(), s.bias ? bg.get() : nullptr);
       EXPECT_LT(nmse(get(*be, *out, s.n * s.rows), want), 1e-4)
-          << (be == gpu_.get() ? "cublas" : "batch_invariant") << " rows " << s.rows << " cols " << s.cols << " n " << s.n;
+          << (be == gpu_.get() ? "cublas bf16" : be == gpu_inv_.get() ? "batch_invariant bf16" : "cublas fp16") << " rows " << s.rows << " cols " << s.cols << " n " << s.n;
     }
   }
 }
@@ -469,18 +472,18 @@ void expect_same_greedy(const Greedy& cpu, const Greedy& gpu, const std::string&
   std::printf("[ info ] %s: greedy output identical to the cpu's (%zu tokens)\n", what.c_str(), cpu.tokens.size());
 }
 
-// The four CUDA configurations the model tests run: matmul path x weight storage.
+// The CUDA configurations the model tests run: matmul path x weight storage.
 struct Config {
   CudaMatmul matmul;
-  bool fp32_weights;
+  CudaWeights weights;
   std::string name() const {
-    return std::string(cuda_matmul_name(matmul)) + (fp32_weights ? ", fp32 weights" : ", bf16 weights");
+    return std::string(cuda_matmul_name(matmul)) + ", " + cuda_weights_name(weights) + " weights";
   }
+  bool fp32() const { return weights == CudaWeights::kF32; }
 };
-const Config kConfigs[] = {{CudaMatmul::kCublas, false},
-                           {CudaMatmul::kBatchInvariant, false},
-                           {CudaMatmul::kCublas, true},
-                           {CudaMatmul::kBatchInvariant, true}};
+const Config kConfigs[] = {{CudaMatmul::kCublas, CudaWeights::kBF16},        {CudaMatmul::kBatchInvariant, CudaWeights::kBF16},
+                           {CudaMatmul::kCublas, CudaWeights::kF16},         {CudaMatmul::kBatchInvariant, CudaWeights::kF16},
+                           {CudaMatmul::kCublas, CudaWeights::kF32},         {CudaMatmul::kBatchInvariant, CudaWeights::kF32}};
 
 class CudaModel : public ::testing::Test {
  protected:
@@ -506,7 +509,7 @@ TEST_F(CudaModel, SyntheticForwardAndGreedyMatchCpu) {
     auto cm = Transformer::load(*f, *cpu);
     ASSERT_TRUE(cm.ok());
     for (const Config& cfg : kConfigs) {
-      auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.fp32_weights});
+      auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.weights});
       ASSERT_TRUE(gpu.ok());
       auto gm = Transformer::load(*f, **gpu);
       ASSERT_TRUE(gm.ok());
@@ -518,9 +521,9 @@ TEST_F(CudaModel, SyntheticForwardAndGreedyMatchCpu) {
       const auto got = run_logits(**gm, prompt, dec);
       const double e = nmse(got, want);
       std::printf("[ info ] %s: forward logits nmse %.3g\n", what.c_str(), e);
-      EXPECT_LT(e, cfg.fp32_weights ? 1e-6 : 1e-3) << what;
+      EXPECT_LT(e, cfg.fp32() ? 1e-6 : 1e-3) << what;
       // Logits have std ~4 (logit_scale); bf16 rounding moves them by ~0.01.
-      expect_same_greedy(greedy(**cm, prompt, 40), greedy(**gm, prompt, 40), what, cfg.fp32_weights ? 0.0f : 0.1f);
+      expect_same_greedy(greedy(**cm, prompt, 40), greedy(**gm, prompt, 40), what, cfg.fp32() ? 0.0f : 0.1f);
     }
   }
 }
@@ -539,7 +542,7 @@ TEST_F(CudaDefaultModel, ForwardAndGreedyMatchCpu) {
   const auto want_greedy = greedy(**cm, prompt, 32);
   const auto want = run_logits(**cm, prompt, {want_greedy.tokens.begin(), want_greedy.tokens.begin() + 4});
   for (const Config& cfg : kConfigs) {
-    auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.fp32_weights});
+    auto gpu = make_cuda_backend(0, CudaBackendOptions{cfg.matmul, cfg.weights});
     ASSERT_TRUE(gpu.ok());
     auto gm = Transformer::load(f, **gpu);
     ASSERT_TRUE(gm.ok());
@@ -547,8 +550,8 @@ TEST_F(CudaDefaultModel, ForwardAndGreedyMatchCpu) {
     const auto got = run_logits(**gm, prompt, {want_greedy.tokens.begin(), want_greedy.tokens.begin() + 4});
     const double e = nmse(got, want);
     std::printf("[ info ] %s: forward logits nmse %.3g\n", what.c_str(), e);
-    EXPECT_LT(e, cfg.fp32_weights ? 1e-6 : 5e-3) << what;
-    expect_same_greedy(want_greedy, greedy(**gm, prompt, 32), what, cfg.fp32_weights ? 0.0f : 0.25f);
+    EXPECT_LT(e, cfg.fp32() ? 1e-6 : 5e-3) << what;
+    expect_same_greedy(want_greedy, greedy(**gm, prompt, 32), what, cfg.fp32() ? 0.0f : 0.25f);
   }
 }
 

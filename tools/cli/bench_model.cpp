@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -255,8 +256,10 @@ int run(const Args& a) {
     out["prefill"][std::to_string(len)] = tps;
   }
   // Bytes one decode step reads: every matmul weight in the backend's storage (fp32 on the CPU
-  // reference, bf16 on CUDA), and the fp32 KV of the cached tokens (prompt + half the decode).
-  const double wbytes = on_gpu ? 2.0 : 4.0;
+  // reference, bf16 or fp16 on CUDA unless SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the
+  // cached tokens (prompt + half the decode).
+  const char* cuda_weights = std::getenv("SPECSERVE_CUDA_WEIGHTS");  // actors/backend_factory.h
+  const double wbytes = on_gpu && !(cuda_weights && std::string(cuda_weights) == "fp32") ? 2.0 : 4.0;
   const double d = static_cast<double>(c.hidden_size), ff = static_cast<double>(c.ffn_size);
   const double per_layer = d * c.q_dim() * 2 + d * c.kv_dim() * 2 + 3 * d * ff;
   const double weight_bytes = wbytes * (c.num_layers * per_layer + d * c.vocab_size);
