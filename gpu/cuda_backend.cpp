@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpu/attention_meta.h"
 #include "gpu/kernels.h"
 #include "model/dequant.h"
 
@@ -391,46 +392,9 @@ class CudaBackend final : public Backend {
     SPECSERVE_CHECK(head_dim > 0 && head_dim <= 256, "cuda attention supports head_dim <= 256, got " + std::to_string(head_dim));
     SPECSERVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
     SPECSERVE_CHECK(layer >= 0 && layer < kv.num_layers(), "attention layer out of range");
-    // Metadata (layout: gpu/kernels.h AttentionMeta), built here and uploaded once per call.
-    int64_t num_items = 0;
-    for (const auto& s : seqs) num_items += s.num_rows;
+    int32_t num_items = 0, seqs_offset = 0;
+    gpu::build_attention_meta(seqs, kv.block_size(), &meta_, &num_items, &seqs_offset);
     if (num_items == 0) return;
-    meta_.assign(static_cast<size_t>(2 * num_items + 4 * seqs.size()), 0);
-    const int32_t seqs_offset = static_cast<int32_t>(2 * num_items);
-    size_t it = 0;
-    for (size_t si = 0; si < seqs.size(); ++si) {
-      const AttentionSeq& s = seqs[si];
-      SPECSERVE_CHECK(static_cast<int64_t>(s.num_blocks) * kv.block_size() >= s.num_cached + s.num_rows,
-                      "attention: sequence " + std::to_string(si) + " has a block table too short");
-      for (int32_t j = 0; j < s.num_rows; ++j) {
-        meta_[it++] = static_cast<int32_t>(si);
-        meta_[it++] = j;
-      }
-      int32_t* d = &meta_[static_cast<size_t>(seqs_offset) + 4 * si];
-      d[0] = s.row_begin;
-      d[1] = s.num_cached;
-      d[2] = static_cast<int32_t>(meta_.size());
-      d[3] = -1;
-      meta_.insert(meta_.end(), s.block_table, s.block_table + s.num_blocks);
-    }
-    for (size_t si = 0; si < seqs.size(); ++si) {
-      const AttentionSeq& s = seqs[si];
-      if (!s.parents) continue;
-      const size_t tree_off = meta_.size();
-      meta_[static_cast<size_t>(seqs_offset) + 4 * si + 3] = static_cast<int32_t>(tree_off);
-      meta_.resize(tree_off + 2 * static_cast<size_t>(s.num_rows));
-      for (int32_t j = 0; j < s.num_rows; ++j) {
-        // Visible tree rows of row j: its ancestors, root first, then itself (as the CPU's order).
-        const size_t start = meta_.size();
-        for (int32_t a = j; a >= 0; a = s.parents[a]) {
-          SPECSERVE_CHECK(s.parents[a] < a, "attention: parents[" + std::to_string(a) + "] is not an earlier row");
-          meta_.push_back(a);
-        }
-        std::reverse(meta_.begin() + static_cast<std::ptrdiff_t>(start), meta_.end());
-        meta_[tree_off + 2 * static_cast<size_t>(j)] = static_cast<int32_t>(start);
-        meta_[tree_off + 2 * static_cast<size_t>(j) + 1] = static_cast<int32_t>(meta_.size() - start);
-      }
-    }
     const int64_t bytes = static_cast<int64_t>(meta_.size() * sizeof(int32_t));
     auto* dmeta = static_cast<int32_t*>(meta_dev_.get(bytes, stream_, "attention metadata"));
     // NOTE: every layer of a forward pass sends the same sequences; the metadata goes up once.
@@ -441,7 +405,7 @@ class CudaBackend final : public Backend {
       meta_on_device_ = meta_;
       meta_dev_ptr_ = dmeta;
     }
-    gpu::AttentionMeta m{dmeta, static_cast<int32_t>(num_items), seqs_offset};
+    gpu::AttentionMeta m{dmeta, num_items, seqs_offset};
     gpu::launch_attention(static_cast<CudaKvStorage&>(kv).view(), layer, q, m, num_heads, num_kv_heads, head_dim, out,
                           err_, stream_);
     SPECSERVE_CUDA_LAUNCHED();

@@ -230,23 +230,11 @@ __global__ void kv_write_kernel(KvView kv, int64_t layer, const float* k, const 
 // ancestors and itself).
 __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, AttentionMeta m, int num_heads, int group,
                                  int head_dim, float scale, float* out, int32_t* err) {
-  const int item = blockIdx.x;
   const int h = blockIdx.y;
-  const int32_t* meta = m.meta;
-  const int seq = meta[2 * item], j = meta[2 * item + 1];
-  const int32_t* sq = meta + m.seqs_offset + 4 * seq;
-  const int row_begin = sq[0], nc = sq[1], bt_off = sq[2], tree_off = sq[3];
-  const int32_t* bt = meta + bt_off;
-  int tree_start = 0, nk = 0;
-  if (tree_off >= 0) {
-    tree_start = meta[tree_off + 2 * j];
-    nk = nc + meta[tree_off + 2 * j + 1];
-  } else {
-    nk = nc + j + 1;
-  }
-  const int64_t row = row_begin + j;
+  const AttentionRow r = attention_row(m.meta, m.seqs_offset, static_cast<int32_t>(blockIdx.x));
+  const int nk = r.num_keys;
+  const int64_t row = r.row;
   const int kvh = h / group;
-  const int64_t bs = kv.block_size;
 
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
@@ -263,9 +251,7 @@ __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, Atten
 #pragma unroll
   for (int c = 0; c < kMaxPerLane; ++c) acc[c] = 0.0f;
   for (int t = warp; t < nk; t += kAttnWarps) {
-    // Logical position of the t-th visible key, then its slot through the block table.
-    const int64_t logical = (t < nc || tree_off < 0) ? t : nc + meta[tree_start + (t - nc)];
-    const int64_t slot = static_cast<int64_t>(bt[logical / bs]) * bs + logical % bs;
+    const int64_t slot = attention_key_slot(r, t, kv.block_size);
     if (slot < 0 || slot >= kv.num_slots) {  // uniform across the warp
       if (lane == 0) atomicOr(err, kErrKvSlot);
       continue;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "gpu/attention_meta.h"
+
 namespace specserve::gpu {
 
 /// Bits of the backend's device error word (set by kernels, read by CudaBackend::synchronize).
@@ -63,18 +65,6 @@ struct KvView {
 void launch_kv_write(const KvView& kv, int64_t layer, const float* k, const float* v, const int32_t* slots, int64_t n,
                      int32_t* err, cudaStream_t stream);
 
-/// Layout of the attention metadata (one int32 array on the device, built on the host by
-/// CudaBackend::attention):
-///   items [num_items][2]: (sequence index, row j within the sequence), one per query row;
-///   seqs  [num_seqs][4]:  row_begin, num_cached, block-table offset, tree offset (-1: chain);
-///   then the concatenated block tables; then, per tree sequence at its tree offset,
-///   [num_rows][2] (start, count) giving each row's visible tree rows (root first, itself last)
-///   as the absolute index range meta[start, start + count).
-struct AttentionMeta {
-  const int32_t* meta;
-  int32_t num_items;
-  int32_t seqs_offset;
-};
 /// out[row, h, :] = softmax(q k^T / sqrt(head_dim)) v for every item's row and every head h,
 /// fp32 online softmax over the keys the row sees. head_dim <= 256.
 void launch_attention(const KvView& kv, int64_t layer, const float* q, const AttentionMeta& m, int64_t num_heads,

@@ -36,6 +36,7 @@
 
 #include "actors/backend_factory.h"
 #include "cpu/cpu_backend.h"
+#include "gpu/attention_meta.h"
 #include "model/gguf.h"
 #include "model/sampling.h"
 #include "model/synthetic_model.h"
@@ -82,6 +83,50 @@ TEST(CudaDevice, WithoutADeviceTheFactoryFailsClearly) {
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(b.status().message().find("no CUDA device"), std::string::npos) << b.status().message();
   EXPECT_FALSE(cuda_device_info(0).ok());
+}
+
+// The attention metadata (gpu/attention_meta.h), checked on the CPU with the readers the kernel
+// uses: every query row sees, in order, the prefix and then its causal rows or its tree
+// ancestors and itself (AttentionSeq's contract), through its own block table. Runs everywhere.
+TEST(CudaAttentionMeta, EveryRowSeesItsPrefixAndCausalOrTreeKeys) {
+  const int64_t bs = 4;
+  const std::vector<int32_t> bt_a = {7, 2, 9, 0}, bt_b = {3, 11, 5}, bt_c = {1, 4}, bt_t = {6, 10, 8, 12};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 3, -1, 6};
+  std::vector<AttentionSeq> seqs(4);
+  seqs[0] = {0, 1, 13, bt_a.data(), 4, nullptr};
+  seqs[1] = {1, 5, 6, bt_b.data(), 3, nullptr};
+  seqs[2] = {6, 7, 0, bt_c.data(), 2, nullptr};
+  seqs[3] = {13, 8, 5, bt_t.data(), 4, parents.data()};
+  std::vector<int32_t> meta;
+  int32_t num_items = 0, seqs_offset = 0;
+  gpu::build_attention_meta(seqs, bs, &meta, &num_items, &seqs_offset);
+  ASSERT_EQ(num_items, 21);
+  int32_t item = 0;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const AttentionSeq& sq = seqs[si];
+    for (int32_t j = 0; j < sq.num_rows; ++j, ++item) {
+      // Expected logical positions, straight from the contract.
+      std::vector<int64_t> want;
+      for (int64_t p = 0; p < sq.num_cached; ++p) want.push_back(p);
+      if (sq.parents) {
+        std::vector<int64_t> anc;
+        for (int32_t a = j; a >= 0; a = sq.parents[a]) anc.push_back(sq.num_cached + a);
+        want.insert(want.end(), anc.rbegin(), anc.rend());
+      } else {
+        for (int32_t r = 0; r <= j; ++r) want.push_back(sq.num_cached + r);
+      }
+      const gpu::AttentionRow r = gpu::attention_row(meta.data(), seqs_offset, item);
+      EXPECT_EQ(r.seq, static_cast<int32_t>(si));
+      EXPECT_EQ(r.j, j);
+      EXPECT_EQ(r.row, sq.row_begin + j);
+      ASSERT_EQ(r.num_keys, static_cast<int32_t>(want.size())) << "seq " << si << " row " << j;
+      for (int32_t t = 0; t < r.num_keys; ++t) {
+        const int64_t p = want[static_cast<size_t>(t)];
+        EXPECT_EQ(gpu::attention_key_position(r, t), p) << "seq " << si << " row " << j << " key " << t;
+        EXPECT_EQ(gpu::attention_key_slot(r, t, bs), sq.block_table[p / bs] * bs + p % bs);
+      }
+    }
+  }
 }
 
 // One backend of each kind and helpers that run the same op on both with the same inputs.
