@@ -174,11 +174,6 @@ void check_block_range(const KvStorage& kv, int64_t layer_begin, int64_t layer_e
                     "kv block id " + std::to_string(blocks[i]) + " of " + std::to_string(kv.num_blocks()));
 }
 
-// As cpu/cpu_backend.cpp: llama.cpp's ggml_rope_yarn_corr_dims.
-float yarn_corr_dim(int64_t n_dims, int64_t n_ctx_orig, float n_rot, float base) {
-  return n_dims * std::log(n_ctx_orig / (n_rot * 2 * static_cast<float>(M_PI))) / (2 * std::log(base));
-}
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, CudaBackendOptions opts) : device_(device), opts_(opts) {}
@@ -360,21 +355,7 @@ class CudaBackend final : public Backend {
   void rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, const RopeParams& p) override {
     ctx();
     SPECSERVE_CHECK(p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim, "rope_dim must be even and <= head_dim");
-    gpu::RopeKernelParams k{};
-    k.head_dim = static_cast<int32_t>(p.head_dim);
-    k.rope_dim = static_cast<int32_t>(p.rope_dim);
-    k.neox = p.neox ? 1 : 0;
-    // Host-side constants computed exactly as CpuBackend::rope computes them.
-    k.theta_scale = std::pow(p.theta, -2.0f / static_cast<float>(p.rope_dim));
-    k.freq_scale = p.freq_scale;
-    k.ext_factor = p.ext_factor;
-    k.mscale = p.attn_factor;
-    if (p.ext_factor != 0.0f) {
-      k.corr_lo = std::max(0.0f, std::floor(yarn_corr_dim(p.rope_dim, p.original_context, p.beta_fast, p.theta)));
-      k.corr_hi = std::min(static_cast<float>(p.rope_dim - 1),
-                           std::ceil(yarn_corr_dim(p.rope_dim, p.original_context, p.beta_slow, p.theta)));
-      k.mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
-    }
+    const gpu::RopeKernelParams k = gpu::make_rope_kernel_params(p);
     gpu::launch_rope(x, positions, n, num_heads, k, stream_);
     SPECSERVE_CUDA_LAUNCHED();
   }

@@ -164,40 +164,26 @@ __global__ void matmul_rowwise_kernel(const void* w, WeightType t, int64_t rows,
   }
 }
 
-__device__ __forceinline__ float rope_yarn_ramp(float low, float high, int i0) {
-  const float y = (static_cast<float>(i0) / 2 - low) / fmaxf(0.001f, high - low);
-  return 1 - fminf(1.0f, fmaxf(0.0f, y));
-}
-
 // One block per token. The cos/sin table of the token's position is built in shared memory
-// exactly as CpuBackend::rope builds it (theta multiplied up pair by pair), then every
+// (gpu/rope_math.h: theta multiplied up pair by pair, as CpuBackend::rope), then every
 // (head, pair) is rotated.
 __global__ void rope_kernel(float* x, const int32_t* positions, int64_t num_heads, RopeKernelParams p) {
   extern __shared__ float cs[];  // [rope_dim]: cos, sin of each pair
   const int64_t i = blockIdx.x;
   const int npairs = p.rope_dim / 2;
   for (int pr = threadIdx.x; pr < npairs; pr += blockDim.x) {
-    float theta_extrap = static_cast<float>(positions[i]);
-    for (int s = 0; s < pr; ++s) theta_extrap *= p.theta_scale;
-    const int i0 = 2 * pr;
-    const float theta_interp = p.freq_scale * theta_extrap;
-    float theta = theta_interp;
-    if (p.ext_factor != 0.0f) {
-      const float ramp_mix = rope_yarn_ramp(p.corr_lo, p.corr_hi, i0) * p.ext_factor;
-      theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
-    }
-    cs[i0] = cosf(theta) * p.mscale;
-    cs[i0 + 1] = sinf(theta) * p.mscale;
+    const float theta = rope_angle(positions[i], pr, p);
+    cs[2 * pr] = cosf(theta) * p.mscale;
+    cs[2 * pr + 1] = sinf(theta) * p.mscale;
   }
   __syncthreads();
   for (int64_t idx = threadIdx.x; idx < num_heads * npairs; idx += blockDim.x) {
     const int64_t h = idx / npairs;
     const int pr = static_cast<int>(idx % npairs);
-    const int i0 = 2 * pr;
     float* v = x + (i * num_heads + h) * p.head_dim;
-    const int a = p.neox ? pr : i0;
-    const int b = p.neox ? pr + p.rope_dim / 2 : i0 + 1;
-    const float c = cs[i0], s = cs[i0 + 1];
+    int a, b;
+    rope_pair_dims(pr, p, &a, &b);
+    const float c = cs[2 * pr], s = cs[2 * pr + 1];
     const float x0 = v[a], x1 = v[b];
     v[a] = x0 * c - x1 * s;
     v[b] = x0 * s + x1 * c;

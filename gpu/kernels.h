@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "gpu/attention_meta.h"
+#include "gpu/rope_math.h"
 
 namespace specserve::gpu {
 
@@ -43,14 +44,8 @@ void launch_add_bias(float* y, const void* bias, WeightType type, int64_t n, int
 void launch_matmul_rowwise(const void* w, WeightType type, int64_t rows, int64_t cols, const float* x, int64_t n,
                            float* y, cudaStream_t stream);
 
-/// RoPE in place on x[n, num_heads, head_dim] (llama.cpp's rope with yarn, as CpuBackend::rope).
-/// `theta_scale` = theta^(-2/rope_dim); `mscale` = attn_factor, times (1 + 0.1 ln(1/freq_scale))
-/// when ext_factor != 0; corr_lo/hi the yarn correction dims (unused when ext_factor == 0).
-struct RopeKernelParams {
-  int32_t head_dim, rope_dim;
-  int32_t neox;
-  float theta_scale, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
-};
+/// RoPE in place on x[n, num_heads, head_dim] (llama.cpp's rope with yarn, as CpuBackend::rope;
+/// the per-pair math is gpu/rope_math.h).
 void launch_rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, const RopeKernelParams& p,
                  cudaStream_t stream);
 

@@ -37,6 +37,7 @@
 #include "actors/backend_factory.h"
 #include "cpu/cpu_backend.h"
 #include "gpu/attention_meta.h"
+#include "gpu/rope_math.h"
 #include "model/gguf.h"
 #include "model/sampling.h"
 #include "model/synthetic_model.h"
@@ -126,6 +127,41 @@ TEST(CudaAttentionMeta, EveryRowSeesItsPrefixAndCausalOrTreeKeys) {
         EXPECT_EQ(gpu::attention_key_slot(r, t, bs), sq.block_table[p / bs] * bs + p % bs);
       }
     }
+  }
+}
+
+// RoPE's per-pair math (gpu/rope_math.h, what rope_kernel computes) run on the CPU with the
+// kernel's constants (make_rope_kernel_params) against CpuBackend::rope: normal, neox with a
+// partial rope_dim, yarn. Bound as in RopeMatchesCpuNormalNeoxAndYarn. Runs everywhere.
+TEST(CudaRopeMath, KernelMathOnTheCpuMatchesCpuBackend) {
+  const int64_t n = 11, heads = 3, hd = 64;
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i * 397 % 5000);
+  RopeParams variants[3];
+  variants[0].head_dim = hd; variants[0].rope_dim = hd; variants[0].theta = 10000.0f;
+  variants[1] = variants[0]; variants[1].neox = true; variants[1].rope_dim = 48; variants[1].theta = 1e6f;
+  variants[2] = variants[0]; variants[2].freq_scale = 0.25f; variants[2].ext_factor = 1.0f; variants[2].attn_factor = 1.1f;
+  variants[2].original_context = 4096;
+  auto cpu = make_cpu_backend(1);
+  for (int v = 0; v < 3; ++v) {
+    const auto x = randn(static_cast<size_t>(n * heads * hd), 9);
+    std::vector<float> want = x, got = x;
+    cpu->rope(want.data(), pos.data(), n, heads, variants[v]);
+    const gpu::RopeKernelParams k = gpu::make_rope_kernel_params(variants[v]);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int pr = 0; pr < k.rope_dim / 2; ++pr) {
+          const float theta = gpu::rope_angle(pos[static_cast<size_t>(i)], pr, k);
+          const float c = std::cos(theta) * k.mscale, sn = std::sin(theta) * k.mscale;
+          int a = 0, b = 0;
+          gpu::rope_pair_dims(pr, k, &a, &b);
+          float* vv = got.data() + (i * heads + h) * hd;
+          const float x0 = vv[a], x1 = vv[b];
+          vv[a] = x0 * c - x1 * sn;
+          vv[b] = x0 * sn + x1 * c;
+        }
+    EXPECT_LT(nmse(got, want), 1e-6) << "variant " << v;
+    if (v < 2) EXPECT_LT(nmse(got, want), 1e-12) << "variant " << v << ": without yarn the angles are the same floats";
   }
 }
 
