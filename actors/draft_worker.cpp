@@ -218,7 +218,9 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
         }
       },
       [self](retire_atom) {
-        // The autoscaler stopped this replica: quit normally; the process exits 0.
+        // The autoscaler stopped this replica (or gave up the start it belongs to): quit
+        // normally; the process exits 0. Only the head may say so.
+        if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
         get_logger("actors")->info("replica {}: draft worker retired by the autoscaler", self->state.cfg.replica);
         self->quit();
       },

@@ -18,6 +18,8 @@
 //   scheduler-> shard     : KvPeersMsg (data-plane addresses of every ready shard), migrate_atom (move
 //                           every sequence away: the replica drains), KvReleaseMsg (a receiver has the KV)
 //   shard    -> scheduler : MigratedSeq (a sequence left this shard; its KV waits in a staging region)
+//   scheduler-> shard     : reclaim_atom (hand back up to N requests still waiting in its engine: another
+//                           routed replica has a free slot, e.g. one just promoted from standby)
 #pragma once
 
 #include <caf/all.hpp>
@@ -211,6 +213,7 @@ struct ShardLoad {
   int64_t prefix_cache_hits = 0;
   int64_t kv_imported_tokens = 0;    ///< tokens of migrated sequences whose KV arrived (totals)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences that came without usable KV
+  int64_t num_reclaims = 0;          ///< reclaim_atom messages handled so far (the head's in-flight accounting)
 };
 
 /// Worker -> scheduler: registration and every later state change.
@@ -309,7 +312,10 @@ struct ReplicaStatus {
   double state_seconds = 0;                 ///< time in the current state
   std::vector<double> state_seconds_total;  ///< [7]: time spent in each state, in the order above
   double cold_start_seconds = 0;            ///< last cold start: process start requested -> ready; 0: none
-  double promotion_seconds = 0;             ///< last promotion: decision -> its first token; 0: none
+  /// Its last warm promotion, each measured from the autoscaler's decision (0: none):
+  double promotion_routable_seconds = 0;    ///< -> routed (a state flip in the head)
+  double promotion_dispatch_seconds = 0;    ///< -> the first request sent to it
+  double promotion_seconds = 0;             ///< -> that request's first token
   int64_t num_promotions = 0;
   int64_t num_cold_starts = 0;
 };
@@ -330,12 +336,16 @@ struct AutoscaleStatus {
   std::string last_reason;         ///< why the target last changed
   double last_change_seconds = 0;  ///< head uptime at that change
   std::vector<double> cold_start_seconds;  ///< the last 64 cold starts (process start requested -> ready)
-  /// The last 64 warm promotions: decision -> the first token of the first request dispatch gave
-  /// the promoted replica (the start-up promotion is not one).
+  /// The last 64 warm promotions (the start-up promotion is not one), each measured from the
+  /// autoscaler's decision on the head's clock:
+  /// decision -> the replica is routed (the head's own share: a state flip, microseconds);
+  std::vector<double> promotion_routable_seconds;
+  /// decision -> the first request sent to it (queued at the head, or handed back by a busy
+  /// replica's engine: reclaim_atom); a promotion with nothing to serve waits here for traffic;
+  std::vector<double> promotion_dispatch_seconds;
+  /// decision -> the first token of that request (the rest is the replica's first engine step:
+  /// one prefill forward pass, plus the message hops shard -> request actor -> head).
   std::vector<double> promotion_seconds;
-  /// The same promotions: decision -> that request's WorkItem accepted by the shard (the head's
-  /// share; the rest of promotion_seconds is the shard's first step).
-  std::vector<double> promotion_accept_seconds;
   /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
   /// set beside promotion_seconds.
   std::vector<double> cold_scale_up_seconds;
@@ -432,7 +442,7 @@ typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
            x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
-           x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens);
+           x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens, x.num_reclaims);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
@@ -476,14 +486,15 @@ typename Inspector::result_type inspect(Inspector& f, WorkerStatus& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
   return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load, x.state, x.state_seconds,
-           x.state_seconds_total, x.cold_start_seconds, x.promotion_seconds, x.num_promotions, x.num_cold_starts);
+           x.state_seconds_total, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
+           x.promotion_seconds, x.num_promotions, x.num_cold_starts);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
            x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
-           x.last_change_seconds, x.cold_start_seconds, x.promotion_seconds, x.promotion_accept_seconds,
-           x.cold_scale_up_seconds);
+           x.last_change_seconds, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
+           x.promotion_seconds, x.cold_scale_up_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
@@ -510,6 +521,10 @@ using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
 using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
+/// Scheduler -> target shard: (reclaim_atom, int32 n): hand back up to n requests still waiting in
+/// the engine (not running), the last admitted first, as MigratedSeq (reason "rebalance"), then a
+/// ShardLoad. Sent when another routed replica has a free slot and the head's queue is empty.
+using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
 
 /// Registers the message types above (and CAF's I/O module) on `cfg`.
 void add_message_types(caf::actor_system_config& cfg);

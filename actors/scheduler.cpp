@@ -197,8 +197,15 @@ struct ReplicaEntry {
   double scale_decision_at = -1;    // when the scale-up that routes it was decided
   bool cold_path = false;           // that scale-up started it cold (not a warm promotion)
   int64_t measured_request = 0;     // its first request after the scale-up; 0: none
-  int64_t measured_seq = 0;         // that request's WorkItem sequence number (accepted: ShardLoad::received)
   bool awaiting_first_token = false;  // measured_request's first token not seen yet
+  double promotion_routable_s = 0, promotion_dispatch_s = 0;  // its last warm promotion (decision -> ...)
+  // Rebalance (reclaim_atom): asked of its shard so far, and handled as its ShardLoad says.
+  int64_t reclaims_sent = 0;
+  int64_t reclaims_done = 0;
+  double no_reclaim_until = 0;      // a reclaimed request came straight back: not asked again before this
+  // The head's launcher started its processes (last start): while it is stopped, a worker hello
+  // for it belongs to a start the head gave up, never to a new one.
+  bool head_launched = false;
   bool drain_to_standby = false;
   bool not_startable = false;       // start_replica failed, its worker failed to load, or too many failed starts
   int32_t num_retiring = 0;         // its workers told to quit whose down message has not come
@@ -241,6 +248,8 @@ struct SchedulerState {
   bool ever_routed = false;             // a replica was routed once (the start-up promotion is no scale-up)
   std::deque<TtftSample> ttft;          // recent first-token samples, pruned to the look-back window
   std::map<caf::actor_addr, int32_t> retired;  // workers told to quit -> replica: their down message is expected
+  std::map<int64_t, int32_t> rebalanced_from;  // request handed back by a busy replica -> that replica
+  double held_deficit_since = -1;       // a scale-up's cold start held back (CPU host) since this decision
   AutoscaleStatus as;                   // counters and recent measurements for `status`
 };
 
@@ -281,6 +290,11 @@ void release_offer(SchedSelf self, const KvOffer& kv) {
 void enqueue(SchedSelf self, WorkItem item, int64_t arrival);
 void fail_queued(SchedSelf self, int64_t id, const std::string& reason, const std::string& error);
 void dispatch(SchedSelf self);
+void rebalance(SchedSelf self);
+
+// A request a busy replica handed back (rebalance) that dispatch placed on that replica again:
+// the replica is not asked again for this long.
+constexpr double kNoReclaimAfterReturnS = 1.0;
 
 // A request re-entering the queue after a move (requeue or migration): queued, unless it was
 // cancelled while its request actor was asked for it.
@@ -317,7 +331,10 @@ void maybe_drained(SchedSelf self) {
 
 void dispatch(SchedSelf self) {
   auto& s = self->state;
-  if (s.queue.empty()) return;
+  if (s.queue.empty()) {
+    rebalance(self);
+    return;
+  }
   // No replica serves, will serve (standby, starting, draining) or can be started: nothing will
   // serve the queue, so fail it now instead of letting clients wait forever.
   // NOTE: with an autoscaler that can start processes, a stopped replica that can be started
@@ -385,11 +402,21 @@ void dispatch(SchedSelf self) {
     s.queue.erase(it);
     r.assigned.insert(item.request_id);
     s.running[item.request_id] = a.replica;
+    if (auto rb = s.rebalanced_from.find(item.request_id); rb != s.rebalanced_from.end()) {
+      // Handed back by a busy replica and placed on it again (no other replica could take it
+      // now, e.g. for its KV): do not ask that replica again for a while, or the request would
+      // go back and forth.
+      if (rb->second == a.replica) r.no_reclaim_until = now_s(self) + kNoReclaimAfterReturnS;
+      s.rebalanced_from.erase(rb);
+    }
     if (r.awaiting_assign) {  // the scale-up's measurement follows this request
       r.awaiting_assign = false;
       r.awaiting_first_token = true;
       r.measured_request = item.request_id;
-      r.measured_seq = r.sent + 1;  // its sequence number when it goes to the shard below
+      if (!r.cold_path && r.scale_decision_at >= 0) {
+        r.promotion_dispatch_s = now_s(self) - r.scale_decision_at;
+        keep_last(&s.as.promotion_dispatch_seconds, r.promotion_dispatch_s);
+      }
     }
     const bool fresh = item.resume_output.empty() && item.rng_state.empty() && item.kv.source.empty();
     if (fresh && r.prefill && r.prefill_ready) {
@@ -403,6 +430,44 @@ void dispatch(SchedSelf self) {
     r.pending_blocks += blocks;
     r.in_flight.emplace_back(++r.sent, blocks);
     self->send(r.shard, std::move(item));
+  }
+  rebalance(self);
+}
+
+// Requests wait in a routed replica's engine (beyond its batch: DispatchOptions::
+// max_queued_per_replica) while another routed replica has a free batch slot and nothing is
+// queued here — typically right after a promotion, when the burst that caused it already sits on
+// the busy replicas. The busy replica hands up to that many waiting (not started) requests back
+// (reclaim_atom -> MigratedSeq "rebalance"), and dispatch sends them where they run at once
+// (scheduler/dispatch.h rule 5), so a promoted replica serves at once instead of idling until the
+// next arrival.
+void rebalance(SchedSelf self) {
+  auto& s = self->state;
+  // Queued requests fill the free slots first, and so do requests on their way back to the queue
+  // (a hand-back, a drain): counting those slots free would take a second request from a busy
+  // replica for the same slot.
+  if (!s.queue.empty() || !s.in_transit.empty() || s.draining) return;
+  int64_t free_slots = 0;
+  for (const auto& [rid, r] : s.replicas) {
+    if (!r.routed() || r.shard_hello.max_num_seqs <= 0) continue;
+    free_slots += std::max<int64_t>(0, r.shard_hello.max_num_seqs - static_cast<int64_t>(r.assigned.size()));
+  }
+  const double now = now_s(self);
+  for (auto& [rid, r] : s.replicas) {
+    if (free_slots <= 0) return;
+    if (!r.routed() || r.shard_hello.max_num_seqs <= 0 || r.reclaims_sent > r.reclaims_done || now < r.no_reclaim_until) {
+      continue;
+    }
+    // On its decode shard beyond the batch (requests on its prefill worker are not there).
+    const int64_t waiting = static_cast<int64_t>(r.assigned.size()) - static_cast<int64_t>(r.on_prefill.size()) -
+                            r.shard_hello.max_num_seqs;
+    if (waiting <= 0) continue;
+    const auto n = static_cast<int32_t>(std::min(waiting, free_slots));
+    get_logger("actors")->info("replica {}: {} request(s) wait in its engine while {} batch slot(s) are free elsewhere; "
+                               "asking for up to {} back", rid, waiting, free_slots, n);
+    ++r.reclaims_sent;
+    self->send(r.shard, reclaim_atom::value, n);
+    free_slots -= n;
   }
 }
 
@@ -438,6 +503,7 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.sent = 0;
   r.in_flight.clear();
   r.load = ShardLoad{};
+  r.reclaims_sent = r.reclaims_done = 0;
   set_state(self, replica_id, ReplicaState::kStopped);
   r.awaiting_first_token = false;
   if (s.autoscaler && r.draft) {
@@ -599,6 +665,7 @@ void migrated(SchedSelf self, MigratedSeq m) {
             w.accepted_per_pos = m.accepted_per_pos;
             get_logger("actors")->info("request {}: moved off replica {} ({}), {} tokens of KV offered", m.request_id,
                                        m.replica, m.reason, m.kv.source.empty() ? 0 : m.kv.num_cached);
+            if (m.reason == "rebalance") self->state.rebalanced_from[m.request_id] = m.replica;
             arrive(self, std::move(w));
             maybe_drained(self);
           },
@@ -670,6 +737,7 @@ void retire(SchedSelf self, int32_t rid) {
   r.pending_blocks = 0;
   r.sent = 0;
   r.in_flight.clear();
+  r.reclaims_sent = r.reclaims_done = 0;
   r.awaiting_first_token = false;
   ++s.as.num_stops;
   set_state(self, rid, ReplicaState::kStopped);
@@ -704,7 +772,11 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   finish_drain_if_idle(self, rid);
 }
 
-void promote(SchedSelf self, int32_t rid) {
+// Routes a standby replica (the policy decided so at `decided_at`, head clock): a state flip here,
+// so the dispatch that follows in the same tick can give it queued work, and rebalance() can ask
+// busy replicas for the requests waiting in their engines. No message to the replica, no
+// warm-up, no KV allocation, no draft-worker handshake: all of that happened before standby.
+void promote(SchedSelf self, int32_t rid, double decided_at) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   set_state(self, rid, ReplicaState::kReady);
@@ -714,16 +786,18 @@ void promote(SchedSelf self, int32_t rid) {
   s.ever_routed = true;
   r.awaiting_first_token = false;
   r.measured_request = 0;
-  r.measured_seq = 0;
   r.awaiting_assign = !startup;
   // A replica started cold for a scale-up deficit and promoted once ready is the cold path:
   // measured from that decision, and not a warm promotion.
   r.cold_path = r.scale_decision_at >= 0;
-  if (!r.cold_path) r.scale_decision_at = r.promoted_at;
+  if (!r.cold_path) r.scale_decision_at = decided_at;
   if (startup) r.scale_decision_at = -1;
   if (startup || r.cold_path) return;
   ++r.num_promotions;
   ++s.as.num_promotions;
+  r.promotion_dispatch_s = r.promotion_s = 0;  // this promotion's, once measured
+  r.promotion_routable_s = r.promoted_at - decided_at;
+  keep_last(&s.as.promotion_routable_seconds, r.promotion_routable_s);
 }
 
 void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
@@ -736,10 +810,13 @@ void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
     return;
   }
   r.lost = false;
+  r.head_launched = true;
   r.start_requested_at = now_s(self);
   // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured
   // from now.
-  r.scale_decision_at = for_deficit && s.ever_routed ? r.start_requested_at : -1;
+  r.scale_decision_at = !for_deficit || !s.ever_routed ? -1
+                        : s.held_deficit_since >= 0  ? s.held_deficit_since
+                                                     : r.start_requested_at;
   ++r.num_cold_starts;
   ++s.as.num_cold_starts;
   set_state(self, rid, ReplicaState::kStarting);
@@ -757,7 +834,7 @@ void undrain(SchedSelf self, int32_t rid) {
 // After this many consecutive failed starts a replica is not started again (the queue is failed
 // when no other replica can serve it, instead of waiting for restarts that keep failing).
 constexpr int32_t kMaxStartFailures = 5;
-// The longest a pool refill waits for a promoted replica's first token on a CPU host.
+// The longest a cold start waits for a promoted replica's first token on a CPU host.
 constexpr double kRefillHoldS = 5.0;
 
 // A start failed (the launcher said so, or the policy gave up on it): stopped, one more failure
@@ -811,6 +888,7 @@ void autoscale_tick(SchedSelf self) {
   in.ttft.assign(s.ttft.begin(), s.ttft.end());
   in.can_start = static_cast<bool>(s.cfg.start_replica);
   AutoscaleDecision d = s.autoscaler->tick(in);
+  const double decided_at = now_s(self);  // promotions are measured from here
   s.as.target_ready = d.target_ready;
   s.as.ongoing = d.ongoing;
   s.as.ttft_p90_seconds = d.ttft_p90_s;
@@ -827,21 +905,29 @@ void autoscale_tick(SchedSelf self) {
     for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
   }
   for (int32_t rid : d.undrain) undrain(self, rid);
-  for (int32_t rid : d.promote) promote(self, rid);
-  // NOTE: on CPU hosts a pool refill competes for the cores with the promoted replica's first
-  // prefill; it waits (at most kRefillHoldS) until that replica served its first token.
-  bool hold_refill = false;
+  for (int32_t rid : d.promote) promote(self, rid, decided_at);
+  // NOTE: on CPU hosts a cold start (loading weights, a warm-up pass) competes for the cores with
+  // the promoted replica's first prefill (not measured apart yet; the bench shows it); it waits
+  // (at most kRefillHoldS) until that replica served its first token. This holds the pool refill
+  // and also a cold start for the rest of a scale-up: it takes seconds, the promotion should take
+  // one prefill, and the policy asks for it again on every tick until it happens.
+  bool hold_starts = false;
   if (s.cpu_only) {
     for (const auto& [rid, r] : s.replicas) {
-      hold_refill = hold_refill || ((r.awaiting_assign || r.awaiting_first_token) && r.state == ReplicaState::kReady &&
+      hold_starts = hold_starts || ((r.awaiting_assign || r.awaiting_first_token) && r.state == ReplicaState::kReady &&
                                     now - r.promoted_at < kRefillHoldS);
     }
   }
   for (size_t i = 0; i < d.start.size(); ++i) {
     const bool for_deficit = static_cast<int32_t>(i) < d.num_start_for_deficit;
-    if (!for_deficit && hold_refill) continue;  // the policy asks again on a later tick
+    if (hold_starts) {
+      // Measured from the decision, not from the held start.
+      if (for_deficit && s.held_deficit_since < 0) s.held_deficit_since = decided_at;
+      continue;
+    }
     start_cold(self, d.start[i], for_deficit);
   }
+  if (!hold_starts) s.held_deficit_since = -1;
   dispatch(self);
 }
 
@@ -879,6 +965,8 @@ ClusterStatus make_status(SchedSelf self) {
     rs.state_seconds_total.assign(r.state_seconds.begin(), r.state_seconds.end());
     rs.state_seconds_total[static_cast<size_t>(r.state)] += rs.state_seconds;
     rs.cold_start_seconds = r.cold_start_s;
+    rs.promotion_routable_seconds = r.promotion_routable_s;
+    rs.promotion_dispatch_seconds = r.promotion_dispatch_s;
     rs.promotion_seconds = r.promotion_s;
     rs.num_promotions = r.num_promotions;
     rs.num_cold_starts = r.num_cold_starts;
@@ -994,6 +1082,26 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         // A worker told to quit whose hello was already on its way: it must not take its
         // replica's place again (its down message follows).
         if (s.retired.count(h.self.address())) return;
+        if (s.autoscaler && !s.workers.count(h.self.address())) {
+          auto& r = s.replicas[h.replica];
+          if (r.head_launched && r.state == ReplicaState::kStopped) {
+            // A worker of a start the head gave up (abandoned after start_timeout_s, or stopped
+            // because its target shard failed or died) registering late — typically the draft
+            // worker, which loads on its own. No start of the replica is in flight (a new one sets
+            // `starting` first), so nothing would attach it: told to quit, else its process runs
+            // on unused and the launcher (never two processes of one replica) refuses every
+            // later start of the slot.
+            if (h.state != "failed") {
+              log->warn("replica {}: {} (pid {}) registered after its start was given up; telling it to quit", h.replica,
+                        h.role, h.pid);
+              self->monitor(h.self);
+              s.retired[h.self.address()] = h.replica;
+              ++r.num_retiring;
+              self->send(h.self, retire_atom::value);
+            }
+            return;
+          }
+        }
         const bool is_new = !s.workers.count(h.self.address());
         if (is_new) self->monitor(h.self);
         auto& w = s.workers[h.self.address()];
@@ -1007,7 +1115,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
             log->warn("replica {}: a second target shard registered (pid {}); keeping the first", h.replica, h.pid);
             return;
           }
-          if (!r.shard || r.shard.address() != h.self.address()) r.draining_out = false;  // a new worker
+          if (!r.shard || r.shard.address() != h.self.address()) {  // a new worker
+            r.draining_out = false;
+            r.reclaims_sent = r.reclaims_done = 0;
+          }
           r.shard = h.self;
           r.lost = false;
           r.shard_hello = h;
@@ -1067,6 +1178,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (ra == s.request_actors.end() || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(ra->second)) return;
         s.request_actors.erase(ra);
         s.queue.erase(id);
+        s.rebalanced_from.erase(id);
         auto it = s.running.find(id);
         if (it != s.running.end()) {
           const int32_t rid = it->second;
@@ -1098,10 +1210,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.in_flight.pop_front();
         }
         const int32_t rid = l.replica;
-        if (r.measured_seq > 0 && l.received >= r.measured_seq && r.scale_decision_at >= 0) {
-          if (!r.cold_path) keep_last(&s.as.promotion_accept_seconds, now_s(self) - r.scale_decision_at);
-          r.measured_seq = 0;
-        }
+        r.reclaims_done = l.num_reclaims;
         r.load = std::move(l);
         finish_drain_if_idle(self, rid);
         dispatch(self);

@@ -16,10 +16,14 @@
 // warm, not routed) -> stopped, with the time spent in each state. Without an `autoscale:`
 // section that enables it, every replica that reports ready is routed (static serving). With
 // one, a timer (every 100 ms) runs the policy: a replica that finishes its warm-up parks in
-// standby; promotion is a state flip here, so the promoted replica gets queued work at once;
+// standby; promotion is a state flip here, so the promoted replica gets queued work at once, and
+// a routed replica with requests waiting in its engine (beyond its batch) while another routed
+// replica has a free batch slot hands the waiting ones back (reclaim_atom: rebalance);
 // a cold start asks SchedulerConfig::start_replica for the replica's processes; a drained replica
 // stops receiving work and finishes its in-flight requests (their streams go on) before it parks
-// in standby or is stopped (retire_atom: its workers quit normally).
+// in standby or is stopped (retire_atom: its workers quit normally). A replica's draft worker
+// shares its fate: parked with it in standby, told to quit when its target shard is stopped or
+// lost, and told to quit when it registers for a start the head already gave up.
 //
 // Request actor: owns one request — its tokens so far, streaming to the client's sink
 // (StreamChunk), cancellation, deadline (finish reason "timeout"), and the client going away

@@ -55,6 +55,7 @@ struct ShardState {
   int64_t kv_recomputed_tokens = 0;  // tokens of migrated sequences that recompute
   bool quit_when_empty = false;      // drained before the worker stops: quit once nothing is left
   bool expiry_pending = false;
+  int64_t num_reclaims = 0;          // reclaim_atom messages handled (ShardLoad::num_reclaims)
 };
 
 bool prefill_only(const ShardState& s) { return s.cfg.role == WorkerRole::kPrefillWorker; }
@@ -175,6 +176,7 @@ ShardLoad load_of(ShardState& s) {
   l.prefix_cache_hits = st.prefix_cache_hits;
   l.kv_imported_tokens = s.kv_imported_tokens;
   l.kv_recomputed_tokens = s.kv_recomputed_tokens;
+  l.num_reclaims = s.num_reclaims;
   return l;
 }
 
@@ -488,6 +490,29 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         self->send(s.cfg.scheduler, load_of(s));
         s.quit_when_empty = s.quit_when_empty || then_quit;
         maybe_quit(self);
+      },
+      [self](reclaim_atom, int32_t n) {
+        // Another routed replica has a free slot (often one just promoted from standby) while
+        // requests wait here: up to n of those still waiting in the engine (not running) go back
+        // to the head, the last admitted first, so the longest-waiting ones keep their place here.
+        // NOTE: a waiting sequence has no KV yet (or only a preempted one's, which migrates like
+        // a drained sequence's); it leaves with its sampler state, so output stays the same.
+        auto& s = self->state;
+        if (!from_scheduler(self)) return;
+        ++s.num_reclaims;
+        if (prefill_only(s)) {  // the head sends it to decode shards only
+          self->send(s.cfg.scheduler, load_of(s));
+          return;
+        }
+        const std::vector<int64_t> live = s.engine->live_sequences();  // running first, then the waiting ones
+        const size_t first_waiting = live.size() - std::min(live.size(), static_cast<size_t>(s.engine->num_waiting()));
+        std::vector<int64_t> give;
+        for (size_t i = live.size(); i > first_waiting && static_cast<int32_t>(give.size()) < n; --i) {
+          auto it = s.by_seq.find(live[i - 1]);
+          if (it != s.by_seq.end()) give.push_back(it->second);
+        }
+        for (int64_t rid : give) migrate_out(self, rid, "rebalance");
+        self->send(s.cfg.scheduler, load_of(s));
       },
       [self](const KvReleaseMsg& m) {
         auto& s = self->state;

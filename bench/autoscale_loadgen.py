@@ -3,7 +3,9 @@
 bounded burst through the OpenAI-compatible HTTP API (streaming /v1/completions, so TTFT is seen
 by the client), and records over time the replicas by lifecycle state, the head's queue and each
 request's TTFT (from /metrics and the client), then the head's cold-start (process start
-requested -> ready) and promotion (decision -> first token) times (`specserve status --json`).
+requested -> ready) and warm-promotion times (`specserve status --json`), each from the
+autoscaler's decision: -> the replica routed, -> the first request sent to it, -> that request's
+first token; and scale-ups that had to start a replica cold (decision -> first token).
 
 Phases: IDLE_BEFORE s of no traffic, then NUM_REQUESTS requests from CONCURRENCY client threads
 (the burst; bounded in count and by BURST_TIMEOUT s), then IDLE_AFTER s of no traffic (the pool
@@ -213,7 +215,12 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
             "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90), "ttft_max_s": ttfts[-1] if ttfts else None,
             "num_promotions": a["num_promotions"], "num_cold_starts": a["num_cold_starts"], "num_drains": a["num_drains"],
             "num_stops": a["num_stops"],
-            "cold_start_seconds": a["cold_start_seconds"], "promotion_seconds": a["promotion_seconds"],
+            "cold_start_seconds": a["cold_start_seconds"],
+            "promotion_routable_seconds": a.get("promotion_routable_seconds", []),
+            "promotion_dispatch_seconds": a.get("promotion_dispatch_seconds", []),
+            "promotion_seconds": a["promotion_seconds"],
+            "cold_scale_up_seconds": a.get("cold_scale_up_seconds", []),
+            "migrated": status.get("migrated", 0),
         },
         "status": status,
     }
@@ -221,6 +228,11 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         json.dump(out, f, indent=1)
     s = out["summary"]
     cs, ps = s["cold_start_seconds"], s["promotion_seconds"]
+    pr, pd, cu = s["promotion_routable_seconds"], s["promotion_dispatch_seconds"], s["cold_scale_up_seconds"]
+
+    def each(v, digits=3):
+        return ", ".join(f"{x:.{digits}f}" for x in v) or "-"
+
     md = [
         f"# Autoscaling on loopback — {time.strftime('%Y-%m-%d')}",
         "",
@@ -241,13 +253,23 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         f"| TTFT p50 / p90 / max (client, s) | {s['ttft_p50_s']:.3f} / {s['ttft_p90_s']:.3f} / {s['ttft_max_s']:.3f} |"
         if ttfts else "| TTFT | none |",
         "",
-        "Cold start (process start requested -> loaded, warmed up, ready) versus warm promotion (the autoscaler's "
-        "decision -> the promoted replica's first token), as the head measured them:",
+        "Cold start (process start requested -> loaded, warmed up, ready) versus warm promotion, as the head "
+        "measured them. A promotion is timed from the autoscaler's decision to the replica being routed (a state "
+        "flip in the head), to the first request sent to it (queued at the head, or handed back by a busy "
+        "replica's engine), and to that request's first token (one prefill forward pass on the promoted "
+        "replica, plus the message hops). A scale-up that found no standby replica started one cold: its "
+        "decision -> first token is listed apart.",
         "",
         "| | n | each (s) |",
         "|---|---|---|",
-        f"| cold start | {len(cs)} | {', '.join(f'{x:.3f}' for x in cs)} |",
-        f"| promotion -> first token | {len(ps)} | {', '.join(f'{x:.3f}' for x in ps)} |",
+        f"| cold start: process start -> ready | {len(cs)} | {each(cs)} |",
+        f"| warm promotion: decision -> routed | {len(pr)} | {each(pr, 6)} |",
+        f"| warm promotion: decision -> first request sent | {len(pd)} | {each(pd, 6)} |",
+        f"| warm promotion: decision -> first token | {len(ps)} | {each(ps)} |",
+        f"| scale-up by cold start: decision -> first token | {len(cu)} | {each(cu)} |",
+        "",
+        f"Requests moved between replicas with their state (drains, hand-backs to a promoted replica): "
+        f"{s['migrated']}.",
         "",
         f"![replicas, queue and TTFT over time]({os.path.basename(args.out)}.png)",
         "",

@@ -50,7 +50,8 @@ def main():
     ps = s["promotion_seconds"]
     fmt = lambda v: ", ".join(f"{x:.2f}" for x in v) or "-"  # noqa: E731
     fig.suptitle(f"Autoscaling 1..3 replicas, warm pool 1: {s['requests_ok']} ok / {s['requests_failed']} failed\n"
-                 f"cold start (s): {fmt(cs)}   |   promotion -> first token (s): {fmt(ps)}", fontsize=10)
+                 f"cold start (s): {fmt(cs)}   |   warm promotion, decision -> first token (s): {fmt(ps)}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(out)

@@ -413,7 +413,9 @@ int run_worker(const WorkerOptions& o) {
   }
   if (topo->models.target.tensor_parallel_size != 1) {
     return fail("worker", unsupported(topo->where("models.target.tensor_parallel_size") +
-                                      ": models.target.tensor_parallel_size > 1 needs the CUDA backend and NCCL (issue 9)"));
+                                      ": models.target.tensor_parallel_size > 1: target_shard workers as tensor-parallel ranks are not built "
+                                      "yet (issue 9); one process can split a model over ranks: `specserve generate "
+                                      "--tensor-parallel-size N`"));
   }
   auto token = read_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("worker", token.status());

@@ -3,8 +3,46 @@
 #include <cmath>
 
 #include "core/logging.h"
+#include "model/tensor_slice.h"
 
 namespace specserve {
+
+Expected<TensorParallelShard> tensor_parallel_shard(const ModelConfig& c, int rank, int size, int64_t ffn_align) {
+  if (size < 1) return invalid_argument("tensor_parallel_size = " + std::to_string(size) + ": must be >= 1");
+  if (size > c.num_kv_heads) {
+    return invalid_argument("tensor_parallel_size = " + std::to_string(size) + " exceeds the model's " +
+                            std::to_string(c.num_kv_heads) + " kv heads (attention.head_count_kv); shards split by kv head");
+  }
+  if (rank < 0 || rank >= size) {
+    return invalid_argument("tensor parallel rank " + std::to_string(rank) + " is outside [0, tensor_parallel_size = " +
+                            std::to_string(size) + ")");
+  }
+  const int64_t kv = c.num_kv_heads, group = c.num_heads / c.num_kv_heads, ff = c.ffn_size;
+  TensorParallelShard s;
+  s.rank = rank;
+  s.size = size;
+  s.kv_head_begin = rank * kv / size;
+  s.kv_head_end = (rank + 1) * kv / size;
+  s.head_begin = s.kv_head_begin * group;
+  s.head_end = s.kv_head_end * group;
+  // MLP boundaries on ffn_align multiples when every rank keeps at least one unit.
+  auto bound = [&](int64_t r, int64_t align) { return r == size ? ff : r * ff / size / align * align; };
+  // NOTE: at least multiples of 8: the CPU matmul's widths are (cpu/matmul.h), as are every
+  // llama-family width, so a shard's ffn_down never has an odd width.
+  auto fits = [&](int64_t align) {
+    for (int64_t r = 0; r < size; ++r) {
+      if (bound(r + 1, align) <= bound(r, align)) return false;
+    }
+    return true;
+  };
+  int64_t align = std::max<int64_t>(ffn_align, 8);
+  if (align % 8 != 0) align *= 8;
+  if (!fits(align)) align = 8;
+  if (!fits(align)) align = 1;
+  s.ffn_begin = bound(rank, align);
+  s.ffn_end = bound(rank + 1, align);
+  return s;
+}
 
 Expected<std::unique_ptr<Transformer>> Transformer::load(const GgufFile& file, Backend& backend, LoadOptions opts) {
   auto cfg = ModelConfig::from_gguf(file);
@@ -12,14 +50,49 @@ Expected<std::unique_ptr<Transformer>> Transformer::load(const GgufFile& file, B
   std::unique_ptr<Transformer> m(new Transformer(*cfg, backend));
   ModelConfig& c = m->config_;
   if (opts.max_layers > 0 && opts.max_layers < c.num_layers) c.num_layers = opts.max_layers;
-  auto load = [&](const std::string& name, std::unique_ptr<Weight>* dst) -> Status {
+  if (opts.tp_size > 1) {
+    if (!opts.communicator) {
+      return invalid_argument("tensor_parallel_size = " + std::to_string(opts.tp_size) + " needs a communicator");
+    }
+    if (opts.communicator->size() != opts.tp_size || opts.communicator->rank() != opts.tp_rank) {
+      return invalid_argument("communicator is rank " + std::to_string(opts.communicator->rank()) + " of " +
+                              std::to_string(opts.communicator->size()) + ", the model rank " + std::to_string(opts.tp_rank) +
+                              " of tensor_parallel_size = " + std::to_string(opts.tp_size));
+    }
+  }
+  // ffn_down's column slices stay whole quant blocks when the MLP split falls on them.
+  int64_t ffn_align = 1;
+  if (const GgufTensorInfo* down = file.find_tensor("blk.0.ffn_down.weight")) {
+    if (auto tr = ggml_type_traits(down->raw_type)) ffn_align = tr->block_size;
+  }
+  auto shard = tensor_parallel_shard(c, opts.tp_rank, opts.tp_size, ffn_align);
+  if (!shard.ok()) return shard.status();
+  m->shard_ = *shard;
+  m->comm_ = opts.tp_size > 1 ? opts.communicator : nullptr;
+  const TensorParallelShard& sh = m->shard_;
+  const bool split = opts.tp_size > 1;
+  // Slice kinds: what part of a tensor this rank loads (see TensorParallelShard).
+  enum class Part { kWhole, kRows, kCols };
+  auto load_part = [&](const std::string& name, std::unique_ptr<Weight>* dst, Part part, int64_t begin,
+                       int64_t end) -> Status {
     const GgufTensorInfo* t = file.find_tensor(name);
     if (!t) return corrupt_data(file.path() + ": tensor '" + name + "' is missing");
-    auto w = backend.load_weight(*t);
+    Expected<TensorSlice> slice = TensorSlice();
+    if (split && part == Part::kRows) slice = slice_rows(*t, begin, end);
+    if (split && part == Part::kCols) slice = slice_cols(*t, begin, end);
+    if (!slice.ok()) return Status(slice.status().code(), file.path() + ": " + slice.status().message());
+    const bool sliced = split && part != Part::kWhole;
+    auto w = backend.load_weight(sliced ? slice->info : *t);
     if (!w.ok()) return Status(w.status().code(), file.path() + ": " + w.status().message());
+    // A backend that keeps quantised blocks may keep pointing at them.
+    if (sliced && slice->owns_bytes() && backend.keeps_quantized()) m->sliced_bytes_.push_back(std::move(slice->bytes));
     *dst = std::move(*w);
     return Status();
   };
+  auto load = [&](const std::string& name, std::unique_ptr<Weight>* dst) { return load_part(name, dst, Part::kWhole, 0, 0); };
+  const int64_t hd = c.head_dim;
+  const int64_t q0 = sh.head_begin * hd, q1 = sh.head_end * hd;
+  const int64_t k0 = sh.kv_head_begin * hd, k1 = sh.kv_head_end * hd;
   SPECSERVE_RETURN_IF_ERROR(load("token_embd.weight", &m->tok_embd_));
   SPECSERVE_RETURN_IF_ERROR(load("output_norm.weight", &m->output_norm_));
   if (!c.tied_output) SPECSERVE_RETURN_IF_ERROR(load("output.weight", &m->output_));
@@ -28,18 +101,20 @@ Expected<std::unique_ptr<Transformer>> Transformer::load(const GgufFile& file, B
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = m->layers_[static_cast<size_t>(l)];
     SPECSERVE_RETURN_IF_ERROR(load(p + "attn_norm.weight", &L.attn_norm));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "attn_q.weight", &L.wq));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "attn_k.weight", &L.wk));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "attn_v.weight", &L.wv));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "attn_output.weight", &L.wo));
+    // Column-parallel: output rows of this rank's heads / MLP units.
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_q.weight", &L.wq, Part::kRows, q0, q1));
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_k.weight", &L.wk, Part::kRows, k0, k1));
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_v.weight", &L.wv, Part::kRows, k0, k1));
+    // Row-parallel: input columns of the same heads / units; the all-reduce completes the sum.
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_output.weight", &L.wo, Part::kCols, q0, q1));
     SPECSERVE_RETURN_IF_ERROR(load(p + "ffn_norm.weight", &L.ffn_norm));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "ffn_gate.weight", &L.w_gate));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "ffn_up.weight", &L.w_up));
-    SPECSERVE_RETURN_IF_ERROR(load(p + "ffn_down.weight", &L.w_down));
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "ffn_gate.weight", &L.w_gate, Part::kRows, sh.ffn_begin, sh.ffn_end));
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "ffn_up.weight", &L.w_up, Part::kRows, sh.ffn_begin, sh.ffn_end));
+    SPECSERVE_RETURN_IF_ERROR(load_part(p + "ffn_down.weight", &L.w_down, Part::kCols, sh.ffn_begin, sh.ffn_end));
     if (c.has_qkv_bias) {
-      SPECSERVE_RETURN_IF_ERROR(load(p + "attn_q.bias", &L.bq));
-      SPECSERVE_RETURN_IF_ERROR(load(p + "attn_k.bias", &L.bk));
-      SPECSERVE_RETURN_IF_ERROR(load(p + "attn_v.bias", &L.bv));
+      SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_q.bias", &L.bq, Part::kRows, q0, q1));
+      SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_k.bias", &L.bk, Part::kRows, k0, k1));
+      SPECSERVE_RETURN_IF_ERROR(load_part(p + "attn_v.bias", &L.bv, Part::kRows, k0, k1));
     }
   }
   RopeParams& r = m->rope_;
@@ -56,8 +131,36 @@ Expected<std::unique_ptr<Transformer>> Transformer::load(const GgufFile& file, B
   return m;
 }
 
-Expected<std::unique_ptr<KvStorage>> Transformer::create_kv(int64_t num_blocks, int64_t block_size) const {
-  return backend_.create_kv_storage(config_.num_layers, num_blocks, block_size, config_.kv_dim());
+Expected<std::unique_ptr<KvStorage>> Transformer::create_kv(int64_t num_blocks, int64_t block_size, int64_t num_layers) {
+  if (num_layers < 0 || num_layers > config_.num_layers) {
+    return invalid_argument("create_kv: num_layers = " + std::to_string(num_layers) + " is outside 0.." +
+                            std::to_string(config_.num_layers));
+  }
+  const int64_t layers = num_layers > 0 ? num_layers : config_.num_layers;
+  auto kv = backend_.create_kv_storage(layers, num_blocks, block_size, shard_.num_kv_heads() * config_.head_dim);
+  if (!kv.ok() || !peers_) return kv;
+  const int32_t id = next_kv_id_++;
+  SPECSERVE_RETURN_IF_ERROR(peers_->create_kv(id, num_blocks, block_size, layers));
+  peer_kv_ids_[kv->get()] = id;
+  return kv;
+}
+
+Expected<int32_t> Transformer::peer_kv_id(const KvStorage& kv) const {
+  auto it = peer_kv_ids_.find(&kv);
+  if (it == peer_kv_ids_.end()) {
+    return invalid_argument("kv storage was not created by this tensor-parallel model's create_kv, so its peers hold no copy");
+  }
+  return it->second;
+}
+
+Status Transformer::kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) {
+  if (peers_) {
+    auto id = peer_kv_id(kv);
+    if (!id.ok()) return id.status();
+    SPECSERVE_RETURN_IF_ERROR(peers_->kv_copy_slots(*id, src, dst, n));
+  }
+  backend_.kv_copy_slots(kv, src, dst, n);
+  return Status();
 }
 
 Buffer& Transformer::scratch(int idx, int64_t bytes) {
@@ -68,8 +171,29 @@ Buffer& Transformer::scratch(int idx, int64_t bytes) {
 }
 
 Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOutput* out) {
+  if (!peers_) return forward_local(batch, kv, out);
+  auto id = peer_kv_id(kv);
+  if (!id.ok()) return id.status();
+  // NOTE: every rank validates the same batch against a store of the same shape, so a bad
+  // batch fails on every rank before the first all-reduce and no rank is left waiting.
+  peers_->start_forward(*id, batch);
+  Status own = forward_local(batch, kv, out);
+  Status theirs = peers_->finish_forward();
+  if (!own.ok()) return own;
+  return theirs;
+}
+
+Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, ForwardOutput* out) {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.ffn_size, bs = kv.block_size();
+  const TensorParallelShard& sh = shard_;
+  // This rank's widths (the whole model's when tp_size is 1).
+  const int64_t nh = sh.num_heads(), nkv = sh.num_kv_heads();
+  const int64_t d = c.hidden_size, qd = nh * c.head_dim, kvd = nkv * c.head_dim, ff = sh.ffn_size(), bs = kv.block_size();
+  if (kv.kv_dim() != kvd || kv.num_layers() < std::min(batch.num_layers > 0 ? batch.num_layers : c.num_layers, c.num_layers)) {
+    return invalid_argument("kv storage holds " + std::to_string(kv.num_layers()) + " layers of kv_dim " +
+                            std::to_string(kv.kv_dim()) + "; this model (rank " + std::to_string(sh.rank) + ") needs kv_dim " +
+                            std::to_string(kvd) + " (create it with Transformer::create_kv)");
+  }
   const int64_t n_layers = batch.num_layers > 0 ? std::min(batch.num_layers, c.num_layers) : c.num_layers;
 
   // ---- validate and lay out rows (host side) ----
@@ -179,18 +303,33 @@ Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOut
     B.matmul(*L.wq, h.f32(), N, q.f32(), L.bq.get());
     B.matmul(*L.wk, h.f32(), N, k.f32(), L.bk.get());
     B.matmul(*L.wv, h.f32(), N, v.f32(), L.bv.get());
-    B.rope(q.f32(), pos.i32(), N, c.num_heads, rope_);
-    B.rope(k.f32(), pos.i32(), N, c.num_kv_heads, rope_);
+    B.rope(q.f32(), pos.i32(), N, nh, rope_);
+    B.rope(k.f32(), pos.i32(), N, nkv, rope_);
     B.kv_write(kv, l, k.f32(), v.f32(), slot.i32(), N);
-    B.attention(kv, l, q.f32(), attn, c.num_heads, c.num_kv_heads, c.head_dim, att.f32());
+    B.attention(kv, l, q.f32(), attn, nh, nkv, c.head_dim, att.f32());
     B.matmul(*L.wo, att.f32(), N, o.f32());
+    if (comm_) {  // o is this rank's partial sum of the attention output
+      B.synchronize();
+      SPECSERVE_RETURN_IF_ERROR(comm_->all_reduce_sum(o.f32(), N * d));
+    }
     B.add(x.f32(), o.f32(), N * d);
     B.rms_norm(x.f32(), *L.ffn_norm, c.norm_eps, N, d, h.f32());
     B.matmul(*L.w_gate, h.f32(), N, g.f32());
     B.matmul(*L.w_up, h.f32(), N, u.f32());
     B.swiglu(g.f32(), u.f32(), N * ff, g.f32());
     B.matmul(*L.w_down, g.f32(), N, o.f32());
+    if (comm_) {
+      B.synchronize();
+      SPECSERVE_RETURN_IF_ERROR(comm_->all_reduce_sum(o.f32(), N * d));
+    }
     B.add(x.f32(), o.f32(), N * d);
+  }
+  out->vocab_size = c.vocab_size;
+  out->hidden_size = d;
+  if (sh.rank != 0) {  // the head and hidden states are rank 0's (see forward's contract)
+    out->logits.clear();
+    out->hidden.clear();
+    return Status();
   }
   // Only the requested rows go through the final norm and the (large) output head.
   Buffer& sel = scratch(12, M * d * 4);

@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "core/status.h"
 #include "model/backend.h"
+#include "model/communicator.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 
@@ -63,13 +65,71 @@ struct ForwardOutput {
 /// Loading options.
 struct LoadOptions {
   int64_t max_layers = 0;  ///< 0: all; else load only the first N layers (tests, tools)
+  /// Tensor parallelism (vLLM's tensor_parallel_size): load only shard `tp_rank` of `tp_size`
+  /// (see TensorParallelShard). 1 <= tp_size <= num_kv_heads, 0 <= tp_rank < tp_size.
+  int tp_rank = 0;
+  int tp_size = 1;
+  /// The group's communicator, required when tp_size > 1 (rank() == tp_rank, size() ==
+  /// tp_size); it must outlive the model, which calls all_reduce_sum twice per layer in forward.
+  Communicator* communicator = nullptr;
+};
+
+/// The part of the model one tensor-parallel rank holds (Megatron-LM's split, Shoeybi et al.
+/// 2019): rank r owns kv heads [kv_head_begin, kv_head_end) = [floor(r KV / tp), floor((r+1) KV / tp))
+/// and the query heads that read them (grouped-query attention), i.e. rows of attn_q/k/v (and
+/// their biases: column-parallel) and the matching input columns of attn_output (row-parallel);
+/// and MLP units [ffn_begin, ffn_end): rows of ffn_gate/up, columns of ffn_down. Embedding, norms
+/// and output head are replicated. Splits may be uneven (SmolLM2-135M: 3 kv heads over 2 ranks
+/// = 2 + 1). After attn_output and ffn_down each rank holds a partial sum of the residual update,
+/// which Communicator::all_reduce_sum completes. No row-parallel layer of the llama family has a
+/// bias, so no bias needs to be added on one rank only.
+struct TensorParallelShard {
+  int rank = 0, size = 1;
+  int64_t head_begin = 0, head_end = 0;        ///< query heads
+  int64_t kv_head_begin = 0, kv_head_end = 0;  ///< kv heads
+  int64_t ffn_begin = 0, ffn_end = 0;          ///< MLP units (rows of ffn_gate / ffn_up)
+  int64_t num_heads() const { return head_end - head_begin; }
+  int64_t num_kv_heads() const { return kv_head_end - kv_head_begin; }
+  int64_t ffn_size() const { return ffn_end - ffn_begin; }
+};
+
+/// The split of `config` for rank `rank` of `size`. MLP boundaries are rounded down to a
+/// multiple of lcm(`ffn_align`, 8) (ffn_align: the quant block size of ffn_down, so its column
+/// slices stay whole blocks; 8: the CPU matmul's width unit) when that leaves every rank at
+/// least one unit; else of 8; else they are floor(r ff / size).
+/// Errors (kInvalidArgument naming tensor_parallel_size and its value): size < 1, size above
+/// the model's kv head count, rank outside [0, size).
+Expected<TensorParallelShard> tensor_parallel_shard(const ModelConfig& config, int rank, int size, int64_t ffn_align = 1);
+
+/// Rank 0's link to the other ranks of its tensor-parallel group, when rank 0's Transformer is
+/// what callers (the Engine, proposers) use: each call makes every other rank do the same on its
+/// shard, in the same order, so a tensor-parallel model is a drop-in Transformer.
+/// Implementations: the ranks as threads of one process (cpu/tensor_parallel.h); later the
+/// target-shard actors.
+class TensorParallelPeers {
+ public:
+  virtual ~TensorParallelPeers() = default;
+  /// Every other rank creates its KV store `kv_id` (Transformer::create_kv with these
+  /// arguments). Errors: the first rank's error.
+  virtual Status create_kv(int32_t kv_id, int64_t num_blocks, int64_t block_size, int64_t num_layers) = 0;
+  /// Every other rank starts Transformer::forward(batch) on its store `kv_id` and returns at
+  /// once: the ranks meet in the all-reduces. `batch` may be freed on return (peers copy it).
+  virtual void start_forward(int32_t kv_id, const ForwardBatch& batch) = 0;
+  /// Waits for the forward started last. Errors: the first failing rank's, naming the rank.
+  virtual Status finish_forward() = 0;
+  /// Every other rank runs Backend::kv_copy_slots on its store `kv_id` (src, dst: n host slots).
+  virtual Status kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) = 0;
 };
 
 /// A loaded model on one backend. Not thread-safe: one forward at a time.
 class Transformer {
  public:
   /// Reads config and weights from `file` onto `backend` (which must outlive the model).
-  /// Errors: those of ModelConfig::from_gguf and Backend::load_weight.
+  /// With opts.tp_size > 1, only shard opts.tp_rank (TensorParallelShard): its tensors are
+  /// sliced (model/tensor_slice.h) before Backend::load_weight, so backends need nothing new.
+  /// Errors: those of ModelConfig::from_gguf, Backend::load_weight, tensor_parallel_shard and
+  /// slicing; kInvalidArgument naming tensor_parallel_size when tp_size > 1 comes without a
+  /// communicator or with one of another rank or size.
   static Expected<std::unique_ptr<Transformer>> load(const GgufFile& file, Backend& backend, LoadOptions opts = {});
 
   const ModelConfig& config() const { return config_; }
@@ -83,11 +143,29 @@ class Transformer {
   /// The RoPE parameters the model applies (a draft head's attention uses the same).
   const RopeParams& rope_params() const { return rope_; }
 
-  /// A KV store for this model: `num_blocks` blocks of `block_size` tokens in every layer.
-  Expected<std::unique_ptr<KvStorage>> create_kv(int64_t num_blocks, int64_t block_size) const;
+  /// A KV store for this model: `num_blocks` blocks of `block_size` tokens in the first
+  /// `num_layers` layers (0: every layer; fewer for a layer-skip draft), holding this rank's kv
+  /// heads only (kv_dim = shard().num_kv_heads() * head_dim). With peers attached, every rank
+  /// creates its store and the result is tied to them (forward, kv_copy_slots).
+  /// Errors: those of Backend::create_kv_storage and the peers'.
+  Expected<std::unique_ptr<KvStorage>> create_kv(int64_t num_blocks, int64_t block_size, int64_t num_layers = 0);
+
+  /// Backend::kv_copy_slots on this rank's store and, with peers attached, on theirs: the KV
+  /// moves a caller of a tensor-parallel model makes (tree compaction) go through here.
+  Status kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n);
+
+  /// This rank's part of the model (the whole model when tp_size is 1).
+  const TensorParallelShard& shard() const { return shard_; }
+  /// Makes this rank-0 model drive `peers` (see TensorParallelPeers); nullptr detaches. Call
+  /// before create_kv. `peers` must outlive the model or be detached first.
+  void set_tensor_parallel_peers(TensorParallelPeers* peers) { peers_ = peers; }
 
   /// Runs the batch, writing each new token's K/V into `kv` at the slots its block table
   /// gives, and returns logits for the requested rows.
+  /// Tensor parallel: every rank of the group calls forward with the same batch (rank 0 does
+  /// it for its peers when attached); only rank 0 computes the final norm, head and hidden
+  /// states — `out` of another rank holds vocab_size and hidden_size but no rows. A communicator
+  /// failure returns its error (kUnavailable / kDeadlineExceeded) and leaves `kv` undefined.
   /// Errors (kInvalidArgument, naming the sequence and field): empty tokens, a token id
   /// outside the vocabulary, a block table too short for num_cached + tokens, a block id
   /// outside kv, a parent index not earlier than its node, a position past context_length.
@@ -99,6 +177,8 @@ class Transformer {
   };
   Transformer(ModelConfig c, Backend& b) : config_(std::move(c)), backend_(b) {}
   Buffer& scratch(int idx, int64_t bytes);
+  Status forward_local(const ForwardBatch& batch, KvStorage& kv, ForwardOutput* out);
+  Expected<int32_t> peer_kv_id(const KvStorage& kv) const;
 
   ModelConfig config_;
   Backend& backend_;
@@ -106,6 +186,16 @@ class Transformer {
   std::vector<Layer> layers_;
   RopeParams rope_;
   std::vector<std::unique_ptr<Buffer>> scratch_;
+  TensorParallelShard shard_;
+  Communicator* comm_ = nullptr;
+  TensorParallelPeers* peers_ = nullptr;
+  // KV stores created while peers were attached, and the id the peers know them by.
+  // NOTE: a store destroyed by its owner keeps its peers' copies until the group goes away
+  // (callers create a store once per engine); the map entry is replaced if its address returns.
+  std::map<const KvStorage*, int32_t> peer_kv_ids_;
+  int32_t next_kv_id_ = 0;
+  // Column slices a backend that keeps quantised blocks may point into (see load()).
+  std::vector<std::vector<uint8_t>> sliced_bytes_;
 };
 
 }  // namespace specserve

@@ -105,9 +105,13 @@ DispatchPlan plan_dispatch(std::vector<QueuedRequest> queue, const std::vector<R
         continue;
       }
       const size_t b = static_cast<size_t>(best);
-      const bool better = free_left[i] != free_left[b]  ? free_left[i] > free_left[b]
-                          : num_seqs[i] != num_seqs[b] ? num_seqs[i] < num_seqs[b]
-                                                       : rep.replica < usable[b]->replica;
+      // A replica where the request runs at once beats one where it would wait in the engine.
+      const bool now_i = num_seqs[i] < static_cast<int64_t>(rep.max_num_seqs);
+      const bool now_b = num_seqs[b] < static_cast<int64_t>(usable[b]->max_num_seqs);
+      const bool better = now_i != now_b                 ? now_i
+                          : free_left[i] != free_left[b] ? free_left[i] > free_left[b]
+                          : num_seqs[i] != num_seqs[b]   ? num_seqs[i] < num_seqs[b]
+                                                         : rep.replica < usable[b]->replica;
       if (better) best = static_cast<int>(i);
     }
     if (best < 0) {

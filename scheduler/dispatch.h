@@ -26,9 +26,13 @@
 //      the slot of the first new token; the same rule as Engine::add_request), counting blocks
 //      promised to earlier requests of the same plan; num_tokens + 1 <= max_model_len; and a
 //      free slot: num_assigned + (assigned in this plan) < max_num_seqs + max_queued_per_replica.
-//   5. Choice: among the replicas a request fits, the one with the most free blocks left after
-//      this plan's earlier assignments; ties: fewest requests (num_assigned + planned), then the
-//      lowest replica id.
+//   5. Choice: among the replicas a request fits, first those where it runs at once (num_assigned
+//      + planned < max_num_seqs: a free batch slot) over those where it would wait in the engine's
+//      local queue; then the one with the most free blocks left after this plan's earlier
+//      assignments; ties: fewest requests (num_assigned + planned), then the lowest replica id.
+//      NOTE: without the first key a replica with a full batch but a large cache took requests
+//      that would wait there while a replica with a smaller cache idled (a promoted replica
+//      handed requests back by a busy one got them sent back: actors/scheduler.cpp rebalance).
 #pragma once
 
 #include <cstdint>

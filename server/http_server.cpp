@@ -240,8 +240,12 @@ void HttpServer::Impl::declare_lifecycle_metrics() {
   metrics.declare("specserve:autoscaler_drains", K::kCounter, "Ready replicas drained by the autoscaler.");
   metrics.declare("specserve:replica_cold_start_seconds", K::kGauge,
                   "The replica's last cold start: process start requested to ready (loaded and warmed up).");
+  metrics.declare("specserve:replica_promotion_routable_seconds", K::kGauge,
+                  "The replica's last warm promotion: the autoscaler's decision to the replica being routed.");
+  metrics.declare("specserve:replica_promotion_dispatch_seconds", K::kGauge,
+                  "The replica's last warm promotion: the autoscaler's decision to the first request sent to it.");
   metrics.declare("specserve:replica_promotion_seconds", K::kGauge,
-                  "The replica's last promotion: the autoscaler's decision to its first token.");
+                  "The replica's last warm promotion: the autoscaler's decision to the first token of the first request sent to it.");
 }
 
 void HttpServer::Impl::refresh_lifecycle_metrics(const ClusterStatus& st) {
@@ -261,6 +265,10 @@ void HttpServer::Impl::refresh_lifecycle_metrics(const ClusterStatus& st) {
       }
     }
     if (r.cold_start_seconds > 0) metrics.set("specserve:replica_cold_start_seconds", rl, r.cold_start_seconds);
+    if (r.num_promotions > 0) {
+      metrics.set("specserve:replica_promotion_routable_seconds", rl, r.promotion_routable_seconds);
+      if (r.promotion_dispatch_seconds > 0) metrics.set("specserve:replica_promotion_dispatch_seconds", rl, r.promotion_dispatch_seconds);
+    }
     if (r.promotion_seconds > 0) metrics.set("specserve:replica_promotion_seconds", rl, r.promotion_seconds);
   }
   metrics.set("specserve:num_replicas_standby", labels, static_cast<double>(standby));

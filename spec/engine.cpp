@@ -481,9 +481,9 @@ std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const Forwa
   return path;
 }
 
-void Engine::compact_path(Seq& s, int32_t base, std::span<const int32_t> path) {
+Status Engine::compact_path(Seq& s, int32_t base, std::span<const int32_t> path) {
   const auto moves = compaction_moves(path);
-  if (moves.empty()) return;
+  if (moves.empty()) return Status();
   const int32_t bs = opts_.block_size;
   const std::vector<int32_t>& table = s.blocks.blocks();
   auto slot = [&](int32_t pos) { return table[static_cast<size_t>(pos / bs)] * bs + pos % bs; };
@@ -497,12 +497,10 @@ void Engine::compact_path(Seq& s, int32_t base, std::span<const int32_t> path) {
   // order within a call, so such a path is copied one move per call.
   bool chained = false;
   for (int32_t d : dst) chained = chained || std::find(src.begin(), src.end(), d) != src.end();
-  Backend& b = target_.backend();
-  if (!chained) {
-    b.kv_copy_slots(*kv_, src.data(), dst.data(), static_cast<int64_t>(src.size()));
-  } else {
-    for (size_t j = 0; j < src.size(); ++j) b.kv_copy_slots(*kv_, &src[j], &dst[j], 1);
-  }
+  // Through the Transformer, so a tensor-parallel target moves every rank's KV.
+  if (!chained) return target_.kv_copy_slots(*kv_, src.data(), dst.data(), static_cast<int64_t>(src.size()));
+  for (size_t j = 0; j < src.size(); ++j) SPECSERVE_RETURN_IF_ERROR(target_.kv_copy_slots(*kv_, &src[j], &dst[j], 1));
+  return Status();
 }
 
 StepState Engine::step_state() const {
@@ -852,7 +850,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         for (int32_t a = 0; a < accepted; ++a) keep_hidden_row(tree_verified ? path[static_cast<size_t>(a)] + 1 : a + 1);
       }
       // KV is valid for the last known token and the accepted drafts; rejected slots go.
-      if (tree_verified) compact_path(s, base, path);
+      if (tree_verified) SPECSERVE_RETURN_IF_ERROR(compact_path(s, base, path));
       s.num_cached = base + 1 + accepted;
       SPECSERVE_CHECK(!keep_hidden || s.hidden_begin + static_cast<int32_t>(s.hidden.size() / static_cast<size_t>(out.hidden_size)) ==
                                           s.num_cached,

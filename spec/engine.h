@@ -261,7 +261,7 @@ class Engine {
   std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
   /// Moves the KV of the accepted `path` (tree nodes computed at rows path[j] + 1 after the
   /// last known token at position `base`) to positions base + 1 + j (Backend::kv_copy_slots).
-  void compact_path(Seq& s, int32_t base, std::span<const int32_t> path);
+  Status compact_path(Seq& s, int32_t base, std::span<const int32_t> path);
   /// True when `token` ends the output of a request with params `sp` (stop_token_ids; EOS
   /// unless ignore_eos, known only with a tokenizer).
   bool is_stop_token(const SamplingParams& sp, int32_t token) const;

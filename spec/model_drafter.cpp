@@ -37,7 +37,7 @@ Expected<std::unique_ptr<ModelDrafter>> ModelDrafter::create(Transformer& model,
   if (o.num_kv_blocks <= 0) o.num_kv_blocks = (static_cast<int64_t>(o.max_model_len) * 4 + o.block_size - 1) / o.block_size;
   if (o.target_vocab_size <= 0) o.target_vocab_size = static_cast<int32_t>(c.vocab_size);
   std::unique_ptr<ModelDrafter> d(new ModelDrafter(model, o));
-  auto kv = model.backend().create_kv_storage(o.num_layers, o.num_kv_blocks, o.block_size, c.kv_dim());
+  auto kv = model.create_kv(o.num_kv_blocks, o.block_size, o.num_layers);
   if (!kv.ok()) return kv.status();
   d->kv_ = std::move(*kv);
   d->pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(o.num_kv_blocks), o.block_size);

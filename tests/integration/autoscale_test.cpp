@@ -8,6 +8,7 @@
 // target alone.
 // No timing assertions: the waits are bounds, the measured times are only checked to exist.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,6 +37,18 @@
 
 namespace specserve {
 namespace {
+
+// stdout of a command (popen).
+std::string run_output(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -203,6 +216,19 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   EXPECT_GT(after_burst->autoscale.num_promotions, promotions_before);
   EXPECT_GE(after_burst->autoscale.num_cold_starts, 3) << "the third slot was not started cold";
   EXPECT_FALSE(after_burst->autoscale.promotion_seconds.empty()) << "decision -> first token was not measured";
+  // Each warm promotion is measured three ways from the decision: routed <= first request sent
+  // <= its first token (a promotion during a burst has work at once: queued, or handed back).
+  const AutoscaleStatus& as = after_burst->autoscale;
+  EXPECT_EQ(as.promotion_routable_seconds.size(), static_cast<size_t>(as.num_promotions));
+  EXPECT_GE(as.promotion_dispatch_seconds.size(), as.promotion_seconds.size());
+  int measured = 0;
+  for (const auto& r : after_burst->replicas) {
+    if (r.num_promotions == 0 || r.promotion_seconds <= 0) continue;
+    ++measured;
+    EXPECT_LE(r.promotion_routable_seconds, r.promotion_dispatch_seconds) << "replica " << r.replica;
+    EXPECT_LE(r.promotion_dispatch_seconds, r.promotion_seconds) << "replica " << r.replica;
+  }
+  EXPECT_GE(measured, 1) << "no replica reports its promotion's three times";
 
   // Two long requests keep running while the load falls below one replica's worth: the drain
   // of the replica that holds one moves it, with its KV, to the replica that stays.
@@ -270,6 +296,30 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
     ASSERT_EQ(r.state_seconds_total.size(), 7u);
     if (r.state == "ready") EXPECT_GT(r.state_seconds_total[3], 0.0);
   }
+
+  // `specserve status` shows every replica's lifecycle state and the time spent in each state,
+  // and the autoscaler's cold-start and promotion times (JSON and the table).
+  const std::string js = run_output(std::string(SPECSERVE_BIN) + " status --config " + config + " --json");
+  const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "specserve status --json printed no JSON: " << js;
+  std::map<std::string, int> json_states;
+  for (const auto& r : j["replicas"]) {
+    ++json_states[r["state"].get<std::string>()];
+    EXPECT_EQ(r["state_seconds_total"].size(), 7u) << r.dump();
+    for (const char* k : {"starting", "loading", "warming", "ready", "draining", "standby", "stopped"}) {
+      EXPECT_TRUE(r["state_seconds_total"].contains(k)) << k << " in " << r.dump();
+    }
+  }
+  EXPECT_EQ(json_states["ready"], 1) << js;
+  for (const char* k : {"cold_start_seconds", "promotion_routable_seconds", "promotion_dispatch_seconds", "promotion_seconds",
+                        "cold_scale_up_seconds"}) {
+    EXPECT_TRUE(j["autoscale"].contains(k)) << k << " in " << j["autoscale"].dump();
+  }
+  EXPECT_FALSE(j["autoscale"]["promotion_routable_seconds"].empty());
+  const std::string table = run_output(std::string(SPECSERVE_BIN) + " status --config " + config);
+  EXPECT_NE(table.find("seconds in each state: starting"), std::string::npos) << table;
+  EXPECT_NE(table.find("warm promotion, from the decision: routed"), std::string::npos) << table;
+  EXPECT_NE(table.find("cold start (process start -> ready)"), std::string::npos) << table;
 
   // Still serving after scaling down.
   GenerateRequest again;

@@ -129,6 +129,10 @@ std::vector<Case> cases() {
        {rep(0, true, 100, 100, 1, 2)}, 100, opts(10, 2), {{1, 0}, {2, 0}, {3, 0}}, {}, 4},
       {"max_num_seqs_no_queue", {req(1, 0, 0, 100, 10), req(2, 0, 1, 100, 10)}, {rep(0, true, 100, 100, 1, 2)}, 100,
        opts(10, 0), {{1, 0}}, {}, 2},
+      // Replica 0 has the larger cache but a full batch (2 of 2): the request would wait there,
+      // while it runs at once on replica 1 (1 of 2). Then both batches are full: most free blocks.
+      {"free_batch_slot_beats_more_free_blocks", {req(1, 0, 0, 100, 10), req(2, 0, 1, 100, 10)},
+       {rep(0, true, 100, 100, 2, 2), rep(1, true, 10, 100, 1, 2)}, 100, opts(10, 2), {{1, 1}, {2, 0}}, {}, -1},
       {"full_replica_spills_to_next", {req(1, 0, 0, 100, 10), req(2, 0, 1, 100, 10)},
        {rep(0, true, 100, 100, 2, 2), rep(1, true, 10, 100, 0, 1)}, 100, opts(10, 0), {{1, 1}}, {}, 2},
       // ---- rejects ----

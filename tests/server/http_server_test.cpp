@@ -45,6 +45,7 @@ struct FakeCluster {
   int32_t max_model_len = 1024;
   int64_t prefix_cache_queries = 0;  // reported in each replica's load
   int64_t prefix_cache_hits = 0;
+  bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
 
   bool wait_cancelled(size_t n, double seconds) {
     std::unique_lock<std::mutex> lock(mu);
@@ -109,6 +110,20 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
         r.ready = false;
         s.replicas.push_back(r);
         s.max_model_len = fc->max_model_len;
+        if (fc->lifecycle) {
+          s.replicas[0].state = "ready";
+          s.replicas[0].state_seconds_total = {0.25, 1.5, 0.5, 10, 0, 2, 0};
+          s.replicas[0].num_promotions = 1;
+          s.replicas[0].promotion_routable_seconds = 0.00002;
+          s.replicas[0].promotion_dispatch_seconds = 0.00005;
+          s.replicas[0].promotion_seconds = 0.04;
+          s.replicas[0].cold_start_seconds = 2.25;
+          s.replicas[1].state = "standby";
+          s.replicas[1].state_seconds_total = {0.25, 1.5, 0.5, 0, 0, 12, 0};
+          s.autoscale.enabled = true;
+          s.autoscale.target_ready = 1;
+          s.autoscale.num_promotions = 1;
+        }
         return s;
       },
   };
@@ -533,6 +548,30 @@ TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
   EXPECT_NE(m->body.find("# TYPE specserve:prefix_cache_queries_total counter"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("specserve:prefix_cache_queries_total{model_name=\"fake\"} 2000\n"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
+}
+
+// The replica lifecycle as metrics: a one-hot state gauge and the seconds spent in each state
+// per replica, the warm pool's size, and the last promotion's three times.
+TEST_F(HttpServerTest, LifecycleMetricsShowStatesTimeInEachAndPromotionTimes) {
+  fc_->lifecycle = true;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string& b = m->body;
+  auto has = [&](const std::string& line) { return b.find(line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="0",state="ready"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="0",state="standby"} 0)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="1",state="standby"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="0",state="loading"} 1.5)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="0",state="ready"} 10)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="1",state="standby"} 12)")) << b;
+  EXPECT_TRUE(has(R"(specserve:num_replicas_standby{model_name="fake"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_cold_start_seconds{model_name="fake",replica="0"} 2.25)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_promotion_seconds{model_name="fake",replica="0"} 0.04)")) << b;
+  EXPECT_NE(b.find(R"(specserve:replica_promotion_routable_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
+  EXPECT_NE(b.find(R"(specserve:replica_promotion_dispatch_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
+  EXPECT_TRUE(has(R"(specserve:autoscaler_promotions_total{model_name="fake"} 1)")) << b;
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ struct Args {
   std::string synthetic;  ///< "", "llama-1b" or "llama-8b"
   std::vector<int> decode_batches = {1};
   int threads = 0;
+  int tensor_parallel_size = 1;
   int repeats = 3;
   std::vector<int> prompt_lengths = {256, 512};
   int decode_tokens = 128;
@@ -136,19 +137,27 @@ Status write_synthetic_gguf(const SyntheticShape& sh, const std::string& path) {
 }
 
 int run(const Args& a) {
-  auto made = make_backend_for_device("--device", a.device, a.threads);
-  if (!made.ok()) {
-    std::fprintf(stderr, "specserve bench-model: %s\n", made.status().to_string().c_str());
-    return 2;
-  }
-  std::unique_ptr<Backend> backend = std::move(*made);
-  const bool on_gpu = backend->name().rfind("cuda", 0) == 0;
   std::string path = a.model.empty() ? default_model_path() : a.model;
-  // The model: a file (load_model, with its tokenizer) or a synthetic image in memory.
-  LoadedModel lm;
+  // The model: a file on --device (with its tokenizer; tensor-parallel ranks on the CPU) or a
+  // synthetic image. Declared so that models go before their backends.
+  std::unique_ptr<Backend> synthetic_backend;
   std::unique_ptr<GgufFile> image_file;
   std::unique_ptr<Transformer> synthetic_model;
+  std::unique_ptr<CpuModel> loaded_model;
+  Backend* backend = nullptr;
   if (!a.synthetic.empty()) {
+    if (a.tensor_parallel_size != 1) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic runs with --tensor-parallel-size 1, not %d\n",
+                   a.tensor_parallel_size);
+      return 2;
+    }
+    auto made = make_backend_for_device("--device", a.device, a.threads);
+    if (!made.ok()) {
+      std::fprintf(stderr, "specserve bench-model: %s\n", made.status().to_string().c_str());
+      return 2;
+    }
+    synthetic_backend = std::move(*made);
+    backend = synthetic_backend.get();
     const SyntheticShape* sh = nullptr;
     for (const auto& s : kShapes)
       if (a.synthetic == s.name) sh = &s;
@@ -182,14 +191,16 @@ int run(const Args& a) {
     std::fprintf(stderr, "[bench-model] %s: bf16 weights written in %.1f s, loaded onto %s in %.1f s\n", sh->name,
                  t1 - t0, backend->name().c_str(), now_s() - t1);
   } else {
-    auto loaded = load_model(path, *backend);
+    auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
     if (!loaded.ok()) {
       std::fprintf(stderr, "specserve bench-model: %s\n", loaded.status().to_string().c_str());
       return 1;
     }
-    lm = std::move(*loaded);
+    loaded_model = std::move(*loaded);
+    backend = &loaded_model->backend();
   }
-  Transformer& m = synthetic_model ? *synthetic_model : *lm.model;
+  const bool on_gpu = backend->name().rfind("cuda", 0) == 0;
+  Transformer& m = synthetic_model ? *synthetic_model : *loaded_model->lm.model;
   const ModelConfig& c = m.config();
   const int bs = 16;
   const int prompt = 64;  // the decode phase starts after a 64-token prompt
@@ -239,6 +250,7 @@ int run(const Args& a) {
   out["model"] = path;
   out["device"] = backend->name();
   out["threads"] = a.threads;
+  out["tensor_parallel_size"] = a.tensor_parallel_size;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;
     for (int r = 0; r < a.repeats; ++r) {
@@ -342,8 +354,11 @@ void add_bench_model(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("bench-model", "Prefill and decode tokens/s of the model runtime, and the bandwidth bound (a benchmark)");
   sub->add_option("--model", a->model, "GGUF model (default: the fetched SmolLM2-135M-Instruct)");
-  sub->add_option("--threads", a->threads, "CPU threads (default: all)");
-  sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
+  sub->add_option("--threads", a->threads, "CPU threads (default: all), split between tensor-parallel ranks");
+  sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
+                  "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
   sub->add_option("--synthetic", a->synthetic,
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");

@@ -1,6 +1,7 @@
 // `specserve serve | up | node | worker | status | client`: the actor runtime's commands.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -383,25 +384,29 @@ int run_status(const std::string& connect, const std::string& token_file, const 
         std::printf("%s\"%s\": %.3f", k ? ", " : "", replica_state_name(static_cast<ReplicaState>(k)),
                     r.state_seconds_total[k]);
       }
-      std::printf("}, \"cold_start_seconds\": %.4f, \"promotion_seconds\": %.4f, \"num_promotions\": %lld, "
+      std::printf("}, \"cold_start_seconds\": %.4f, \"promotion_routable_seconds\": %.6f, "
+                  "\"promotion_dispatch_seconds\": %.6f, \"promotion_seconds\": %.4f, \"num_promotions\": %lld, "
                   "\"num_cold_starts\": %lld}",
-                  r.cold_start_seconds, r.promotion_seconds, static_cast<long long>(r.num_promotions),
-                  static_cast<long long>(r.num_cold_starts));
+                  r.cold_start_seconds, r.promotion_routable_seconds, r.promotion_dispatch_seconds, r.promotion_seconds,
+                  static_cast<long long>(r.num_promotions), static_cast<long long>(r.num_cold_starts));
     }
     const AutoscaleStatus& a = s.autoscale;
     auto list = [](const std::vector<double>& v) {
       std::string out = "[";
-      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format("{:.4f}", v[i]);
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format("{:.6f}", v[i]);
       return out + "]";
     };
     std::printf("], \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
                 "\"target_ready\": %d, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
-                "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_seconds\": %s}}\n",
+                "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
+                "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s}}\n",
                 a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.ongoing,
                 a.ttft_p90_seconds, static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
-                a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_seconds).c_str());
+                a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_routable_seconds).c_str(),
+                list(a.promotion_dispatch_seconds).c_str(), list(a.promotion_seconds).c_str(),
+                list(a.cold_scale_up_seconds).c_str());
     return 0;
   }
   std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
@@ -417,19 +422,31 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   }
   std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
               "READY", "ASSIGNED", "RUNNING", "WAITING", "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN", "PREFIX_HIT",
-              "COLD_S", "PROMO_MS");
+              "COLD_S", "PROMO_MS(ROUTED/SENT/1ST_TOKEN)");
   for (const auto& r : s.replicas) {
     const auto& l = r.load;
     const double acc = l.num_draft_tokens ? double(l.num_accepted_tokens) / l.num_draft_tokens : 0.0;
     const double mal = l.num_drafts ? 1.0 + double(l.num_accepted_tokens) / l.num_drafts : 1.0;
     const std::string kv = std::to_string(l.total_kv_blocks - l.free_kv_blocks) + "/" + std::to_string(l.total_kv_blocks);
     const std::string cold = r.cold_start_seconds > 0 ? fmt::format("{:.2f}", r.cold_start_seconds) : "-";
-    const std::string promo = r.promotion_seconds > 0 ? fmt::format("{:.1f}", r.promotion_seconds * 1000) : "-";
+    // Its last warm promotion, from the autoscaler's decision: routed / first request sent / first token (ms).
+    const std::string promo = r.num_promotions > 0 ? fmt::format("{:.3f}/{:.1f}/{:.1f}", r.promotion_routable_seconds * 1000,
+                                                                 r.promotion_dispatch_seconds * 1000, r.promotion_seconds * 1000)
+                                                   : "-";
     // Prefix-cache hit rate: tokens found cached / tokens looked up (vLLM V1's hits / queries).
     const double hit = l.prefix_cache_queries ? double(l.prefix_cache_hits) / l.prefix_cache_queries : 0.0;
     std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f %-10.3f %-8s %-8s\n", r.replica,
                 r.state.c_str(), r.state_seconds, r.ready ? "yes" : "no", r.assigned, l.num_running, l.num_waiting, kv.c_str(),
                 static_cast<long long>(l.generated_tokens), acc, mal, hit, cold.c_str(), promo.c_str());
+  }
+  // Time spent in each lifecycle state (the current one included), per replica.
+  for (const auto& r : s.replicas) {
+    std::string line;
+    for (size_t k = 0; k < r.state_seconds_total.size() && k < kNumReplicaStates; ++k) {
+      line += fmt::format("{}{} {:.1f}", k ? " | " : "", replica_state_name(static_cast<ReplicaState>(k)),
+                          r.state_seconds_total[k]);
+    }
+    if (!line.empty()) std::printf("replica %d seconds in each state: %s\n", r.replica, line.c_str());
   }
   const AutoscaleStatus& a = s.autoscale;
   if (a.enabled) {
@@ -439,6 +456,17 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                 static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops));
     if (!a.last_reason.empty()) std::printf("  last change at %.1f s: %s\n", a.last_change_seconds, a.last_reason.c_str());
+    auto ms = [](const std::vector<double>& v) {
+      if (v.empty()) return std::string("-");
+      std::vector<double> x = v;
+      std::sort(x.begin(), x.end());
+      return fmt::format("median {:.3f} ms, max {:.3f} ms (n {})", x[x.size() / 2] * 1000, x.back() * 1000, x.size());
+    };
+    std::printf("  warm promotion, from the decision: routed %s | first request sent %s | its first token %s\n",
+                ms(a.promotion_routable_seconds).c_str(), ms(a.promotion_dispatch_seconds).c_str(),
+                ms(a.promotion_seconds).c_str());
+    std::printf("  cold start (process start -> ready) %s | scale-up by cold start, decision -> first token %s\n",
+                ms(a.cold_start_seconds).c_str(), ms(a.cold_scale_up_seconds).c_str());
   }
   return 0;
 }

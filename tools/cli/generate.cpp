@@ -24,6 +24,7 @@ struct GenerateArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string device = "cpu";
+  int tensor_parallel_size = 1;
   int max_model_len = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;
@@ -33,18 +34,13 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto made = make_backend_for_device("--device", a.device, a.threads);
-  if (!made.ok()) {
-    std::fprintf(stderr, "specserve generate: %s\n", made.status().to_string().c_str());
-    return 2;
-  }
-  std::unique_ptr<Backend> backend = std::move(*made);
-  auto loaded = load_model(path, *backend);
+  auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  LoadedModel& lm = *loaded;
+  LoadedModel& lm = (*loaded)->lm;
+  Backend* backend = &(*loaded)->backend();
   std::string text = a.prompt;
   bool parse_special = false;
   if (!a.chat.empty()) {
@@ -149,8 +145,12 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Random seed (default: random)");
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
-  sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
-  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu)");
+  sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks");
+  sub->add_option("--tensor-parallel-size", args->tensor_parallel_size,
+                  "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
+                  "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");
