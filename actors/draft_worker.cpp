@@ -7,12 +7,12 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/backend_factory.h"
 #include "actors/gateway.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
-#include "cpu/cpu_backend.h"
 #include "model/model_loader.h"
 
 namespace specserve {
@@ -68,7 +68,10 @@ Status load_and_warm(Self self) {
                             "remove the draft_worker and the target_shard runs the heads");
   }
   const auto t0 = Clock::now();
-  s.backend = make_cpu_backend(s.cfg.threads);
+  auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
+                                         s.cfg.device.to_string(), s.cfg.threads);
+  if (!backend.ok()) return backend.status();
+  s.backend = std::move(*backend);
   auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
   if (!m.ok()) return Status(m.status().code(), "models.target.path: " + m.status().message());
   s.target = std::move(*m);

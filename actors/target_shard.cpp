@@ -10,13 +10,13 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/backend_factory.h"
 #include "actors/gateway.h"
 #include "actors/kv_data_plane.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/remote_proposer.h"
 #include "core/logging.h"
-#include "cpu/cpu_backend.h"
 #include "model/model_fingerprint.h"
 #include "model/model_loader.h"
 
@@ -98,7 +98,10 @@ Status build_engine(ShardState& s) {
 Status load_and_warm(Self self) {
   auto& s = self->state;
   const Topology& t = s.cfg.topology;
-  s.backend = make_cpu_backend(s.cfg.threads);
+  auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
+                                         s.cfg.device.to_string(), s.cfg.threads);
+  if (!backend.ok()) return backend.status();
+  s.backend = std::move(*backend);
   auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
   if (!m.ok()) return Status(m.status().code(), t.where("models.target.path") + ": models.target.path: " + m.status().message());
   s.model = std::move(*m);

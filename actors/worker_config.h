@@ -20,6 +20,7 @@ struct WorkerConfig {
   /// scheduler once it is ready); false: the proposer runs inside the shard.
   bool remote_draft = false;
   int32_t threads = 0;             ///< CPU backend threads; 0: OpenMP's default
+  DeviceSpec device;               ///< where its model runs: the topology worker's `device` (cpu, cuda:N)
   double draft_timeout_s = 3.0;    ///< one propose round trip, then the step decodes plainly
   /// Deadline of one KV fetch from another worker (migration), then the sequence recomputes.
   double kv_transfer_timeout_s = 5.0;

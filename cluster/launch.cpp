@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "actors/backend_factory.h"
 #include "actors/client.h"
 #include "actors/draft_worker.h"
 #include "actors/gateway.h"
@@ -407,9 +408,8 @@ int run_worker(const WorkerOptions& o) {
                                            std::to_string(node->workers.size()) + " worker(s)"));
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
-  if (spec.device.kind != DeviceKind::kCpu) {
-    return fail("worker", unsupported(topo->where("nodes") + ": device " + spec.device.to_string() +
-                                      ": the CUDA backend is not built yet (issue 9); use cpu"));
+  if (Status st = check_device_available(topo->where("nodes") + ": device", spec.device.to_string()); !st.ok()) {
+    return fail("worker", st);
   }
   if (topo->models.target.tensor_parallel_size != 1) {
     return fail("worker", unsupported(topo->where("models.target.tensor_parallel_size") +
@@ -443,6 +443,7 @@ int run_worker(const WorkerOptions& o) {
   wc.role = spec.role;
   wc.replica = spec.replica;
   wc.rank = spec.rank;
+  wc.device = spec.device;
   wc.topology = *topo;
   wc.remote_draft = has_draft_worker(*topo, spec.replica);
   wc.threads = o.threads;
@@ -524,6 +525,14 @@ int run_serve(const ServeOptions& o) {
   wc.role = WorkerRole::kTargetShard;
   wc.topology = t;
   wc.threads = o.threads;
+  // The topology's first target shard says where the model runs (cpu when none is declared).
+  bool found = false;
+  for (const NodeSpec& n : t.nodes)
+    for (const WorkerSpec& w : n.workers)
+      if (w.role == WorkerRole::kTargetShard && !found) {
+        wc.device = w.device;
+        found = true;
+      }
   wc.token = *token;
   wc.scheduler = (*head)->scheduler();
   spawn_target_shard(rt.system(), wc);

@@ -359,6 +359,14 @@ TEST(Cluster, WorkerThatCannotLoadStopsUpWithItsError) {
   EXPECT_EQ(up.wait_exit(180), 1);
 }
 
+TEST(Cluster, WorkerOnAGpuThatDoesNotExistStopsUp) {
+  // `device: cuda:63` reaches the worker's backend factory (actors/backend_factory.h), which
+  // fails on every machine (no CUDA build, no GPU, or no 64th GPU): `up` says why and exits 1.
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cuda:63], workers: [ { role: target_shard, replica: 0, device: cuda:63 } ] }\n",
+               "");
+  EXPECT_EQ(up.wait_exit(180), 1);
+}
+
 // ---------------------------------------------------------------- KV data plane (migration)
 
 // Tokens of one request run alone on an Engine with the n-gram proposer the migration

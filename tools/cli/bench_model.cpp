@@ -1,9 +1,16 @@
 // `specserve bench-model`: prefill and decode speed of the model runtime on this machine, and
 // the memory-bandwidth bound of decode (bytes read per decode step / measured bandwidth).
+// --device cuda:N runs it on a GPU, where the bandwidth is the device's peak (2 x memory clock
+// x bus width); --synthetic llama-1b|llama-8b builds a model of that shape with random bf16
+// weights in memory (no download); --decode-batches times decode at several batch sizes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -11,7 +18,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cpu/cpu_backend.h"
+#include "actors/backend_factory.h"
+#ifdef SPECSERVE_WITH_CUDA
+#include "gpu/cuda_backend.h"
+#endif
+#include "model/gguf_writer.h"
 #include "model/sampling.h"
 #include "tools/cli/common.h"
 #include "tools/cli/registry.h"
@@ -22,6 +33,9 @@ namespace {
 
 struct Args {
   std::string model, output;
+  std::string device = "cpu";
+  std::string synthetic;  ///< "", "llama-1b" or "llama-8b"
+  std::vector<int> decode_batches = {1};
   int threads = 0;
   int tensor_parallel_size = 1;
   int repeats = 3;
@@ -53,18 +67,145 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int run(const Args& a) {
-  const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto loaded = load_cpu_model(path, a.threads, a.tensor_parallel_size);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "specserve bench-model: %s\n", loaded.status().to_string().c_str());
-    return 1;
+// Llama shapes for --synthetic (Llama 3.2 1B and Llama 3.1 8B: layers, hidden, heads, kv
+// heads, ffn, vocab, tied head), from their published configs.
+struct SyntheticShape {
+  const char* name;
+  int64_t layers, hidden, heads, kv_heads, ffn, vocab;
+  bool tied;
+};
+constexpr SyntheticShape kShapes[] = {
+    {"llama-1b", 16, 2048, 32, 8, 8192, 128256, true},
+    {"llama-8b", 32, 4096, 32, 8, 14336, 128256, false},
+    {"llama-tiny", 2, 256, 4, 2, 512, 1024, false},  // checks the benchmark itself in seconds
+};
+
+// A llama GGUF file of `shape` at `path`: matrices bf16 with values cycled from one random pool
+// (their values do not change the speed), norms 1.0 in fp32. No tokenizer: the benchmark feeds
+// token ids. NOTE: written to a file (tmpfs when there is one) rather than GgufWriter::to_bytes,
+// whose growing vector would copy an 8B model's 16 GB several times.
+Status write_synthetic_gguf(const SyntheticShape& sh, const std::string& path) {
+  GgufWriter w;
+  const std::string a = "llama.";
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", std::string("synthetic-") + sh.name);
+  w.add_u32(a + "block_count", static_cast<uint32_t>(sh.layers));
+  w.add_u32(a + "context_length", 8192);
+  w.add_u32(a + "embedding_length", static_cast<uint32_t>(sh.hidden));
+  w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(sh.ffn));
+  w.add_u32(a + "attention.head_count", static_cast<uint32_t>(sh.heads));
+  w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(sh.kv_heads));
+  w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(sh.hidden / sh.heads));
+  w.add_f32(a + "rope.freq_base", 500000.0f);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32(a + "vocab_size", static_cast<uint32_t>(sh.vocab));
+  std::vector<uint16_t> pool(1 << 20);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& v : pool) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    // bf16 of a small value: sign random, exponent 2^-8 .. 2^-5, mantissa random.
+    v = static_cast<uint16_t>(((x >> 63) << 15) | ((119 + (x >> 20) % 4) << 7) | ((x >> 8) & 0x7f));
   }
-  Transformer& m = *(*loaded)->lm.model;
+  std::vector<uint16_t> buf;
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) -> Status {
+    buf.resize(static_cast<size_t>(cols * rows));
+    for (size_t i = 0; i < buf.size(); i += pool.size())
+      std::memcpy(buf.data() + i, pool.data(), std::min(pool.size(), buf.size() - i) * 2);
+    return w.add_tensor(name, {cols, rows}, GgmlType::BF16, buf.data(), buf.size() * 2);
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    return w.add_tensor_f32(name, {n}, std::vector<float>(static_cast<size_t>(n), 1.0f));
+  };
+  const int64_t d = sh.hidden, hd = sh.hidden / sh.heads, kvd = hd * sh.kv_heads;
+  SPECSERVE_RETURN_IF_ERROR(matrix("token_embd.weight", d, sh.vocab));
+  SPECSERVE_RETURN_IF_ERROR(norm("output_norm.weight", d));
+  if (!sh.tied) SPECSERVE_RETURN_IF_ERROR(matrix("output.weight", d, sh.vocab));
+  for (int64_t l = 0; l < sh.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    SPECSERVE_RETURN_IF_ERROR(norm(p + "attn_norm.weight", d));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "attn_q.weight", d, d));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "attn_k.weight", d, kvd));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "attn_v.weight", d, kvd));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "attn_output.weight", d, d));
+    SPECSERVE_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", d));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", d, sh.ffn));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", d, sh.ffn));
+    SPECSERVE_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", sh.ffn, d));
+  }
+  buf = {};
+  return w.write_file(path);
+}
+
+int run(const Args& a) {
+  std::string path = a.model.empty() ? default_model_path() : a.model;
+  // The model: a file on --device (with its tokenizer; tensor-parallel ranks on the CPU) or a
+  // synthetic image. Declared so that models go before their backends.
+  std::unique_ptr<Backend> synthetic_backend;
+  std::unique_ptr<GgufFile> image_file;
+  std::unique_ptr<Transformer> synthetic_model;
+  std::unique_ptr<CpuModel> loaded_model;
+  Backend* backend = nullptr;
+  if (!a.synthetic.empty()) {
+    if (a.tensor_parallel_size != 1) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic runs with --tensor-parallel-size 1, not %d\n",
+                   a.tensor_parallel_size);
+      return 2;
+    }
+    auto made = make_backend_for_device("--device", a.device, a.threads);
+    if (!made.ok()) {
+      std::fprintf(stderr, "specserve bench-model: %s\n", made.status().to_string().c_str());
+      return 2;
+    }
+    synthetic_backend = std::move(*made);
+    backend = synthetic_backend.get();
+    const SyntheticShape* sh = nullptr;
+    for (const auto& s : kShapes)
+      if (a.synthetic == s.name) sh = &s;
+    if (!sh) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic = '%s': expected llama-1b, llama-8b or llama-tiny\n", a.synthetic.c_str());
+      return 2;
+    }
+    const double t0 = now_s();
+    const std::string dir = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path().string();
+    const std::string file = dir + "/specserve-bench-" + sh->name + "-" + std::to_string(::getpid()) + ".gguf";
+    Status st = write_synthetic_gguf(*sh, file);
+    if (!st.ok()) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    const double t1 = now_s();
+    auto f = GgufFile::open(file);
+    std::filesystem::remove(file);  // the mapping keeps the data until the file object goes
+    if (!f.ok()) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", f.status().to_string().c_str());
+      return 1;
+    }
+    image_file = std::make_unique<GgufFile>(std::move(*f));
+    auto m = Transformer::load(*image_file, *backend);
+    if (!m.ok()) {
+      std::fprintf(stderr, "specserve bench-model: --synthetic: %s\n", m.status().to_string().c_str());
+      return 1;
+    }
+    synthetic_model = std::move(*m);
+    path = std::string("synthetic:") + sh->name;
+    std::fprintf(stderr, "[bench-model] %s: bf16 weights written in %.1f s, loaded onto %s in %.1f s\n", sh->name,
+                 t1 - t0, backend->name().c_str(), now_s() - t1);
+  } else {
+    auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "specserve bench-model: %s\n", loaded.status().to_string().c_str());
+      return 1;
+    }
+    loaded_model = std::move(*loaded);
+    backend = &loaded_model->backend();
+  }
+  const bool on_gpu = backend->name().rfind("cuda", 0) == 0;
+  Transformer& m = synthetic_model ? *synthetic_model : *loaded_model->lm.model;
   const ModelConfig& c = m.config();
   const int bs = 16;
+  const int prompt = 64;  // the decode phase starts after a 64-token prompt
   ForwardOutput fo;
-  int max_len = 64;  // the decode phase starts after a 64-token prompt
+  int max_len = prompt;
   for (int l : a.prompt_lengths) {
     if (l < 1 || l >= c.context_length) {
       std::fprintf(stderr, "specserve bench-model: --prompt-lengths: %d is not in 1..%lld\n", l,
@@ -79,7 +220,17 @@ int run(const Args& a) {
                  a.decode_tokens, static_cast<long long>(c.context_length));
     return 1;
   }
-  auto kv = m.create_kv((max_len + bs - 1) / bs + 1, bs);
+  int max_batch = 1;
+  for (int b : a.decode_batches) {
+    if (b < 1 || b > 256) {
+      std::fprintf(stderr, "specserve bench-model: --decode-batches: %d is not in 1..256\n", b);
+      return 2;
+    }
+    max_batch = std::max(max_batch, b);
+  }
+  // Each sequence of a decode batch owns its own run of blocks; the prefill runs use sequence 0's.
+  const int blocks_per_seq = (max_len + bs - 1) / bs + 1;
+  auto kv = m.create_kv(static_cast<int64_t>(blocks_per_seq) * max_batch, bs);
   if (!kv.ok()) {
     std::fprintf(stderr, "specserve bench-model: %s\n", kv.status().to_string().c_str());
     return 1;
@@ -89,10 +240,15 @@ int run(const Args& a) {
     if (!st.ok()) std::fprintf(stderr, "specserve bench-model: forward: %s\n", st.to_string().c_str());
     return st.ok();
   };
-  std::vector<int32_t> table;
-  for (int i = 0; i < (max_len + bs - 1) / bs + 1; ++i) table.push_back(i);
+  auto table_of = [&](int seq) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < blocks_per_seq; ++i) t.push_back(seq * blocks_per_seq + i);
+    return t;
+  };
+  const int32_t vocab_mod = static_cast<int32_t>(std::min<int64_t>(c.vocab_size - 100, 20000));
   nlohmann::json out;
   out["model"] = path;
+  out["device"] = backend->name();
   out["threads"] = a.threads;
   out["tensor_parallel_size"] = a.tensor_parallel_size;
   for (int len : a.prompt_lengths) {
@@ -100,8 +256,8 @@ int run(const Args& a) {
     for (int r = 0; r < a.repeats; ++r) {
       ForwardBatch b;
       SequenceInput s;
-      for (int i = 0; i < len; ++i) s.tokens.push_back(100 + (i * 37) % 20000);
-      s.block_table = table;
+      for (int i = 0; i < len; ++i) s.tokens.push_back(100 + (i * 37) % vocab_mod);
+      s.block_table = table_of(0);
       b.seqs.push_back(s);
       const double t0 = now_s();
       if (!fwd(b)) return 1;
@@ -111,42 +267,82 @@ int run(const Args& a) {
     std::fprintf(stderr, "[bench-model] prefill %d tokens: %.1f tokens/s\n", len, tps);
     out["prefill"][std::to_string(len)] = tps;
   }
-  // Decode at batch 1 after a 64-token prompt.
-  std::vector<double> rates;
-  for (int r = 0; r < a.repeats; ++r) {
-    ForwardBatch b;
-    SequenceInput s;
-    for (int i = 0; i < 64; ++i) s.tokens.push_back(100 + i);
-    s.block_table = table;
-    b.seqs.push_back(s);
-    if (!fwd(b)) return 1;
-    const double t0 = now_s();
-    for (int i = 0; i < a.decode_tokens; ++i) {
-      ForwardBatch d;
-      SequenceInput x;
-      x.tokens = {static_cast<int32_t>(Sampler::argmax(fo.row(0, 0), static_cast<int32_t>(c.vocab_size)))};
-      x.num_cached = 64 + i;
-      x.block_table = table;
-      d.seqs.push_back(x);
-      if (!fwd(d)) return 1;
-    }
-    rates.push_back(a.decode_tokens / (now_s() - t0));
-  }
-  const double decode_tps = median(rates);
-  // Bytes one decode step reads: every matmul weight in fp32 (the CPU reference keeps fp32),
-  // the norms, and the KV of ~128 cached tokens (small next to the weights).
+  // Bytes one decode step reads: every matmul weight in the backend's storage (fp32 on the CPU
+  // reference, bf16 or fp16 on CUDA unless SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the
+  // cached tokens (prompt + half the decode).
+  const char* cuda_weights = std::getenv("SPECSERVE_CUDA_WEIGHTS");  // actors/backend_factory.h
+  const double wbytes = on_gpu && !(cuda_weights && std::string(cuda_weights) == "fp32") ? 2.0 : 4.0;
   const double d = static_cast<double>(c.hidden_size), ff = static_cast<double>(c.ffn_size);
   const double per_layer = d * c.q_dim() * 2 + d * c.kv_dim() * 2 + 3 * d * ff;
-  const double weight_bytes = 4.0 * (c.num_layers * per_layer + d * c.vocab_size);
-  const double kv_bytes = 4.0 * 2 * c.num_layers * c.kv_dim() * (64 + a.decode_tokens / 2.0);
-  const double bw = measure_read_bandwidth();
-  const double bound = bw * 1e9 / (weight_bytes + kv_bytes);
-  std::fprintf(stderr, "[bench-model] decode batch 1: %.2f tokens/s; %.1f MB read per step; bandwidth %.1f GB/s -> bound %.1f tokens/s (%.0f%%)\n",
-               decode_tps, (weight_bytes + kv_bytes) / 1e6, bw, bound, 100 * decode_tps / bound);
-  out["decode_batch1_tokens_per_s"] = decode_tps;
-  out["bytes_per_decode_step"] = weight_bytes + kv_bytes;
-  out["read_bandwidth_gb_s"] = bw;
-  out["bandwidth_bound_tokens_per_s"] = bound;
+  const double weight_bytes = wbytes * (c.num_layers * per_layer + d * c.vocab_size);
+  const double kv_bytes_per_seq = 4.0 * 2 * c.num_layers * c.kv_dim() * (prompt + a.decode_tokens / 2.0);
+  double peak_gb_s = 0;
+  std::string peak_source;
+#ifdef SPECSERVE_WITH_CUDA
+  if (on_gpu) {
+    auto info = cuda_device_info(std::stoi(backend->name().substr(5)));
+    if (info.ok()) {
+      peak_gb_s = info->peak_bandwidth_gb_s;
+      peak_source = info->name + ": 2 x memory clock x bus width";
+      out["gpu"] = info->name;
+    }
+  }
+#endif
+  if (!on_gpu) {
+    peak_gb_s = measure_read_bandwidth();
+    peak_source = "measured: OpenMP sum over 1 GiB";
+  }
+  out["bandwidth_gb_s"] = peak_gb_s;
+  out["bandwidth_source"] = peak_source;
+  // Decode at each batch size: `batch` sequences after a 64-token prompt each, one token per
+  // sequence per step.
+  for (int batch : a.decode_batches) {
+    std::vector<double> rates;
+    for (int r = 0; r < a.repeats; ++r) {
+      ForwardBatch pre;
+      for (int sq = 0; sq < batch; ++sq) {
+        SequenceInput s;
+        for (int i = 0; i < prompt; ++i) s.tokens.push_back(100 + (i + 7 * sq) % vocab_mod);
+        s.block_table = table_of(sq);
+        pre.seqs.push_back(s);
+      }
+      if (!fwd(pre)) return 1;
+      backend->synchronize();
+      const double t0 = now_s();
+      for (int i = 0; i < a.decode_tokens; ++i) {
+        ForwardBatch dcd;
+        for (int sq = 0; sq < batch; ++sq) {
+          SequenceInput x;
+          x.tokens = {static_cast<int32_t>(Sampler::argmax(fo.row(sq, 0), static_cast<int32_t>(c.vocab_size)))};
+          x.num_cached = prompt + i;
+          x.block_table = table_of(sq);
+          dcd.seqs.push_back(x);
+        }
+        if (!fwd(dcd)) return 1;
+      }
+      rates.push_back(static_cast<double>(batch) * a.decode_tokens / (now_s() - t0));
+    }
+    const double tps = median(rates);
+    const double step_s = batch / tps;
+    const double bytes = weight_bytes + batch * kv_bytes_per_seq;
+    const double achieved = bytes / step_s / 1e9;
+    std::fprintf(stderr,
+                 "[bench-model] decode batch %d: %.2f tokens/s (%.2f ms/step); %.1f MB read per step -> %.1f GB/s = %.0f%% of %.1f GB/s\n",
+                 batch, tps, step_s * 1e3, bytes / 1e6, achieved, peak_gb_s > 0 ? 100 * achieved / peak_gb_s : 0.0, peak_gb_s);
+    nlohmann::json& o = out["decode"][std::to_string(batch)];
+    o["tokens_per_s"] = tps;
+    o["ms_per_step"] = step_s * 1e3;
+    o["bytes_per_step"] = bytes;
+    o["achieved_gb_s"] = achieved;
+    o["fraction_of_bandwidth"] = peak_gb_s > 0 ? achieved / peak_gb_s : 0.0;
+    o["bandwidth_bound_tokens_per_s"] = peak_gb_s > 0 ? batch * peak_gb_s * 1e9 / bytes : 0.0;
+    if (batch == 1) {  // the fields of earlier result files
+      out["decode_batch1_tokens_per_s"] = tps;
+      out["bytes_per_decode_step"] = bytes;
+      out["read_bandwidth_gb_s"] = peak_gb_s;
+      out["bandwidth_bound_tokens_per_s"] = peak_gb_s * 1e9 / bytes;
+    }
+  }
   std::printf("%s\n", out.dump(1).c_str());
   if (!a.output.empty()) std::ofstream(a.output) << out.dump(1) << "\n";
   return 0;
@@ -162,6 +358,10 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
                   "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")
       ->check(CLI::Range(1, 1024));
+  sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
+  sub->add_option("--synthetic", a->synthetic,
+                  "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
+  sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");
   sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
   sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time");
   sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time")->check(CLI::Range(1, 4096));

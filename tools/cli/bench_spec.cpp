@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/backend_factory.h"
 #include "core/logging.h"
-#include "cpu/cpu_backend.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
@@ -31,6 +31,7 @@ struct BenchArgs {
   int per_task = 3;
   int max_tokens = 64;
   int threads = 0;
+  std::string device = "cpu";
   std::vector<int> batch_sizes = {1};
   std::vector<std::string> specs = {R"({"method":"ngram","num_speculative_tokens":4})"};
   std::string output;
@@ -68,6 +69,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const std::vec
   eo.max_model_len = 4096;
   auto proposer = make_proposer(sa, lm, backend, &eo);
   if (!proposer.ok()) return proposer.status();
+  SPECSERVE_RETURN_IF_ERROR(plan_kv_cache(backend, lm.model->config(), &eo));  // GPU: from free memory
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) return engine.status();
   RunResult rr;
@@ -132,7 +134,12 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const std::vec
 
 int run_bench(const BenchArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto backend = make_cpu_backend(a.threads);
+  auto made = make_backend_for_device("--device", a.device, a.threads);
+  if (!made.ok()) {
+    std::fprintf(stderr, "specserve bench-spec: %s\n", made.status().to_string().c_str());
+    return 2;
+  }
+  std::unique_ptr<Backend> backend = std::move(*made);
   auto loaded = load_model(path, *backend);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", loaded.status().to_string().c_str());
@@ -177,6 +184,7 @@ int run_bench(const BenchArgs& a) {
   report["questions_per_task"] = a.per_task;
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
+  report["device"] = backend->name();
   report["runs"] = nlohmann::json::array();
   for (int batch : a.batch_sizes) {
     auto base = run_config(*loaded, *backend, qs, SpecArgs{}, batch, a.max_tokens, "baseline");
@@ -287,6 +295,7 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80));
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
+  sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");
   sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)");
   sub->add_option("--output", a->output, "Write the results as JSON here");

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "actors/backend_factory.h"
 #include "core/logging.h"
 #include "cpu/cpu_backend.h"
 
@@ -49,6 +50,23 @@ Expected<std::unique_ptr<CpuModel>> load_cpu_model(const std::string& path, int 
   const auto& c = m->lm.model->config();
   get_logger("model")->info("loaded {} ({} layers, {} heads / {} kv heads) as {} tensor-parallel ranks (Gloo, loopback) in {:.2f} s",
                             path, c.num_layers, c.num_heads, c.num_kv_heads, tensor_parallel_size, m->lm.load_seconds);
+  return m;
+}
+
+Expected<std::unique_ptr<CpuModel>> load_model_on_device(const std::string& path, const std::string& device, int threads,
+                                                         int tensor_parallel_size) {
+  if (device == "cpu") return load_cpu_model(path, threads, tensor_parallel_size);
+  if (tensor_parallel_size != 1) {
+    return invalid_argument("--tensor-parallel-size = " + std::to_string(tensor_parallel_size) + " with --device = '" +
+                            device + "': tensor parallelism runs on the CPU only (NCCL is not built)");
+  }
+  auto b = make_backend_for_device("--device", device, threads);
+  if (!b.ok()) return b.status();
+  auto m = std::make_unique<CpuModel>();
+  m->own_backend = std::move(*b);
+  auto lm = load_model(path, *m->own_backend);
+  if (!lm.ok()) return lm.status();
+  m->lm = std::move(*lm);
   return m;
 }
 

@@ -23,7 +23,7 @@ using specserve::LoadedModel;
 using specserve::load_model;
 
 /// A model on the local CPU at a tensor-parallel size (vLLM's --tensor-parallel-size): 1 is
-/// one CpuBackend; N > 1 is N ranks as threads (cpu/tensor_parallel.h), the CPU threads split
+/// one CpuBackend (or, from load_model_on_device, one CudaBackend); N > 1 is N ranks as threads (cpu/tensor_parallel.h), the CPU threads split
 /// between them, rank 0's model in `lm`. Members are destroyed model first.
 struct CpuModel {
   std::unique_ptr<Backend> own_backend;              ///< tp == 1
@@ -37,5 +37,12 @@ struct CpuModel {
 /// ranks. Errors: those of load_model and ThreadedTensorParallel::create (a size above the
 /// model's kv heads names tensor_parallel_size and its value).
 Expected<std::unique_ptr<CpuModel>> load_cpu_model(const std::string& path, int threads, int tensor_parallel_size);
+
+/// The model on `device` ("cpu" or "cuda:N": actors/backend_factory.h): on the CPU as
+/// load_cpu_model; on a GPU one CudaBackend in own_backend (tensor_parallel_size must be 1: NCCL
+/// is not built). Errors: those of load_cpu_model and make_backend_for_device (naming --device),
+/// kInvalidArgument for cuda:N with tensor_parallel_size > 1.
+Expected<std::unique_ptr<CpuModel>> load_model_on_device(const std::string& path, const std::string& device, int threads,
+                                                         int tensor_parallel_size);
 
 }  // namespace specserve::cli

@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "actors/backend_factory.h"
 #include "core/logging.h"
-#include "cpu/cpu_backend.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
@@ -23,6 +23,7 @@ struct GenerateArgs {
   int top_k = -1;
   int64_t seed = -1;
   int threads = 0;
+  std::string device = "cpu";
   int tensor_parallel_size = 1;
   int max_model_len = 0;
   bool ignore_eos = false;
@@ -33,7 +34,7 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  auto loaded = load_cpu_model(path, a.threads, a.tensor_parallel_size);
+  auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
     return 1;
@@ -74,6 +75,11 @@ int run_generate(const GenerateArgs& a) {
   auto proposer = make_proposer(a.spec, lm, *backend, &eo);
   if (!proposer.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
+    return 1;
+  }
+  // On a GPU: the target's KV pool from what the weights (the draft's too) leave free.
+  if (Status plan = plan_kv_cache(*backend, lm.model->config(), &eo); !plan.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", plan.to_string().c_str());
     return 1;
   }
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
@@ -125,7 +131,7 @@ int run_generate(const GenerateArgs& a) {
 
 void add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU, streaming it to stdout");
+  auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU or a GPU (--device), streaming it to stdout");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
   auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
@@ -144,6 +150,7 @@ void add_generate(CLI::App& app) {
                   "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
                   "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
       ->check(CLI::Range(1, 1024));
+  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");
