@@ -91,7 +91,7 @@ Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvEx
                                      std::span<const int32_t> blocks, int32_t num_tokens, uint64_t tokens_hash) {
   const int64_t n = static_cast<int64_t>(blocks.size());
   const int64_t bytes = kv_export_bytes(format, n);
-  auto region = agent_->allocate_region(bytes);
+  auto region = take_staging(bytes);
   if (!region.ok()) return region.status();
   auto header = export_kv_blocks(backend, kv, format, blocks.data(), n, num_tokens, (*region)->data(), bytes);
   if (!header.ok()) return header.status();
@@ -113,12 +113,39 @@ Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvEx
   return o;
 }
 
+Expected<std::unique_ptr<UcxRegion>> KvDataPlane::take_staging(int64_t bytes) {
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if ((*it)->bytes() >= bytes && (best == spare_.end() || (*it)->bytes() < (*best)->bytes())) best = it;
+  }
+  if (best != spare_.end()) {
+    std::unique_ptr<UcxRegion> r = std::move(*best);
+    spare_.erase(best);
+    return r;
+  }
+  const int64_t mib = int64_t{1} << 20;
+  return agent_->allocate_region((bytes + mib - 1) / mib * mib);
+}
+
 void KvDataPlane::release(int64_t offer_id) {
   {
+    // First out of the table: an in-process reader copies under this lock, so none reads the
+    // region once it is reused.
     std::lock_guard<std::mutex> lock(local_offers().mu);
     local_offers().live.erase({name_, offer_id});
   }
-  offers_.erase(offer_id);
+  auto it = offers_.find(offer_id);
+  if (it == offers_.end()) return;
+  // NOTE: the receiver answers (KvReleaseMsg) after its get ended, and an unanswered offer expires
+  // long after any receiver's deadline, so no UCX get still reads a region that is reused.
+  spare_.push_back(std::move(it->second.region));
+  offers_.erase(it);
+  int64_t total = 0;
+  for (const auto& r : spare_) total += r->bytes();
+  while (!spare_.empty() && (static_cast<int32_t>(spare_.size()) > kMaxSpareRegions || total > kMaxSpareBytes)) {
+    total -= spare_.front()->bytes();
+    spare_.erase(spare_.begin());
+  }
 }
 
 int KvDataPlane::expire(std::chrono::milliseconds max_age) {
@@ -131,62 +158,99 @@ int KvDataPlane::expire(std::chrono::milliseconds max_age) {
   return static_cast<int>(old.size());
 }
 
-Expected<uint8_t*> KvDataPlane::receive_buffer(int64_t bytes) {
-  if (recv_ == nullptr || recv_->bytes() < bytes) {
-    // NOTE: grown to the next MiB and kept: one registration per data plane rather than one per
-    // fetch (ucp_mem_map of tens of MiB costs milliseconds), and UCX gets straight into it.
-    const int64_t mib = int64_t{1} << 20;
-    const int64_t grown = std::max((bytes + mib - 1) / mib * mib, recv_ == nullptr ? 0 : recv_->bytes() * 2);
-    recv_.reset();
-    auto region = agent_->allocate_region(grown);
-    if (!region.ok()) return region.status();
-    recv_ = std::move(*region);
-  }
-  return static_cast<uint8_t*>(recv_->data());
+Expected<std::unique_ptr<UcxRegion>> KvDataPlane::take_receive_buffer(int64_t bytes) {
+  if (recv_ != nullptr && recv_->bytes() >= bytes) return std::move(recv_);
+  // NOTE: grown to the next MiB and kept (end_fetch gives it back): one registration per data
+  // plane rather than one per fetch (ucp_mem_map of tens of MiB costs milliseconds), and UCX gets
+  // straight into it. A second fetch while one runs gets a region of its own.
+  const int64_t mib = int64_t{1} << 20;
+  const int64_t grown = std::max((bytes + mib - 1) / mib * mib, recv_ == nullptr ? 0 : recv_->bytes() * 2);
+  recv_.reset();
+  auto region = agent_->allocate_region(grown);
+  if (!region.ok()) return region.status();
+  return std::move(*region);
 }
 
-Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
-                          std::span<const int32_t> blocks, KvDeadline deadline) {
+Expected<std::shared_ptr<KvFetch>> KvDataPlane::start_fetch(const KvOffer& offer, const KvExportFormat& expected,
+                                                            int64_t num_blocks, KvDeadline deadline) {
   // The size follows from the format and the blocks: anything else is refused before a byte is
   // allocated or read.
-  const int64_t want = kv_export_bytes(expected, static_cast<int64_t>(blocks.size()));
+  const int64_t want = kv_export_bytes(expected, num_blocks);
   if (offer.bytes != want) {
     return invalid_argument("kv offer: " + std::to_string(offer.bytes) + " bytes, expected " + std::to_string(want) + " for " +
-                            std::to_string(blocks.size()) + " blocks");
+                            std::to_string(num_blocks) + " blocks");
   }
-  auto staging = receive_buffer(offer.bytes);
-  if (!staging.ok()) return staging.status();
-  uint8_t* buf = *staging;
-  if (offer.source_process == kv_process_id()) {
-    // NOTE: the source lives in this process: copy from its live offer under the table's lock.
-    std::lock_guard<std::mutex> lock(local_offers().mu);
-    auto it = local_offers().live.find({offer.source, offer.offer_id});
-    if (it == local_offers().live.end()) return unavailable("kv offer " + std::to_string(offer.offer_id) + " of " + offer.source + " is gone");
-    if (it->second.second != offer.bytes) return invalid_argument("kv offer: size differs from the source's");
-    std::memcpy(buf, it->second.first, static_cast<size_t>(offer.bytes));
-  } else {
+  auto f = std::make_shared<KvFetch>();
+  f->offer = offer;
+  f->deadline = deadline;
+  if (offer.source_process != kv_process_id()) {
     auto it = peers_.find(offer.source);
     if (it == peers_.end() || it->second.endpoint->failed()) return unavailable("no KV endpoint to " + offer.source);
     if (XXH3_64bits(it->second.address.data(), it->second.address.size()) != offer.source_address_hash) {
       // NOTE: the worker of that name was restarted: the offer's region and key died with the old one.
       return unavailable("kv offer of " + offer.source + " comes from an earlier worker of that name");
     }
-    KvRemoteRegion remote;
-    remote.base = offer.remote_addr;
-    remote.bytes = static_cast<uint64_t>(offer.bytes);
-    remote.rkey.assign(offer.rkey.begin(), offer.rkey.end());
-    Status st = it->second.endpoint->get(buf, offer.bytes, remote, 0, deadline);
-    if (it->second.endpoint->failed()) peers_.erase(it);
-    SPECSERVE_RETURN_IF_ERROR(st);
+    f->endpoint = it->second.endpoint;
   }
-  auto header = import_kv_blocks(backend, kv, expected, buf, offer.bytes, blocks.data(),
+  auto buffer = take_receive_buffer(offer.bytes);
+  if (!buffer.ok()) return buffer.status();
+  f->buffer = std::move(*buffer);
+  return f;
+}
+
+void KvFetch::run() {
+  auto* buf = static_cast<uint8_t*>(buffer->data());
+  if (endpoint == nullptr) {
+    // NOTE: the source lives in this process: copy from its live offer under the table's lock.
+    std::lock_guard<std::mutex> lock(local_offers().mu);
+    auto it = local_offers().live.find({offer.source, offer.offer_id});
+    if (it == local_offers().live.end()) {
+      status = unavailable("kv offer " + std::to_string(offer.offer_id) + " of " + offer.source + " is gone");
+    } else if (it->second.second != offer.bytes) {
+      status = invalid_argument("kv offer: size differs from the source's");
+    } else {
+      std::memcpy(buf, it->second.first, static_cast<size_t>(offer.bytes));
+      status = Status();
+    }
+    return;
+  }
+  KvRemoteRegion remote;
+  remote.base = offer.remote_addr;
+  remote.bytes = static_cast<uint64_t>(offer.bytes);
+  remote.rkey.assign(offer.rkey.begin(), offer.rkey.end());
+  status = endpoint->get(buf, offer.bytes, remote, 0, deadline);
+}
+
+Status KvDataPlane::finish_fetch(KvFetch& f, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
+                                 std::span<const int32_t> blocks) {
+  SPECSERVE_RETURN_IF_ERROR(f.status);
+  auto header = import_kv_blocks(backend, kv, expected, f.buffer->data(), f.offer.bytes, blocks.data(),
                                  static_cast<int64_t>(blocks.size()));
   if (!header.ok()) return header.status();
-  if (header->num_tokens != offer.num_cached) {
+  if (header->num_tokens != f.offer.num_cached) {
     return invalid_argument("kv export: num_tokens " + std::to_string(header->num_tokens) + " != the offer's " +
-                            std::to_string(offer.num_cached));
+                            std::to_string(f.offer.num_cached));
   }
   return Status();
+}
+
+void KvDataPlane::end_fetch(KvFetch& f) {
+  if (f.endpoint != nullptr && f.endpoint->failed()) {
+    auto it = peers_.find(f.offer.source);
+    if (it != peers_.end() && it->second.endpoint == f.endpoint) peers_.erase(it);
+  }
+  if (f.buffer != nullptr && (recv_ == nullptr || recv_->bytes() < f.buffer->bytes())) recv_ = std::move(f.buffer);
+  f.buffer.reset();
+}
+
+Status KvDataPlane::fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
+                          std::span<const int32_t> blocks, KvDeadline deadline) {
+  auto f = start_fetch(offer, expected, static_cast<int64_t>(blocks.size()), deadline);
+  if (!f.ok()) return f.status();
+  (*f)->run();
+  Status st = finish_fetch(**f, backend, kv, expected, blocks);
+  end_fetch(**f);
+  return st;
 }
 
 }  // namespace specserve

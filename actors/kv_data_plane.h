@@ -8,15 +8,23 @@
 //     connects its endpoints then, not on first use;
 //   - a sequence that leaves is exported into a staging region of its own (offer()); the
 //     KvOffer (address, rkey, size, token hash) travels in the actor messages;
-//   - the receiver fetches it with a deadline (fetch()), checks model, layout and per-block
+//   - the receiver fetches it with a deadline (start_fetch() on the shard's thread, KvFetch::run()
+//     on a thread of its own so the shard keeps stepping its other sequences meanwhile,
+//     finish_fetch() back on the shard's thread; fetch() does all three in one call), checks
+//     model, layout and per-block
 //     checksums (import_kv_blocks) and writes it into its own blocks; any failure — a dead or
 //     stalled peer, a checksum mismatch, a model mismatch — is an error the caller answers by
 //     recomputing the sequence's KV (Engine::add_migrated);
-//   - the receiver's KvReleaseMsg, or the offer's expiry, frees the staging region.
+//   - the receiver's KvReleaseMsg, or the offer's expiry, ends the offer; its staging region is
+//     kept for later offers (bounded), so a source does not register memory per migration and a
+//     receiver reuses the rkey it unpacked for it.
 // Inside one process (same kv_process_id, a random number drawn at start: pids repeat across
 // hosts and containers) the bytes are copied from the source's live offer, looked up in a
 // process-wide table under a lock — never through an address taken from a message.
 // Thread-safety: one actor uses a KvDataPlane; the agent's own lock covers its progress thread.
+// KvFetch::run() is the one call made from another thread: it touches only its KvFetch (the
+// endpoint and receive region it holds, whose calls take the agent's lock) and the process-wide
+// offer table (under its lock).
 #pragma once
 
 #include <chrono>
@@ -33,6 +41,22 @@
 #include "kv/ucx_transport.h"
 
 namespace specserve {
+
+/// One fetch of an offer's export into host memory: made by KvDataPlane::start_fetch, run on any
+/// thread (run()), imported by KvDataPlane::finish_fetch. Holds what the transfer needs so that
+/// it outlives changes to the data plane meanwhile (a peer reconnected, the plane destroyed).
+struct KvFetch {
+  KvOffer offer;
+  KvDeadline deadline;
+  std::shared_ptr<KvEndpoint> endpoint;  ///< to offer.source; null when the source is in this process
+  std::unique_ptr<UcxRegion> buffer;     ///< registered, at least offer.bytes; the bytes land here
+  Status status = Status(StatusCode::kUnavailable, "kv fetch not run");  ///< run()'s result
+  /// Reads the offer's bytes into `buffer` by `deadline`; sets `status`. Errors:
+  /// kUnavailable (the source or its offer is gone, the endpoint failed), kDeadlineExceeded
+  /// (it stalled), kInvalidArgument (the source's size differs). Never blocks past the deadline
+  /// (plus UCX's bounded close of a failed endpoint).
+  void run();
+};
 
 class KvDataPlane {
  public:
@@ -58,8 +82,15 @@ class KvDataPlane {
   Expected<KvOffer> offer(Backend& backend, KvStorage& kv, const KvExportFormat& format, std::span<const int32_t> blocks,
                           int32_t num_tokens, uint64_t tokens_hash);
   ~KvDataPlane();  ///< frees every offer
-  /// Frees the staging region of an offer (unknown ids are ignored).
+  /// Ends an offer (unknown ids are ignored): its staging region is kept for a later offer
+  /// (at most kMaxSpareRegions regions and kMaxSpareBytes bytes are kept; the oldest go first).
+  /// NOTE: reusing regions saves the source a ucp_mem_map (plus first-touch page faults) per
+  /// migration, and lets receivers reuse the rkey they unpacked for it (their endpoint's cache).
   void release(int64_t offer_id);
+  /// Staging regions kept for reuse (released, not yet given to a new offer).
+  int32_t num_spare_regions() const { return static_cast<int32_t>(spare_.size()); }
+  static constexpr int32_t kMaxSpareRegions = 8;
+  static constexpr int64_t kMaxSpareBytes = int64_t{512} << 20;
   /// Frees the regions of offers older than `max_age` (a receiver that never answered); returns
   /// how many.
   int expire(std::chrono::milliseconds max_age);
@@ -75,6 +106,22 @@ class KvDataPlane {
   Status fetch(const KvOffer& offer, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
                std::span<const int32_t> blocks, KvDeadline deadline);
 
+  /// fetch() in three parts, so that the transfer runs off the caller's thread:
+  /// start_fetch checks the offer's size against `expected` and `num_blocks`, finds the endpoint
+  /// to its source and hands the fetch a receive region (the plane's reusable one when free, else
+  /// a new one); the caller then calls KvFetch::run() on any thread, and finish_fetch() (on this
+  /// plane's thread) imports the bytes into `blocks` of `kv`. Errors: start_fetch: kInvalidArgument
+  /// (size), kUnavailable (no endpoint, or an earlier worker of that name), kResourceExhausted;
+  /// finish_fetch: run()'s error, then those of import_kv_blocks, and kInvalidArgument when the
+  /// export holds another number of tokens than the offer says.
+  Expected<std::shared_ptr<KvFetch>> start_fetch(const KvOffer& offer, const KvExportFormat& expected, int64_t num_blocks,
+                                                 KvDeadline deadline);
+  Status finish_fetch(KvFetch& f, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
+                      std::span<const int32_t> blocks);
+  /// Ends a fetch after run() (imported or not): forgets its endpoint when it failed (the next
+  /// KvPeersMsg reconnects) and keeps its receive region for reuse. Call on this plane's thread.
+  void end_fetch(KvFetch& f);
+
  private:
   KvDataPlane() = default;
   struct Offer {
@@ -85,14 +132,20 @@ class KvDataPlane {
   std::unique_ptr<UcxAgent> agent_;
   struct Peer {
     std::string address;
-    std::unique_ptr<KvEndpoint> endpoint;
+    std::shared_ptr<KvEndpoint> endpoint;  // shared with fetches running on other threads
   };
   std::map<std::string, Peer> peers_;  // by peer name
   std::map<int64_t, Offer> offers_;
+  // Staging regions of released offers, oldest first, reused by offer().
+  std::vector<std::unique_ptr<UcxRegion>> spare_;
+  // A staging region of at least `bytes`: the smallest spare one that fits, else a new one
+  // (rounded up to a MiB). Errors: those of UcxAgent::allocate_region.
+  Expected<std::unique_ptr<UcxRegion>> take_staging(int64_t bytes);
   // The registered region fetch() gets into (grown on demand, kept between fetches).
   std::unique_ptr<UcxRegion> recv_;
-  // recv_, grown to hold `bytes`. Errors: those of UcxAgent::allocate_region.
-  Expected<uint8_t*> receive_buffer(int64_t bytes);
+  // recv_ (taken out of the plane), grown to hold `bytes`, or a new region when a running fetch
+  // holds it. Errors: those of UcxAgent::allocate_region.
+  Expected<std::unique_ptr<UcxRegion>> take_receive_buffer(int64_t bytes);
   int64_t next_offer_ = 1;
 };
 

@@ -527,6 +527,10 @@ using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
 /// the engine (not running), the last admitted first, as MigratedSeq (reason "rebalance"), then a
 /// ShardLoad. Sent when another routed replica has a free slot and the head's queue is empty.
 using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
+/// Target shard's fetch thread -> the shard (same process): (kv_fetched_atom, fetch serial): the
+/// KV of a migrated request has arrived in host memory, or its transfer failed
+/// (actors/target_shard.cpp).
+using kv_fetched_atom = caf::atom_constant<caf::atom("kvfetched")>;
 
 /// Registers the message types above (and CAF's I/O module) on `cfg`.
 void add_message_types(caf::actor_system_config& cfg);

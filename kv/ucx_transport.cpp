@@ -33,6 +33,27 @@ struct UcxCore {
   std::map<uintptr_t, std::pair<uint64_t, ucp_mem_h>> regions;
   std::thread progress_thread;
   std::atomic<bool> stop{false};
+  // Threads waiting in acquire(): a transfer, which holds `mu` between its progress calls, hands
+  // it over to them (hand_over) instead of keeping it until its last byte or its deadline.
+  std::atomic<int> waiting{0};
+
+  // Takes `mu` as a waiter a running transfer lets in at its next progress call.
+  std::unique_lock<std::mutex> acquire() {
+    waiting.fetch_add(1);
+    std::unique_lock<std::mutex> lock(mu);
+    waiting.fetch_sub(1);
+    return lock;
+  }
+  // Called by a transfer holding `lock` between progress calls: when threads wait in acquire(),
+  // lets them in (each takes the lock before this one takes it back, again as a waiter).
+  // NOTE: without it a transfer to a stalled peer would hold every other call on this agent
+  // (a target shard exporting or releasing a region, another fetch) until its deadline.
+  void hand_over(std::unique_lock<std::mutex>& lock) {
+    if (waiting.load(std::memory_order_relaxed) == 0) return;
+    lock.unlock();
+    while (waiting.load() > 0) std::this_thread::yield();
+    lock = acquire();
+  }
 
   ~UcxCore() {
     if (worker != nullptr) ucp_worker_destroy(worker);
@@ -108,7 +129,7 @@ class UcxEndpoint final : public KvEndpoint {
   UcxEndpoint(std::shared_ptr<UcxCore> core, std::string peer) : core_(std::move(core)), peer_(std::move(peer)) {}
 
   ~UcxEndpoint() override {
-    std::lock_guard<std::mutex> lock(core_->mu);
+    auto lock = core_->acquire();
     close_locked(failed_ ? UCP_EP_CLOSE_FLAG_FORCE : 0);
   }
 
@@ -187,14 +208,14 @@ class UcxEndpoint final : public KvEndpoint {
     return "ucx peer " + peer_ + (detects_peer_failure_ ? "" : " (no peer failure handling: deadlines only)");
   }
 
-  std::mutex& mu() { return core_->mu; }
+  std::unique_lock<std::mutex> acquire() { return core_->acquire(); }
 
  private:
   Status transfer(bool is_put, void* local, int64_t bytes, const KvRemoteRegion& remote, int64_t off,
                   KvDeadline deadline) {
     SPECSERVE_RETURN_IF_ERROR(check_region_range(remote, off, bytes));
     const char* what = is_put ? "put" : "get";
-    std::lock_guard<std::mutex> lock(core_->mu);
+    auto lock = core_->acquire();
     if (failed_ || ep_ == nullptr) {
       return unavailable("ucx " + std::string(what) + " with peer " + peer_ + ": endpoint failed earlier (" +
                          ucs(error_) + "); connect again or use another path");
@@ -217,6 +238,7 @@ class UcxEndpoint final : public KvEndpoint {
     live.reserve(core_->max_in_flight);
     int64_t posted = 0;
     ucs_status_t st = UCS_OK;
+    ++active_;
     for (uint32_t spins = 0;; ++spins) {
       while (st == UCS_OK && posted < bytes && live.size() < core_->max_in_flight) {
         const int64_t n = std::min(core_->chunk_bytes, bytes - posted);
@@ -237,7 +259,20 @@ class UcxEndpoint final : public KvEndpoint {
         st = UCS_INPROGRESS;
         break;
       }
+      if (st != UCS_OK) break;
+      core_->hand_over(lock);
+      if (ep_ == nullptr) {
+        // Another transfer on this endpoint failed meanwhile and force-closed it, which completed
+        // our requests too: reap them (bounded) and give up.
+        --active_;
+        if (wait_requests(*core_, live, kv_deadline_after(std::chrono::milliseconds(5000))) == UCS_INPROGRESS) {
+          get_logger("kv")->warn("ucx: {} request(s) with peer {} did not complete after a forced close", live.size(), peer_);
+        }
+        return unavailable("ucx " + std::string(what) + " of " + std::to_string(bytes) + " bytes with peer " + peer_ +
+                           ": the endpoint was closed by a failed transfer (" + ucs(error_) + ")");
+      }
     }
+    --active_;
     if (st != UCS_OK) return fail_locked(st, live, start, what, bytes);
     // A put's completion only frees the source buffer; the flush makes it visible remotely.
     // NOTE: a get's completion already means the bytes are here; no flush needed.
@@ -279,6 +314,13 @@ class UcxEndpoint final : public KvEndpoint {
   Expected<ucp_rkey_h> unpack_rkey_locked(const std::vector<uint8_t>& packed) {
     if (packed.empty()) return invalid_argument("ucx transfer with peer " + peer_ + ": remote region has no rkey");
     if (auto it = rkeys_.find(packed); it != rkeys_.end()) return it->second;
+    if (rkeys_.size() >= kMaxRkeys && active_ == 0) {
+      // NOTE: every region a peer registers brings a new rkey (unpacking one may map the peer's
+      // shared memory segment); without a bound the cache would hold one per region ever read.
+      // Only when no other transfer of this endpoint is between progress calls with one of them.
+      for (auto& [bytes, rkey] : rkeys_) ucp_rkey_destroy(rkey);
+      rkeys_.clear();
+    }
     ucp_rkey_h rkey = nullptr;
     const ucs_status_t st = ucp_ep_rkey_unpack(ep_, packed.data(), &rkey);
     if (st != UCS_OK) return invalid_argument("ucx: rkey of peer " + peer_ + " does not unpack: " + ucs(st));
@@ -295,7 +337,13 @@ class UcxEndpoint final : public KvEndpoint {
   void close_locked(uint32_t flags, std::vector<void*>& pending) {
     for (auto& [bytes, rkey] : rkeys_) ucp_rkey_destroy(rkey);
     rkeys_.clear();
-    if (ep_ == nullptr) return;
+    if (ep_ == nullptr) {
+      // Closed already (by another transfer's failure): its forced close completes `pending` too.
+      if (!pending.empty() && wait_requests(*core_, pending, kv_deadline_after(std::chrono::milliseconds(5000))) == UCS_INPROGRESS) {
+        get_logger("kv")->warn("ucx: {} request(s) with peer {} did not complete after a forced close", pending.size(), peer_);
+      }
+      return;
+    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = flags;
@@ -316,9 +364,11 @@ class UcxEndpoint final : public KvEndpoint {
   std::shared_ptr<UcxCore> core_;
   std::string peer_;
   ucp_ep_h ep_ = nullptr;
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};  // read by fetch threads (actors/kv_data_plane.h) without the lock
   bool detects_peer_failure_ = false;
   ucs_status_t error_ = UCS_OK;
+  static constexpr size_t kMaxRkeys = 64;  // unpacked rkeys kept per endpoint
+  int active_ = 0;                         // transfers of this endpoint under way (under core.mu)
   std::map<std::vector<uint8_t>, ucp_rkey_h> rkeys_;
 };
 
@@ -326,7 +376,7 @@ class UcxEndpoint final : public KvEndpoint {
 
 UcxRegion::~UcxRegion() {
   if (core_ == nullptr || memh_ == nullptr) return;
-  std::lock_guard<std::mutex> lock(core_->mu);
+  auto lock = core_->acquire();
   core_->regions.erase(reinterpret_cast<uintptr_t>(base_));
   ucp_mem_unmap(core_->context, static_cast<ucp_mem_h>(memh_));
 }
@@ -427,7 +477,7 @@ Expected<std::unique_ptr<UcxRegion>> UcxAgent::allocate_region(int64_t bytes) { 
 
 Expected<std::unique_ptr<UcxRegion>> UcxAgent::register_region(void* base, int64_t bytes) {
   if (bytes <= 0) return invalid_argument("ucx: region of " + std::to_string(bytes) + " bytes");
-  std::lock_guard<std::mutex> lock(core_->mu);
+  auto lock = core_->acquire();
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = base;
@@ -467,7 +517,7 @@ Expected<std::unique_ptr<KvEndpoint>> UcxAgent::connect(const std::vector<uint8_
   Status st;
   {
     // The lock is released before `ep` can be destroyed (its destructor takes it).
-    std::lock_guard<std::mutex> lock(ep->mu());
+    auto lock = ep->acquire();
     st = ep->create(peer_address);
     if (st.ok()) st = ep->flush_locked(deadline, "connect", 0);
   }
@@ -476,7 +526,7 @@ Expected<std::unique_ptr<KvEndpoint>> UcxAgent::connect(const std::vector<uint8_
 }
 
 int UcxAgent::progress() {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  auto lock = core_->acquire();
   int n = 0;
   while (ucp_worker_progress(core_->worker) != 0) ++n;
   return n;

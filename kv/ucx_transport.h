@@ -42,7 +42,10 @@
 //
 // Thread-safety: every call on an agent, its regions and its endpoints takes the agent's lock
 // (the UCP worker is created UCS_THREAD_MODE_SERIALIZED), so any threads may use them; calls
-// on one agent run one at a time. Destroy regions and endpoints before or after the agent in
+// on one agent run one at a time. A get or put holds the lock between its progress calls only:
+// when another thread waits for it (another call on the agent, a second transfer) the transfer
+// lets it in at its next progress call, so a transfer to a stalled peer delays other calls by
+// one progress call, not until its deadline (the progress thread does not preempt transfers). Destroy regions and endpoints before or after the agent in
 // any order (they keep the UCP context alive).
 #pragma once
 

@@ -73,6 +73,10 @@ struct Engine::Seq {
   int32_t hidden_begin = 0;
   FinishReason finish = FinishReason::kNone;
   SpecStats spec;
+  // A migrated sequence waiting for admission with its KV outside the cache (add_migrated):
+  // writes the KV of the first import_cached tokens when the step policy admits it.
+  std::function<Status(KvStorage&, std::span<const int32_t>)> import_kv;
+  int32_t import_cached = 0;
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
   std::span<const int32_t> output() const {
     return {tokens.data() + prompt_len, tokens.size() - static_cast<size_t>(prompt_len)};
@@ -199,25 +203,40 @@ Expected<int64_t> Engine::add_migrated(GenerateParams params, SequenceImport imp
   if (!import.rng_state.empty()) SPECSERVE_CHECK(s.sampler->set_rng_state(import.rng_state).ok(), "rng state checked above");
   if (s.max_k > 0 && import.k >= 1) s.k = std::min(import.k, s.max_k);
   s.spec.add(import.spec);
-  const bool room = static_cast<int32_t>(running_.size()) < opts_.max_num_seqs &&
-                    (import.num_cached + opts_.block_size - 1) / opts_.block_size <= pool_->num_free();
   // NOTE: a proposer that needs hidden states needs them for every position, which only a
   // recompute gives: such a sequence recomputes its KV instead of loading it.
-  if (import.num_cached == 0 || !import.load_kv || !room || wants_hidden(s)) return id;
-  if (!s.blocks.reserve(*pool_, import.num_cached).ok()) return id;
-  Status st = import.load_kv(*kv_, s.blocks.blocks());
+  if (import.num_cached == 0 || !import.load_kv || wants_hidden(s)) return id;
+  s.import_kv = std::move(import.load_kv);
+  s.import_cached = import.num_cached;
+  // NOTE: it is admitted by the step policy like any other waiting sequence (max_num_seqs, the
+  // KV blocks of its tokens after those running ones need, the queue ahead of it); until then
+  // it waits with its KV held by import_kv, outside the cache.
+  if (admit_import(s) && kv_loaded) *kv_loaded = true;
+  return id;
+}
+
+bool Engine::admit_import(Seq& s) {
+  const std::vector<int64_t> admitted = plan_admission(step_state(), step_limits());
+  if (std::find(admitted.begin(), admitted.end(), s.id) == admitted.end()) return false;
+  auto load = std::move(s.import_kv);
+  s.import_kv = nullptr;
+  // The policy may have counted a prefix-cache hit it shares; the import writes fresh blocks,
+  // so a pool that cannot give them all makes it recompute instead.
+  if (!s.blocks.reserve(*pool_, s.import_cached).ok()) return false;
+  Status st = load(*kv_, s.blocks.blocks());
   if (!st.ok()) {
     // NOTE: the KV did not arrive intact: the sequence recomputes it (same tokens, same stream).
     get_logger("spec")->warn("seq {}: migrated KV refused, recomputing: {}", s.id, st.to_string());
     s.blocks.release_all(*pool_);
-    return id;
+    return false;
   }
-  s.num_cached = import.num_cached;
+  s.num_cached = s.import_cached;
   s.blocks.set_num_tokens(s.num_cached);
-  running_.push_back(std::move(waiting_.back()));
-  waiting_.pop_back();
-  if (kv_loaded) *kv_loaded = true;
-  return id;
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w.get() == &s; });
+  SPECSERVE_CHECK(it != waiting_.end(), "seq " + std::to_string(s.id) + " admitted with its KV is not waiting");
+  running_.push_back(std::move(*it));
+  waiting_.erase(it);
+  return true;
 }
 
 Expected<SequenceExport> Engine::export_sequence(int64_t seq_id) const {
@@ -566,6 +585,11 @@ Status Engine::step(std::vector<SeqEvent>* events) {
                  running_.end());
   if (running_.empty() && waiting_.empty()) return Status();
 
+  // Migrated sequences waiting with their KV outside the cache go first through the same
+  // admission rule the plan applies (in queue order), so that they start with it loaded.
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (waiting_[i]->import_kv && admit_import(*waiting_[i])) --i;
+  }
   // ---- plan (spec/step_policy.h): admission, rows and draft budget, preemption ----
   const StepState state = step_state();
   const StepLimits limits = step_limits();
@@ -576,6 +600,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->id == id; });
     SPECSERVE_CHECK(it != waiting_.end(), "admitted seq " + std::to_string(id) + " is not waiting");
     Seq& s = **it;
+    s.import_kv = nullptr;  // (admit_import above admits such a sequence first; never reached)
     if (opts_.enable_prefix_caching) {
       // The hit the plan counted on: nothing changed the pool since step_state(), so the same
       // look-up finds the same blocks (admissions only add references).

@@ -200,10 +200,15 @@ class Engine {
   Expected<int64_t> add_request(GenerateParams params);
   /// Queues a request that ran elsewhere (migration): `params.resume_output` holds its output
   /// so far (SequenceExport::output), validated as add_request does. With import.num_cached > 0
-  /// and room now (a free sequence slot and the blocks for its tokens) it starts running at
-  /// once with its KV written by import.load_kv and import.num_cached tokens cached; otherwise,
-  /// or when load_kv fails, it queues like a resumed request and recomputes its KV (same tokens,
-  /// same random stream). `*kv_loaded` (when given) says which happened.
+  /// it goes through the step policy's admission (spec/step_policy.h rule 2, plan_admission) as
+  /// any waiting sequence does: when admitted now it starts running at once with its KV written
+  /// by import.load_kv and import.num_cached tokens cached; otherwise it waits in the queue
+  /// holding import.load_kv (its KV stays wherever load_kv reads it from, outside the cache) and
+  /// is loaded at the start of the step whose admission admits it. When load_kv fails, or
+  /// without it, it recomputes its KV (same tokens, same random stream). `*kv_loaded` (when
+  /// given) says whether the KV was loaded during this call; load_kv is called at most once,
+  /// on the engine's thread, and is dropped unused when the sequence is aborted, removed or
+  /// exported while it waits.
   /// NOTE: greedy output is identical either way. Seeded sampling is identical to the
   /// uninterrupted run when the KV loads; after a recompute, the first step is a prefill that
   /// samples without drafts, so with a proposer it consumes the stream differently there. With a
@@ -248,6 +253,11 @@ class Engine {
  private:
   struct Seq;
   Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o);
+  /// A waiting migrated sequence with its KV outside the cache (Seq::import_kv): when the step
+  /// policy's admission (plan_admission) admits it now, reserves its blocks, writes its KV and
+  /// moves it to running; returns whether it did. A failed load drops the import (it
+  /// recomputes); otherwise it keeps waiting with import_kv unless admission passed.
+  bool admit_import(Seq& s);
   /// The engine's queues as the step policy sees them (spec/step_policy.h).
   StepState step_state() const;
   StepLimits step_limits() const;

@@ -137,13 +137,10 @@ StepPlan finish_plan(std::vector<int64_t> admitted, std::vector<int64_t> preempt
   return plan;
 }
 
-}  // namespace
-
-Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits) {
-  check_state(state, limits);
+/// Rule 2: the waiting ids admitted, in admission order; `claimed` gets the evictable hit
+/// blocks they take.
+std::vector<int64_t> admit(const StepState& state, const StepLimits& limits, std::unordered_set<int32_t>* claimed) {
   const int32_t bs = state.block_size;
-
-  // ---- 2. admission: rank order, head-of-line, against blocks not needed by running ones ----
   int64_t free_for_admission = state.num_free_blocks;
   for (const RunningSeq& r : state.running) {
     free_for_admission -= std::max(0, blocks_for(r.num_tokens, bs) - r.num_blocks);
@@ -155,16 +152,33 @@ Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits) {
            std::make_tuple(effective_priority(b->priority, b->num_steps_waited, limits), b->arrival, b->id);
   });
   std::vector<int64_t> admitted;
-  std::unordered_set<int32_t> claimed;  // evictable hit blocks promised to admitted sequences
   for (const WaitingSeq* w : queue) {
     if (static_cast<int64_t>(state.running.size() + admitted.size()) >= limits.max_num_seqs) break;
     int32_t need = blocks_for(static_cast<int64_t>(w->num_tokens) + 1, bs) - w->num_cached / bs;
-    for (int32_t b : w->evictable_hit_blocks) need += claimed.count(b) ? 0 : 1;
+    for (int32_t b : w->evictable_hit_blocks) need += claimed->count(b) ? 0 : 1;
     if (need > free_for_admission) break;  // head-of-line: nothing behind it jumps ahead
     free_for_admission -= need;
-    claimed.insert(w->evictable_hit_blocks.begin(), w->evictable_hit_blocks.end());
+    claimed->insert(w->evictable_hit_blocks.begin(), w->evictable_hit_blocks.end());
     admitted.push_back(w->id);
   }
+  return admitted;
+}
+
+}  // namespace
+
+std::vector<int64_t> plan_admission(const StepState& state, const StepLimits& limits) {
+  check_state(state, limits);
+  std::unordered_set<int32_t> claimed;
+  return admit(state, limits, &claimed);
+}
+
+Expected<StepPlan> plan_step(const StepState& state, const StepLimits& limits) {
+  check_state(state, limits);
+  const int32_t bs = state.block_size;
+
+  // ---- 2. admission: rank order, head-of-line, against blocks not needed by running ones ----
+  std::unordered_set<int32_t> claimed;  // evictable hit blocks promised to admitted sequences
+  std::vector<int64_t> admitted = admit(state, limits, &claimed);
   std::vector<Live> live = live_sequences(state, limits, admitted);
   const std::vector<int32_t> order = by_rank(live);
 

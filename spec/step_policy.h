@@ -141,6 +141,12 @@ struct StepPlan {
   bool speculate = false;             ///< rule 3 held for this step
 };
 
+/// Rule 2 alone: the waiting ids that plan_step(state, limits) would admit, in admission order.
+/// The Engine asks it whether a migrated sequence may start running with its imported KV now
+/// (Engine::add_migrated), so that it is admitted exactly as any other waiting sequence.
+/// Preconditions: those of plan_step.
+std::vector<int64_t> plan_admission(const StepState& state, const StepLimits& limits);
+
 /// Plans one step of the Engine from `state` under `limits` (rules 1-6 above).
 /// Preconditions (a broken one aborts: the Engine builds the state): block_size >= 1,
 /// max_num_seqs >= 1, max_num_batched_tokens >= 1, ids unique, every running sequence has

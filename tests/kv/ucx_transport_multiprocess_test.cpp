@@ -353,6 +353,48 @@ TEST(UcxPeerFailure, StalledPeerGivesDeadlineExceededThenUnavailable) {
   EXPECT_EQ(peer.finish(0), -SIGKILL) << "the stalled peer was still alive";
 }
 
+// A get waiting on a stalled peer holds the agent's lock only between its progress calls: other
+// calls on the agent from other threads (registering a region, a second get on the same endpoint)
+// go ahead meanwhile instead of waiting for the first get's deadline. The second get, on the same
+// endpoint, ends when the first one's failure closes it.
+TEST(UcxPeerFailure, StalledGetDoesNotHoldTheAgentFromOtherThreads) {
+  Peer peer;
+  ASSERT_NO_FATAL_FAILURE(start_peer(peer, "tcp", 16 << 20));
+  auto agent = make_agent("tcp");
+  ASSERT_NE(agent, nullptr);
+  auto ep = agent->connect(peer.address, "staller", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  peer.command('s');
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the peer reads 's' and stops
+  std::vector<uint8_t> buf(16 << 20), buf2(1 << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status first, second;
+  std::thread getter([&] {
+    first = (*ep)->get(buf.data(), 16 << 20, peer.region, 0, kv_deadline_after(std::chrono::milliseconds(3000)));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the first get is waiting now
+  const auto t1 = std::chrono::steady_clock::now();
+  auto region = agent->allocate_region(4 << 20);
+  const auto took = std::chrono::steady_clock::now() - t1;
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  EXPECT_LT(took, std::chrono::milliseconds(1000)) << "allocate_region waited for the stalled get's deadline";
+  std::thread getter2([&] {
+    second = (*ep)->get(buf2.data(), 1 << 20, peer.region, 0, kv_deadline_after(std::chrono::milliseconds(20000)));
+  });
+  region->reset();  // unregistering takes the lock too
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(1500));
+  getter.join();
+  getter2.join();
+  EXPECT_EQ(first.code(), StatusCode::kDeadlineExceeded) << first.to_string();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2900));
+  EXPECT_FALSE(second.ok()) << "the second get cannot succeed from a stalled peer";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(15000))
+      << "the second get must end with the endpoint, not at its own deadline";
+  EXPECT_TRUE((*ep)->failed());
+  ep->reset();
+  EXPECT_EQ(peer.finish(0), -SIGKILL);
+}
+
 TEST(UcxPeerFailure, PeerKilledMidTransferGivesUnavailableBeforeTheDeadlineAndAgentSurvives) {
   Peer peer, other;
   ASSERT_NO_FATAL_FAILURE(start_peer(peer, "tcp", 64 << 20));

@@ -4,6 +4,7 @@
 // logprobs, finish — greedy and under seeded sampling (the sampler's random stream moves with
 // them), with and without a proposer, for prompts shorter than one block, in the middle of a
 // chunked prefill; a damaged export is refused and the sequence recomputes with the same result.
+#include <memory>
 #include <vector>
 
 #include "kv/transfer.h"
@@ -91,8 +92,10 @@ Outcome run_moved(const std::vector<GenerateParams>& reqs, const MoveOptions& mo
     imp.k = ex->k;
     imp.spec = ex->spec;
     imp.num_cached = ex->num_cached;
-    imp.load_kv = [&bytes, &fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
-      auto h = import_kv_blocks(backend(), kv, fmt, bytes.data(), static_cast<int64_t>(bytes.size()), blocks.data(),
+    // The engine may call load_kv later (when its policy admits the sequence): it owns the bytes.
+    auto held = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+    imp.load_kv = [held, fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
+      auto h = import_kv_blocks(backend(), kv, fmt, held->data(), static_cast<int64_t>(held->size()), blocks.data(),
                                 static_cast<int64_t>(blocks.size()));
       return h.ok() ? Status() : h.status();
     };
@@ -265,6 +268,115 @@ TEST(EngineMigrate, BadInput) {
   EXPECT_FALSE(loaded);
   EXPECT_EQ((*e)->num_waiting(), 1);
   EXPECT_EQ((*e)->block_pool().num_free(), (*e)->block_pool().num_blocks()) << "the failed load's blocks are returned";
+}
+
+// A sequence exported from its own engine after `steps` steps (its KV export bytes and state).
+struct Exported {
+  SequenceExport ex;
+  std::shared_ptr<std::vector<uint8_t>> bytes;
+  KvExportFormat fmt;
+};
+Exported export_after(const GenerateParams& p, int steps, const EngineOptions& eo) {
+  Exported out;
+  auto a = Engine::create(target(), tokenizer(), nullptr, eo);
+  EXPECT_TRUE(a.ok());
+  auto id = (*a)->add_request(p);
+  EXPECT_TRUE(id.ok());
+  std::vector<SeqEvent> evs;
+  for (int s = 0; s < steps; ++s) EXPECT_TRUE((*a)->step(&evs).ok());
+  out.ex = (*a)->export_sequence(*id).value();
+  out.fmt = kv_export_format((*a)->kv_storage(), 0x5eed);
+  out.bytes = std::make_shared<std::vector<uint8_t>>(
+      static_cast<size_t>(kv_export_bytes(out.fmt, static_cast<int64_t>(out.ex.blocks.size()))));
+  EXPECT_TRUE(export_kv_blocks(backend(), (*a)->kv_storage(), out.fmt, out.ex.blocks.data(),
+                               static_cast<int64_t>(out.ex.blocks.size()), out.ex.num_cached, out.bytes->data(),
+                               static_cast<int64_t>(out.bytes->size()))
+                  .ok());
+  return out;
+}
+
+Tokens run_alone(const GenerateParams& p, const EngineOptions& eo) {
+  auto e = Engine::create(target(), tokenizer(), nullptr, eo);
+  EXPECT_TRUE(e.ok());
+  EXPECT_TRUE((*e)->add_request(p).ok());
+  std::vector<SeqEvent> evs;
+  Tokens out;
+  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&evs).ok());
+  for (const SeqEvent& ev : evs) out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+  return out;
+}
+
+// A full receiving engine: the migrated sequence is admitted by the step policy like any other
+// (it waits, holding its KV outside the cache, while max_num_seqs run or while the KV blocks of
+// its tokens are not free after what running sequences need), then starts with its KV loaded
+// and continues exactly as the uninterrupted run.
+TEST(EngineMigrate, FullReceivingEngineAdmitsTheMigratedSequenceThroughItsPolicy) {
+  std::mt19937 rng(4242);
+  const GenerateParams running_req = greedy_request(random_tokens(rng, 40, 512), 6);
+  const GenerateParams moved_req = greedy_request(random_tokens(rng, 32, 512), 10);
+  struct Case {
+    const char* name;
+    EngineOptions eo;
+  };
+  std::vector<Case> cases(2);
+  cases[0].name = "max_num_seqs 1";
+  cases[0].eo.max_num_seqs = 1;
+  cases[0].eo.block_size = 16;
+  // 5 blocks of 16: the running request holds 3 (41 tokens) and the moved one (32 tokens cached,
+  // 33 known) needs ceil(34 / 16) = 3 to be admitted; only 2 are free.
+  cases[1].name = "KV blocks";
+  cases[1].eo.max_num_seqs = 8;
+  cases[1].eo.block_size = 16;
+  cases[1].eo.num_kv_blocks = 5;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tokens want_moved = run_alone(moved_req, c.eo);
+    const Tokens want_running = run_alone(running_req, c.eo);
+    Exported x = export_after(moved_req, 1, c.eo);  // its prompt prefilled, its first token out
+    ASSERT_EQ(x.ex.num_cached, 32);
+
+    auto b = Engine::create(target(), tokenizer(), nullptr, c.eo);
+    ASSERT_TRUE(b.ok());
+    auto rid = (*b)->add_request(running_req);
+    ASSERT_TRUE(rid.ok());
+    std::vector<SeqEvent> evs;
+    ASSERT_TRUE((*b)->step(&evs).ok());  // the running request's prompt is in the cache
+    ASSERT_EQ((*b)->num_running(), 1);
+
+    GenerateParams p = moved_req;
+    p.resume_output = x.ex.output;
+    SequenceImport imp;
+    imp.rng_state = x.ex.rng_state;
+    imp.num_cached = x.ex.num_cached;
+    int loads = 0;
+    imp.load_kv = [&loads, bytes = x.bytes, fmt = x.fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
+      ++loads;
+      auto h = import_kv_blocks(backend(), kv, fmt, bytes->data(), static_cast<int64_t>(bytes->size()), blocks.data(),
+                                static_cast<int64_t>(blocks.size()));
+      return h.ok() ? Status() : h.status();
+    };
+    bool loaded = true;
+    auto mid = (*b)->add_migrated(p, std::move(imp), &loaded);
+    ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+    EXPECT_FALSE(loaded) << "the engine is full: the policy does not admit it now";
+    EXPECT_EQ(loads, 0);
+    EXPECT_EQ((*b)->num_running(), 1) << "a migrated sequence must not bypass admission";
+    EXPECT_EQ((*b)->num_waiting(), 1);
+
+    Tokens got_moved(x.ex.output.begin(), x.ex.output.end()), got_running;
+    for (int guard = 0; (*b)->has_work() && guard < 1000; ++guard) {
+      ASSERT_TRUE((*b)->step(&evs).ok());
+      EXPECT_LE((*b)->num_running(), c.eo.max_num_seqs);
+    }
+    for (const SeqEvent& ev : evs) {
+      Tokens& t = ev.seq_id == *mid ? got_moved : got_running;
+      t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+    }
+    EXPECT_EQ(loads, 1) << "admitted later, it starts with its imported KV";
+    EXPECT_EQ(got_moved, want_moved);
+    EXPECT_EQ(got_running, want_running);
+    EXPECT_EQ((*b)->block_pool().num_free(), (*b)->block_pool().num_blocks());
+  }
 }
 
 }  // namespace

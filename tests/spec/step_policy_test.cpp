@@ -267,6 +267,8 @@ TEST_P(StepPolicyTable, Plan) {
   auto got = plan_step(r.state, r.limits);
   ASSERT_TRUE(got.ok()) << r.name << ": " << got.status().to_string();
   expect_plan(*got, r);
+  // plan_admission (what Engine::add_migrated asks) is rule 2 alone: the same admissions.
+  EXPECT_EQ(plan_admission(r.state, r.limits), r.admitted) << r.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, StepPolicyTable, ::testing::ValuesIn(rows()),

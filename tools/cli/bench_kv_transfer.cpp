@@ -42,6 +42,7 @@ struct Args {
   int64_t chunk_kib = 0;                            // 0: UcxAgentOptions' default
   int in_flight = 0;                                // 0: UcxAgentOptions' default
   std::string memory = "ucx";                       // ucx: allocate_region; heap: register_region(aligned_alloc)
+  std::string peer_progress = "spin";               // spin: the peer polls its worker; thread: UcxAgent's progress thread
 };
 
 // Both sides' regions: UCX-allocated (ucp_mem_map ALLOCATE: shared memory under UCX_TLS=sm) or
@@ -75,11 +76,16 @@ bool read_all(int fd, void* p, size_t n) {
   return true;
 }
 
-// The peer: announces its worker address and region, progresses until a byte arrives on fd.
-[[noreturn]] void serve(int fd, const std::string& transports, const std::string& memory, int64_t bytes) {
+// The peer: announces its worker address and region, progresses until a byte arrives on fd:
+// spinning on its worker (as ucx_perftest's responder does), or, with peer_progress "thread", with
+// UcxAgentOptions::progress_thread while it sleeps in read() (as a worker's KV data plane does:
+// actors/kv_data_plane.h), so it takes no CPU from the reader when the transport needs none.
+[[noreturn]] void serve(int fd, const std::string& transports, const std::string& memory, const std::string& peer_progress,
+                        int64_t bytes) {
   UcxAgentOptions opt;
   opt.name = "bench-peer";
   opt.transports = transports;
+  opt.progress_thread = peer_progress == "thread";
   auto agent = UcxAgent::create(opt);
   if (!agent.ok()) {
     std::fprintf(stderr, "bench-kv-transfer peer: %s\n", agent.status().to_string().c_str());
@@ -97,6 +103,11 @@ bool read_all(int fd, void* p, size_t n) {
   if (!write_all(fd, &addr_len, 8) || !write_all(fd, addr.data(), addr_len) || !write_all(fd, &r.base, 8) ||
       !write_all(fd, &r.bytes, 8) || !write_all(fd, &rkey_len, 8) || !write_all(fd, r.rkey.data(), rkey_len)) {
     _exit(4);
+  }
+  if (opt.progress_thread) {
+    char c = 0;
+    (void)!::read(fd, &c, 1);
+    _exit(0);
   }
   uint32_t spins = 0;
   (*agent)->progress_until(KvDeadline::max(), [&] {
@@ -116,7 +127,7 @@ int run(const Args& a) {
   if (pid < 0) return 1;
   if (pid == 0) {
     ::close(sv[0]);
-    serve(sv[1], a.transports, a.memory, max_bytes);
+    serve(sv[1], a.transports, a.memory, a.peer_progress, max_bytes);
   }
   ::close(sv[1]);
   const int fd = sv[0];
@@ -152,8 +163,8 @@ int run(const Args& a) {
   if (!ep.ok()) return fail(ep.status().to_string());
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("chunks of %lld KiB, %d in flight, %s memory\n", static_cast<long long>(opt.chunk_bytes >> 10),
-              opt.max_in_flight, a.memory.c_str());
+  std::printf("chunks of %lld KiB, %d in flight, %s memory, peer progress: %s\n", static_cast<long long>(opt.chunk_bytes >> 10),
+              opt.max_in_flight, a.memory.c_str(), a.peer_progress.c_str());
   std::printf("| transports | op | size (MiB) | iterations | MiB/s (best of %d) |\n|---|---|---:|---:|---:|\n", a.repeats);
   for (const std::string& op : a.ops) {
     for (int64_t mib : a.sizes_mib) {
@@ -187,6 +198,7 @@ int run(const Args& a) {
                          {"chunk_bytes", opt.chunk_bytes},
                          {"max_in_flight", opt.max_in_flight},
                          {"memory", a.memory},
+                         {"peer_progress", a.peer_progress},
                          {"mib_per_s", best},
                          {"mib_per_s_runs", mibps}});
     }
@@ -226,6 +238,10 @@ void add_bench_kv_transfer(CLI::App& app) {
   sub->add_option("--memory", a->memory,
                   "Regions on both sides: ucx (UcxAgent::allocate_region) or heap (page-aligned heap, registered)")
       ->check(CLI::IsMember({"ucx", "heap"}));
+  sub->add_option("--peer-progress", a->peer_progress,
+                  "How the peer serves: spin (polls its worker, as ucx_perftest) or thread (UcxAgent's progress "
+                  "thread, sleeping on its event fd: what a worker's KV data plane does)")
+      ->check(CLI::IsMember({"spin", "thread"}));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-kv-transfer", [a] { return run(*a); });
 }
