@@ -615,8 +615,9 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         // queued, or a sequence preempted back into it).
         // NOTE: not the step policy's (priority, arrival) order: a younger request handed back
         // may start on the free replica before older ones still waiting here.
-        // NOTE: a waiting sequence has no KV yet (or only a preempted one's, which migrates like
-        // a drained sequence's); it leaves with its sampler state, so output stays the same.
+        // NOTE: a waiting sequence has no KV in the cache (a migrated one waiting for admission
+        // holds its imported KV in host memory, which is dropped here: it recomputes where it
+        // lands); it leaves with its sampler state, so output stays the same.
         auto& s = self->state;
         if (!from_scheduler(self)) return;
         ++s.num_reclaims;
