@@ -148,7 +148,7 @@ def main():
     D = a.depth
     full = [0] * (D + 1)  # full[j]: chains whose first j drafts all match
     steps = 0
-    sim_full, sim_steps = [0] * (D + 1), 0
+    sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
     s1_ok = s1_n = p2_ok = p2_n = 0
     with torch.no_grad():
         for i in ([] if a.cases_only else seqs):
@@ -184,14 +184,19 @@ def main():
             # first token is known (n = prompt_length + 1); each step drafts, accepts j, then the
             # target's bonus token: n += j + 1.
             n = pl + 1
+            seq_sim = {"sequence": i, "steps": 0, "accepted": 0, "accepted_per_pos": [0] * D}
+            sim_per_seq.append(seq_sim)
             while n <= L - D + 1:
                 drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
                 j = 0
                 while j < D and drafts[j] == int(ext[n + j]):
                     j += 1
                 sim_steps += 1
+                seq_sim["steps"] += 1
+                seq_sim["accepted"] += j
                 for q in range(1, j + 1):
                     sim_full[q] += 1
+                    seq_sim["accepted_per_pos"][q - 1] += 1
                 n += j + 1
     steps = max(1, steps)
     acc = [full[j] / steps for j in range(1, D + 1)]
@@ -204,7 +209,8 @@ def main():
            "trainer_2step_proxy_same_positions": round(p2_ok / max(1, p2_n), 4),
            "simulated_run": {"steps": sim_steps,
                              "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
-                             "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4)},
+                             "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
+                             "per_sequence": sim_per_seq},
            "command": a.command}
     if not a.cases_only:
         print(json.dumps(res, indent=1))
