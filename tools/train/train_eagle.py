@@ -138,7 +138,13 @@ def losses(model, dump, sub, tok, feat_in, feat_out, label, pos, mask, noise=0.0
 
 def evaluate(model, dump, sub, data):
     """Held-out: losses, 1-step top-1 (teacher-forced features) and an approximate 2-step top-1
-    (every input feature replaced by the head's own prediction of it), full output head."""
+    (every input feature replaced by the head's own prediction of it), full output head.
+
+    NOTE: both are per-position accuracies over every row, prompt rows included, with the true
+    token as input: top1_step2 is close to P(depth 2 right | depth 1 right), not to what
+    `bench-spec` reports as acceptance at depth 2 (P(depth 1 and depth 2 accepted)). The real
+    multi-step numbers (own features fed back, own KV, continuation positions only) come from
+    tools/train/eagle_chain_reference.py (bench/results/eagle_depth_2026-12-02.md)."""
     tot = {"v": 0.0, "p": 0.0, "n": 0}
     c1 = n1 = c2 = n2 = 0
     with torch.no_grad():
