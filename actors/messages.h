@@ -351,6 +351,9 @@ struct AutoscaleStatus {
   /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
   /// set beside promotion_seconds.
   std::vector<double> cold_scale_up_seconds;
+  /// Scale-ups (warm or cold) not measured: the first request the replica got arrived after the
+  /// decision (no work waited for it), or it left ready before getting any request.
+  int64_t num_promotions_without_waiting_work = 0;
 };
 
 struct ClusterStatus {
@@ -496,7 +499,7 @@ typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
            x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
            x.last_change_seconds, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
-           x.promotion_seconds, x.cold_scale_up_seconds);
+           x.promotion_seconds, x.cold_scale_up_seconds, x.num_promotions_without_waiting_work);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
