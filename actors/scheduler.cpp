@@ -251,6 +251,7 @@ struct SchedulerState {
   std::map<caf::actor_addr, int32_t> retired;  // workers told to quit -> replica: their down message is expected
   std::map<int64_t, int32_t> rebalanced_from;  // request handed back by a busy replica -> that replica
   double held_deficit_since = -1;       // a scale-up's cold start held back (CPU host) since this decision
+  bool deficit_by_wanted = false;       // cold starts were held: AutoscaleInput::deficit_by_wanted
   AutoscaleStatus as;                   // counters and recent measurements for `status`
 };
 
@@ -940,7 +941,13 @@ void autoscale_tick(SchedSelf self) {
   }
   in.ttft.assign(s.ttft.begin(), s.ttft.end());
   in.can_start = static_cast<bool>(s.cfg.start_replica);
+  in.deficit_by_wanted = s.deficit_by_wanted;
   AutoscaleDecision d = s.autoscaler->tick(in);
+  if (s.deficit_by_wanted) {
+    int32_t routed = 0;
+    for (const auto& [rid, r] : s.replicas) routed += r.routed();
+    if (d.changed || d.target_ready <= routed) s.deficit_by_wanted = false;  // a new target, or it is met
+  }
   const double decided_at = now_s(self);  // promotions are measured from here
   s.as.target_ready = d.target_ready;
   s.as.ongoing = d.ongoing;
@@ -1002,25 +1009,11 @@ void autoscale_tick(SchedSelf self) {
                                     now - r.promoted_at < kRefillHoldS);
     }
   }
-  // A held scale-up start released now: the load it was for may have gone meanwhile (clients
-  // gone). Only what the current load wants (at least min_replicas) beyond the replicas ready or
-  // on their way is started; the pool refill is not affected.
-  int32_t deficit_starts_allowed = d.num_start_for_deficit;
-  if (!hold_starts && s.held_deficit_since >= 0) {
-    int32_t have = 0;
-    for (const auto& [rid, r] : s.replicas) {
-      have += r.routed() || r.state == ReplicaState::kStarting || r.state == ReplicaState::kLoading ||
-              r.state == ReplicaState::kWarming;
-    }
-    deficit_starts_allowed = std::clamp(d.wanted - have, 0, d.num_start_for_deficit);
-    if (deficit_starts_allowed < d.num_start_for_deficit) {
-      get_logger("actors")->info("autoscaler: {} held scale-up cold start(s) dropped: the load wants {} replica(s) now, "
-                                 "{} ready or starting", d.num_start_for_deficit - deficit_starts_allowed, d.wanted, have);
-    }
-  }
+  // Held scale-up starts: once released, the deficit counts only what the load wants then (the
+  // clients may have gone meanwhile), until the target changes or is met.
+  if (hold_starts && d.num_start_for_deficit > 0) s.deficit_by_wanted = true;
   for (size_t i = 0; i < d.start.size(); ++i) {
     const bool for_deficit = static_cast<int32_t>(i) < d.num_start_for_deficit;
-    if (for_deficit && static_cast<int32_t>(i) >= deficit_starts_allowed) continue;
     if (hold_starts) {
       // Measured from the decision, not from the held start.
       if (for_deficit && s.held_deficit_since < 0) s.held_deficit_since = decided_at;

@@ -196,6 +196,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   int32_t standby_left = static_cast<int32_t>(standby.size());
   int32_t starting_left = starting;
   int32_t deficit = target_ - num_ready;
+  if (in.deficit_by_wanted && deficit > 0) deficit = std::max(0, std::min(target_, d.wanted) - num_ready);
   if (deficit > 0) {
     // A draining replica is loaded and its process lives: routing it again is instant, and
     // cold-starting its slot instead would run a second process of the same replica.

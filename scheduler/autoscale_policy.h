@@ -147,6 +147,11 @@ struct AutoscaleInput {
   std::vector<TtftSample> ttft;  ///< recent samples (older than look_back_period_s are skipped)
   /// False when the head cannot start processes (no launcher): cold starts are not planned.
   bool can_start = true;
+  /// The caller held cold starts back and released them: ready < target is covered (undrain,
+  /// promotion, starting replicas, cold starts) only up to what the load wants now
+  /// (AutoscaleDecision::wanted), not up to the target, which keeps a burst's value until the
+  /// downscale delay: load that went away meanwhile (clients gone) starts nothing.
+  bool deficit_by_wanted = false;
 };
 
 struct DrainAction {

@@ -341,6 +341,32 @@ TEST(AutoscalePolicy, StartingReplicaCoveringTheDeficitIsListed) {
   EXPECT_EQ(d.wanted, 1);
 }
 
+TEST(AutoscalePolicy, ReleasedHeldStartsCoverOnlyWhatTheLoadWantsNow) {
+  // Target 3 from a burst, 2 ready, the clients gone (0 ongoing): the held deficit start is not
+  // planned once the caller says so; the pool refill still is.
+  AutoscaleInput in;
+  in.now_s = 1.0;
+  in.replicas = {rv(0, S::kReady), rv(1, S::kReady), rv(2, S::kStopped), rv(3, S::kStopped)};
+  Autoscaler plain(opts(1, 4, 1, 0.0, 1000.0), 3);
+  auto d = plain.tick(in);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_EQ(d.num_start_for_deficit, 1);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2, 3}));
+  Autoscaler rechecked(opts(1, 4, 1, 0.0, 1000.0), 3);
+  in.deficit_by_wanted = true;
+  d = rechecked.tick(in);
+  EXPECT_EQ(d.target_ready, 3) << "the target itself keeps its hysteresis";
+  EXPECT_EQ(d.wanted, 1);
+  EXPECT_EQ(d.num_start_for_deficit, 0);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2})) << "the pool refill only";
+  EXPECT_TRUE(d.drain.empty());
+  // The load is back: the deficit is covered again.
+  in.now_s = 1.1;
+  in.num_queued = 6;
+  d = rechecked.tick(in);
+  EXPECT_EQ(d.num_start_for_deficit, 1);
+}
+
 TEST(AutoscalePolicy, IdleReasonWithNoLoadSaysSo) {
   Autoscaler a(opts(1, 3, 0, 0.0, /*down=*/1.0), 2);
   AutoscaleInput in;
