@@ -478,6 +478,7 @@ TEST_F(HttpServerTest, HealthIsIdleNotUnavailableWhenTheAutoscalerStartsOnDemand
     std::lock_guard<std::mutex> lock(fc_->mu);
     fc_->idle_min_replicas = 1;
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // /health reuses a status up to 0.5 s old
   r = c.Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503) << r->body;
