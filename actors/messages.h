@@ -341,7 +341,8 @@ struct AutoscaleStatus {
   /// decision -> the replica is routed (the head's own share: a state flip, microseconds);
   std::vector<double> promotion_routable_seconds;
   /// decision -> the first request sent to it (queued at the head, or handed back by a busy
-  /// replica's engine: reclaim_atom); a promotion with nothing to serve waits here for traffic;
+  /// replica's engine: reclaim_atom), only when that request had already arrived at the head at
+  /// the decision; otherwise the promotion is not measured (num_promotions_without_waiting_work);
   std::vector<double> promotion_dispatch_seconds;
   /// decision -> the first token of that request (the rest is the replica's first engine step:
   /// one prefill forward pass, plus the message hops shard -> request actor -> head). When that
