@@ -816,8 +816,8 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   r.drain_to_standby = to_standby;
-  r.awaiting_first_token = false;
-  r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
+  // Leaving ready ends a scale-up measurement still open (set_state): a later undrain or restart
+  // must not time itself from this decision.
   ++s.as.num_drains;
   set_state(self, rid, ReplicaState::kDraining);
   bool other = false;

@@ -594,6 +594,33 @@ TEST(ElasticPromotion, PromotionWithNoWaitingWorkIsNotMeasured) {
   }
 }
 
+// A promoted replica that leaves ready before any request came ends its scale-up unmeasured:
+// routed again later, it must not time itself from the old decision.
+TEST(ElasticPromotion, PromotionEndsUnmeasuredWhenTheReplicaLeavesReady) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(2));  // the burst's 40-token requests never fit on replica 1
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 3; ++i) {
+    auto h = p.client->submit(request(40));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
+      << p.rec.dump() << describe(p.client->status());
+  auto st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 0);
+  caf::anon_send_exit(p.shards[1], caf::exit_reason::kill);
+  ASSERT_TRUE(until(5, [&] {
+    auto s = p.client->status();
+    return s.ok() && state_of(*s, 1) == "stopped";
+  })) << describe(p.client->status());
+  st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 1);
+  EXPECT_TRUE(st->autoscale.promotion_dispatch_seconds.empty());
+}
+
 // Bug: a SIGTERM drain of the whole cluster still promoted a standby replica.
 TEST(ElasticPromotion, NoPromotionWhileTheClusterDrains) {
   Promotion p;
