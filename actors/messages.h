@@ -341,7 +341,8 @@ struct AutoscaleStatus {
   /// decision -> the replica is routed (the head's own share: a state flip, microseconds);
   std::vector<double> promotion_routable_seconds;
   /// decision -> the first request sent to it (queued at the head, or handed back by a busy
-  /// replica's engine: reclaim_atom); a promotion with nothing to serve waits here for traffic;
+  /// replica's engine: reclaim_atom), only when that request had already arrived at the head at
+  /// the decision; otherwise the promotion is not measured (num_promotions_without_waiting_work);
   std::vector<double> promotion_dispatch_seconds;
   /// decision -> the first token of that request (the rest is the replica's first engine step:
   /// one prefill forward pass, plus the message hops shard -> request actor -> head). When that
@@ -351,6 +352,9 @@ struct AutoscaleStatus {
   /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
   /// set beside promotion_seconds.
   std::vector<double> cold_scale_up_seconds;
+  /// Scale-ups (warm or cold) not measured: the first request the replica got arrived after the
+  /// decision (no work waited for it), or it left ready before getting any request.
+  int64_t num_promotions_without_waiting_work = 0;
 };
 
 struct ClusterStatus {
@@ -496,7 +500,7 @@ typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
            x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
            x.last_change_seconds, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
-           x.promotion_seconds, x.cold_scale_up_seconds);
+           x.promotion_seconds, x.cold_scale_up_seconds, x.num_promotions_without_waiting_work);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {

@@ -229,6 +229,7 @@ struct SchedulerState {
   std::map<int64_t, Pending> queue;            // by request id
   std::map<int64_t, int32_t> running;          // request id -> replica
   std::map<int64_t, caf::actor> request_actors;
+  std::map<int64_t, double> arrived_at;        // request id -> its first arrival at the head (now_s)
   int64_t next_id = 1;
   int64_t next_arrival = 1;
   int64_t finished = 0;
@@ -250,6 +251,7 @@ struct SchedulerState {
   std::map<caf::actor_addr, int32_t> retired;  // workers told to quit -> replica: their down message is expected
   std::map<int64_t, int32_t> rebalanced_from;  // request handed back by a busy replica -> that replica
   double held_deficit_since = -1;       // a scale-up's cold start held back (CPU host) since this decision
+  bool deficit_by_wanted = false;       // cold starts were held: AutoscaleInput::deficit_by_wanted
   AutoscaleStatus as;                   // counters and recent measurements for `status`
 };
 
@@ -270,9 +272,43 @@ void set_state(SchedSelf self, int32_t rid, ReplicaState to) {
   r.state_seconds[static_cast<size_t>(r.state)] += now - r.state_since;
   get_logger("actors")->info("replica {}: {} -> {} (after {:.3f} s)", rid, replica_state_name(r.state),
                              replica_state_name(to), now - r.state_since);
+  // A scale-up measurement still open ends with the ready state: a later routing of this
+  // replica is another decision (it would time idle time from this one).
+  if (r.state == ReplicaState::kReady && to != ReplicaState::kReady) {
+    if (r.awaiting_assign) ++self->state.as.num_promotions_without_waiting_work;
+    r.awaiting_assign = false;
+    r.awaiting_first_token = false;
+    r.measured_request = 0;
+    r.scale_decision_at = -1;
+  }
   r.state = to;
   r.state_since = now;
   if (to == ReplicaState::kReady) r.ready_since = now;
+}
+
+// The first start-up routing (min_replicas > 0, before any replica was routed) is no scale-up.
+// With min_replicas 0 the first routing is a scale from zero: a scale-up like any other.
+bool at_startup(const SchedulerState& s) {
+  return !s.ever_routed && (!s.autoscaler || s.autoscaler->options().min_replicas > 0);
+}
+
+// A scale-up measurement counts only a request that already waited at the decision (queued at
+// the head or waiting in a busy engine: its first arrival at the head at or before it); one that
+// arrived later would time the idle gap between two bursts.
+bool waited_for(const SchedulerState& s, int64_t request_id, double decided_at) {
+  auto it = s.arrived_at.find(request_id);
+  return decided_at >= 0 && it != s.arrived_at.end() && it->second <= decided_at;
+}
+
+// The replica's scale-up got a request that arrived after its decision: not measured, counted.
+void drop_scale_up_measurement(SchedulerState& s, ReplicaEntry& r, int32_t rid, int64_t request_id) {
+  get_logger("actors")->info("replica {}: its scale-up is not measured: request {} arrived after the decision "
+                             "(no work waited for it)", rid, request_id);
+  ++s.as.num_promotions_without_waiting_work;
+  r.awaiting_assign = false;
+  r.awaiting_first_token = false;
+  r.measured_request = 0;
+  r.scale_decision_at = -1;
 }
 
 caf::actor kv_peer(SchedulerState& s, const std::string& name);
@@ -409,12 +445,17 @@ void dispatch(SchedSelf self) {
       if (rb->second == a.replica) r.no_reclaim_until = now_s(self) + kNoReclaimAfterReturnS;
       s.rebalanced_from.erase(rb);
     }
+    const bool waited = waited_for(s, item.request_id, r.scale_decision_at);
     if (r.awaiting_assign) {  // the first request sent to it since the scale-up
-      r.awaiting_assign = false;
-      r.awaiting_first_token = true;
-      if (!r.cold_path && r.scale_decision_at >= 0) {
-        r.promotion_dispatch_s = now_s(self) - r.scale_decision_at;
-        keep_last(&s.as.promotion_dispatch_seconds, r.promotion_dispatch_s);
+      if (!waited) {
+        drop_scale_up_measurement(s, r, a.replica, item.request_id);
+      } else {
+        r.awaiting_assign = false;
+        r.awaiting_first_token = true;
+        if (!r.cold_path) {
+          r.promotion_dispatch_s = now_s(self) - r.scale_decision_at;
+          keep_last(&s.as.promotion_dispatch_seconds, r.promotion_dispatch_s);
+        }
       }
     }
     // The first token is measured on the first request sent to it that has none yet: a request
@@ -422,7 +463,11 @@ void dispatch(SchedSelf self) {
     // (the request actor reports it once), so it would leave the measurement (and the CPU
     // host's hold on cold starts) waiting.
     if (r.awaiting_first_token && r.measured_request == 0 && item.resume_output.empty()) {
-      r.measured_request = item.request_id;
+      if (waited) {
+        r.measured_request = item.request_id;
+      } else {
+        drop_scale_up_measurement(s, r, a.replica, item.request_id);
+      }
     }
     const bool fresh = item.resume_output.empty() && item.rng_state.empty() && item.kv.source.empty();
     if (fresh && r.prefill && r.prefill_ready) {
@@ -771,8 +816,8 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   r.drain_to_standby = to_standby;
-  r.awaiting_first_token = false;
-  r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
+  // Leaving ready ends a scale-up measurement still open (set_state): a later undrain or restart
+  // must not time itself from this decision.
   ++s.as.num_drains;
   set_state(self, rid, ReplicaState::kDraining);
   bool other = false;
@@ -791,7 +836,7 @@ void promote(SchedSelf self, int32_t rid, double decided_at) {
   set_state(self, rid, ReplicaState::kReady);
   r.promoted_at = now_s(self);
   // NOTE: the first replica(s) routed at start-up are no scale-up: not counted, not measured.
-  const bool startup = !s.ever_routed;
+  const bool startup = at_startup(s);
   s.ever_routed = true;
   r.awaiting_first_token = false;
   r.measured_request = 0;
@@ -823,7 +868,7 @@ void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
   r.start_requested_at = now_s(self);
   // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured
   // from now.
-  r.scale_decision_at = !for_deficit || !s.ever_routed ? -1
+  r.scale_decision_at = !for_deficit || at_startup(s) ? -1
                         : s.held_deficit_since >= 0  ? s.held_deficit_since
                                                      : r.start_requested_at;
   ++r.num_cold_starts;
@@ -896,7 +941,13 @@ void autoscale_tick(SchedSelf self) {
   }
   in.ttft.assign(s.ttft.begin(), s.ttft.end());
   in.can_start = static_cast<bool>(s.cfg.start_replica);
+  in.deficit_by_wanted = s.deficit_by_wanted;
   AutoscaleDecision d = s.autoscaler->tick(in);
+  if (s.deficit_by_wanted) {
+    int32_t routed = 0;
+    for (const auto& [rid, r] : s.replicas) routed += r.routed();
+    if (d.changed || d.target_ready <= routed) s.deficit_by_wanted = false;  // a new target, or it is met
+  }
   const double decided_at = now_s(self);  // promotions are measured from here
   s.as.target_ready = d.target_ready;
   s.as.ongoing = d.ongoing;
@@ -907,14 +958,45 @@ void autoscale_tick(SchedSelf self) {
     get_logger("actors")->info("autoscaler: target {} ready replica(s): {}", d.target_ready, d.reason);
   }
   for (int32_t rid : d.abandon) start_failed(self, rid, "no progress for start_timeout_s");
-  // NOTE: while the server drains, capacity is only added (queued and migrating requests still
-  // need replicas, and a lost one is started again); scale-down waits for the end of the drain.
-  if (!s.draining) {
-    for (int32_t rid : d.stop) retire(self, rid);
-    for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
+  if (s.draining) {
+    // NOTE: while the server drains (SIGTERM) nothing is scaled: no scale-down, no promotion, no
+    // cold start. The one exception: queued or moving requests with no routed replica left (its
+    // last one was lost) get one replica back, or the drain would fail them.
+    bool routed = false;
+    for (const auto& [rid, r] : s.replicas) routed = routed || r.routed();
+    const bool stranded = !routed && (!s.queue.empty() || !s.in_transit.empty());
+    if (!stranded) {
+      s.held_deficit_since = -1;
+      dispatch(self);
+      return;
+    }
+    d.stop.clear();
+    d.drain.clear();
+    d.starting_for_deficit.clear();
+    if (!d.undrain.empty()) {
+      d.undrain.resize(1);
+      d.promote.clear();
+      d.start.clear();
+    } else if (!d.promote.empty()) {
+      d.promote.resize(1);
+      d.start.clear();
+    } else {
+      d.start.resize(d.num_start_for_deficit > 0 && !d.start.empty() ? 1 : 0);
+    }
+    d.num_start_for_deficit = static_cast<int32_t>(d.start.size());
   }
+  for (int32_t rid : d.stop) retire(self, rid);
+  for (const DrainAction& a : d.drain) begin_drain(self, a.replica, a.to_standby);
   for (int32_t rid : d.undrain) undrain(self, rid);
   for (int32_t rid : d.promote) promote(self, rid, decided_at);
+  // A replica already starting (a pool refill) that now covers the scale-up is its cold path:
+  // timed from this decision (the first one, when an earlier tick already counted it).
+  for (int32_t rid : d.starting_for_deficit) {
+    auto& r = s.replicas[rid];
+    if (r.scale_decision_at < 0 && !at_startup(s)) {
+      r.scale_decision_at = s.held_deficit_since >= 0 ? s.held_deficit_since : decided_at;
+    }
+  }
   // NOTE: on CPU hosts a cold start (loading weights, a warm-up pass) competes for the cores with
   // the promoted replica's first prefill (not measured apart yet; the bench shows it); it waits
   // (at most kRefillHoldS) until that replica served its first token. This holds the pool refill
@@ -927,6 +1009,9 @@ void autoscale_tick(SchedSelf self) {
                                     now - r.promoted_at < kRefillHoldS);
     }
   }
+  // Held scale-up starts: once released, the deficit counts only what the load wants then (the
+  // clients may have gone meanwhile), until the target changes or is met.
+  if (hold_starts && d.num_start_for_deficit > 0) s.deficit_by_wanted = true;
   for (size_t i = 0; i < d.start.size(); ++i) {
     const bool for_deficit = static_cast<int32_t>(i) < d.num_start_for_deficit;
     if (hold_starts) {
@@ -1172,6 +1257,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto ra = self->spawn(request_actor, id, s.cfg.token, caf::actor_cast<caf::actor>(self), m.sink, *w, timeout_s);
         w->request_actor = ra;
         s.request_actors[id] = ra;
+        s.arrived_at[id] = now_s(self);
         enqueue(self, std::move(*w), s.next_arrival++);
         dispatch(self);
         return {id, 0, ""};
@@ -1186,6 +1272,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto ra = s.request_actors.find(id);
         if (ra == s.request_actors.end() || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(ra->second)) return;
         s.request_actors.erase(ra);
+        s.arrived_at.erase(id);
         s.queue.erase(id);
         s.rebalanced_from.erase(id);
         auto it = s.running.find(id);

@@ -132,12 +132,23 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
     a.max_replicas = std::max(a.min_replicas, std::max(declared - a.warm_pool, 1));
   }
   // The autoscaler places replicas only where the topology declares their workers (and so their
-  // devices): min_replicas must be placeable. Fewer slots than max_replicas + warm_pool is allowed
-  // (the pool or the top of the range then stays empty; `specserve status` shows the slots).
-  if (a.enabled() && !shards.empty() && declared < a.min_replicas) {
-    error_at(topo_.where("autoscale.min_replicas"), "autoscale.min_replicas",
-             quote(std::to_string(a.min_replicas)) + " but the nodes declare only " + std::to_string(declared) +
-                 " replica(s): declare each replica's workers under nodes[].workers");
+  // devices): the min_replicas ready replicas and the warm_pool standby ones must all be
+  // placeable, or the cluster can never reach its floor. Fewer than max_replicas + warm_pool
+  // is allowed (the top of the range stays out of reach), with a note logged at `up`.
+  if (a.enabled() && !shards.empty() && declared < a.min_replicas + a.warm_pool) {
+    const std::string field = a.min_replicas > declared || a.warm_pool == 0 ? "autoscale.min_replicas" : "autoscale.warm_pool";
+    error_at(topo_.where(field), field,
+             "autoscale.min_replicas " + quote(std::to_string(a.min_replicas)) + " + autoscale.warm_pool " +
+                 quote(std::to_string(a.warm_pool)) + " need " + std::to_string(a.min_replicas + a.warm_pool) +
+                 " replicas but the nodes declare only " + std::to_string(declared) +
+                 " replica(s): declare each replica's workers under nodes[].workers, or lower min_replicas / warm_pool");
+  } else if (a.enabled() && !shards.empty() && declared < a.max_replicas + a.warm_pool) {
+    topo_.notes.push_back(topo_.where("autoscale.max_replicas") + ": autoscale.max_replicas " +
+                          quote(std::to_string(a.max_replicas)) + " + autoscale.warm_pool " +
+                          quote(std::to_string(a.warm_pool)) + " want " + std::to_string(a.max_replicas + a.warm_pool) +
+                          " replicas but the nodes declare " + std::to_string(declared) + ": at most " +
+                          std::to_string(std::max(0, declared - a.warm_pool)) +
+                          " ready with a full pool (declare more replicas to reach max_replicas)");
   }
 }
 

@@ -22,6 +22,13 @@ const char* replica_state_name(ReplicaState state) {
   return "?";
 }
 
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 double percentile90(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -46,7 +53,7 @@ bool Autoscaler::startable_now(const ReplicaView& r, double now_s) const {
 AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   const AutoscaleOptions& o = options_;
   AutoscaleDecision d;
-  std::vector<const ReplicaView*> ready, standby, stopped, draining;
+  std::vector<const ReplicaView*> ready, standby, stopped, draining, starting_views;
   std::map<int32_t, const ReplicaView*> by_id;
   int32_t starting = 0, draining_to_standby = 0;
   int64_t ongoing = in.num_queued;
@@ -68,6 +75,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
           d.abandon.push_back(r.id);
         } else {
           ++starting;
+          starting_views.push_back(&r);
         }
         break;
       case ReplicaState::kDraining:
@@ -91,6 +99,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   // Rule 5: bounds (the slots are the declared replicas).
   const int32_t upper = std::max(0, std::min(o.max_replicas, static_cast<int32_t>(in.replicas.size())));
   const int32_t lower = std::min(std::max(0, o.min_replicas), upper);
+  d.wanted = std::clamp(wanted, lower, upper);
 
   // Rule 2: pressure. Signals measured on the serving replicas only count while no decided
   // replica is still on its way (target <= ready): the shortage they show is being fixed.
@@ -158,8 +167,10 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
       idle_max_wanted_ = std::max(idle_max_wanted_, wanted);
       const int32_t down = std::max(lower, idle_max_wanted_);
       if (in.now_s - *idle_since_ >= o.downscale_delay_s && down < target_) {
-        d.reason = fmt::format("idle: at most {} ongoing-worth replica(s) wanted for {:.1f} s", idle_max_wanted_,
-                               in.now_s - *idle_since_);
+        d.reason = idle_max_wanted_ > 0
+                       ? fmt::format("idle: the load wanted at most {} replica(s) for {:.1f} s", idle_max_wanted_,
+                                     in.now_s - *idle_since_)
+                       : fmt::format("idle: no ongoing request for {:.1f} s", in.now_s - *idle_since_);
         target_ = down;
       }
     } else {
@@ -185,6 +196,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   int32_t standby_left = static_cast<int32_t>(standby.size());
   int32_t starting_left = starting;
   int32_t deficit = target_ - num_ready;
+  if (in.deficit_by_wanted && deficit > 0) deficit = std::max(0, std::min(target_, d.wanted) - num_ready);
   if (deficit > 0) {
     // A draining replica is loaded and its process lives: routing it again is instant, and
     // cold-starting its slot instead would run a second process of the same replica.
@@ -198,6 +210,8 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     standby_left -= n;
     deficit -= n;
     const int32_t from_starting = std::min(deficit, starting_left);
+    std::sort(starting_views.begin(), starting_views.end(), by_id_asc);
+    for (int32_t i = 0; i < from_starting; ++i) d.starting_for_deficit.push_back(starting_views[static_cast<size_t>(i)]->id);
     starting_left -= from_starting;
     deficit -= from_starting;
     cold_start(deficit);  // they join the pool when ready and are promoted on a later tick

@@ -147,6 +147,11 @@ struct AutoscaleInput {
   std::vector<TtftSample> ttft;  ///< recent samples (older than look_back_period_s are skipped)
   /// False when the head cannot start processes (no launcher): cold starts are not planned.
   bool can_start = true;
+  /// The caller held cold starts back and released them: ready < target is covered (undrain,
+  /// promotion, starting replicas, cold starts) only up to what the load wants now
+  /// (AutoscaleDecision::wanted), not up to the target, which keeps a burst's value until the
+  /// downscale delay: load that went away meanwhile (clients gone) starts nothing.
+  bool deficit_by_wanted = false;
 };
 
 struct DrainAction {
@@ -158,11 +163,18 @@ struct DrainAction {
 /// undrain, promote, start.
 struct AutoscaleDecision {
   int32_t target_ready = 0;          ///< desired ready replicas after this tick
+  /// What the load wants now (rule 1: ceil(ongoing / target_ongoing_requests)), within
+  /// [min_replicas, slots / max_replicas]; no hysteresis (target_ready has it).
+  int32_t wanted = 0;
   std::vector<int32_t> abandon;      ///< starting/loading/warming too long -> stopped (rule 0)
   std::vector<int32_t> undrain;      ///< draining -> ready (routed again now)
   std::vector<int32_t> promote;      ///< standby -> ready (routed now)
   std::vector<int32_t> start;        ///< stopped -> starting (cold start; joins the pool when ready)
   int32_t num_start_for_deficit = 0; ///< the first this many of `start` cover ready < target (6a); the rest refill the pool
+  /// Replicas already starting (starting/loading/warming, e.g. a pool refill) counted for
+  /// ready < target in this tick, lowest id first: the scale-up now waits on them (the cold path),
+  /// so the caller times it from this decision.
+  std::vector<int32_t> starting_for_deficit;
   std::vector<DrainAction> drain;    ///< ready -> draining -> standby | stopped
   std::vector<int32_t> stop;         ///< standby -> stopped
   bool changed = false;              ///< target_ready changed in this tick
@@ -198,6 +210,10 @@ class Autoscaler {
   std::optional<double> idle_since_;
   int32_t idle_max_wanted_ = 0;
 };
+
+/// The median of `values` (seconds or any unit): the middle value of an odd count, the mean of
+/// the two middle values of an even count; 0 when empty.
+double median_of(std::vector<double> values);
 
 /// p90 (nearest rank) of `values`; 0 for an empty list. Helper, exposed for tests.
 double percentile90(std::vector<double> values);

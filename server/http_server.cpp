@@ -794,8 +794,13 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
       for (const auto& r : st->replicas) ready += r.ready;
     }
     const bool ok = st && ready > 0 && !st->draining;
-    res.status = ok ? 200 : 503;
-    json j{{"status", ok ? "ok" : st && st->draining ? "draining" : "not ready"}, {"replicas_ready", ready}};
+    // Scaled to zero (min_replicas 0): no replica is ready, but a request makes the autoscaler
+    // route one (promotion or cold start), so the server is healthy: 200 "idle". A 503 here would
+    // keep a load balancer from ever sending that request.
+    const bool idle = st && !ok && !st->draining && st->autoscale.enabled && st->autoscale.min_replicas == 0 &&
+                      st->autoscale.max_replicas > 0 && !st->replicas.empty();
+    res.status = ok || idle ? 200 : 503;
+    json j{{"status", ok ? "ok" : idle ? "idle" : st && st->draining ? "draining" : "not ready"}, {"replicas_ready", ready}};
     res.set_content(dump_json(j), "application/json");
   });
   svr.Get("/metrics", [d](const httplib::Request&, httplib::Response& res) {

@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -410,12 +411,12 @@ struct Promotion {
   std::unique_ptr<Head> head;
   std::unique_ptr<Client> client;
   std::vector<caf::actor> shards;  // replica 0's, replica 1's
-  void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1) {
+  void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0) {
     Topology t = make_topology(2, /*drafts=*/false);
     t.autoscale.min_replicas = 1;
     t.autoscale.max_replicas = 2;
     t.autoscale.warm_pool = 1;
-    t.autoscale.upscale_delay_s = 0;
+    t.autoscale.upscale_delay_s = upscale_delay_s;
     t.autoscale.downscale_delay_s = 1000;
     t.autoscale.target_ongoing_requests = 2;
     auto h = Head::start(rt, t, kToken, /*publish=*/false);
@@ -554,6 +555,275 @@ TEST(ElasticPromotion, FirstTokenIsMeasuredOnARequestThatHadNoneYet) {
   c = hs[1]->next(std::chrono::seconds(5));
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->tokens, std::vector<int32_t>{42});
+}
+
+// Bug: a promoted replica that got no request during its burst timed "decision -> first token"
+// on the first request of the next burst (102 s of idle time as a promotion).
+TEST(ElasticPromotion, PromotionWithNoWaitingWorkIsNotMeasured) {
+  Promotion p;
+  // Replica 1's cache holds 2 blocks of 16 tokens: the burst's 40-token requests never fit there.
+  ASSERT_NO_FATAL_FAILURE(p.start(2));
+  std::vector<std::shared_ptr<RequestHandle>> hs;  // kept: a dropped handle cancels its request
+  for (int i = 0; i < 3; ++i) {
+    auto h = p.client->submit(request(40));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  // Replica 1 is promoted; the request replica 0 hands back can only go back there.
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
+      << p.rec.dump() << describe(p.client->status());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
+  // A request that arrives after the decision is the first one replica 1 gets.
+  auto late = p.client->submit(request(5));
+  ASSERT_TRUE(late.ok()) << late.status().to_string();
+  hs.push_back(*late);
+  ASSERT_TRUE(until(5, [&] { return p.rec.count("r1/target_shard: work 4") == 1; })) << p.rec.dump();
+  auto c = hs.back()->next(std::chrono::seconds(5));
+  ASSERT_TRUE(c.has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_promotions, 1);
+  EXPECT_EQ(st->autoscale.promotion_routable_seconds.size(), 1u);
+  EXPECT_TRUE(st->autoscale.promotion_dispatch_seconds.empty()) << "timed a request that arrived after the decision";
+  EXPECT_TRUE(st->autoscale.promotion_seconds.empty()) << "timed a request that arrived after the decision";
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 1);
+  for (const auto& r : st->replicas) {
+    if (r.replica == 1) EXPECT_EQ(r.promotion_seconds, 0.0);
+  }
+}
+
+// A promoted replica that leaves ready before any request came ends its scale-up unmeasured:
+// routed again later, it must not time itself from the old decision.
+TEST(ElasticPromotion, PromotionEndsUnmeasuredWhenTheReplicaLeavesReady) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(2));  // the burst's 40-token requests never fit on replica 1
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 3; ++i) {
+    auto h = p.client->submit(request(40));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
+      << p.rec.dump() << describe(p.client->status());
+  auto st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 0);
+  caf::anon_send_exit(p.shards[1], caf::exit_reason::kill);
+  ASSERT_TRUE(until(5, [&] {
+    auto s = p.client->status();
+    return s.ok() && state_of(*s, 1) == "stopped";
+  })) << describe(p.client->status());
+  st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 1);
+  EXPECT_TRUE(st->autoscale.promotion_dispatch_seconds.empty());
+}
+
+// Bug: a SIGTERM drain of the whole cluster still promoted a standby replica.
+TEST(ElasticPromotion, NoPromotionWhileTheClusterDrains) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(64, 1, /*upscale_delay_s=*/0.5));
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 3; ++i) {  // 3 ongoing want 2 replicas, after the upscale delay
+    auto h = p.client->submit(request(10));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  std::thread drain([&] { (void)p.head->drain(std::chrono::milliseconds(2000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  auto st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->draining);
+  EXPECT_EQ(state_of(*st, 1), "standby") << describe(st);
+  EXPECT_EQ(st->autoscale.num_promotions, 0);
+  EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
+  drain.join();
+}
+
+// Scale from zero (min_replicas 0): the standby replica routed for the first request is a
+// promotion, counted and measured like any other.
+TEST(ElasticPromotion, ScaleFromZeroIsAMeasuredPromotion) {
+  Recorder rec;
+  ActorRuntime rt;
+  Topology t = make_topology(1, /*drafts=*/false);
+  t.autoscale.min_replicas = 0;
+  t.autoscale.max_replicas = 1;
+  t.autoscale.warm_pool = 1;
+  t.autoscale.upscale_delay_s = 0;
+  t.autoscale.downscale_delay_s = 1000;
+  auto head = Head::start(rt, t, kToken, /*publish=*/false);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
+  FakeSpec f;
+  f.scheduler = (*head)->scheduler();
+  f.rec = &rec;
+  rt.system().spawn(fake_worker, f);
+  ASSERT_TRUE(until(5, [&] {
+    auto st = client->status();
+    return st.ok() && state_of(*st, 0) == "standby";
+  })) << describe(client->status());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto st = client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 0), "standby") << "min_replicas 0: nothing is routed while idle";
+  auto h = client->submit(request(10));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  auto c = (*h)->next(std::chrono::seconds(5));
+  ASSERT_TRUE(c.has_value()) << rec.dump() << describe(client->status());
+  ASSERT_TRUE(until(5, [&] {
+    st = client->status();
+    return st.ok() && !st->autoscale.promotion_seconds.empty();
+  })) << "scale from zero was not measured: " << describe(st);
+  EXPECT_EQ(st->autoscale.num_promotions, 1);
+  EXPECT_EQ(st->autoscale.promotion_routable_seconds.size(), 1u);
+  EXPECT_EQ(st->autoscale.promotion_dispatch_seconds.size(), 1u);
+  EXPECT_EQ(st->autoscale.num_promotions_without_waiting_work, 0);
+  EXPECT_NE(st->autoscale.last_reason.find("scale from zero"), std::string::npos) << st->autoscale.last_reason;
+  client.reset();
+  (*head)->stop();
+}
+
+// A cluster whose replicas the head's launcher starts: the launcher records each start, and the
+// test spawns a started replica's fake target shard when it wants it to register.
+struct Launched {
+  Recorder rec;
+  std::mutex mu;
+  std::vector<int32_t> starts;
+  ActorRuntime rt;
+  std::unique_ptr<Head> head;
+  std::unique_ptr<Client> client;
+  void start(const Topology& t) {
+    auto h = Head::start(rt, t, kToken, /*publish=*/false, [this](int32_t replica) {
+      std::lock_guard<std::mutex> lock(mu);
+      starts.push_back(replica);
+      return Status();
+    });
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    head = std::move(*h);
+    client = Client::in_process(rt.system(), head->scheduler(), kToken);
+  }
+  int num_starts(int32_t replica) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<int>(std::count(starts.begin(), starts.end(), replica));
+  }
+  size_t num_starts() {
+    std::lock_guard<std::mutex> lock(mu);
+    return starts.size();
+  }
+  void spawn(int32_t replica, bool first_token = true) {
+    FakeSpec f;
+    f.replica = replica;
+    f.first_token = first_token;
+    f.scheduler = head->scheduler();
+    f.rec = &rec;
+    rt.system().spawn(fake_worker, f);
+  }
+  bool wait_state(int32_t replica, const std::string& state, double seconds = 5) {
+    return until(seconds, [&] {
+      auto st = client->status();
+      return st.ok() && state_of(*st, replica) == state;
+    });
+  }
+  ~Launched() {
+    client.reset();
+    if (head) head->stop();
+  }
+};
+
+// Bug: a replica started cold (a pool refill) that covered a later scale-up was promoted on
+// ready as a warm promotion, timed from when it became ready, and cold_scale_up_seconds stayed
+// empty.
+TEST(ElasticPromotion, ColdStartCoveringAScaleUpIsTimedFromTheDecisionAsCold) {
+  Launched l;
+  Topology t = make_topology(4, /*drafts=*/false);
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 3;
+  t.autoscale.warm_pool = 1;
+  t.autoscale.upscale_delay_s = 0;
+  t.autoscale.downscale_delay_s = 1000;
+  t.autoscale.target_ongoing_requests = 2;
+  ASSERT_NO_FATAL_FAILURE(l.start(t));
+  ASSERT_TRUE(until(5, [&] { return l.num_starts(0) == 1 && l.num_starts(1) == 1; }));
+  l.spawn(0);
+  ASSERT_TRUE(l.wait_state(0, "ready")) << describe(l.client->status());
+  l.spawn(1);
+  ASSERT_TRUE(l.wait_state(1, "standby")) << describe(l.client->status());
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  auto submit = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto h = l.client->submit(request(10));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      hs.push_back(*h);
+    }
+  };
+  // 3 ongoing want 2: replica 1 is promoted (warm), replica 2 refills the pool (cold, left starting).
+  ASSERT_NO_FATAL_FAILURE(submit(3));
+  ASSERT_TRUE(l.wait_state(1, "ready")) << describe(l.client->status());
+  ASSERT_TRUE(until(5, [&] { return l.num_starts(2) == 1; })) << describe(l.client->status());
+  // 5 ongoing want 3: no standby left; the starting replica 2 covers the scale-up.
+  ASSERT_NO_FATAL_FAILURE(submit(2));
+  ASSERT_TRUE(until(5, [&] {
+    auto st = l.client->status();
+    return st.ok() && st->autoscale.target_ready == 3;
+  })) << describe(l.client->status());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the cold start takes a while
+  l.spawn(2);
+  ClusterStatus st;
+  ASSERT_TRUE(until(5, [&] {
+    auto s = l.client->status();
+    if (s.ok()) st = *s;
+    return s.ok() && !st.autoscale.cold_scale_up_seconds.empty();
+  })) << "the cold path was not measured: " << describe(l.client->status()) << l.rec.dump();
+  EXPECT_EQ(state_of(st, 2), "ready");
+  EXPECT_EQ(st.autoscale.num_promotions, 1) << "replica 2 counted as a warm promotion";
+  ASSERT_EQ(st.autoscale.cold_scale_up_seconds.size(), 1u);
+  EXPECT_GE(st.autoscale.cold_scale_up_seconds[0], 0.3) << "not timed from the decision";
+  for (const auto& r : st.replicas) {
+    if (r.replica == 2) EXPECT_EQ(r.num_promotions, 0);
+  }
+}
+
+// Bug: cold starts held back (CPU host, until the promoted replica's first token) started after
+// the clients had gone, with 0 ongoing, and were stopped again later.
+TEST(ElasticPromotion, HeldColdStartsForLoadThatWentAwayAreNotStarted) {
+  Launched l;
+  Topology t = make_topology(4, /*drafts=*/false);
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 3;
+  t.autoscale.warm_pool = 1;
+  t.autoscale.upscale_delay_s = 0;
+  t.autoscale.downscale_delay_s = 1000;
+  t.autoscale.target_ongoing_requests = 1;
+  ASSERT_NO_FATAL_FAILURE(l.start(t));
+  ASSERT_TRUE(until(5, [&] { return l.num_starts(0) == 1 && l.num_starts(1) == 1; }));
+  l.spawn(0);
+  ASSERT_TRUE(l.wait_state(0, "ready")) << describe(l.client->status());
+  l.spawn(1, /*first_token=*/false);  // its first token never comes: the cold starts stay held
+  ASSERT_TRUE(l.wait_state(1, "standby")) << describe(l.client->status());
+  ASSERT_EQ(l.num_starts(), 2u);
+  {
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 3; ++i) {  // 3 ongoing want 3: replica 1 promoted, one more held
+      auto h = l.client->submit(request(10));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      hs.push_back(*h);
+    }
+    ASSERT_TRUE(until(5, [&] { return l.rec.count_prefix("r1/target_shard: work") >= 1; })) << l.rec.dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(l.num_starts(), 2u) << "the cold starts were not held";
+  }  // the clients go: their requests are cancelled
+  ASSERT_TRUE(until(5, [&] {
+    auto st = l.client->status();
+    return st.ok() && st->autoscale.ongoing == 0;
+  })) << describe(l.client->status());
+  // The hold ends (5 s after the promotion): only the pool refill starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+  auto st = l.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.target_ready, 3) << "the target keeps its hysteresis";
+  EXPECT_EQ(l.num_starts(), 3u) << "a held scale-up start began with 0 ongoing: " << describe(st);
 }
 
 // Greedy tokens of the target alone (the oracle).

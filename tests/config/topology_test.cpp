@@ -47,7 +47,7 @@ std::string base_yaml() {
          "      - {role: target_shard, rank: 0, device: cuda:0}\n"                                          // 11
          "      - {role: draft_worker, device: cpu}\n"                                                      // 12
          "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 16, kv_cache_bytes: 1GiB}\n"  // 13
-         "autoscale: {min_replicas: 1, max_replicas: 2, warm_pool: 1}\n";                                  // 14
+         "autoscale: {min_replicas: 0, max_replicas: 1, warm_pool: 0}\n";                                  // 14
 }
 
 std::string replace_once(std::string text, const std::string& from, const std::string& to) {
@@ -81,7 +81,8 @@ TEST(Topology, BaseYamlIsValid) {
   EXPECT_EQ(t->nodes[0].workers[1].model, "speculative");
   EXPECT_EQ(t->scheduler.kv_cache_bytes, int64_t{1} << 30);
   EXPECT_TRUE(t->scheduler.enable_prefix_caching);  // vLLM V1's default
-  EXPECT_EQ(t->autoscale.max_replicas, 2);
+  EXPECT_EQ(t->autoscale.max_replicas, 1);
+  EXPECT_EQ(t->autoscale.min_replicas, 0);
   EXPECT_TRUE(t->notes.empty());
   EXPECT_EQ(t->where("head.http_port"), "t.yaml:2:54");
   EXPECT_EQ(t->where("autoscale.upscale_delay_s"), "t.yaml");  // a default: no line
@@ -126,9 +127,9 @@ const BadCase kBadCases[] = {
   {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
   {"negative_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: -1GiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'-1GiB'", "negative"}},
   {"prefix_caching_not_bool", "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: maybe}", {"t.yaml:13:", "scheduler.enable_prefix_caching", "'maybe'"}},
-  {"min_over_max_replicas", "min_replicas: 1, max_replicas: 2", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
-  {"negative_warm_pool", "warm_pool: 1", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
-  {"negative_delay", "warm_pool: 1}", "warm_pool: 1, upscale_delay_s: -5}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'-5'"}},
+  {"min_over_max_replicas", "min_replicas: 0, max_replicas: 1", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
+  {"negative_warm_pool", "warm_pool: 0", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
+  {"negative_delay", "warm_pool: 0}", "warm_pool: 0, upscale_delay_s: -5}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'-5'"}},
   {"device_not_on_node", "device: cpu}", "device: cuda:7}", {"t.yaml:12:38:", "nodes[0].workers[1].device", "'cuda:7'", "nodes[0].devices [cpu, cuda:0, cuda:1]"}},
   {"device_syntax", "device: cuda:0}", "device: gpu0}", {"t.yaml:11:47:", "nodes[0].workers[0].device", "'gpu0'", "cuda:N"}},
   {"device_listed_twice", "[cpu, cuda:0, cuda:1]", "[cpu, cuda:0, cuda:0]", {"t.yaml:9:28:", "nodes[0].devices[2]", "'cuda:0'", "twice"}},
@@ -145,13 +146,14 @@ const BadCase kBadCases[] = {
   {"rank_on_draft_worker", "{role: draft_worker, device: cpu}", "{role: draft_worker, rank: 0, device: cpu}", {"t.yaml:12:36:", "nodes[0].workers[1].rank", "'0'", "target_shard"}},
   {"replica_without_shards", "{role: draft_worker, device: cpu}", "{role: draft_worker, replica: 3, device: cpu}", {"t.yaml:12:39:", "nodes[0].workers[1].replica", "'3'", "no target_shard"}},
   {"node_name_with_space", "name: node0", "name: \"node 0\"", {"t.yaml:7:11:", "nodes[0].name", "'node 0'"}},
-  {"max_replicas_zero", "max_replicas: 2", "max_replicas: 0", {"t.yaml:14:44:", "autoscale.max_replicas", "'0'"}},
-  {"target_ongoing_zero", "warm_pool: 1}", "warm_pool: 1, target_ongoing_requests: 0}", {"t.yaml:14:86:", "autoscale.target_ongoing_requests", "'0'", "(0, 1e9]"}},
-  {"kv_usage_over_one", "warm_pool: 1}", "warm_pool: 1, target_kv_cache_usage: 1.5}", {"t.yaml:14:84:", "autoscale.target_kv_cache_usage", "'1.5'", "(0, 1]"}},
-  {"look_back_zero", "warm_pool: 1}", "warm_pool: 1, look_back_period_s: 0}", {"t.yaml:14:81:", "autoscale.look_back_period_s", "'0'"}},
-  {"negative_slo", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: -1}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'-1'"}},
-  {"slo_not_a_number", "warm_pool: 1}", "warm_pool: 1, ttft_slo_ms: fast}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'fast'"}},
-  {"min_over_declared", "min_replicas: 1, max_replicas: 2", "min_replicas: 2, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'2'", "declare only 1 replica"}},
+  {"max_replicas_zero", "max_replicas: 1", "max_replicas: 0", {"t.yaml:14:44:", "autoscale.max_replicas", "'0'"}},
+  {"target_ongoing_zero", "warm_pool: 0}", "warm_pool: 0, target_ongoing_requests: 0}", {"t.yaml:14:86:", "autoscale.target_ongoing_requests", "'0'", "(0, 1e9]"}},
+  {"kv_usage_over_one", "warm_pool: 0}", "warm_pool: 0, target_kv_cache_usage: 1.5}", {"t.yaml:14:84:", "autoscale.target_kv_cache_usage", "'1.5'", "(0, 1]"}},
+  {"look_back_zero", "warm_pool: 0}", "warm_pool: 0, look_back_period_s: 0}", {"t.yaml:14:81:", "autoscale.look_back_period_s", "'0'"}},
+  {"negative_slo", "warm_pool: 0}", "warm_pool: 0, ttft_slo_ms: -1}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'-1'"}},
+  {"slo_not_a_number", "warm_pool: 0}", "warm_pool: 0, ttft_slo_ms: fast}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'fast'"}},
+  {"min_over_declared", "min_replicas: 0, max_replicas: 1", "min_replicas: 2, max_replicas: 3", {"t.yaml:14:27:", "autoscale.min_replicas", "'2'", "autoscale.warm_pool '0'", "need 2 replicas", "declare only 1 replica"}},
+  {"min_plus_pool_over_declared", "min_replicas: 0, max_replicas: 1, warm_pool: 0", "min_replicas: 1, max_replicas: 1, warm_pool: 1", {"t.yaml:14:58:", "autoscale.warm_pool", "autoscale.min_replicas '1'", "autoscale.warm_pool '1'", "need 2 replicas", "declare only 1 replica"}},
 };
 // clang-format on
 
@@ -178,7 +180,7 @@ TEST(Topology, PrefixCachingCanBeTurnedOff) {
 TEST(Topology, ReportsEveryErrorNotOnlyTheFirst) {
   std::string y = replace_once(base_yaml(), "actor_port: 7420", "actor_port: abc");
   y = replace_once(y, "block_size: 16", "block_size: 0");
-  y = replace_once(y, "warm_pool: 1", "warm_pool: -2");
+  y = replace_once(y, "warm_pool: 0", "warm_pool: -2");
   auto t = parse(y);
   ASSERT_FALSE(t.ok());
   const std::string msg = t.status().message();
@@ -237,6 +239,17 @@ nodes:
   EXPECT_NE(same_name.status().message().find("t.yaml:8:11: nodes[1].name: 'a' is already the name of nodes[0]"),
             std::string::npos)
       << same_name.status().message();
+}
+
+TEST(Topology, MaxReplicasOutOfReachIsANoteNotAnError) {
+  // 1 declared replica, max 2 (no pool): min 0 fits, the top of the range cannot.
+  auto t = parse(replace_once(base_yaml(), "max_replicas: 1", "max_replicas: 2"));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->notes.size(), 1u);
+  EXPECT_NE(t->notes[0].find("t.yaml:14:44: autoscale.max_replicas '2' + autoscale.warm_pool '0' want 2 replicas but the "
+                             "nodes declare 1: at most 1 ready with a full pool"),
+            std::string::npos)
+      << t->notes[0];
 }
 
 TEST(Topology, MoreDeclaredReplicasThanMaxReplicasIsRejected) {
@@ -313,7 +326,7 @@ TEST(Topology, ExampleFilesParseAndUseTheDefaultModel) {
   auto two = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/cluster-two-nodes.yaml");
   ASSERT_TRUE(two.ok());
   ASSERT_EQ(two->nodes.size(), 2u);
-  EXPECT_EQ(two->replica_ids(), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(two->replica_ids(), (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(two->autoscale.warm_pool, 1);
 }
 

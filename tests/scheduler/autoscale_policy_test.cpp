@@ -317,6 +317,78 @@ TEST(AutoscalePolicy, StuckStartingIsAbandonedAndRetriedWithBackoff) {
   EXPECT_EQ(a.tick(in).abandon, (std::vector<int32_t>{1}));
 }
 
+TEST(AutoscalePolicy, StartingReplicaCoveringTheDeficitIsListed) {
+  // A pool refill (replica 2) is starting when a burst wants 2 more ready replicas: the standby
+  // one is promoted and the starting one counted: the caller times it as the scale-up's cold path.
+  Autoscaler a(opts(1, 4, 1, /*up=*/0.0), 1);
+  AutoscaleInput in;
+  in.now_s = 5.0;
+  in.replicas = {rv(0, S::kReady, 6), rv(1, S::kStandby), rv(2, S::kLoading), rv(3, S::kStopped)};
+  in.replicas[2].state_since_s = 4.0;
+  auto d = a.tick(in);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_EQ(d.wanted, 3);
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{1}));
+  EXPECT_EQ(d.starting_for_deficit, (std::vector<int32_t>{2}));
+  EXPECT_EQ(d.num_start_for_deficit, 0);
+  // Nothing left over for the deficit: replica 3 refills the pool.
+  EXPECT_EQ(d.start, (std::vector<int32_t>{3}));
+  // No deficit: no starting replica is listed.
+  Autoscaler b(opts(1, 4, 1), 1);
+  in.replicas = {rv(0, S::kReady, 1), rv(1, S::kStandby), rv(2, S::kLoading), rv(3, S::kStopped)};
+  d = b.tick(in);
+  EXPECT_TRUE(d.starting_for_deficit.empty());
+  EXPECT_EQ(d.wanted, 1);
+}
+
+TEST(AutoscalePolicy, ReleasedHeldStartsCoverOnlyWhatTheLoadWantsNow) {
+  // Target 3 from a burst, 2 ready, the clients gone (0 ongoing): the held deficit start is not
+  // planned once the caller says so; the pool refill still is.
+  AutoscaleInput in;
+  in.now_s = 1.0;
+  in.replicas = {rv(0, S::kReady), rv(1, S::kReady), rv(2, S::kStopped), rv(3, S::kStopped)};
+  Autoscaler plain(opts(1, 4, 1, 0.0, 1000.0), 3);
+  auto d = plain.tick(in);
+  EXPECT_EQ(d.target_ready, 3);
+  EXPECT_EQ(d.num_start_for_deficit, 1);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2, 3}));
+  Autoscaler rechecked(opts(1, 4, 1, 0.0, 1000.0), 3);
+  in.deficit_by_wanted = true;
+  d = rechecked.tick(in);
+  EXPECT_EQ(d.target_ready, 3) << "the target itself keeps its hysteresis";
+  EXPECT_EQ(d.wanted, 1);
+  EXPECT_EQ(d.num_start_for_deficit, 0);
+  EXPECT_EQ(d.start, (std::vector<int32_t>{2})) << "the pool refill only";
+  EXPECT_TRUE(d.drain.empty());
+  // The load is back: the deficit is covered again.
+  in.now_s = 1.1;
+  in.num_queued = 6;
+  d = rechecked.tick(in);
+  EXPECT_EQ(d.num_start_for_deficit, 1);
+}
+
+TEST(AutoscalePolicy, IdleReasonWithNoLoadSaysSo) {
+  Autoscaler a(opts(1, 3, 0, 0.0, /*down=*/1.0), 2);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady), rv(1, S::kReady), rv(2, S::kStopped)};
+  in.now_s = 1.0;
+  EXPECT_FALSE(a.tick(in).changed);
+  in.now_s = 2.5;
+  auto d = a.tick(in);
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.target_ready, 1);
+  EXPECT_EQ(d.reason.rfind("idle: no ongoing request for ", 0), 0u) << d.reason;
+  EXPECT_EQ(d.reason.find("wanted"), std::string::npos) << d.reason;
+}
+
+TEST(AutoscalePolicy, MedianOfAnEvenCountIsTheMeanOfTheMiddleTwo) {
+  EXPECT_EQ(median_of({}), 0.0);
+  EXPECT_EQ(median_of({3.0}), 3.0);
+  EXPECT_EQ(median_of({4.0, 1.0}), 2.5);
+  EXPECT_EQ(median_of({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(median_of({4.0, 1.0, 3.0, 2.0}), 2.5);
+}
+
 TEST(AutoscalePolicy, Percentile90) {
   EXPECT_EQ(percentile90({}), 0.0);
   EXPECT_EQ(percentile90({3.0}), 3.0);

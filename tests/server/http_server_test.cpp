@@ -46,6 +46,7 @@ struct FakeCluster {
   int64_t prefix_cache_queries = 0;  // reported in each replica's load
   int64_t prefix_cache_hits = 0;
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
+  int32_t idle_min_replicas = -1;    // >= 0: an autoscaled cluster with no replica ready (both standby), this min
 
   bool wait_cancelled(size_t n, double seconds) {
     std::unique_lock<std::mutex> lock(mu);
@@ -123,6 +124,16 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
           s.autoscale.enabled = true;
           s.autoscale.target_ready = 1;
           s.autoscale.num_promotions = 1;
+        }
+        if (fc->idle_min_replicas >= 0) {
+          for (auto& x : s.replicas) {
+            x.ready = false;
+            x.state = "standby";
+          }
+          s.autoscale.enabled = true;
+          s.autoscale.min_replicas = fc->idle_min_replicas;
+          s.autoscale.max_replicas = 1;
+          s.autoscale.warm_pool = 1;
         }
         return s;
       },
@@ -448,6 +459,30 @@ TEST_F(HttpServerTest, HostileJsonIsA400AndTheServerStaysUp) {
   r = c.Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// Bug: with min_replicas 0 an idle cluster (no replica ready) answered 503, so a load balancer
+// never sent the request that scales it up from zero.
+TEST_F(HttpServerTest, HealthIsIdleNotUnavailableWhenTheAutoscalerStartsOnDemand) {
+  fc_->idle_min_replicas = 0;
+  start();
+  auto c = client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["status"], "idle");
+  EXPECT_EQ(j["replicas_ready"], 0);
+  // min_replicas 1 and none ready: the cluster is not ready (it starts its floor on its own).
+  {
+    std::lock_guard<std::mutex> lock(fc_->mu);
+    fc_->idle_min_replicas = 1;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // /health reuses a status up to 0.5 s old
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(json::parse(r->body)["status"], "not ready");
 }
 
 // Bug: cpp-httplib 0.11 listens with a backlog of 5: a burst of clients overflowed the accept

@@ -23,6 +23,13 @@
 namespace specserve::cli {
 namespace {
 
+// A replica's last warm promotion, in ms from the decision: routed / first request sent / first
+// token; a part not measured (0) is "-".
+std::string promotion_cell(double routable_s, double dispatch_s, double first_token_s) {
+  auto part = [](double v, int digits) { return v > 0 ? fmt::format("{:.{}f}", v * 1000, digits) : std::string("-"); };
+  return part(routable_s, 3) + "/" + part(dispatch_s, 1) + "/" + part(first_token_s, 1);
+}
+
 constexpr const char* kDefaultTokenFile = "~/.config/specserve/token";
 
 // ---------------------------------------------------------------- serve
@@ -400,13 +407,14 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                 "\"target_ready\": %d, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
                 "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
-                "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s}}\n",
+                "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s, "
+                "\"num_promotions_without_waiting_work\": %lld}}\n",
                 a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.ongoing,
                 a.ttft_p90_seconds, static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
                 a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_routable_seconds).c_str(),
                 list(a.promotion_dispatch_seconds).c_str(), list(a.promotion_seconds).c_str(),
-                list(a.cold_scale_up_seconds).c_str());
+                list(a.cold_scale_up_seconds).c_str(), static_cast<long long>(a.num_promotions_without_waiting_work));
     return 0;
   }
   std::printf("cluster %s | model %s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
@@ -430,8 +438,9 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     const std::string kv = std::to_string(l.total_kv_blocks - l.free_kv_blocks) + "/" + std::to_string(l.total_kv_blocks);
     const std::string cold = r.cold_start_seconds > 0 ? fmt::format("{:.2f}", r.cold_start_seconds) : "-";
     // Its last warm promotion, from the autoscaler's decision: routed / first request sent / first token (ms).
-    const std::string promo = r.num_promotions > 0 ? fmt::format("{:.3f}/{:.1f}/{:.1f}", r.promotion_routable_seconds * 1000,
-                                                                 r.promotion_dispatch_seconds * 1000, r.promotion_seconds * 1000)
+    // A part never measured (no request yet, or the first one arrived after the decision) is "-".
+    const std::string promo = r.num_promotions > 0 ? promotion_cell(r.promotion_routable_seconds, r.promotion_dispatch_seconds,
+                                                                    r.promotion_seconds)
                                                    : "-";
     // Prefix-cache hit rate: tokens found cached / tokens looked up (vLLM V1's hits / queries).
     const double hit = l.prefix_cache_queries ? double(l.prefix_cache_hits) / l.prefix_cache_queries : 0.0;
@@ -458,15 +467,16 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     if (!a.last_reason.empty()) std::printf("  last change at %.1f s: %s\n", a.last_change_seconds, a.last_reason.c_str());
     auto ms = [](const std::vector<double>& v) {
       if (v.empty()) return std::string("-");
-      std::vector<double> x = v;
-      std::sort(x.begin(), x.end());
-      return fmt::format("median {:.3f} ms, max {:.3f} ms (n {})", x[x.size() / 2] * 1000, x.back() * 1000, x.size());
+      return fmt::format("median {:.3f} ms, max {:.3f} ms (n {})", median_of(v) * 1000,
+                         *std::max_element(v.begin(), v.end()) * 1000, v.size());
     };
     std::printf("  warm promotion, from the decision: routed %s | first request sent %s | its first token %s\n",
                 ms(a.promotion_routable_seconds).c_str(), ms(a.promotion_dispatch_seconds).c_str(),
                 ms(a.promotion_seconds).c_str());
     std::printf("  cold start (process start -> ready) %s | scale-up by cold start, decision -> first token %s\n",
                 ms(a.cold_start_seconds).c_str(), ms(a.cold_scale_up_seconds).c_str());
+    std::printf("  scale-ups not measured (no request waited for the replica): %lld\n",
+                static_cast<long long>(a.num_promotions_without_waiting_work));
   }
   return 0;
 }
@@ -497,11 +507,17 @@ void add_cluster_commands(CLI::App& app) {
   }
   {
     auto o = std::make_shared<UpOptions>();
-    auto* sub = app.add_subcommand("up", "Launch a cluster from a YAML topology: the head here, each local node as its own process");
+    auto* sub = app.add_subcommand(
+        "up",
+        "Launch a cluster from a YAML topology: the head here, each local node as its own process. With an "
+        "`autoscale` section the head starts min_replicas ready replicas plus warm_pool standby ones (loaded and "
+        "warmed up, not routed) and scales between min_replicas and max_replicas: a standby replica is promoted "
+        "at once on load, the pool is refilled by cold starts, idle replicas drain back to the pool or stop");
     sub->add_option("config", o->config_path, "Topology file (see examples/cluster-local.yaml)")->required();
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
-    sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once every replica is ready");
+    sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once the cluster serves: every declared replica ready, or with "
+                    "autoscale min_replicas ready");
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {
@@ -533,7 +549,12 @@ void add_cluster_commands(CLI::App& app) {
     auto connect = std::make_shared<std::string>(), token = std::make_shared<std::string>(),
          config = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
-    auto* sub = app.add_subcommand("status", "Show a cluster's workers, replicas, queue, KV use, acceptance rate and prefix-cache hit rate");
+    auto* sub = app.add_subcommand(
+        "status",
+        "Show a cluster's workers, replicas, queue, KV use, acceptance rate and prefix-cache hit rate. Each replica's "
+        "lifecycle state (starting, loading, warming, standby, ready, draining, stopped) and seconds in it; with an "
+        "autoscaler, its target, bounds, last decision and why, and the promotion / cold-start times measured from "
+        "its decisions (\"-\": not measured)");
     sub->add_option("--connect", *connect, "The head's actor endpoint HOST:PORT");
     sub->add_option("--token-file", *token, "Cluster token file (default ~/.config/specserve/token)");
     sub->add_option("--config", *config, "Topology file: head endpoint and token file from it");
