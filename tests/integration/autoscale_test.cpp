@@ -233,7 +233,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   // Two long requests keep running while the load falls below one replica's worth: the drain
   // of the replica that holds one moves it, with its KV, to the replica that stays.
   const char* long_texts[] = {"Once upon a time, in a land far away,", "The ocean covers most of the planet and"};
-  constexpr int32_t kLong = 150;
+  constexpr int32_t kLong = 300;  // ~2x the two 3 s downscale delays at ~25 tokens/s (1 thread): the second drain must find one running
   std::vector<std::shared_ptr<RequestHandle>> longs;
   for (const char* t : long_texts) {
     GenerateRequest r;
