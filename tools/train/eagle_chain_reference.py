@@ -34,25 +34,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from make_reference import read_gguf  # noqa: E402
-from train_eagle import EagleHead, rope  # noqa: E402
+from make_reference import load_eagle_head  # noqa: E402
+from train_eagle import rope  # noqa: E402
 
 
 def load_head(path, dump):
     """The exported head with the GGUF file's own (F16) weights."""
-    em, et = read_gguf(path)
-    cfg = dict(dump.config)
-    cfg.update(hidden_size=int(em["eagle.hidden_size"]), num_heads=int(em["eagle.head_count"]),
-               num_kv_heads=int(em["eagle.head_count_kv"]), ffn_size=int(em["eagle.feed_forward_length"]),
-               rope_theta=float(em["eagle.rope.freq_base"]), norm_eps=float(em["eagle.layer_norm_rms_epsilon"]))
-    eg = EagleHead(cfg)
-    names = {"fc.weight": "eagle.fc.weight", "fc.bias": "eagle.fc.bias", "wq.weight": "blk.0.attn_q.weight",
-             "wk.weight": "blk.0.attn_k.weight", "wv.weight": "blk.0.attn_v.weight",
-             "wo.weight": "blk.0.attn_output.weight", "ffn_norm": "blk.0.ffn_norm.weight",
-             "gate.weight": "blk.0.ffn_gate.weight", "up.weight": "blk.0.ffn_up.weight",
-             "down.weight": "blk.0.ffn_down.weight"}
-    eg.load_state_dict({k: et[v] for k, v in names.items()})
-    return eg.eval()
+    return load_eagle_head(path, dump.config).eval()
 
 
 class HeadKV:

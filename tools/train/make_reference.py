@@ -39,6 +39,25 @@ def read_gguf(path):
     return meta, tensors
 
 
+def load_eagle_head(path, target_config):
+    """The EAGLE head of an exported GGUF (its own F16 weights) as a train_eagle.EagleHead, with
+    the target's config (a dict) overridden by the head's shape keys. Returned in train mode: callers
+    that draft call .eval()."""
+    em, et = read_gguf(path)
+    cfg = dict(target_config)
+    cfg.update(hidden_size=int(em["eagle.hidden_size"]), num_heads=int(em["eagle.head_count"]),
+               num_kv_heads=int(em["eagle.head_count_kv"]), ffn_size=int(em["eagle.feed_forward_length"]),
+               rope_theta=float(em["eagle.rope.freq_base"]), norm_eps=float(em["eagle.layer_norm_rms_epsilon"]))
+    eg = EagleHead(cfg)
+    names = {"fc.weight": "eagle.fc.weight", "fc.bias": "eagle.fc.bias", "wq.weight": "blk.0.attn_q.weight",
+             "wk.weight": "blk.0.attn_k.weight", "wv.weight": "blk.0.attn_v.weight",
+             "wo.weight": "blk.0.attn_output.weight", "ffn_norm": "blk.0.ffn_norm.weight",
+             "gate.weight": "blk.0.ffn_gate.weight", "up.weight": "blk.0.ffn_up.weight",
+             "down.weight": "blk.0.ffn_down.weight"}
+    eg.load_state_dict({k: et[v] for k, v in names.items()})
+    return eg
+
+
 def top5(h, head):
     logits = h @ head.T
     v, i = logits.topk(5)
@@ -82,18 +101,7 @@ def main():
                        "top5": [x[0] for x in heads], "top5_logits": [x[1] for x in heads],
                        "greedy_tokens_p2_to_p5": ext[p + 2:p + 2 + K].tolist()})
 
-    em, et = read_gguf(a.eagle)
-    cfg = dict(dump.config)
-    cfg.update(hidden_size=int(em["eagle.hidden_size"]), num_heads=int(em["eagle.head_count"]),
-               num_kv_heads=int(em["eagle.head_count_kv"]), ffn_size=int(em["eagle.feed_forward_length"]),
-               rope_theta=float(em["eagle.rope.freq_base"]), norm_eps=float(em["eagle.layer_norm_rms_epsilon"]))
-    eg = EagleHead(cfg)
-    names = {"fc.weight": "eagle.fc.weight", "fc.bias": "eagle.fc.bias", "wq.weight": "blk.0.attn_q.weight",
-             "wk.weight": "blk.0.attn_k.weight", "wv.weight": "blk.0.attn_v.weight",
-             "wo.weight": "blk.0.attn_output.weight", "ffn_norm": "blk.0.ffn_norm.weight",
-             "gate.weight": "blk.0.ffn_gate.weight", "up.weight": "blk.0.ffn_up.weight",
-             "down.weight": "blk.0.ffn_down.weight"}
-    eg.load_state_dict({k: et[v] for k, v in names.items()})
+    eg = load_eagle_head(a.eagle, dump.config)
     ecases = []
     for (i, o, p), rows in zip(picks[:2], (3, 1)):
         ps = list(range(p, p + rows))
