@@ -833,6 +833,22 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
 void promote(SchedSelf self, int32_t rid, double decided_at) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
+  // The cold path belongs to the scale-up, not to the replica its start was issued for: a replica
+  // that reached standby just now (its cold start finished) and is routed at once takes over the
+  // decision time of any other not-routed replica started for that scale-up (they finish in any
+  // order). One that waited in standby is a warm promotion, whatever its own start was for.
+  constexpr double kFreshStandbyS = 0.5;
+  const bool fresh = r.state == ReplicaState::kStandby && now_s(self) - r.state_since < kFreshStandbyS;
+  if (!fresh) {
+    r.scale_decision_at = -1;
+  } else if (r.scale_decision_at < 0) {
+    for (auto& [oid, o] : s.replicas) {
+      if (oid == rid || o.routed() || o.scale_decision_at < 0 || o.state == ReplicaState::kStopped) continue;
+      r.scale_decision_at = o.scale_decision_at;
+      o.scale_decision_at = -1;
+      break;
+    }
+  }
   set_state(self, rid, ReplicaState::kReady);
   r.promoted_at = now_s(self);
   // NOTE: the first replica(s) routed at start-up are no scale-up: not counted, not measured.
