@@ -732,24 +732,35 @@ struct Launched {
   }
 };
 
-// Bug: a replica started cold (a pool refill) that covered a later scale-up was promoted on
-// ready as a warm promotion, timed from when it became ready, and cold_scale_up_seconds stayed
-// empty.
-TEST(ElasticPromotion, ColdStartCoveringAScaleUpIsTimedFromTheDecisionAsCold) {
-  Launched l;
+// 4 declared replicas, autoscale 1..3 with a warm pool of 1, immediate scale-up, no scale-down
+// within a test: the scale-up tests' cluster.
+Topology scale_up_topology(int32_t target_ongoing_requests) {
   Topology t = make_topology(4, /*drafts=*/false);
   t.autoscale.min_replicas = 1;
   t.autoscale.max_replicas = 3;
   t.autoscale.warm_pool = 1;
   t.autoscale.upscale_delay_s = 0;
   t.autoscale.downscale_delay_s = 1000;
-  t.autoscale.target_ongoing_requests = 2;
+  t.autoscale.target_ongoing_requests = target_ongoing_requests;
+  return t;
+}
+
+// Starts `t` with replica 0 ready and replica 1 in standby (the warm pool).
+void start_one_ready_one_standby(Launched& l, const Topology& t) {
   ASSERT_NO_FATAL_FAILURE(l.start(t));
   ASSERT_TRUE(until(5, [&] { return l.num_starts(0) == 1 && l.num_starts(1) == 1; }));
   l.spawn(0);
   ASSERT_TRUE(l.wait_state(0, "ready")) << describe(l.client->status());
   l.spawn(1);
   ASSERT_TRUE(l.wait_state(1, "standby")) << describe(l.client->status());
+}
+
+// Bug: a replica started cold (a pool refill) that covered a later scale-up was promoted on
+// ready as a warm promotion, timed from when it became ready, and cold_scale_up_seconds stayed
+// empty.
+TEST(ElasticPromotion, ColdStartCoveringAScaleUpIsTimedFromTheDecisionAsCold) {
+  Launched l;
+  ASSERT_NO_FATAL_FAILURE(start_one_ready_one_standby(l, scale_up_topology(2)));
   std::vector<std::shared_ptr<RequestHandle>> hs;
   auto submit = [&](int n) {
     for (int i = 0; i < n; ++i) {
@@ -790,19 +801,7 @@ TEST(ElasticPromotion, ColdStartCoveringAScaleUpIsTimedFromTheDecisionAsCold) {
 // promotion timed from that moment; cold_scale_up_seconds stayed empty.
 TEST(ElasticPromotion, ColdStartsFinishingInEitherOrderTimeTheScaleUpAsCold) {
   Launched l;
-  Topology t = make_topology(4, /*drafts=*/false);
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 3;
-  t.autoscale.warm_pool = 1;
-  t.autoscale.upscale_delay_s = 0;
-  t.autoscale.downscale_delay_s = 1000;
-  t.autoscale.target_ongoing_requests = 2;
-  ASSERT_NO_FATAL_FAILURE(l.start(t));
-  ASSERT_TRUE(until(5, [&] { return l.num_starts(0) == 1 && l.num_starts(1) == 1; }));
-  l.spawn(0);
-  ASSERT_TRUE(l.wait_state(0, "ready")) << describe(l.client->status());
-  l.spawn(1);
-  ASSERT_TRUE(l.wait_state(1, "standby")) << describe(l.client->status());
+  ASSERT_NO_FATAL_FAILURE(start_one_ready_one_standby(l, scale_up_topology(2)));
   std::vector<std::shared_ptr<RequestHandle>> hs;
   for (int i = 0; i < 6; ++i) {  // 6 ongoing want 3: replica 1 promoted, one more started cold + the refill
     auto h = l.client->submit(request(10));
@@ -841,13 +840,7 @@ TEST(ElasticPromotion, ColdStartsFinishingInEitherOrderTimeTheScaleUpAsCold) {
 // the clients had gone, with 0 ongoing, and were stopped again later.
 TEST(ElasticPromotion, HeldColdStartsForLoadThatWentAwayAreNotStarted) {
   Launched l;
-  Topology t = make_topology(4, /*drafts=*/false);
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 3;
-  t.autoscale.warm_pool = 1;
-  t.autoscale.upscale_delay_s = 0;
-  t.autoscale.downscale_delay_s = 1000;
-  t.autoscale.target_ongoing_requests = 1;
+  Topology t = scale_up_topology(1);
   ASSERT_NO_FATAL_FAILURE(l.start(t));
   ASSERT_TRUE(until(5, [&] { return l.num_starts(0) == 1 && l.num_starts(1) == 1; }));
   l.spawn(0);
