@@ -18,8 +18,8 @@
 //   scheduler-> shard     : KvPeersMsg (data-plane addresses of every ready shard), migrate_atom (move
 //                           every sequence away: the replica drains), KvReleaseMsg (a receiver has the KV)
 //   shard    -> scheduler : MigratedSeq (a sequence left this shard; its KV waits in a staging region)
-//   scheduler-> shard     : reclaim_atom (hand back up to N requests still waiting in its engine: another
-//                           routed replica has a free slot, e.g. one just promoted from standby)
+//   scheduler-> shard     : reclaim_atom (hand back up to N requests waiting in its engine, or running ones
+//                           with their KV: another routed replica has room, e.g. one just promoted)
 #pragma once
 
 #include <caf/all.hpp>
@@ -527,9 +527,11 @@ using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
 using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
-/// Scheduler -> target shard: (reclaim_atom, int32 n): hand back up to n requests still waiting in
-/// the engine (not running), the last admitted first, as MigratedSeq (reason "rebalance"), then a
-/// ShardLoad. Sent when another routed replica has a free slot and the head's queue is empty.
+/// Scheduler -> target shard: (reclaim_atom, int32 n, bool running): hand back up to n requests as
+/// MigratedSeq (reason "rebalance"), then a ShardLoad: those still waiting in the engine first
+/// (the last queued first); with `running`, then running sequences with their KV offered (the
+/// last admitted first; none with fewer than 16 tokens left to generate). Sent when another
+/// routed replica has room and the head's queue is empty (scheduler/rebalance.h).
 using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
 /// Target shard's fetch thread -> the shard (same process): (kv_fetched_atom, fetch serial): the
 /// KV of a migrated request has arrived in host memory, or its transfer failed

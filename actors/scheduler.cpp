@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "scheduler/autoscale_policy.h"
 #include "scheduler/dispatch.h"
+#include "scheduler/rebalance.h"
 
 namespace specserve {
 namespace {
@@ -400,6 +401,7 @@ void dispatch(SchedSelf self) {
     r.enqueued_at_s = p.enqueued_at;
     r.num_tokens = static_cast<int32_t>(p.item.prompt.size() + p.item.resume_output.size());
     r.max_new_tokens = p.item.max_tokens - static_cast<int32_t>(p.item.resume_output.size());
+    if (auto rb = s.rebalanced_from.find(id); rb != s.rebalanced_from.end()) r.avoid_replica = rb->second;
     q.push_back(r);
   }
   std::vector<ReplicaLoad> loads;
@@ -485,40 +487,38 @@ void dispatch(SchedSelf self) {
   rebalance(self);
 }
 
-// Requests wait in a routed replica's engine (beyond its batch: DispatchOptions::
-// max_queued_per_replica) while another routed replica has a free batch slot and nothing is
-// queued here — typically right after a promotion, when the burst that caused it already sits on
-// the busy replicas. The busy replica hands up to that many waiting (not started) requests back
-// (reclaim_atom -> MigratedSeq "rebalance"), and dispatch sends them where they run at once
-// (scheduler/dispatch.h rule 5), so a promoted replica serves at once instead of idling until the
-// next arrival.
+// Busy replicas hand requests back to the head when another routed replica has room
+// (scheduler/rebalance.h: first requests waiting beyond a batch, then running sequences toward
+// an even share, with their KV), typically right after a promotion, when the burst that caused
+// it already sits on the busy replicas. The hand-back is reclaim_atom -> MigratedSeq
+// "rebalance", and dispatch sends them where they run at once (scheduler/dispatch.h rule 5), so a
+// promoted replica serves at once instead of idling until the next arrival.
 void rebalance(SchedSelf self) {
   auto& s = self->state;
   // Queued requests fill the free slots first, and so do requests on their way back to the queue
   // (a hand-back, a drain): counting those slots free would take a second request from a busy
   // replica for the same slot.
   if (!s.queue.empty() || !s.in_transit.empty() || s.draining) return;
-  int64_t free_slots = 0;
+  const double now = now_s(self);
+  std::vector<RebalanceLoad> loads;
   for (const auto& [rid, r] : s.replicas) {
     if (!r.routed() || r.shard_hello.max_num_seqs <= 0) continue;
-    free_slots += std::max<int64_t>(0, r.shard_hello.max_num_seqs - static_cast<int64_t>(r.assigned.size()));
+    RebalanceLoad l;
+    l.replica = rid;
+    l.max_num_seqs = r.shard_hello.max_num_seqs;
+    // On its decode shard (requests on its prefill worker are not there).
+    l.assigned = static_cast<int32_t>(r.assigned.size() - std::min(r.assigned.size(), r.on_prefill.size()));
+    l.eligible = r.reclaims_sent <= r.reclaims_done && now >= r.no_reclaim_until;
+    loads.push_back(l);
   }
-  const double now = now_s(self);
-  for (auto& [rid, r] : s.replicas) {
-    if (free_slots <= 0) return;
-    if (!r.routed() || r.shard_hello.max_num_seqs <= 0 || r.reclaims_sent > r.reclaims_done || now < r.no_reclaim_until) {
-      continue;
-    }
-    // On its decode shard beyond the batch (requests on its prefill worker are not there).
-    const int64_t waiting = static_cast<int64_t>(r.assigned.size()) - static_cast<int64_t>(r.on_prefill.size()) -
-                            r.shard_hello.max_num_seqs;
-    if (waiting <= 0) continue;
-    const auto n = static_cast<int32_t>(std::min(waiting, free_slots));
-    get_logger("actors")->info("replica {}: {} request(s) wait in its engine while {} batch slot(s) are free elsewhere; "
-                               "asking for up to {} back", rid, waiting, free_slots, n);
+  RebalanceOptions opts;
+  opts.running = s.cfg.topology.scheduler.rebalance_running;
+  for (const Reclaim& c : plan_rebalance(std::move(loads), opts)) {
+    auto& r = s.replicas[c.replica];
+    get_logger("actors")->info("replica {}: holds {} request(s) while other replicas have room; asking for up to {} {} back",
+                               c.replica, r.assigned.size(), c.count, c.running ? "running or waiting" : "waiting");
     ++r.reclaims_sent;
-    self->send(r.shard, reclaim_atom::value, n);
-    free_slots -= n;
+    self->send(r.shard, reclaim_atom::value, c.count, c.running);
   }
 }
 

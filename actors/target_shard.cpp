@@ -31,7 +31,13 @@ struct Running {
   caf::actor request_actor;
   int64_t num_tokens = 0;  // prompt + output so far
   int32_t top_n = 0;       // top logprobs per token: sampling.logprobs, at most the vocabulary
+  int64_t end_tokens = 0;  // prompt + max_tokens: num_tokens when it finishes by length
 };
+
+// A running sequence with fewer tokens than this left to generate is not moved to balance load
+// (reclaim_atom): moving it (export, KV offer, fetch, re-admission) costs about as much as
+// finishing it here.
+constexpr int64_t kMinTokensLeftToRebalance = 16;
 
 // A migrated request whose KV is being fetched on a thread of its own (KvFetch::run), so that
 // the shard keeps stepping its other sequences meanwhile.
@@ -364,6 +370,7 @@ void do_step(Self self) {
 void add_work(Self self, WorkItem& w, std::shared_ptr<KvFetch> fetched) {
   auto& s = self->state;
   const auto known = static_cast<int64_t>(w.prompt.size() + w.resume_output.size());
+  const int64_t end_tokens = static_cast<int64_t>(w.prompt.size()) + w.max_tokens;
   const int32_t top_n = w.sampling.logprobs;
   GenerateParams p;
   p.prompt = std::move(w.prompt);
@@ -433,7 +440,7 @@ void add_work(Self self, WorkItem& w, std::shared_ptr<KvFetch> fetched) {
     return;
   }
   const int32_t vocab = static_cast<int32_t>(s.model.model->config().vocab_size);
-  s.by_request[w.request_id] = Running{*id, w.attempt, w.request_actor, known, std::min(top_n, vocab)};
+  s.by_request[w.request_id] = Running{*id, w.attempt, w.request_actor, known, std::min(top_n, vocab), end_tokens};
   s.by_seq[*id] = w.request_id;
   schedule_step(self);
 }
@@ -608,16 +615,20 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         s.quit_when_empty = s.quit_when_empty || then_quit;
         maybe_quit(self);
       },
-      [self](reclaim_atom, int32_t n) {
-        // Another routed replica has a free slot (often one just promoted from standby) while
-        // requests wait here: up to n of those still waiting in the engine (not running) go back
-        // to the head, taken from the back of the engine's waiting queue (the most recently
-        // queued, or a sequence preempted back into it).
+      [self](reclaim_atom, int32_t n, bool running) {
+        // Another routed replica has room (often one just promoted from standby) while this one
+        // holds more than its share (scheduler/rebalance.h): up to n requests go back to the head
+        // as MigratedSeq "rebalance". First those still waiting in the engine, from the back of
+        // its waiting queue (the most recently queued, or a sequence preempted back into it);
+        // with `running`, then running sequences from the back of the running order (the most
+        // recently admitted: likely the most tokens left), skipping any with fewer than
+        // kMinTokensLeftToRebalance tokens left (moving it would cost more than finishing it here).
         // NOTE: not the step policy's (priority, arrival) order: a younger request handed back
         // may start on the free replica before older ones still waiting here.
         // NOTE: a waiting sequence has no KV in the cache (a migrated one waiting for admission
         // holds its imported KV in host memory, which is dropped here: it recomputes where it
-        // lands); it leaves with its sampler state, so output stays the same.
+        // lands); it leaves with its sampler state, so output stays the same. A running one
+        // leaves with its KV offered on the data plane, as in a drain.
         auto& s = self->state;
         if (!from_scheduler(self)) return;
         ++s.num_reclaims;
@@ -627,10 +638,16 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         }
         const std::vector<int64_t> live = s.engine->live_sequences();  // running first, then the waiting ones
         const size_t first_waiting = live.size() - std::min(live.size(), static_cast<size_t>(s.engine->num_waiting()));
+        const size_t lowest = running ? 0 : first_waiting;
         std::vector<int64_t> give;
-        for (size_t i = live.size(); i > first_waiting && static_cast<int32_t>(give.size()) < n; --i) {
+        for (size_t i = live.size(); i > lowest && static_cast<int32_t>(give.size()) < n; --i) {
           auto it = s.by_seq.find(live[i - 1]);
-          if (it != s.by_seq.end()) give.push_back(it->second);
+          if (it == s.by_seq.end()) continue;
+          if (i - 1 < first_waiting) {
+            const Running& r = s.by_request.at(it->second);
+            if (r.end_tokens - r.num_tokens < kMinTokensLeftToRebalance) continue;
+          }
+          give.push_back(it->second);
         }
         for (int64_t rid : give) migrate_out(self, rid, "rebalance");
         self->send(s.cfg.scheduler, load_of(s));

@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--idle-after", type=float, default=float(os.environ.get("IDLE_AFTER", 15)))
     ap.add_argument("--burst-timeout", type=float, default=float(os.environ.get("BURST_TIMEOUT", 240)))
     ap.add_argument("--threads-per-worker", type=int, default=1)
+    ap.add_argument("--max-num-seqs", type=int, default=int(os.environ.get("MAX_NUM_SEQS", 2)),
+                    help="each replica's batch (scheduler.max_num_seqs; specserve's default is 64)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="specserve_autoscale_bench_")
@@ -136,7 +138,7 @@ nodes:
       - {{ role: target_shard, replica: 0, device: cpu }}
       - {{ role: target_shard, replica: 1, device: cpu }}
       - {{ role: target_shard, replica: 2, device: cpu }}
-scheduler: {{ max_num_seqs: 2, kv_cache_bytes: 16MiB }}
+scheduler: {{ max_num_seqs: {args.max_num_seqs}, kv_cache_bytes: 16MiB }}
 autoscale: {json.dumps(autoscale).replace('"', '')}
 """
     config = os.path.join(work, "cluster.yaml")
@@ -203,7 +205,7 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         "config": {"autoscale": autoscale, "num_requests": args.num_requests, "concurrency": args.concurrency,
                    "max_tokens": args.max_tokens, "idle_before_s": args.idle_before, "idle_after_s": args.idle_after,
                    "threads_per_worker": args.threads_per_worker, "model": os.path.basename(args.model),
-                   "max_num_seqs": 2},
+                   "max_num_seqs": args.max_num_seqs},
         "burst": {"start_s": t_burst, "end_s": t_burst_end},
         "requests": results,
         "trace": trace,
@@ -239,7 +241,7 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         f"Command: `bench/run_autoscale_bench.sh` (source {os.environ.get('SOURCE_COMMIT', '?')}). Machine: "
         f"{os.cpu_count()} CPUs ({platform.platform()}), shared with other work.",
         f"Topology: 3 declared replicas of {out['config']['model']} (one target_shard process each, "
-        f"{args.threads_per_worker} thread, max_num_seqs 2), plain decoding; autoscale {autoscale}.",
+        f"{args.threads_per_worker} thread, max_num_seqs {args.max_num_seqs}), plain decoding; autoscale {autoscale}.",
         f"Load: {args.idle_before:g} s idle, then {args.num_requests} streaming /v1/completions requests "
         f"(max_tokens {args.max_tokens}, greedy) from {args.concurrency} client threads, then {args.idle_after:g} s idle.",
         "",

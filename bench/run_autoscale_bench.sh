@@ -7,7 +7,9 @@
 # Writes bench/results/autoscale_<date>.{json,md,png}.
 # Usage: bench/run_autoscale_bench.sh
 # Environment (defaults): NUM_REQUESTS (48) CONCURRENCY (12) MAX_TOKENS (32) IDLE_BEFORE (4 s)
-#   IDLE_AFTER (15 s) SPECSERVE_BUILD_DIR (build) SPECSERVE_NO_BUILD (0) OUT (bench/results/autoscale_<date>)
+#   IDLE_AFTER (15 s) MAX_NUM_SEQS (2; each replica's batch, specserve's default is 64: a burst then
+#   runs on one replica and a promotion moves running sequences to the promoted one)
+#   SPECSERVE_BUILD_DIR (build) SPECSERVE_NO_BUILD (0) OUT (bench/results/autoscale_<date>)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${SPECSERVE_BUILD_DIR:-$here/build}"

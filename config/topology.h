@@ -129,6 +129,9 @@ struct SchedulerSpec {
   int32_t block_size = 16;                ///< KV block size in tokens
   int64_t kv_cache_bytes = int64_t{1} << 30;  ///< per replica
   bool enable_prefix_caching = true;      ///< automatic prefix caching (vLLM V1's default: on)
+  /// Running sequences move (with their KV) from a replica holding more than its share to one
+  /// with room, e.g. right after a scale-up promotes a replica (scheduler/rebalance.h rule 2).
+  bool rebalance_running = true;
 };
 
 /// `autoscale:` — replica bounds and the autoscaler's signals (Ray Serve's names and meanings

@@ -526,7 +526,8 @@ void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, 
 
 void TopologyParser::parse_scheduler(const YAML::Node& n) {
   Fields f(*this, n, "scheduler",
-           {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes", "enable_prefix_caching"});
+           {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes", "enable_prefix_caching",
+            "rebalance_running"});
   SchedulerSpec& s = topo_.scheduler;
   if (auto v = read_int(f, "max_num_seqs", 1, INT32_MAX, false)) s.max_num_seqs = static_cast<int32_t>(*v);
   const auto batched = read_int(f, "max_num_batched_tokens", 1, INT32_MAX, false);
@@ -534,6 +535,7 @@ void TopologyParser::parse_scheduler(const YAML::Node& n) {
   if (auto v = read_int(f, "block_size", 1, 1024, false)) s.block_size = static_cast<int32_t>(*v);
   if (auto v = read_byte_size(f, "kv_cache_bytes")) s.kv_cache_bytes = *v;
   if (auto v = read_bool(f, "enable_prefix_caching")) s.enable_prefix_caching = *v;
+  if (auto v = read_bool(f, "rebalance_running")) s.rebalance_running = *v;
   if (s.max_num_batched_tokens < s.max_num_seqs) {
     const YAML::Node* at =
         batched ? f.get("max_num_batched_tokens") : (f.get("max_num_seqs") ? f.get("max_num_seqs") : &n);

@@ -105,6 +105,11 @@ DispatchPlan plan_dispatch(std::vector<QueuedRequest> queue, const std::vector<R
         continue;
       }
       const size_t b = static_cast<size_t>(best);
+      const bool avoid_i = rep.replica == r.avoid_replica, avoid_b = usable[b]->replica == r.avoid_replica;
+      if (avoid_i != avoid_b) {  // rule 6
+        if (avoid_b) best = static_cast<int>(i);
+        continue;
+      }
       // A replica where the request runs at once beats one where it would wait in the engine.
       const bool now_i = num_seqs[i] < static_cast<int64_t>(rep.max_num_seqs);
       const bool now_b = num_seqs[b] < static_cast<int64_t>(usable[b]->max_num_seqs);

@@ -33,6 +33,9 @@
 //      NOTE: without the first key a replica with a full batch but a large cache took requests
 //      that would wait there while a replica with a smaller cache idled (a promoted replica
 //      handed requests back by a busy one got them sent back: actors/scheduler.cpp rebalance).
+//   6. Hand-backs: a request with avoid_replica set (a busy replica handed it back to even out
+//      the load: scheduler/rebalance.h) goes to any other replica it fits before that one; it
+//      goes back there only when it fits nowhere else now.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,8 @@ struct QueuedRequest {
   /// Carried for the replica; the policy does not use it (a request whose prompt fits but whose
   /// max_new_tokens does not is admitted and finishes with reason "length", as in vLLM's engine).
   int32_t max_new_tokens = 0;
+  /// The replica that handed it back to balance load (rule 6), or -1.
+  int32_t avoid_replica = -1;
 };
 
 /// One replica's load as it last reported it.

@@ -113,7 +113,10 @@ void send_load(FakeSelf self, std::vector<int64_t> finished = {}) {
   ShardLoad l;
   l.replica = s.spec.replica;
   l.total_kv_blocks = s.spec.total_kv_blocks;
-  l.free_kv_blocks = s.spec.total_kv_blocks;
+  // Like a real shard: every request it holds has its blocks (prompt + output + 1 position).
+  int64_t used = 0;
+  for (const WorkItem& w : s.held) used += static_cast<int64_t>(w.prompt.size() + w.resume_output.size()) / 16 + 1;
+  l.free_kv_blocks = static_cast<int32_t>(std::max<int64_t>(0, s.spec.total_kv_blocks - used));
   l.num_running = std::min<int32_t>(static_cast<int32_t>(s.held.size()), s.spec.max_num_seqs);
   l.num_waiting = static_cast<int32_t>(s.held.size()) - l.num_running;
   l.received = s.received;
@@ -156,12 +159,14 @@ caf::behavior fake_worker(FakeSelf self, FakeSpec spec) {
         s.held.push_back(std::move(w));
         send_load(self);
       },
-      [self](reclaim_atom, int32_t n) {
-        // Like the target shard: up to n waiting requests go back, the last admitted first.
+      [self](reclaim_atom, int32_t n, bool running) {
+        // Like the target shard: up to n waiting requests go back, the last admitted first; with
+        // `running`, running ones too.
         auto& s = self->state;
         ++s.num_reclaims;
-        s.spec.rec->add(tag(s.spec) + ": reclaim " + std::to_string(n));
-        for (int32_t i = 0; i < n && static_cast<int32_t>(s.held.size()) > s.spec.max_num_seqs; ++i) {
+        s.spec.rec->add(tag(s.spec) + ": reclaim " + std::to_string(n) + (running ? " running" : ""));
+        const int32_t keep = running ? 0 : s.spec.max_num_seqs;
+        for (int32_t i = 0; i < n && static_cast<int32_t>(s.held.size()) > keep; ++i) {
           hand_back(self, s.held.back(), "rebalance");
           s.held.pop_back();
         }
@@ -411,7 +416,8 @@ struct Promotion {
   std::unique_ptr<Head> head;
   std::unique_ptr<Client> client;
   std::vector<caf::actor> shards;  // replica 0's, replica 1's
-  void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0) {
+  void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0,
+             int32_t replica0_max_num_seqs = 1, bool rebalance_running = true) {
     Topology t = make_topology(2, /*drafts=*/false);
     t.autoscale.min_replicas = 1;
     t.autoscale.max_replicas = 2;
@@ -419,6 +425,7 @@ struct Promotion {
     t.autoscale.upscale_delay_s = upscale_delay_s;
     t.autoscale.downscale_delay_s = 1000;
     t.autoscale.target_ongoing_requests = 2;
+    t.scheduler.rebalance_running = rebalance_running;
     auto h = Head::start(rt, t, kToken, /*publish=*/false);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     head = std::move(*h);
@@ -428,6 +435,7 @@ struct Promotion {
       f.replica = r;
       f.scheduler = head->scheduler();
       f.rec = &rec;
+      if (r == 0) f.max_num_seqs = replica0_max_num_seqs;
       if (r == 1) {
         f.total_kv_blocks = replica1_kv_blocks;
         f.max_num_seqs = replica1_max_num_seqs;
@@ -490,6 +498,40 @@ TEST(ElasticPromotion, PromotedReplicaTakesRequestsWaitingInABusyEngine) {
   // Stable: no further hand-backs (replica 1's only slot is taken).
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(p.rec.count_prefix("r0/target_shard: reclaim"), 1) << p.rec.dump();
+}
+
+// A burst admitted whole by one replica (a large batch: nothing waits in its engine) is split
+// with the promoted replica: running sequences move (scheduler/rebalance.h rule 2), once, and the
+// load ends even; with scheduler.rebalance_running off they stay.
+TEST(ElasticPromotion, PromotedReplicaTakesRunningSequencesFromABusyReplica) {
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "rebalance_running: true" : "rebalance_running: false");
+    Promotion p;
+    ASSERT_NO_FATAL_FAILURE(p.start(64, /*replica1_max_num_seqs=*/16, /*upscale_delay_s=*/0.3, /*replica0_max_num_seqs=*/16, on));
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 8; ++i) {
+      auto h = p.client->submit(request(10));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      hs.push_back(*h);
+    }
+    ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: work ") == 8; })) << p.rec.dump();
+    EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work "), 0) << "the burst was admitted before the promotion";
+    ASSERT_TRUE(until(5, [&] {
+      auto s = p.client->status();
+      return s.ok() && state_of(*s, 1) == "ready";
+    })) << describe(p.client->status());
+    if (on) {
+      ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work ") == 4; })) << p.rec.dump();
+      EXPECT_EQ(p.rec.count("r0/target_shard: reclaim 4 running"), 1) << p.rec.dump();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // stable: nothing more moves
+    auto st = p.client->status();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(p.rec.count_prefix("r0/target_shard: reclaim"), on ? 1 : 0) << p.rec.dump();
+    EXPECT_EQ(p.rec.count_prefix("r1/target_shard: reclaim"), 0) << p.rec.dump();
+    EXPECT_EQ(st->migrated, on ? 4 : 0);
+    for (const auto& r : st->replicas) EXPECT_EQ(r.assigned, on ? 4 : (r.replica == 0 ? 8 : 0)) << "replica " << r.replica;
+  }
 }
 
 TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
@@ -960,6 +1002,76 @@ TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWi
   EXPECT_LE(st->autoscale.promotion_dispatch_seconds.at(0), st->autoscale.promotion_seconds[0]);
   for (const auto& r : st->replicas) {
     if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, kTokens) << "replica 1 ran the handed-back request";
+  }
+  client.reset();
+  (*head)->stop();
+}
+
+// The target shard's side of a running rebalance: replica 0 runs 6 sequences at once
+// (max_num_seqs 8) when replica 1 is promoted; 3 of them move with their KV mid-generation (or
+// recompute where the data plane is unusable) and finish there with exactly the tokens of the
+// target alone, their streams uninterrupted.
+TEST(ElasticPromotionRealShards, RunningSequencesMoveToThePromotedReplicaWithTheSameTokens) {
+  ActorRuntime rt;
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.scheduler.max_num_seqs = 8;
+  t.scheduler.kv_cache_bytes = int64_t{32} << 20;
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 1;
+  t.autoscale.upscale_delay_s = 0.5;  // the burst is admitted (and running) on replica 0 first
+  t.autoscale.downscale_delay_s = 1000;
+  t.autoscale.target_ongoing_requests = 2;
+  auto head = Head::start(rt, t, kToken, /*publish=*/false);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
+  for (int32_t r = 0; r < 2; ++r) {
+    WorkerConfig wc;
+    wc.node = "local";
+    wc.replica = r;
+    wc.topology = t;
+    wc.threads = 1;
+    wc.token = kToken;
+    wc.scheduler = (*head)->scheduler();
+    spawn_target_shard(rt.system(), wc);
+    ASSERT_TRUE(until(120, [&] {
+      auto st = client->status();
+      return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
+    })) << "replica " << r << ": " << describe(client->status());
+  }
+  const Tokenizer& tok = (*head)->tokenizer();
+  const char* texts[] = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
+                         "The three laws of motion state that",           "Once upon a time, in a small village,",
+                         "The capital of France is",                      "To install Python on Linux, you"};
+  constexpr int32_t kTokens = 96;
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const char* text : texts) {
+    GenerateRequest r;
+    r.prompt_token_ids = tok.encode(text, true, false);
+    r.max_tokens = kTokens;
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    auto h = client->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  int32_t moved = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(r->tokens, reference(tok.encode(texts[i], true, false), kTokens)) << "request " << i;
+    EXPECT_EQ(r->num_requeues, 0);
+    moved += r->num_migrations > 0;
+  }
+  EXPECT_EQ(moved, 3) << "6 on one replica, 0 on the other: 3 move";
+  auto st = client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->migrated, 3) << describe(st);
+  EXPECT_EQ(st->autoscale.num_promotions, 1);
+  for (const auto& r : st->replicas) {
+    // Each moved sequence had at least 16 tokens left (actors/target_shard.cpp), generated there.
+    if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, 3 * 16) << "replica 1 ran the moved sequences";
   }
   client.reset();
   (*head)->stop();

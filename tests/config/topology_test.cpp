@@ -81,6 +81,7 @@ TEST(Topology, BaseYamlIsValid) {
   EXPECT_EQ(t->nodes[0].workers[1].model, "speculative");
   EXPECT_EQ(t->scheduler.kv_cache_bytes, int64_t{1} << 30);
   EXPECT_TRUE(t->scheduler.enable_prefix_caching);  // vLLM V1's default
+  EXPECT_TRUE(t->scheduler.rebalance_running);
   EXPECT_EQ(t->autoscale.max_replicas, 1);
   EXPECT_EQ(t->autoscale.min_replicas, 0);
   EXPECT_TRUE(t->notes.empty());
@@ -126,6 +127,7 @@ const BadCase kBadCases[] = {
   {"bad_kv_unit", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 1GiBs", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'1GiBs'"}},
   {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
   {"negative_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: -1GiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'-1GiB'", "negative"}},
+  {"rebalance_running_not_bool", "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, rebalance_running: 2}", {"t.yaml:13:", "scheduler.rebalance_running", "'2'"}},
   {"prefix_caching_not_bool", "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: maybe}", {"t.yaml:13:", "scheduler.enable_prefix_caching", "'maybe'"}},
   {"min_over_max_replicas", "min_replicas: 0, max_replicas: 1", "min_replicas: 3, max_replicas: 2", {"t.yaml:14:27:", "autoscale.min_replicas", "'3'", "'2'"}},
   {"negative_warm_pool", "warm_pool: 0", "warm_pool: -1", {"t.yaml:14:58:", "autoscale.warm_pool", "'-1'"}},
@@ -175,6 +177,12 @@ TEST(Topology, PrefixCachingCanBeTurnedOff) {
   auto t = parse(replace_once(base_yaml(), "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: false}"));
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_FALSE(t->scheduler.enable_prefix_caching);
+}
+
+TEST(Topology, RunningRebalanceCanBeTurnedOff) {
+  auto t = parse(replace_once(base_yaml(), "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, rebalance_running: false}"));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_FALSE(t->scheduler.rebalance_running);
 }
 
 TEST(Topology, ReportsEveryErrorNotOnlyTheFirst) {

@@ -24,6 +24,12 @@ QueuedRequest req(int64_t id, int32_t priority, int64_t arrival, double enqueued
   return r;
 }
 
+/// `r`, handed back by replica `from` (QueuedRequest::avoid_replica).
+QueuedRequest avoiding(QueuedRequest r, int32_t from) {
+  r.avoid_replica = from;
+  return r;
+}
+
 /// A replica: id, ready, free blocks, total blocks, num_assigned, max_num_seqs, max_model_len, block_size.
 ReplicaLoad rep(int32_t id, bool ready, int32_t free_blocks, int32_t total_blocks = 100, int32_t num_assigned = 0,
                 int32_t max_num_seqs = 8, int32_t max_model_len = 1024, int32_t block_size = 16) {
@@ -135,6 +141,17 @@ std::vector<Case> cases() {
        {rep(0, true, 100, 100, 2, 2), rep(1, true, 10, 100, 1, 2)}, 100, opts(10, 2), {{1, 1}, {2, 0}}, {}, -1},
       {"full_replica_spills_to_next", {req(1, 0, 0, 100, 10), req(2, 0, 1, 100, 10)},
        {rep(0, true, 100, 100, 2, 2), rep(1, true, 10, 100, 0, 1)}, 100, opts(10, 0), {{1, 1}}, {}, 2},
+      // ---- hand-backs (rule 6) ----
+      // Request 1 was handed back by replica 0: it goes to replica 1 although replica 0 has more
+      // free blocks; request 2 (no origin) still takes the most free blocks.
+      {"handed_back_request_avoids_its_origin", {avoiding(req(1, 0, 0, 100, 10), 0), req(2, 0, 1, 100, 10)},
+       {rep(0, true, 50), rep(1, true, 10)}, 100, dflt, {{1, 1}, {2, 0}}, {}, -1},
+      // ...but goes back when it fits nowhere else (replica 1's cache is too small for it).
+      {"handed_back_request_returns_when_nothing_else_fits", {avoiding(req(1, 0, 0, 100, 40), 0)},
+       {rep(0, true, 50), rep(1, true, 2)}, 100, dflt, {{1, 0}}, {}, -1},
+      // A free batch slot elsewhere is not needed: avoiding the origin comes first.
+      {"handed_back_request_avoids_origin_even_to_wait", {avoiding(req(1, 0, 0, 100, 10), 0)},
+       {rep(0, true, 50, 100, 0, 2), rep(1, true, 10, 100, 2, 2)}, 100, opts(10, 2), {{1, 1}}, {}, -1},
       // ---- rejects ----
       {"reject_longer_than_every_max_model_len", {req(1, 0, 0, 100, 4096), req(2, 0, 1, 100, 10)},
        {rep(0, true, 100, 1000, 0, 8, 4096), rep(1, true, 100, 1000, 0, 8, 2048)}, 100, dflt, {{2, 0}},

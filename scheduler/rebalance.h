@@ -1,0 +1,64 @@
+// specserve scheduler: the head's rebalance policy — which routed replica hands requests back so
+// that another routed replica with room serves them.
+//
+// Dispatch (scheduler/dispatch.h) places each new request well, but it cannot undo an earlier
+// placement: a burst that arrived while one replica was routed sits on that replica after a
+// scale-up promotes a second one, and the promoted replica idles until the next arrival. The head
+// therefore asks busy replicas to hand requests back (reclaim_atom; they re-enter dispatch as
+// MigratedSeq "rebalance" and go where they run at once). Pure: no clock, no I/O; tested as a
+// table of `loads -> plan` (tests/scheduler/rebalance_test.cpp).
+//
+// Rules (all counts are requests on the replica's decode engine: running + waiting there):
+//   1. Waiting first. A replica holding more than max_num_seqs (some wait in its engine's local
+//      queue) hands back up to that excess, bounded by the batch slots free on the other routed
+//      replicas (sum of max(0, max_num_seqs - assigned)), in replica-id order. Those requests
+//      have no KV yet, so moving them costs one message round-trip.
+//   2. Running second (only when rule 1 planned nothing, and RebalanceOptions::running is on):
+//      live migration for load balance, as in Llumnix (Sun et al., OSDI 2024): with A requests on
+//      N routed replicas the share is ceil(A / N); a replica whose count exceeds the least-loaded
+//      one's by at least min_imbalance hands back (count - share) running sequences, bounded by
+//      the receivers' room (sum over replicas below the share of min(share - count, free batch
+//      slots)). The sequences move with their KV (kv/, actors/kv_data_plane.h) or recompute
+//      where it is unusable; either way the stream goes on and greedy output is unchanged. The
+//      replica picks which (actors/target_shard.cpp: most recently admitted first, never one
+//      with few tokens left).
+//   3. A replica not `eligible` (a hand-back still in flight, or one recently refused) neither
+//      gives nor is asked again; it still counts as a receiver and in the share.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace specserve {
+
+/// One routed (ready, receiving work) replica as the head sees it now.
+struct RebalanceLoad {
+  int32_t replica = 0;
+  int32_t max_num_seqs = 0;  ///< its engine's batch size; <= 0: not reported yet (ignored)
+  int32_t assigned = 0;      ///< requests on its decode engine (running + waiting there), >= 0
+  bool eligible = true;      ///< may be asked to hand requests back now (rule 3)
+};
+
+struct RebalanceOptions {
+  /// Rule 2 on: running sequences migrate to even out the load (topology
+  /// `scheduler.rebalance_running`).
+  bool running = true;
+  /// Rule 2 acts only when the busiest replica holds at least this many more requests than the
+  /// least loaded one (>= 1). NOTE: 4 by default: smaller gaps come and go as requests finish,
+  /// and each move costs a KV transfer and a scheduling round-trip.
+  int32_t min_imbalance = 4;
+};
+
+/// One hand-back to ask for.
+struct Reclaim {
+  int32_t replica = 0;
+  int32_t count = 0;           ///< requests to hand back, > 0 (the replica may give fewer)
+  bool running = false;        ///< false: only requests still waiting in its engine (rule 1)
+};
+
+/// Plans the hand-backs of one rebalance (rules in the file comment). `loads`: every routed
+/// replica, any order. Deterministic; replicas with max_num_seqs <= 0 are ignored. Returns the
+/// hand-backs in replica-id order, empty when the load is balanced enough.
+std::vector<Reclaim> plan_rebalance(std::vector<RebalanceLoad> loads, const RebalanceOptions& options);
+
+}  // namespace specserve
