@@ -523,7 +523,9 @@ using autoscale_atom = caf::atom_constant<caf::atom("autoscale")>;
 /// Launcher -> scheduler (same process): (launch_err_atom, replica, why): a cold start failed
 /// (spawn failed, a process of the replica is still alive, or a worker exited before registering).
 using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
-/// Request actor -> scheduler (same process): (first_tok_atom, request id, seconds to the first token).
+/// Request actor -> scheduler (same process): (first_tok_atom, request id, seconds since submission,
+/// bool first of the request): the first token of each attempt (a moved request's next replica
+/// reports again; only the request's very first token is a TTFT sample).
 using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;

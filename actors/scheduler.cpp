@@ -40,6 +40,7 @@ struct RequestState {
   int64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
   Clock::time_point submitted_at = Clock::now();
   bool first_token_seen = false;  // reported to the scheduler (TTFT samples for the autoscaler)
+  int32_t attempt_with_token = -1;  // the last attempt whose first token was reported
 };
 
 using RequestSelf = caf::stateful_actor<RequestState>*;
@@ -112,9 +113,11 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
       [self](ShardEvent& ev) {
         auto& s = self->state;
         if (s.finished || ev.attempt != s.item.attempt) return;  // a stale attempt (its replica died)
-        if (!s.first_token_seen && !ev.tokens.empty()) {
+        if (s.attempt_with_token != ev.attempt && !ev.tokens.empty()) {
+          // The first token of this attempt (after a move, the first the new replica made).
+          s.attempt_with_token = ev.attempt;
+          self->send(s.scheduler, first_tok_atom::value, s.id, seconds_since(s.submitted_at), !s.first_token_seen);
           s.first_token_seen = true;
-          self->send(s.scheduler, first_tok_atom::value, s.id, seconds_since(s.submitted_at));
         }
         s.output.insert(s.output.end(), ev.tokens.begin(), ev.tokens.end());
         s.item.resume_output.insert(s.item.resume_output.end(), ev.tokens.begin(), ev.tokens.end());
@@ -460,11 +463,10 @@ void dispatch(SchedSelf self) {
         }
       }
     }
-    // The first token is measured on the first request sent to it that has none yet: a request
-    // re-queued or moved after streaming tokens elsewhere never reports a first token again
-    // (the request actor reports it once), so it would leave the measurement (and the CPU
-    // host's hold on cold starts) waiting.
-    if (r.awaiting_first_token && r.measured_request == 0 && item.resume_output.empty()) {
+    // The first token is measured on the first request sent to it: a fresh one, or one moved
+    // here after streaming tokens elsewhere (a running sequence rebalanced to a promoted
+    // replica) — the request actor reports the first token of every attempt.
+    if (r.awaiting_first_token && r.measured_request == 0) {
       if (waited) {
         r.measured_request = item.request_id;
       } else {
@@ -1369,7 +1371,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         self->send(r.shard, migrate_atom::value, then_quit);
         return static_cast<int32_t>(r.assigned.size());
       },
-      [self](first_tok_atom, int64_t id, double ttft_s) {
+      [self](first_tok_atom, int64_t id, double ttft_s, bool first_of_request) {
         auto& s = self->state;
         if (!s.request_actors.count(id) ||
             self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(s.request_actors[id])) {
@@ -1379,8 +1381,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (it == s.running.end()) return;
         auto& r = s.replicas[it->second];
         const double now = now_s(self);
-        s.ttft.push_back({now, ttft_s, it->second});
-        if (s.ttft.size() > 4096) s.ttft.pop_front();
+        if (first_of_request) {  // a TTFT sample only once per request
+          s.ttft.push_back({now, ttft_s, it->second});
+          if (s.ttft.size() > 4096) s.ttft.pop_front();
+        }
         if (r.awaiting_first_token && r.measured_request == id && r.state == ReplicaState::kReady &&
             r.scale_decision_at >= 0) {
           r.awaiting_first_token = false;

@@ -531,6 +531,8 @@ TEST(ElasticPromotion, PromotedReplicaTakesRunningSequencesFromABusyReplica) {
     EXPECT_EQ(p.rec.count_prefix("r1/target_shard: reclaim"), 0) << p.rec.dump();
     EXPECT_EQ(st->migrated, on ? 4 : 0);
     for (const auto& r : st->replicas) EXPECT_EQ(r.assigned, on ? 4 : (r.replica == 0 ? 8 : 0)) << "replica " << r.replica;
+    // Measured on a moved sequence's first token there; without the move no work waited for it.
+    EXPECT_EQ(st->autoscale.promotion_seconds.size(), on ? 1u : 0u) << describe(st);
   }
 }
 
@@ -561,7 +563,7 @@ TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
   EXPECT_EQ(st->running, 3) << "every request is still on replica 0";
 }
 
-TEST(ElasticPromotion, FirstTokenIsMeasuredOnARequestThatHadNoneYet) {
+TEST(ElasticPromotion, FirstTokenOnThePromotedReplicaCountsForAMovedRequestToo) {
   Promotion p;
   // Replica 1 runs 2 requests at once: both re-queued requests below get a token there.
   ASSERT_NO_FATAL_FAILURE(p.start(64, 2));
@@ -577,8 +579,9 @@ TEST(ElasticPromotion, FirstTokenIsMeasuredOnARequestThatHadNoneYet) {
   ASSERT_TRUE(c.has_value() && c->tokens == std::vector<int32_t>{42}) << p.rec.dump();
   EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
   // Replica 0's shard dies: both requests are re-queued (the first with its token, first in
-  // line), replica 1 is promoted and gets both. The first one sent streamed its first token on
-  // replica 0 and never reports one again: the promotion is measured on the second.
+  // line), replica 1 is promoted and gets both. The first one sent streamed a token on replica 0
+  // already: the promotion is measured on the first token replica 1 makes for it (the request
+  // actor reports the first token of every attempt).
   caf::anon_send_exit(p.shards[0], caf::exit_reason::kill);
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work ") == 2; }))
       << p.rec.dump() << describe(p.client->status());
@@ -1069,6 +1072,8 @@ TEST(ElasticPromotionRealShards, RunningSequencesMoveToThePromotedReplicaWithThe
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->migrated, 3) << describe(st);
   EXPECT_EQ(st->autoscale.num_promotions, 1);
+  ASSERT_EQ(st->autoscale.promotion_seconds.size(), 1u) << "measured on the first token of a moved sequence";
+  EXPECT_LE(st->autoscale.promotion_dispatch_seconds.at(0), st->autoscale.promotion_seconds[0]);
   for (const auto& r : st->replicas) {
     // Each moved sequence had at least 16 tokens left (actors/target_shard.cpp), generated there.
     if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, 3 * 16) << "replica 1 ran the moved sequences";
