@@ -527,6 +527,9 @@ StepState Engine::step_state() const {
   st.num_free_blocks = pool_->num_free();
   st.block_size = opts_.block_size;
   for (const auto& r : running_) {
+    // A sequence that finished in the last step stays in running_ until the next one starts
+    // (its blocks are freed already); between steps (add_migrated's admission) it is not live.
+    if (r->finish != FinishReason::kNone) continue;
     RunningSeq x;
     x.id = r->id;
     x.priority = r->params.priority;

@@ -379,5 +379,51 @@ TEST(EngineMigrate, FullReceivingEngineAdmitsTheMigratedSequenceThroughItsPolicy
   }
 }
 
+// Bug (seen in bench/run_autoscale_bench.sh with MAX_NUM_SEQS=64: a worker aborted on
+// "check failed ... running seq 13"): a migrated sequence arriving right after a step in which a
+// running sequence finished went through admission with the finished one still in the running
+// list (it leaves at the next step), which broke the step policy's invariants (no output left).
+TEST(EngineMigrate, ArrivingRightAfterASequenceFinishedIsAdmitted) {
+  std::mt19937 rng(99);
+  EngineOptions eo;
+  eo.block_size = 16;
+  const GenerateParams short_req = greedy_request(random_tokens(rng, 20, 512), 1);  // finishes in its first step
+  const GenerateParams moved_req = greedy_request(random_tokens(rng, 32, 512), 8);
+  const Tokens want_moved = run_alone(moved_req, eo);
+  Exported x = export_after(moved_req, 1, eo);
+  ASSERT_GT(x.ex.num_cached, 0);
+
+  auto b = Engine::create(target(), tokenizer(), nullptr, eo);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*b)->add_request(short_req).ok());
+  std::vector<SeqEvent> evs;
+  ASSERT_TRUE((*b)->step(&evs).ok());
+  ASSERT_EQ(evs.size(), 1u);
+  ASSERT_EQ(evs[0].finish, FinishReason::kLength) << "the short request finished in this step";
+  evs.clear();
+
+  GenerateParams p = moved_req;
+  p.resume_output = x.ex.output;
+  SequenceImport imp;
+  imp.rng_state = x.ex.rng_state;
+  imp.num_cached = x.ex.num_cached;
+  imp.load_kv = [bytes = x.bytes, fmt = x.fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
+    auto h = import_kv_blocks(backend(), kv, fmt, bytes->data(), static_cast<int64_t>(bytes->size()), blocks.data(),
+                              static_cast<int64_t>(blocks.size()));
+    return h.ok() ? Status() : h.status();
+  };
+  bool loaded = false;
+  auto mid = (*b)->add_migrated(p, std::move(imp), &loaded);
+  ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+  EXPECT_TRUE(loaded) << "room enough: admitted at once with its KV";
+  Tokens got(x.ex.output.begin(), x.ex.output.end());
+  for (int guard = 0; (*b)->has_work() && guard < 1000; ++guard) ASSERT_TRUE((*b)->step(&evs).ok());
+  for (const SeqEvent& ev : evs) {
+    if (ev.seq_id == *mid) got.insert(got.end(), ev.tokens.begin(), ev.tokens.end());
+  }
+  EXPECT_EQ(got, want_moved);
+  EXPECT_EQ((*b)->block_pool().num_free(), (*b)->block_pool().num_blocks());
+}
+
 }  // namespace
 }  // namespace specserve
