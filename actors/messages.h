@@ -189,10 +189,10 @@ struct ShardEvent {
 /// Shard -> scheduler after each step (and when it becomes idle): its load.
 struct ShardLoad {
   int32_t replica = 0;
-  int32_t free_kv_blocks = 0;
+  int32_t free_kv_blocks = 0;  ///< free blocks of the cache, less those migrated requests being fetched need
   int32_t total_kv_blocks = 0;
   int32_t num_running = 0;
-  int32_t num_waiting = 0;
+  int32_t num_waiting = 0;     ///< waiting in the engine, plus migrated requests whose KV is being fetched
   int64_t num_steps = 0;
   int64_t generated_tokens = 0;
   int64_t num_drafts = 0;

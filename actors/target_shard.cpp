@@ -19,6 +19,7 @@
 #include "core/logging.h"
 #include "model/model_fingerprint.h"
 #include "model/model_loader.h"
+#include "scheduler/dispatch.h"
 
 namespace specserve {
 namespace {
@@ -183,10 +184,19 @@ ShardLoad load_of(ShardState& s) {
   ShardLoad l;
   l.replica = s.cfg.replica;
   const BlockPool& pool = s.engine->block_pool();
-  l.free_kv_blocks = pool.num_free();
   l.total_kv_blocks = pool.num_blocks();
   l.num_running = s.engine->num_running();
   l.num_waiting = s.engine->num_waiting();
+  // Migrated requests whose KV is being fetched are not in the engine yet, but will be: they
+  // count as waiting, and the blocks they need as taken (else the head would place work on
+  // room they are about to fill).
+  int64_t fetching_blocks = 0;
+  for (const auto& [serial, p] : s.fetching) {
+    if (p.aborted) continue;
+    ++l.num_waiting;
+    fetching_blocks += blocks_needed(static_cast<int64_t>(p.item.prompt.size() + p.item.resume_output.size()), pool.block_size());
+  }
+  l.free_kv_blocks = static_cast<int32_t>(std::max<int64_t>(0, pool.num_free() - fetching_blocks));
   const EngineStats& st = s.engine->stats();
   l.num_steps = st.num_steps;
   l.generated_tokens = st.generated_tokens;

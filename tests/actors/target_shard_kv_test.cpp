@@ -3,7 +3,9 @@
 // while fetches from a stalled peer wait for their deadline (a second one arriving meanwhile, which
 // needs the UCX agent that the first transfer is using), the shard's other sequences keep
 // producing tokens; after the deadline the migrated sequences recompute their KV and finish, and
-// the shard stays up.
+// the shard stays up. Then, with the peer reconnected and stalled again: a fetching request counts
+// as waiting in the shard's load, an abort during its fetch is answered at once, and a drain moves
+// a fetching request on as soon as its fetch returns.
 //
 // The shard is real (default model, CPU backend); the scheduler and the request actor are a
 // scoped actor of the test; the stalled peer is a UcxAgent of the test process over UCX tcp that
@@ -217,6 +219,59 @@ TEST(TargetShardKv, OtherSequencesKeepSteppingWhileAFetchFromAStalledPeerWaits) 
   EXPECT_EQ(seen[2].tokens, seen[3].tokens) << "same tokens, same greedy continuation";
   EXPECT_TRUE(released) << "the shard must tell the source (through the scheduler) to free the offer";
   EXPECT_TRUE(seen[1].finish.empty()) << "A must still be running: " << seen[1].finish;
+
+  // Requests D and E: two more fetches from the stalled peer. While they wait, the shard's load
+  // counts them as waiting; D is aborted (answered at once, not at the deadline); then the
+  // replica drains: A leaves at once, E when its fetch returns (it recomputes where it lands),
+  // and D's late fetch leaves nothing behind.
+  std::map<int64_t, std::string> left;  // request -> MigratedSeq reason
+  int32_t max_waiting = 0;
+  auto receive2 = [&](std::chrono::milliseconds d) {
+    me->receive(on_event, [&](const KvReleaseMsg&) { released = true; },
+                [&](const ShardLoad& l) { max_waiting = std::max(max_waiting, l.num_waiting); },
+                [&](const MigratedSeq& m) { left[m.request_id] = m.reason; }, caf::after(d) >> [] {});
+  };
+  // The shard dropped its endpoint to the peer when the transfers failed; a new peer list (as the
+  // scheduler broadcasts when a replica comes back) reconnects it while the peer progresses. A
+  // one-token request F sent after it tells that the shard has handled it (same sender, in order).
+  progress = true;
+  progresser = std::thread([&] {
+    while (progress.load()) {
+      (*peer)->progress();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  me->send(shard, peers);
+  WorkItem f = a;
+  f.request_id = 6;
+  f.max_tokens = 1;
+  me->send(shard, f);
+  const auto f_by = Clock::now() + std::chrono::seconds(30);
+  while (seen[6].finish.empty() && Clock::now() < f_by) receive2(std::chrono::milliseconds(100));
+  ASSERT_EQ(seen[6].finish, "length");
+  progress = false;
+  progresser.join();
+  me->send(shard, migrated(4, 9));
+  me->send(shard, migrated(5, 10));
+  const auto sent2 = Clock::now();
+  while (Clock::now() < sent2 + std::chrono::milliseconds(500)) receive2(std::chrono::milliseconds(50));
+  EXPECT_GE(max_waiting, 2) << "fetching requests must count as waiting in the shard's load";
+  me->send(shard, AbortMsg{4});
+  const auto aborted_at = Clock::now();
+  while (seen[4].finish.empty() && Clock::now() < aborted_at + std::chrono::seconds(2)) receive2(std::chrono::milliseconds(50));
+  EXPECT_EQ(seen[4].finish, "abort") << "an abort during the fetch is answered at once";
+  EXPECT_LT(seen[4].done - sent2, std::chrono::milliseconds(static_cast<int64_t>(kDeadlineS * 1000) - 500));
+  me->send(shard, migrate_atom::value, false);
+  const auto drained_at = Clock::now();
+  while (!left.count(1) && Clock::now() < drained_at + std::chrono::seconds(5)) receive2(std::chrono::milliseconds(50));
+  EXPECT_EQ(left[1], "drain") << "A leaves at once";
+  while (!left.count(5) && Clock::now() < drained_at + std::chrono::seconds(static_cast<int64_t>(kDeadlineS) + 30)) {
+    receive2(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(left[5], "drain") << "E leaves once its fetch returned";
+  EXPECT_TRUE(seen[5].finish.empty()) << "E must not finish here: " << seen[5].finish;
+  EXPECT_EQ(left.count(4), 0u) << "the aborted D must not come back";
+  EXPECT_EQ(seen[4].tokens.size(), 0u);
 
   me->send(shard, AbortMsg{1});
   me->send_exit(shard, caf::exit_reason::user_shutdown);
