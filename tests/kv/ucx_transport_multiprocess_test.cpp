@@ -501,6 +501,49 @@ TEST(UcxPeerFailure, ConnectToADeadPeerFailsWithinTheDeadline) {
   EXPECT_EQ(alive.finish(), 0);
 }
 
+// An endpoint keeps at most 64 unpacked remote keys (kv/ucx_transport.cpp, kMaxRkeys) and drops
+// them all when a new one would exceed that: reading 100 regions of one peer twice over crosses
+// that bound several times, and every read stays correct. Over shared memory a flush that
+// destroyed the keys but kept them in the cache crashes this test (checked); over tcp it would not.
+// Both agents are in this process; the owner answers from its progress thread.
+class UcxRkeyCache : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxRkeyCache, ReadsFromManyRegionsStayCorrectAcrossCacheFlushes) {
+  const std::string tls = GetParam();
+  auto owner = make_agent(tls, /*progress_thread=*/true);
+  ASSERT_NE(owner, nullptr);
+  constexpr int kRegions = 100;
+  constexpr int64_t kBytes = 4096;
+  std::vector<std::unique_ptr<UcxRegion>> regions;
+  for (int r = 0; r < kRegions; ++r) {
+    auto reg = owner->allocate_region(kBytes);
+    ASSERT_TRUE(reg.ok()) << reg.status().to_string();
+    auto* d = static_cast<uint8_t*>((*reg)->data());
+    for (int64_t i = 0; i < kBytes; ++i) d[i] = pattern(static_cast<uint64_t>(r * kBytes + i));
+    regions.push_back(std::move(*reg));
+  }
+  auto importer = make_agent(tls);
+  ASSERT_NE(importer, nullptr);
+  auto ep = importer->connect(owner->address(), "owner", kv_deadline_after(std::chrono::seconds(10)));
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  std::vector<uint8_t> buf(static_cast<size_t>(kBytes));
+  for (int round = 0; round < 2; ++round) {
+    for (int r = 0; r < kRegions; ++r) {
+      SCOPED_TRACE("round " + std::to_string(round) + ", region " + std::to_string(r));
+      std::fill(buf.begin(), buf.end(), 0);
+      const Status st = (*ep)->get(buf.data(), kBytes, regions[static_cast<size_t>(r)]->remote(), 0,
+                                   kv_deadline_after(std::chrono::seconds(10)));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < kBytes; ++i) wrong += buf[static_cast<size_t>(i)] != pattern(static_cast<uint64_t>(r * kBytes + i));
+      ASSERT_EQ(wrong, 0);
+    }
+  }
+  EXPECT_FALSE((*ep)->failed());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, UcxRkeyCache, ::testing::Values("tcp", "sm"));
+
 TEST(UcxProgressThread, ServesPeersWhileTheOwnerIsIdle) {
   // Roles swapped: this process owns the region and never calls progress(); its progress thread
   // answers the child's tcp gets. The child reports what it read over the socketpair. (Forked
