@@ -206,6 +206,8 @@ struct ReplicaEntry {
   // Rebalance (reclaim_atom): asked of its shard so far, and handled as its ShardLoad says.
   int64_t reclaims_sent = 0;
   int64_t reclaims_done = 0;
+  int64_t handed_back = 0;           // MigratedSeq "rebalance" received from it
+  int64_t handed_back_at_reclaim = 0;  // handed_back when the last reclaim was sent
   double no_reclaim_until = 0;      // a reclaimed request came straight back: not asked again before this
   // The head's launcher started its processes (last start): while it is stopped, a worker hello
   // for it belongs to a start the head gave up, never to a new one.
@@ -520,6 +522,7 @@ void rebalance(SchedSelf self) {
     get_logger("actors")->info("replica {}: holds {} request(s) while other replicas have room; asking for up to {} {} back",
                                c.replica, r.assigned.size(), c.count, c.running ? "running or waiting" : "waiting");
     ++r.reclaims_sent;
+    r.handed_back_at_reclaim = r.handed_back;
     self->send(r.shard, reclaim_atom::value, c.count, c.running);
   }
 }
@@ -697,6 +700,7 @@ void migrated(SchedSelf self, MigratedSeq m) {
     return;
   }
   r.assigned.erase(m.request_id);
+  if (m.reason == "rebalance") ++r.handed_back;
   r.on_prefill.erase(m.request_id);
   s.running.erase(m.request_id);
   finish_drain_if_idle(self, m.replica);
@@ -1324,6 +1328,11 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.in_flight.pop_front();
         }
         const int32_t rid = l.replica;
+        if (l.num_reclaims > r.reclaims_done && l.num_reclaims >= r.reclaims_sent && r.handed_back == r.handed_back_at_reclaim) {
+          // Its last hand-back gave nothing (every sequence too close to its end, or all already
+          // gone): not asked again for a while, or the head would ask (and log) every tick.
+          r.no_reclaim_until = now_s(self) + kNoReclaimAfterReturnS;
+        }
         r.reclaims_done = l.num_reclaims;
         r.load = std::move(l);
         finish_drain_if_idle(self, rid);

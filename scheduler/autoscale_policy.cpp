@@ -109,6 +109,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     auto it = by_id.find(s.replica);
     if (it == by_id.end() || it->second->state != ReplicaState::kReady) continue;
     if (s.at_s - it->second->ready_since_s < o.new_replica_grace_s) continue;  // a new replica's first samples
+    if (last_change_s_ && s.at_s <= *last_change_s_) continue;  // taken up to the last change of the target
     ttfts.push_back(s.ttft_s);
   }
   d.ttft_p90_s = percentile90(ttfts);
@@ -134,7 +135,8 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   // long requests at 95% of one replica's KV flipped the target 1 <-> 2 every few seconds.
   const bool kv_fits_one_fewer = o.target_kv_cache_usage >= 1.0 || kv_sum <= 0 ||
                                  (num_ready > 1 && kv_sum / (num_ready - 1) < o.target_kv_cache_usage);
-  const bool ttft_fits = slo_s <= 0 || ttfts.empty() || d.ttft_p90_s < kIdleTtftMargin * slo_s;
+  // With nothing ongoing, latency samples of requests that are gone hold nothing up.
+  const bool ttft_fits = slo_s <= 0 || ttfts.empty() || ongoing == 0 || d.ttft_p90_s < kIdleTtftMargin * slo_s;
   d.idle = !d.pressure && wanted < target_ && kv_fits_one_fewer && ttft_fits;
 
   // Rule 4: hysteresis, with the two immediate exceptions.
@@ -181,6 +183,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
   if (d.changed) {  // the cooldown: fresh evidence for the next change
     pressure_since_.reset();
     idle_since_.reset();
+    last_change_s_ = in.now_s;
   }
   d.target_ready = target_;
 
@@ -222,17 +225,22 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
       return a->num_assigned != b->num_assigned ? a->num_assigned < b->num_assigned : a->id > b->id;
     });
     for (int32_t i = 0; i < -deficit; ++i) {
-      const bool to_standby = standby_left + starting_left + draining_to_standby < o.warm_pool;
+      // NOTE: warm replicas only: a replica still starting is not counted, so a drained replica
+      // (loaded and warm) refills the pool rather than stopping while a cold start is under way;
+      // the surplus is trimmed below once the starting one is warm.
+      const bool to_standby = standby_left + draining_to_standby < o.warm_pool;
       if (to_standby) ++draining_to_standby;
       d.drain.push_back({order[static_cast<size_t>(i)]->id, to_standby});
     }
   }
   const int32_t pool = standby_left + starting_left + draining_to_standby;
+  const int32_t warm = standby_left + draining_to_standby;
   if (pool < o.warm_pool) {
     cold_start(o.warm_pool - pool);
-  } else if (pool > o.warm_pool && target_ <= num_ready) {
-    // Surplus standby replicas stop, highest id first (never one promoted in this tick).
-    const int32_t surplus = std::min(pool - o.warm_pool, standby_left);
+  } else if (warm > o.warm_pool && target_ <= num_ready) {
+    // Surplus standby replicas stop, highest id first (never one promoted in this tick). Only
+    // warm replicas count: a warm standby is never stopped for one still starting.
+    const int32_t surplus = std::min(warm - o.warm_pool, standby_left);
     for (int32_t i = 0; i < surplus; ++i) d.stop.push_back(standby[standby.size() - 1 - static_cast<size_t>(i)]->id);
   }
   return d;

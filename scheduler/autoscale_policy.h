@@ -37,14 +37,17 @@
 //           Only samples from ready replicas count, and samples from a replica younger than
 //           new_replica_grace_s when the sample was taken (seconds since it became ready —
 //           promotion counts) are ignored: a new replica's first slow samples (cold caches, a
-//           backlog handed to it at once) do not scale up;
+//           backlog handed to it at once) do not scale up; and so are samples taken before the
+//           last change of the target: the next step up needs latency measured since the last
+//           one (else a window full of the burst's first samples asks for a second replica a
+//           moment after the first);
 //        d. the mean KV-cache usage of ready replicas is above target_kv_cache_usage.
 //      Pressure asks for max(wanted_by_load, target + 1) replicas.
 //   3. Idle (a reason to remove replicas) holds when there is no pressure, wanted_by_load <
 //      target, and removing one ready replica would not create pressure at once: the KV usage
 //      projected onto one replica fewer (sum of ready usage / (ready - 1)) stays below
-//      target_kv_cache_usage, and the TTFT p90 (when there are samples and an SLO) is below
-//      kIdleTtftMargin x ttft_slo_ms. Idle asks for the largest wanted_by_load seen since idle
+//      target_kv_cache_usage, and the TTFT p90 (when there are samples, an SLO and anything
+//      ongoing) is below kIdleTtftMargin x ttft_slo_ms. Idle asks for the largest wanted_by_load seen since idle
 //      began (so a brief lull inside steady load does not drop capacity it will need again).
 //   4. Hysteresis. The target changes up only after pressure held on every tick for
 //      upscale_delay_s, and down only after idle held on every tick for downscale_delay_s; a tick
@@ -63,12 +66,13 @@
 //           id first.
 //        b. ready > target: drain the surplus, the replica with the fewest assigned requests
 //           first (ties: the highest id), so the fewest requests wait for a drain. A drained
-//           replica goes to standby while the pool (standby + starting + draining to standby)
-//           is short of warm_pool, else it stops.
+//           replica goes to standby while the warm pool (standby + draining to standby) is short
+//           of warm_pool, else it stops: a warm replica is kept over one still starting.
 //        c. Pool: when standby + starting + draining-to-standby (less what 6a takes from them)
 //           is short of warm_pool, startable stopped replicas start cold, lowest id first; when
-//           the pool exceeds warm_pool and the decision is settled, the surplus standby
-//           replicas stop, highest id first.
+//           the warm ones (standby + draining to standby) exceed warm_pool and the decision is
+//           settled, the surplus standby replicas stop, highest id first (a replica still
+//           starting finishes its warm-up first and is trimmed then if still surplus).
 //      A replica is never both promoted and stopped in one tick; draining replicas are left
 //      alone (unless 6a un-drains them) until the head reports them standby or stopped.
 //   The reason of a change reads "pressure: ... (held N s)", "idle: ...", "min_replicas N",
@@ -208,6 +212,7 @@ class Autoscaler {
   int32_t target_ = 0;
   std::optional<double> pressure_since_;
   std::optional<double> idle_since_;
+  std::optional<double> last_change_s_;  ///< when the target last changed (TTFT samples before it are ignored)
   int32_t idle_max_wanted_ = 0;
 };
 

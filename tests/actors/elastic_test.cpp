@@ -77,6 +77,7 @@ struct FakeSpec {
   int32_t max_num_seqs = 1;
   int32_t total_kv_blocks = 64;
   bool first_token = true;      // a request that runs (within max_num_seqs) gets one token at once
+  bool keeps_running = false;   // reclaim gives no running request (as when all are near their end)
   caf::actor scheduler;
   Recorder* rec = nullptr;
 };
@@ -165,7 +166,7 @@ caf::behavior fake_worker(FakeSelf self, FakeSpec spec) {
         auto& s = self->state;
         ++s.num_reclaims;
         s.spec.rec->add(tag(s.spec) + ": reclaim " + std::to_string(n) + (running ? " running" : ""));
-        const int32_t keep = running ? 0 : s.spec.max_num_seqs;
+        const int32_t keep = running && !s.spec.keeps_running ? 0 : s.spec.max_num_seqs;
         for (int32_t i = 0; i < n && static_cast<int32_t>(s.held.size()) > keep; ++i) {
           hand_back(self, s.held.back(), "rebalance");
           s.held.pop_back();
@@ -417,7 +418,7 @@ struct Promotion {
   std::unique_ptr<Client> client;
   std::vector<caf::actor> shards;  // replica 0's, replica 1's
   void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0,
-             int32_t replica0_max_num_seqs = 1, bool rebalance_running = true) {
+             int32_t replica0_max_num_seqs = 1, bool rebalance_running = true, bool replica0_keeps_running = false) {
     Topology t = make_topology(2, /*drafts=*/false);
     t.autoscale.min_replicas = 1;
     t.autoscale.max_replicas = 2;
@@ -435,7 +436,10 @@ struct Promotion {
       f.replica = r;
       f.scheduler = head->scheduler();
       f.rec = &rec;
-      if (r == 0) f.max_num_seqs = replica0_max_num_seqs;
+      if (r == 0) {
+        f.max_num_seqs = replica0_max_num_seqs;
+        f.keeps_running = replica0_keeps_running;
+      }
       if (r == 1) {
         f.total_kv_blocks = replica1_kv_blocks;
         f.max_num_seqs = replica1_max_num_seqs;
@@ -534,6 +538,28 @@ TEST(ElasticPromotion, PromotedReplicaTakesRunningSequencesFromABusyReplica) {
     // Measured on a moved sequence's first token there; without the move no work waited for it.
     EXPECT_EQ(st->autoscale.promotion_seconds.size(), on ? 1u : 0u) << describe(st);
   }
+}
+
+// Bug (fresh-user review): when the busy replica could give nothing back (its sequences near
+// their end), the head asked again on every 100 ms tick, logging each time. A hand-back that gave
+// nothing now waits a second before the next.
+TEST(ElasticPromotion, HandBackThatGaveNothingIsNotAskedEveryTick) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(64, 16, /*upscale_delay_s=*/0.3, /*replica0_max_num_seqs=*/16, true,
+                                  /*replica0_keeps_running=*/true));
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (int i = 0; i < 8; ++i) {
+    auto h = p.client->submit(request(10));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; })) << p.rec.dump();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LE(p.rec.count_prefix("r0/target_shard: reclaim"), 1 + static_cast<int>(std::ceil(elapsed / 1.0)))
+      << p.rec.dump();
+  EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work "), 0) << "nothing was given";
 }
 
 TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {

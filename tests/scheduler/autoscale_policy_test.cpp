@@ -125,6 +125,96 @@ TEST(AutoscalePolicy, DrainGoesToStandbyWhileThePoolIsShortElseStops) {
   EXPECT_TRUE(d.start.empty());
 }
 
+// Bug (fresh-user review): with a cold start under way, a drained ready replica was stopped
+// (the starting one counted as the pool) and then the warm standby too (standby + starting
+// exceeded the pool): two warm replicas thrown away for one still warming.
+TEST(AutoscalePolicy, WarmReplicasAreKeptOverOneStillStarting) {
+  {
+    SCOPED_TRACE("a warm standby is not stopped while another replica starts");
+    Autoscaler a(opts(0, 2, 1, 1.0, /*down=*/3.0), 1);
+    AutoscaleInput in;
+    in.replicas = {rv(0, S::kReady, 0), rv(1, S::kStandby), rv(2, S::kWarming)};
+    in.now_s = 0;
+    EXPECT_TRUE(a.tick(in).idle);
+    in.now_s = 3.0;
+    auto d = a.tick(in);
+    ASSERT_TRUE(d.changed);
+    EXPECT_EQ(d.target_ready, 0);
+    ASSERT_EQ(d.drain.size(), 1u);
+    EXPECT_FALSE(d.drain[0].to_standby) << "the standby already fills the pool";
+    EXPECT_TRUE(d.stop.empty()) << "the warm standby must stay";
+    // Replica 2 finishes warming: now the pool has one warm replica too many.
+    in.replicas = {rv(0, S::kStopped), rv(1, S::kStandby), rv(2, S::kStandby)};
+    in.now_s = 3.1;
+    d = a.tick(in);
+    EXPECT_EQ(d.stop, (std::vector<int32_t>{2}));
+  }
+  {
+    SCOPED_TRACE("a drained replica refills the pool while a cold start is under way");
+    Autoscaler a(opts(1, 3, 1, 1.0, /*down=*/3.0), 2);
+    AutoscaleInput in;
+    in.replicas = {rv(0, S::kReady, 1), rv(1, S::kReady, 0), rv(2, S::kStarting)};
+    in.now_s = 0;
+    EXPECT_TRUE(a.tick(in).idle);
+    in.now_s = 3.0;
+    auto d = a.tick(in);
+    ASSERT_TRUE(d.changed);
+    ASSERT_EQ(d.drain.size(), 1u);
+    EXPECT_EQ(d.drain[0].replica, 1);
+    EXPECT_TRUE(d.drain[0].to_standby);
+    EXPECT_TRUE(d.start.empty());
+  }
+}
+
+// Bug (fresh-user review): with a TTFT SLO the target went 1 -> 2 -> 3 within 1.2 s: the second
+// step rested on samples taken before the first. Samples from before the last change of the
+// target are ignored.
+TEST(AutoscalePolicy, TtftSamplesFromBeforeTheLastChangeDoNotScaleUpAgain) {
+  AutoscaleOptions o = opts(1, 3, 1, /*up=*/1.0, /*down=*/3.0);
+  o.ttft_slo_ms = 150;
+  o.target_ongoing_requests = 100;  // the count alone never asks for more
+  Autoscaler a(o, 1);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 4, -100.0), rv(1, S::kStandby), rv(2, S::kStandby)};
+  for (int i = 0; i <= 10; ++i) in.ttft.push_back({0.1 * i, 0.3, 0});  // slow, on replica 0 (past its grace)
+  in.now_s = 0.0;
+  EXPECT_TRUE(a.tick(in).pressure);
+  in.now_s = 1.0;
+  auto d = a.tick(in);
+  ASSERT_TRUE(d.changed);
+  EXPECT_EQ(d.target_ready, 2);
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{1}));
+  in.replicas = {rv(0, S::kReady, 2, -100.0), rv(1, S::kReady, 2, 1.0), rv(2, S::kStandby)};
+  for (double now = 1.1; now < 4.0; now += 0.1) {
+    in.now_s = now;
+    d = a.tick(in);
+    EXPECT_FALSE(d.pressure) << "at t=" << now;
+    EXPECT_EQ(d.target_ready, 2) << "at t=" << now;
+  }
+  // Fresh slow samples (after the change, from a replica past its grace) are pressure again.
+  for (int i = 0; i < 10; ++i) in.ttft.push_back({3.5 + 0.05 * i, 0.3, 0});
+  in.now_s = 4.0;
+  EXPECT_TRUE(a.tick(in).pressure);
+}
+
+// Bug (fresh-user review): after traffic ended, scale-down waited for old slow TTFT samples to
+// leave the look-back window (35 s instead of downscale_delay_s): with nothing ongoing they
+// hold nothing up.
+TEST(AutoscalePolicy, OldSlowSamplesDoNotBlockIdleWhenNothingIsOngoing) {
+  AutoscaleOptions o = opts(1, 3, 1, /*up=*/1.0, /*down=*/3.0);
+  o.ttft_slo_ms = 150;
+  Autoscaler a(o, 2);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 0, -100.0), rv(1, S::kReady, 0, -100.0), rv(2, S::kStandby)};
+  for (int i = 0; i < 10; ++i) in.ttft.push_back({5.0 + 0.1 * i, 0.3, 0});
+  in.now_s = 6.0;
+  EXPECT_TRUE(a.tick(in).idle);
+  in.now_s = 9.0;
+  auto d = a.tick(in);
+  EXPECT_TRUE(d.changed);
+  EXPECT_EQ(d.target_ready, 1);
+}
+
 TEST(AutoscalePolicy, SurplusStandbyStopsHighestIdFirst) {
   Autoscaler a(opts(1, 3, 1), 1);
   AutoscaleInput in;
