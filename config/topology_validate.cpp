@@ -125,7 +125,11 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
       error_at(topo_.where("autoscale.max_replicas"), "autoscale.max_replicas",
                quote(std::to_string(a.max_replicas)) + " is less than the " + std::to_string(declared) +
                    " replicas the nodes declare" +
-                   (a.warm_pool ? " (less autoscale.warm_pool " + std::to_string(a.warm_pool) + ")" : std::string()));
+                   (a.warm_pool ? " (less autoscale.warm_pool " + std::to_string(a.warm_pool) + ")" : std::string()) +
+                   (a.enabled() ? ": the replicas beyond max_replicas + warm_pool would never be used"
+                                : ": with max_replicas == min_replicas and no warm_pool the autoscaler is off and every "
+                                  "declared replica serves") +
+                   "; raise max_replicas or declare fewer replicas");
     }
   } else {
     // The warm pool's replicas are among the declared ones: they are not counted as routable.
@@ -143,12 +147,14 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
                  " replicas but the nodes declare only " + std::to_string(declared) +
                  " replica(s): declare each replica's workers under nodes[].workers, or lower min_replicas / warm_pool");
   } else if (a.enabled() && !shards.empty() && declared < a.max_replicas + a.warm_pool) {
-    topo_.notes.push_back(topo_.where("autoscale.max_replicas") + ": autoscale.max_replicas " +
-                          quote(std::to_string(a.max_replicas)) + " + autoscale.warm_pool " +
-                          quote(std::to_string(a.warm_pool)) + " want " + std::to_string(a.max_replicas + a.warm_pool) +
-                          " replicas but the nodes declare " + std::to_string(declared) + ": at most " +
-                          std::to_string(std::max(0, declared - a.warm_pool)) +
-                          " ready with a full pool (declare more replicas to reach max_replicas)");
+    const std::string where = topo_.where(explicit_max_replicas ? "autoscale.max_replicas" : "autoscale");
+    topo_.notes.push_back(where + ": autoscale.max_replicas " + quote(std::to_string(a.max_replicas)) +
+                          (explicit_max_replicas ? "" : " (the default: max(min_replicas, declared replicas - warm_pool, 1))") +
+                          " + autoscale.warm_pool " + quote(std::to_string(a.warm_pool)) + " want " +
+                          std::to_string(a.max_replicas + a.warm_pool) + " replicas but the nodes declare " +
+                          std::to_string(declared) + ": up to " + std::to_string(std::max(0, declared - a.warm_pool)) +
+                          " ready the pool stays full; beyond that its standby replicas are promoted and the pool is not "
+                          "refilled (declare more replicas to keep a warm pool at max_replicas)");
   }
 }
 

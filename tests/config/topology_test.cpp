@@ -255,7 +255,7 @@ TEST(Topology, MaxReplicasOutOfReachIsANoteNotAnError) {
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   ASSERT_EQ(t->notes.size(), 1u);
   EXPECT_NE(t->notes[0].find("t.yaml:14:44: autoscale.max_replicas '2' + autoscale.warm_pool '0' want 2 replicas but the "
-                             "nodes declare 1: at most 1 ready with a full pool"),
+                             "nodes declare 1: up to 1 ready the pool stays full"),
             std::string::npos)
       << t->notes[0];
 }
@@ -270,6 +270,26 @@ autoscale: {max_replicas: 1}
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("t.yaml:4:27: autoscale.max_replicas: '1' is less than the 2 replicas"), std::string::npos)
       << t.status().message();
+  // min == max and no pool: the autoscaler is off, which the message says (a user wrote
+  // {min_replicas: 1, max_replicas: 1} and did not know why it was refused).
+  EXPECT_NE(t.status().message().find("the autoscaler is off and every declared replica serves"), std::string::npos)
+      << t.status().message();
+}
+
+TEST(Topology, OutOfReachNoteNamesADerivedMaxReplicasAsTheDefault) {
+  // warm_pool 3 with 3 declared replicas and no max_replicas: the derived default (max(1, 3 - 3,
+  // 1) = 1) is named as such, at the autoscale section's line.
+  const std::string y = R"(models: {target: {path: MODEL}}
+nodes:
+  - {name: a, devices: [cpu], workers: [{role: target_shard, device: cpu}, {role: target_shard, replica: 1, device: cpu}, {role: target_shard, replica: 2, device: cpu}]}
+autoscale: {min_replicas: 0, warm_pool: 3}
+)";
+  auto t = parse(y);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->notes.size(), 1u);
+  EXPECT_NE(t->notes[0].find("t.yaml:4:"), std::string::npos) << t->notes[0];
+  EXPECT_NE(t->notes[0].find("(the default: max(min_replicas, declared replicas - warm_pool, 1))"), std::string::npos)
+      << t->notes[0];
 }
 
 TEST(Topology, TensorParallelShardsAcrossGpusAndDefaults) {

@@ -391,10 +391,14 @@ int run_status(const std::string& connect, const std::string& token_file, const 
         std::printf("%s\"%s\": %.3f", k ? ", " : "", replica_state_name(static_cast<ReplicaState>(k)),
                     r.state_seconds_total[k]);
       }
-      std::printf("}, \"cold_start_seconds\": %.4f, \"promotion_routable_seconds\": %.6f, "
-                  "\"promotion_dispatch_seconds\": %.6f, \"promotion_seconds\": %.4f, \"num_promotions\": %lld, "
+      // A time never measured (no cold start or promotion yet, or its request arrived after the
+      // decision) is null, not 0.
+      auto secs = [](double v, int digits) { return v > 0 ? fmt::format("{:.{}f}", v, digits) : std::string("null"); };
+      std::printf("}, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
+                  "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"num_promotions\": %lld, "
                   "\"num_cold_starts\": %lld}",
-                  r.cold_start_seconds, r.promotion_routable_seconds, r.promotion_dispatch_seconds, r.promotion_seconds,
+                  secs(r.cold_start_seconds, 4).c_str(), secs(r.promotion_routable_seconds, 6).c_str(),
+                  secs(r.promotion_dispatch_seconds, 6).c_str(), secs(r.promotion_seconds, 4).c_str(),
                   static_cast<long long>(r.num_promotions), static_cast<long long>(r.num_cold_starts));
     }
     const AutoscaleStatus& a = s.autoscale;
@@ -459,9 +463,10 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   }
   const AutoscaleStatus& a = s.autoscale;
   if (a.enabled) {
-    std::printf("autoscaler: target %d ready (min %d, max %d, warm pool %d) | ongoing %d | TTFT p90 %.3f s | promotions %lld, "
+    const std::string p90 = a.ttft_p90_seconds > 0 ? fmt::format("{:.3f} s", a.ttft_p90_seconds) : std::string("- (no samples)");
+    std::printf("autoscaler: target %d ready (min %d, max %d, warm pool %d) | ongoing %d | TTFT p90 %s | promotions %lld, "
                 "cold starts %lld, drains %lld, stops %lld\n",
-                a.target_ready, a.min_replicas, a.max_replicas, a.warm_pool, a.ongoing, a.ttft_p90_seconds,
+                a.target_ready, a.min_replicas, a.max_replicas, a.warm_pool, a.ongoing, p90.c_str(),
                 static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops));
     if (!a.last_reason.empty()) std::printf("  last change at %.1f s: %s\n", a.last_change_seconds, a.last_reason.c_str());
@@ -470,11 +475,15 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       return fmt::format("median {:.3f} ms, max {:.3f} ms (n {})", median_of(v) * 1000,
                          *std::max_element(v.begin(), v.end()) * 1000, v.size());
     };
+    auto secs = [](const std::vector<double>& v) {  // cold starts: seconds, as COLD_S above
+      if (v.empty()) return std::string("-");
+      return fmt::format("median {:.3f} s, max {:.3f} s (n {})", median_of(v), *std::max_element(v.begin(), v.end()), v.size());
+    };
     std::printf("  warm promotion, from the decision: routed %s | first request sent %s | its first token %s\n",
                 ms(a.promotion_routable_seconds).c_str(), ms(a.promotion_dispatch_seconds).c_str(),
                 ms(a.promotion_seconds).c_str());
     std::printf("  cold start (process start -> ready) %s | scale-up by cold start, decision -> first token %s\n",
-                ms(a.cold_start_seconds).c_str(), ms(a.cold_scale_up_seconds).c_str());
+                secs(a.cold_start_seconds).c_str(), secs(a.cold_scale_up_seconds).c_str());
     std::printf("  scale-ups not measured (no request waited for the replica): %lld\n",
                 static_cast<long long>(a.num_promotions_without_waiting_work));
   }
