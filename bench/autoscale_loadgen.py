@@ -118,6 +118,12 @@ def main():
     ap.add_argument("--idle-after", type=float, default=float(os.environ.get("IDLE_AFTER", 15)))
     ap.add_argument("--burst-timeout", type=float, default=float(os.environ.get("BURST_TIMEOUT", 240)))
     ap.add_argument("--threads-per-worker", type=int, default=1)
+    ap.add_argument("--kv-cache-bytes", default=os.environ.get("KV_CACHE_BYTES", "16MiB"),
+                    help="scheduler.kv_cache_bytes per replica (specserve's default is 1GiB)")
+    ap.add_argument("--max-model-len", type=int, default=int(os.environ.get("MAX_MODEL_LEN", 512)),
+                    help="models.target.max_model_len (0: the model's own, specserve's default)")
+    ap.add_argument("--bursts", type=int, default=int(os.environ.get("BURSTS", 1)),
+                    help="burst + idle cycles (each idle returns to min_replicas: one more promotion sample)")
     ap.add_argument("--max-num-seqs", type=int, default=int(os.environ.get("MAX_NUM_SEQS", 2)),
                     help="each replica's batch (scheduler.max_num_seqs; specserve's default is 64)")
     args = ap.parse_args()
@@ -129,7 +135,7 @@ def main():
     topo = f"""cluster: {{ name: autoscale-bench, token_file: {work}/token }}
 head: {{ host: 127.0.0.1, actor_port: {actor_port}, http_port: {http_port} }}
 models:
-  target: {{ path: {args.model}, max_model_len: 512 }}
+  target: {{ path: {args.model}{", max_model_len: " + str(args.max_model_len) if args.max_model_len else ""} }}
 nodes:
   - name: n0
     host: 127.0.0.1
@@ -138,7 +144,7 @@ nodes:
       - {{ role: target_shard, replica: 0, device: cpu }}
       - {{ role: target_shard, replica: 1, device: cpu }}
       - {{ role: target_shard, replica: 2, device: cpu }}
-scheduler: {{ max_num_seqs: {args.max_num_seqs}, kv_cache_bytes: 16MiB }}
+scheduler: {{ max_num_seqs: {args.max_num_seqs}, kv_cache_bytes: {args.kv_cache_bytes} }}
 autoscale: {json.dumps(autoscale).replace('"', '')}
 """
     config = os.path.join(work, "cluster.yaml")
@@ -175,12 +181,17 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         poller = threading.Thread(target=poll)
         poller.start()
         time.sleep(args.idle_before)
-        t_burst = time.monotonic() - t0
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            futs = [pool.submit(one_request, base, model, i, args.max_tokens, t0) for i in range(args.num_requests)]
-            results = [f.result(timeout=args.burst_timeout) for f in futs]
-        t_burst_end = time.monotonic() - t0
-        time.sleep(args.idle_after)
+        results, bursts = [], []
+        for b in range(args.bursts):
+            start = time.monotonic() - t0
+            print(f"[autoscale-bench] burst {b + 1}/{args.bursts}: {args.num_requests} requests", file=sys.stderr)
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                futs = [pool.submit(one_request, base, model, b * args.num_requests + i, args.max_tokens, t0)
+                        for i in range(args.num_requests)]
+                results += [f.result(timeout=args.burst_timeout) for f in futs]
+            bursts.append({"start_s": start, "end_s": time.monotonic() - t0})
+            time.sleep(args.idle_after)
+        t_burst, t_burst_end = bursts[0]["start_s"], bursts[-1]["end_s"]
         stop.set()
         poller.join()
         status = json.loads(subprocess.run([args.bin, "status", "--config", config, "--json"], capture_output=True,
@@ -205,8 +216,10 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         "config": {"autoscale": autoscale, "num_requests": args.num_requests, "concurrency": args.concurrency,
                    "max_tokens": args.max_tokens, "idle_before_s": args.idle_before, "idle_after_s": args.idle_after,
                    "threads_per_worker": args.threads_per_worker, "model": os.path.basename(args.model),
-                   "max_num_seqs": args.max_num_seqs},
+                   "max_num_seqs": args.max_num_seqs, "bursts": args.bursts,
+                   "max_model_len": args.max_model_len or "model's", "kv_cache_bytes": args.kv_cache_bytes},
         "burst": {"start_s": t_burst, "end_s": t_burst_end},
+        "bursts": bursts,
         "requests": results,
         "trace": trace,
         "summary": {
@@ -241,9 +254,13 @@ autoscale: {json.dumps(autoscale).replace('"', '')}
         f"Command: `bench/run_autoscale_bench.sh` (source {os.environ.get('SOURCE_COMMIT', '?')}). Machine: "
         f"{os.cpu_count()} CPUs ({platform.platform()}), shared with other work.",
         f"Topology: 3 declared replicas of {out['config']['model']} (one target_shard process each, "
-        f"{args.threads_per_worker} thread, max_num_seqs {args.max_num_seqs}), plain decoding; autoscale {autoscale}.",
+        f"{args.threads_per_worker} thread, max_num_seqs {args.max_num_seqs}, max_model_len "
+        f"{args.max_model_len or 'the model' + chr(39) + 's'}, kv_cache_bytes {args.kv_cache_bytes}"
+        + ("" if args.kv_cache_bytes == "1GiB" else ": a smaller KV cache than the 1GiB default, so cold starts here are "
+           "shorter than with defaults") + f"), plain decoding; autoscale {autoscale}.",
         f"Load: {args.idle_before:g} s idle, then {args.num_requests} streaming /v1/completions requests "
-        f"(max_tokens {args.max_tokens}, greedy) from {args.concurrency} client threads, then {args.idle_after:g} s idle.",
+        f"(max_tokens {args.max_tokens}, greedy) from {args.concurrency} client threads, then {args.idle_after:g} s idle"
+        + (f"; {args.bursts} times." if args.bursts > 1 else "."),
         "",
         "| | value |",
         "|---|---|",

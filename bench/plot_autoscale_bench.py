@@ -44,7 +44,8 @@ def main():
     ax[2].set_ylabel("TTFT (s), at first token")
     ax[2].set_xlabel("seconds")
     for a in ax:
-        a.axvspan(d["burst"]["start_s"], d["burst"]["end_s"], color="orange", alpha=0.12)
+        for b in d.get("bursts", [d["burst"]]):
+            a.axvspan(b["start_s"], b["end_s"], color="orange", alpha=0.12)
     s = d["summary"]
     cs = s["cold_start_seconds"]
     ps = s["promotion_seconds"]
