@@ -962,68 +962,99 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_t
   return out;
 }
 
+// Two real target shards in this process behind a head with min 1 / max 2 / warm pool 1 (no
+// upscale delay unless given): replica 0 ready, replica 1 in standby. Submits greedy requests
+// (ignore_eos, `max_tokens` each) and waits for their results.
+struct RealShards {
+  ActorRuntime rt;
+  std::unique_ptr<Head> head;
+  std::unique_ptr<Client> client;
+  void start(int32_t max_num_seqs, int64_t kv_cache_bytes, double upscale_delay_s) {
+    Topology t = make_topology(2, /*drafts=*/false);
+    t.scheduler.max_num_seqs = max_num_seqs;
+    t.scheduler.kv_cache_bytes = kv_cache_bytes;
+    t.autoscale.min_replicas = 1;
+    t.autoscale.max_replicas = 2;
+    t.autoscale.warm_pool = 1;
+    t.autoscale.upscale_delay_s = upscale_delay_s;
+    t.autoscale.downscale_delay_s = 1000;
+    t.autoscale.target_ongoing_requests = 2;
+    auto h = Head::start(rt, t, kToken, /*publish=*/false);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    head = std::move(*h);
+    client = Client::in_process(rt.system(), head->scheduler(), kToken);
+    for (int32_t r = 0; r < 2; ++r) {  // one after the other: replica 0 is the one routed at start-up
+      WorkerConfig wc;
+      wc.node = "local";
+      wc.replica = r;
+      wc.topology = t;
+      wc.threads = 1;
+      wc.token = kToken;
+      wc.scheduler = head->scheduler();
+      spawn_target_shard(rt.system(), wc);
+      ASSERT_TRUE(until(120, [&] {
+        auto st = client->status();
+        return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
+      })) << "replica " << r << ": " << describe(client->status());
+    }
+  }
+  // Submits every text as a greedy request; returns the handles (kept: a dropped one cancels).
+  std::vector<std::shared_ptr<RequestHandle>> submit(const std::vector<std::string>& texts, int32_t max_tokens) {
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (const std::string& text : texts) {
+      GenerateRequest r;
+      r.prompt_token_ids = head->tokenizer().encode(text, true, false);
+      r.max_tokens = max_tokens;
+      r.sampling.temperature = 0;
+      r.sampling.ignore_eos = true;
+      auto h = client->submit(r);
+      EXPECT_TRUE(h.ok()) << h.status().to_string();
+      if (h.ok()) hs.push_back(*h);
+    }
+    return hs;
+  }
+  // Waits for each; checks finish "length", no re-queue, and the target-alone tokens; returns
+  // each request's num_migrations.
+  std::vector<int32_t> expect_same_tokens(const std::vector<std::shared_ptr<RequestHandle>>& hs,
+                                          const std::vector<std::string>& texts, int32_t max_tokens) {
+    std::vector<int32_t> moves;
+    for (size_t i = 0; i < hs.size(); ++i) {
+      auto r = hs[i]->wait();
+      EXPECT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+      if (!r.ok()) continue;
+      EXPECT_EQ(r->finish_reason, "length");
+      EXPECT_EQ(r->tokens, reference(head->tokenizer().encode(texts[i], true, false), max_tokens)) << "request " << i;
+      EXPECT_EQ(r->num_requeues, 0);
+      moves.push_back(r->num_migrations);
+    }
+    return moves;
+  }
+  ~RealShards() {
+    client.reset();
+    if (head) head->stop();
+  }
+};
+
 // The target shard's side of the hand-back (reclaim_atom): two real shards in this process, each
 // running one sequence at a time (max_num_seqs 1). Three requests go to replica 0 (one runs, two
 // wait in its engine); the promotion of replica 1 takes the last admitted one, which finishes
 // there with exactly the tokens of the target alone, its stream uninterrupted.
 TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWithTheSameTokens) {
-  ActorRuntime rt;
-  Topology t = make_topology(2, /*drafts=*/false);
-  t.scheduler.max_num_seqs = 1;
-  t.scheduler.kv_cache_bytes = int64_t{16} << 20;
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 2;
-  t.autoscale.warm_pool = 1;
-  t.autoscale.upscale_delay_s = 0;
-  t.autoscale.downscale_delay_s = 1000;
-  t.autoscale.target_ongoing_requests = 2;
-  auto head = Head::start(rt, t, kToken, /*publish=*/false);
-  ASSERT_TRUE(head.ok()) << head.status().to_string();
-  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
-  for (int32_t r = 0; r < 2; ++r) {  // one after the other: replica 0 is the one routed at start-up
-    WorkerConfig wc;
-    wc.node = "local";
-    wc.replica = r;
-    wc.topology = t;
-    wc.threads = 1;
-    wc.token = kToken;
-    wc.scheduler = (*head)->scheduler();
-    spawn_target_shard(rt.system(), wc);
-    ASSERT_TRUE(until(120, [&] {
-      auto st = client->status();
-      return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
-    })) << "replica " << r << ": " << describe(client->status());
-  }
-  const Tokenizer& tok = (*head)->tokenizer();
-  const char* texts[] = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
-                         "The three laws of motion state that"};
+  RealShards c;
+  ASSERT_NO_FATAL_FAILURE(c.start(/*max_num_seqs=*/1, int64_t{16} << 20, /*upscale_delay_s=*/0));
+  const std::vector<std::string> texts = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
+                                          "The three laws of motion state that"};
   constexpr int32_t kTokens = 24;
-  std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (const char* text : texts) {
-    GenerateRequest r;
-    r.prompt_token_ids = tok.encode(text, true, false);
-    r.max_tokens = kTokens;
-    r.sampling.temperature = 0;
-    r.sampling.ignore_eos = true;
-    auto h = client->submit(r);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
-  int32_t migrations = 0;
-  for (size_t i = 0; i < hs.size(); ++i) {
-    auto r = hs[i]->wait();
-    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
-    EXPECT_EQ(r->finish_reason, "length");
-    EXPECT_EQ(r->tokens, reference(tok.encode(texts[i], true, false), kTokens)) << "request " << i;
-    EXPECT_EQ(r->num_requeues, 0);
-    migrations += r->num_migrations;
-    if (i == 2) EXPECT_GE(r->num_migrations, 1) << "the last admitted request is the one handed back";
-  }
+  const auto moves = c.expect_same_tokens(c.submit(texts, kTokens), texts, kTokens);
+  ASSERT_EQ(moves.size(), 3u);
+  EXPECT_GE(moves[2], 1) << "the last admitted request is the one handed back";
   // NOTE: when replica 1 finishes it, request 2 may still wait on replica 0 and be handed back
   // too (it then lands wherever a slot is free first, maybe replica 0 again): more than one
   // hand-back is allowed, each lossless.
+  int32_t migrations = 0;
+  for (int32_t m : moves) migrations += m;
   EXPECT_GE(migrations, 1);
-  auto st = client->status();
+  auto st = c.client->status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->migrated, migrations);
   EXPECT_EQ(st->autoscale.num_promotions, 1);
@@ -1032,8 +1063,6 @@ TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWi
   for (const auto& r : st->replicas) {
     if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, kTokens) << "replica 1 ran the handed-back request";
   }
-  client.reset();
-  (*head)->stop();
 }
 
 // The target shard's side of a running rebalance: replica 0 runs 6 sequences at once
@@ -1041,60 +1070,19 @@ TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWi
 // recompute where the data plane is unusable) and finish there with exactly the tokens of the
 // target alone, their streams uninterrupted.
 TEST(ElasticPromotionRealShards, RunningSequencesMoveToThePromotedReplicaWithTheSameTokens) {
-  ActorRuntime rt;
-  Topology t = make_topology(2, /*drafts=*/false);
-  t.scheduler.max_num_seqs = 8;
-  t.scheduler.kv_cache_bytes = int64_t{32} << 20;
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 2;
-  t.autoscale.warm_pool = 1;
-  t.autoscale.upscale_delay_s = 0.5;  // the burst is admitted (and running) on replica 0 first
-  t.autoscale.downscale_delay_s = 1000;
-  t.autoscale.target_ongoing_requests = 2;
-  auto head = Head::start(rt, t, kToken, /*publish=*/false);
-  ASSERT_TRUE(head.ok()) << head.status().to_string();
-  auto client = Client::in_process(rt.system(), (*head)->scheduler(), kToken);
-  for (int32_t r = 0; r < 2; ++r) {
-    WorkerConfig wc;
-    wc.node = "local";
-    wc.replica = r;
-    wc.topology = t;
-    wc.threads = 1;
-    wc.token = kToken;
-    wc.scheduler = (*head)->scheduler();
-    spawn_target_shard(rt.system(), wc);
-    ASSERT_TRUE(until(120, [&] {
-      auto st = client->status();
-      return st.ok() && state_of(*st, r) == (r == 0 ? "ready" : "standby");
-    })) << "replica " << r << ": " << describe(client->status());
-  }
-  const Tokenizer& tok = (*head)->tokenizer();
-  const char* texts[] = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
-                         "The three laws of motion state that",           "Once upon a time, in a small village,",
-                         "The capital of France is",                      "To install Python on Linux, you"};
+  RealShards c;
+  // upscale 0.5 s: the burst is admitted (and running) on replica 0 first.
+  ASSERT_NO_FATAL_FAILURE(c.start(/*max_num_seqs=*/8, int64_t{32} << 20, /*upscale_delay_s=*/0.5));
+  const std::vector<std::string> texts = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
+                                          "The three laws of motion state that",           "Once upon a time, in a small village,",
+                                          "The capital of France is",                      "To install Python on Linux, you"};
   constexpr int32_t kTokens = 96;
-  std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (const char* text : texts) {
-    GenerateRequest r;
-    r.prompt_token_ids = tok.encode(text, true, false);
-    r.max_tokens = kTokens;
-    r.sampling.temperature = 0;
-    r.sampling.ignore_eos = true;
-    auto h = client->submit(r);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  const auto moves = c.expect_same_tokens(c.submit(texts, kTokens), texts, kTokens);
+  ASSERT_EQ(moves.size(), texts.size());
   int32_t moved = 0;
-  for (size_t i = 0; i < hs.size(); ++i) {
-    auto r = hs[i]->wait();
-    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
-    EXPECT_EQ(r->finish_reason, "length");
-    EXPECT_EQ(r->tokens, reference(tok.encode(texts[i], true, false), kTokens)) << "request " << i;
-    EXPECT_EQ(r->num_requeues, 0);
-    moved += r->num_migrations > 0;
-  }
+  for (int32_t m : moves) moved += m > 0;
   EXPECT_EQ(moved, 3) << "6 on one replica, 0 on the other: 3 move";
-  auto st = client->status();
+  auto st = c.client->status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->migrated, 3) << describe(st);
   EXPECT_EQ(st->autoscale.num_promotions, 1);
@@ -1104,8 +1092,6 @@ TEST(ElasticPromotionRealShards, RunningSequencesMoveToThePromotedReplicaWithThe
     // Each moved sequence had at least 16 tokens left (actors/target_shard.cpp), generated there.
     if (r.replica == 1) EXPECT_GE(r.load.generated_tokens, 3 * 16) << "replica 1 ran the moved sequences";
   }
-  client.reset();
-  (*head)->stop();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // logprobs, finish — greedy and under seeded sampling (the sampler's random stream moves with
 // them), with and without a proposer, for prompts shorter than one block, in the middle of a
 // chunked prefill; a damaged export is refused and the sequence recomputes with the same result.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -295,6 +296,18 @@ Exported export_after(const GenerateParams& p, int steps, const EngineOptions& e
   return out;
 }
 
+// A SequenceImport::load_kv that imports `bytes` (a checked export in `fmt`) into the engine's
+// blocks; `*calls` (when given) counts its calls.
+std::function<Status(KvStorage&, std::span<const int32_t>)> load_from(std::shared_ptr<std::vector<uint8_t>> bytes,
+                                                                      KvExportFormat fmt, int* calls = nullptr) {
+  return [bytes = std::move(bytes), fmt, calls](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
+    if (calls) ++*calls;
+    auto h = import_kv_blocks(backend(), kv, fmt, bytes->data(), static_cast<int64_t>(bytes->size()), blocks.data(),
+                              static_cast<int64_t>(blocks.size()));
+    return h.ok() ? Status() : h.status();
+  };
+}
+
 Tokens run_alone(const GenerateParams& p, const EngineOptions& eo) {
   auto e = Engine::create(target(), tokenizer(), nullptr, eo);
   EXPECT_TRUE(e.ok());
@@ -349,12 +362,7 @@ TEST(EngineMigrate, FullReceivingEngineAdmitsTheMigratedSequenceThroughItsPolicy
     imp.rng_state = x.ex.rng_state;
     imp.num_cached = x.ex.num_cached;
     int loads = 0;
-    imp.load_kv = [&loads, bytes = x.bytes, fmt = x.fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
-      ++loads;
-      auto h = import_kv_blocks(backend(), kv, fmt, bytes->data(), static_cast<int64_t>(bytes->size()), blocks.data(),
-                                static_cast<int64_t>(blocks.size()));
-      return h.ok() ? Status() : h.status();
-    };
+    imp.load_kv = load_from(x.bytes, x.fmt, &loads);
     bool loaded = true;
     auto mid = (*b)->add_migrated(p, std::move(imp), &loaded);
     ASSERT_TRUE(mid.ok()) << mid.status().to_string();
@@ -407,11 +415,7 @@ TEST(EngineMigrate, ArrivingRightAfterASequenceFinishedIsAdmitted) {
   SequenceImport imp;
   imp.rng_state = x.ex.rng_state;
   imp.num_cached = x.ex.num_cached;
-  imp.load_kv = [bytes = x.bytes, fmt = x.fmt](KvStorage& kv, std::span<const int32_t> blocks) -> Status {
-    auto h = import_kv_blocks(backend(), kv, fmt, bytes->data(), static_cast<int64_t>(bytes->size()), blocks.data(),
-                              static_cast<int64_t>(blocks.size()));
-    return h.ok() ? Status() : h.status();
-  };
+  imp.load_kv = load_from(x.bytes, x.fmt);
   bool loaded = false;
   auto mid = (*b)->add_migrated(p, std::move(imp), &loaded);
   ASSERT_TRUE(mid.ok()) << mid.status().to_string();
