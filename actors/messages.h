@@ -327,6 +327,10 @@ struct AutoscaleStatus {
   int32_t max_replicas = 0;
   int32_t warm_pool = 0;
   int32_t target_ready = 0;        ///< the policy's desired ready replicas
+  int32_t wanted = 0;              ///< what the load wants now (no hysteresis; AutoscaleDecision::wanted)
+  /// Cold starts are held back (CPU-only host: until the promoted replica's first token, at most
+  /// 5 s); afterwards only what the load then wants is started, so ready may stay below target.
+  bool starts_held = false;
   int32_t ongoing = 0;             ///< queued + assigned at the last tick
   double ttft_p90_seconds = 0;     ///< over the look-back window, new replicas' grace excluded
   int64_t num_promotions = 0;
@@ -344,10 +348,10 @@ struct AutoscaleStatus {
   /// replica's engine: reclaim_atom), only when that request had already arrived at the head at
   /// the decision; otherwise the promotion is not measured (num_promotions_without_waiting_work);
   std::vector<double> promotion_dispatch_seconds;
-  /// decision -> the first token of that request (the rest is the replica's first engine step:
-  /// one prefill forward pass, plus the message hops shard -> request actor -> head). When that
-  /// request already streamed tokens elsewhere (re-queued after its replica died, or moved), the
-  /// first request sent to it that has no token yet is the one measured.
+  /// decision -> the first token of that request made on the promoted replica (the rest is the
+  /// replica's first engine step: one forward pass, plus the message hops shard -> request actor
+  /// -> head); a request that already streamed tokens elsewhere (moved, or re-queued) counts with
+  /// the first token it gets there.
   std::vector<double> promotion_seconds;
   /// The last 64 scale-ups covered by a cold start (not the pool): decision -> first token, to
   /// set beside promotion_seconds.
@@ -498,7 +502,7 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
-           x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
+           x.wanted, x.starts_held, x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
            x.last_change_seconds, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
            x.promotion_seconds, x.cold_scale_up_seconds, x.num_promotions_without_waiting_work);
 }

@@ -972,6 +972,7 @@ void autoscale_tick(SchedSelf self) {
   }
   const double decided_at = now_s(self);  // promotions are measured from here
   s.as.target_ready = d.target_ready;
+  s.as.wanted = d.wanted;
   s.as.ongoing = d.ongoing;
   s.as.ttft_p90_seconds = d.ttft_p90_s;
   if (d.changed) {
@@ -1044,6 +1045,7 @@ void autoscale_tick(SchedSelf self) {
     start_cold(self, d.start[i], for_deficit);
   }
   if (!hold_starts) s.held_deficit_since = -1;
+  s.as.starts_held = hold_starts || s.deficit_by_wanted;
   dispatch(self);
 }
 

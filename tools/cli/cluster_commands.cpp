@@ -408,12 +408,13 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       return out + "]";
     };
     std::printf("], \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
-                "\"target_ready\": %d, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
+                "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
                 "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
                 "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s, "
                 "\"num_promotions_without_waiting_work\": %lld}}\n",
-                a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.ongoing,
+                a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.wanted,
+                a.starts_held ? "true" : "false", a.ongoing,
                 a.ttft_p90_seconds, static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
                 a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_routable_seconds).c_str(),
@@ -470,6 +471,10 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                 static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops));
     if (!a.last_reason.empty()) std::printf("  last change at %.1f s: %s\n", a.last_change_seconds, a.last_reason.c_str());
+    if (a.starts_held) {
+      std::printf("  cold starts held (CPU-only host: until the promoted replica's first token, at most 5 s); then only what "
+                  "the load wants now (%d ready) is started, so ready may stay below the target\n", a.wanted);
+    }
     auto ms = [](const std::vector<double>& v) {
       if (v.empty()) return std::string("-");
       return fmt::format("median {:.3f} ms, max {:.3f} ms (n {})", median_of(v) * 1000,
