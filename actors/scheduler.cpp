@@ -9,6 +9,7 @@
 
 #include "actors/messages.h"
 #include "actors/prompt.h"
+#include "actors/request_actor.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
 #include "scheduler/autoscale_policy.h"
@@ -19,145 +20,8 @@ namespace specserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using done_atom = caf::atom_constant<caf::atom("done")>;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// ---------------------------------------------------------------- request actor
-
-struct RequestState {
-  int64_t id = 0;
-  std::string token;
-  caf::actor scheduler;
-  caf::actor sink;
-  WorkItem item;                 // prompt + params; resume_output grows with the stream
-  std::vector<int32_t> output;   // every token streamed to the client
-  int32_t requeues = 0;
-  int32_t migrations = 0;
-  bool timed_out = false;
-  bool cancelled = false;
-  bool finished = false;
-  int64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
-  Clock::time_point submitted_at = Clock::now();
-  bool first_token_seen = false;  // reported to the scheduler (TTFT samples for the autoscaler)
-  int32_t attempt_with_token = -1;  // the last attempt whose first token was reported
-};
-
-using RequestSelf = caf::stateful_actor<RequestState>*;
-
-void finish_request(RequestSelf self, StreamChunk last) {
-  auto& s = self->state;
-  if (s.finished) return;
-  s.finished = true;
-  last.request_id = s.id;
-  last.prompt_tokens = static_cast<int32_t>(s.item.prompt.size());
-  last.completion_tokens = static_cast<int32_t>(s.output.size());
-  last.num_drafts = s.num_drafts;
-  last.num_draft_tokens = s.num_draft_tokens;
-  last.num_accepted_tokens = s.num_accepted_tokens;
-  last.num_requeues = s.requeues;
-  last.num_migrations = s.migrations;
-  if (s.timed_out && last.finish_reason == "abort") last.finish_reason = "timeout";
-  self->send(s.sink, std::move(last));
-  self->send(s.scheduler, done_atom::value, s.id);
-  self->quit();
-}
-
-// The request's WorkItem for its next attempt (attempt + 1, every token streamed so far as
-// resume_output), counting the move in *counter; a request cancelled or timed out meanwhile
-// finishes here ("abort") instead of running again.
-caf::result<WorkItem> next_attempt(RequestSelf self, int32_t* counter) {
-  auto& s = self->state;
-  if (s.cancelled || s.timed_out) {
-    StreamChunk c;
-    c.finish_reason = "abort";
-    finish_request(self, std::move(c));
-    return caf::make_error(caf::sec::request_receiver_down);
-  }
-  ++*counter;
-  ++s.item.attempt;
-  return s.item;
-}
-
-caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf::actor scheduler, caf::actor sink,
-                            WorkItem item, double timeout_s) {
-  auto& s = self->state;
-  s.id = id;
-  s.token = std::move(token);
-  s.scheduler = std::move(scheduler);
-  s.sink = std::move(sink);
-  s.item = std::move(item);
-  s.item.request_actor = caf::actor_cast<caf::actor>(self);
-  self->monitor(s.sink);
-  self->monitor(s.scheduler);
-  self->set_down_handler([self](caf::down_msg& m) {
-    auto& s = self->state;
-    if (m.source == s.scheduler.address()) {
-      StreamChunk c;
-      c.finish_reason = "error";
-      c.error = "the head stopped before the request finished";
-      finish_request(self, std::move(c));
-      self->quit();
-      return;
-    }
-    if (m.source == s.sink.address() && !s.finished) {
-      // The client went away: nobody reads the stream; free the replica's slot.
-      get_logger("actors")->info("request {}: client gone, cancelling", s.id);
-      self->send(s.scheduler, CancelMsg{s.token, s.id});
-    }
-  });
-  if (timeout_s > 0) {
-    self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)), timeout_atom::value);
-  }
-  return {
-      [self](ShardEvent& ev) {
-        auto& s = self->state;
-        if (s.finished || ev.attempt != s.item.attempt) return;  // a stale attempt (its replica died)
-        if (s.attempt_with_token != ev.attempt && !ev.tokens.empty()) {
-          // The first token of this attempt (after a move, the first the new replica made).
-          s.attempt_with_token = ev.attempt;
-          self->send(s.scheduler, first_tok_atom::value, s.id, seconds_since(s.submitted_at), !s.first_token_seen);
-          s.first_token_seen = true;
-        }
-        s.output.insert(s.output.end(), ev.tokens.begin(), ev.tokens.end());
-        s.item.resume_output.insert(s.item.resume_output.end(), ev.tokens.begin(), ev.tokens.end());
-        s.num_drafts += ev.num_drafts;
-        s.num_draft_tokens += ev.num_draft_tokens;
-        s.num_accepted_tokens += ev.num_accepted_tokens;
-        StreamChunk c;
-        c.request_id = s.id;
-        c.tokens = std::move(ev.tokens);
-        c.logprobs = std::move(ev.logprobs);
-        c.top_n = ev.top_n;
-        c.top_logprob_ids = std::move(ev.top_logprob_ids);
-        c.top_logprob_values = std::move(ev.top_logprob_values);
-        c.text = std::move(ev.text);
-        if (ev.finish_reason.empty()) {
-          self->send(s.sink, std::move(c));
-          return;
-        }
-        c.finish_reason = ev.finish_reason;
-        c.error = ev.error;
-        finish_request(self, std::move(c));
-      },
-      // Its replica died (requeue) or its sequence left a replica with its state (migrate: drain,
-      // prefill hand-over): the next attempt continues from every token streamed so far.
-      [self](requeue_atom) { return next_attempt(self, &self->state.requeues); },
-      [self](migrate_atom, int32_t attempt) -> caf::result<WorkItem> {
-        // A hand-over from an attempt that is no longer current (its replica was declared lost
-        // meanwhile and the request re-queued) is refused: the request runs once.
-        if (attempt != self->state.item.attempt) return caf::make_error(caf::sec::request_receiver_down);
-        return next_attempt(self, &self->state.migrations);
-      },
-      [self](cancel_atom) { self->state.cancelled = true; },
-      [self](timeout_atom) {
-        auto& s = self->state;
-        if (s.finished) return;
-        s.timed_out = true;
-        self->send(s.scheduler, CancelMsg{s.token, s.id});
-      },
-  };
-}
 
 // ---------------------------------------------------------------- scheduler actor
 

@@ -25,9 +25,7 @@
 // shares its fate: parked with it in standby, told to quit when its target shard is stopped or
 // lost, and told to quit when it registers for a start the head already gave up.
 //
-// Request actor: owns one request — its tokens so far, streaming to the client's sink
-// (StreamChunk), cancellation, deadline (finish reason "timeout"), and the client going away
-// (cancel). It drops events of an attempt that is no longer current.
+// Request actor: one per request (actors/request_actor.h).
 #pragma once
 
 #include <caf/all.hpp>
