@@ -800,6 +800,17 @@ void autoscale_tick(SchedSelf self) {
   auto& s = self->state;
   if (!s.autoscaler) return;
   const double now = now_s(self);
+  // While the server drains (SIGTERM) the policy is not consulted (its target would change and
+  // be logged for a cluster that is going away), except when queued or moving requests have no
+  // routed replica left (below).
+  bool any_routed = false;
+  for (const auto& [rid, r] : s.replicas) any_routed = any_routed || r.routed();
+  const bool stranded = !any_routed && (!s.queue.empty() || !s.in_transit.empty());
+  if (s.draining && !stranded) {
+    s.held_deficit_since = -1;
+    dispatch(self);
+    return;
+  }
   const AutoscaleOptions& o = s.autoscaler->options();
   while (!s.ttft.empty() && s.ttft.front().at_s < now - o.look_back_period_s) s.ttft.pop_front();
   AutoscaleInput in;
@@ -847,16 +858,8 @@ void autoscale_tick(SchedSelf self) {
   for (int32_t rid : d.abandon) start_failed(self, rid, "no progress for start_timeout_s");
   if (s.draining) {
     // NOTE: while the server drains (SIGTERM) nothing is scaled: no scale-down, no promotion, no
-    // cold start. The one exception: queued or moving requests with no routed replica left (its
-    // last one was lost) get one replica back, or the drain would fail them.
-    bool routed = false;
-    for (const auto& [rid, r] : s.replicas) routed = routed || r.routed();
-    const bool stranded = !routed && (!s.queue.empty() || !s.in_transit.empty());
-    if (!stranded) {
-      s.held_deficit_since = -1;
-      dispatch(self);
-      return;
-    }
+    // cold start. The one exception (we are here only then): queued or moving requests with no
+    // routed replica left (its last one was lost) get one replica back, or the drain would fail them.
     d.stop.clear();
     d.drain.clear();
     d.starting_for_deficit.clear();
