@@ -109,6 +109,85 @@ def chain(m, dump, o, n, start, depth, head, ctx=None):
     return drafts, tops
 
 
+def chain_stats(m, dump, seqs, D, head, stride=1, proxy=True, simulate=True):
+    """Greedy chains of D drafts of head m (an EagleHead, eval mode) from every stride-th
+    continuation position of the sequences `seqs` of `dump`, argmax over `head` [V', d].
+    -> {"chains", "depth", "acceptance_by_depth" (unconditional: first j drafts all match, what
+    bench-spec reports), "conditional_by_depth", "mean_accepted_per_step"} and, with proxy, the
+    trainer's step-1 top-1 / 2-step proxy over the same positions; with simulate, "simulated_run"
+    (a greedy speculative run with a chain of D, n advancing by accepted + 1 per step)."""
+    full = [0] * (D + 1)  # full[j]: chains whose first j drafts all match
+    steps = 0
+    sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
+    s1_ok = s1_n = p2_ok = p2_n = 0
+    with torch.no_grad():
+        for i in seqs:
+            s = dump.seqs[i]
+            o, L, pl = s["offset"], s["length"], s["prompt_length"]
+            ext = dump.extended_tokens(i)  # [L + 1] the greedy stream
+            ps = torch.arange(1, L)
+            tok = dump.tokens[o + 1:o + L]
+            ctx_kv = HeadKV(m)
+            ctx_out = ctx_kv.append(dump.embed[tok], dump.hidden[o:o + L - 1], ps)
+            if proxy:
+                # The trainer's measures over the same positions (teacher-forced step 1; 2-step
+                # proxy: every input feature replaced by the head's own 1-step prediction of it).
+                pred = m(dump.embed[tok][None], dump.hidden[o:o + L - 1][None], ps[None])[0]  # row q-1: position q
+                fi2 = dump.hidden[o:o + L - 1].clone()
+                fi2[1:] = pred[:-1]
+                pred2 = m(dump.embed[tok][None], fi2[None], ps[None])[0]
+            for n in range(max(pl, 2), L - D + 1, stride):
+                # Known t_0..t_{n-1}; drafts should equal ext[n .. n+D-1].
+                drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
+                steps += 1
+                j = 0
+                while j < D and drafts[j] == int(ext[n + j]):
+                    j += 1
+                for q in range(j + 1):
+                    full[q] += 1
+                if proxy:
+                    # step 1 (teacher-forced) predicts ext[n] from row n-1 (index n-2); the proxy at
+                    # row n (index n-1), whose token t_n is the true one, predicts ext[n+1].
+                    s1_ok += int(argmax_head(pred[n - 2], head) == int(ext[n]))
+                    s1_n += 1
+                    p2_ok += int(argmax_head(pred2[n - 1], head) == int(ext[n + 1]))
+                    p2_n += 1
+            if not simulate:
+                continue
+            # A speculative run as the engine makes it (greedy, chain of D): after the prefill the
+            # first token is known (n = prompt_length + 1); each step drafts, accepts j, then the
+            # target's bonus token: n += j + 1.
+            n = pl + 1
+            seq_sim = {"sequence": i, "steps": 0, "accepted": 0, "accepted_per_pos": [0] * D}
+            sim_per_seq.append(seq_sim)
+            while n <= L - D + 1:
+                drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
+                j = 0
+                while j < D and drafts[j] == int(ext[n + j]):
+                    j += 1
+                sim_steps += 1
+                seq_sim["steps"] += 1
+                seq_sim["accepted"] += j
+                for q in range(1, j + 1):
+                    sim_full[q] += 1
+                    seq_sim["accepted_per_pos"][q - 1] += 1
+                n += j + 1
+    n_chains = max(1, steps)
+    res = {"chains": steps, "depth": D,
+           "acceptance_by_depth": [round(full[j] / n_chains, 4) for j in range(1, D + 1)],
+           "conditional_by_depth": [round(full[j] / max(1, full[j - 1]), 4) for j in range(1, D + 1)],
+           "mean_accepted_per_step": round(sum(full[1:]) / n_chains, 4)}
+    if proxy:
+        res["trainer_top1_step1_same_positions"] = round(s1_ok / max(1, s1_n), 4)
+        res["trainer_2step_proxy_same_positions"] = round(p2_ok / max(1, p2_n), 4)
+    if simulate:
+        res["simulated_run"] = {"steps": sim_steps,
+                                "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
+                                "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
+                                "per_sequence": sim_per_seq}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
@@ -134,72 +213,10 @@ def main():
     _, va = dump.split()
     seqs = list(range(len(dump.seqs))) if a.all_sequences else va
     D = a.depth
-    full = [0] * (D + 1)  # full[j]: chains whose first j drafts all match
-    steps = 0
-    sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
-    s1_ok = s1_n = p2_ok = p2_n = 0
-    with torch.no_grad():
-        for i in ([] if a.cases_only else seqs):
-            s = dump.seqs[i]
-            o, L, pl = s["offset"], s["length"], s["prompt_length"]
-            ext = dump.extended_tokens(i)  # [L + 1] the greedy stream
-            # The trainer's measures over the same positions (teacher-forced step 1; 2-step proxy:
-            # every input feature replaced by the head's own 1-step prediction of it).
-            ps = torch.arange(1, L)
-            tok = dump.tokens[o + 1:o + L]
-            pred = m(dump.embed[tok][None], dump.hidden[o:o + L - 1][None], ps[None])[0]  # row q-1: position q
-            ctx_kv = HeadKV(m)
-            ctx_out = ctx_kv.append(dump.embed[tok], dump.hidden[o:o + L - 1], ps)
-            fi2 = dump.hidden[o:o + L - 1].clone()
-            fi2[1:] = pred[:-1]
-            pred2 = m(dump.embed[tok][None], fi2[None], ps[None])[0]
-            for n in range(max(pl, 2), L - D + 1, a.stride):
-                # Known t_0..t_{n-1}; drafts should equal ext[n .. n+D-1].
-                drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
-                steps += 1
-                j = 0
-                while j < D and drafts[j] == int(ext[n + j]):
-                    j += 1
-                for q in range(j + 1):
-                    full[q] += 1
-                # step 1 (teacher-forced) predicts ext[n] from row n-1 (index n-2); the proxy at
-                # row n (index n-1), whose token t_n is the true one, predicts ext[n+1].
-                s1_ok += int(argmax_head(pred[n - 2], head) == int(ext[n]))
-                s1_n += 1
-                p2_ok += int(argmax_head(pred2[n - 1], head) == int(ext[n + 1]))
-                p2_n += 1
-            # A speculative run as the engine makes it (greedy, chain of D): after the prefill the
-            # first token is known (n = prompt_length + 1); each step drafts, accepts j, then the
-            # target's bonus token: n += j + 1.
-            n = pl + 1
-            seq_sim = {"sequence": i, "steps": 0, "accepted": 0, "accepted_per_pos": [0] * D}
-            sim_per_seq.append(seq_sim)
-            while n <= L - D + 1:
-                drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
-                j = 0
-                while j < D and drafts[j] == int(ext[n + j]):
-                    j += 1
-                sim_steps += 1
-                seq_sim["steps"] += 1
-                seq_sim["accepted"] += j
-                for q in range(1, j + 1):
-                    sim_full[q] += 1
-                    seq_sim["accepted_per_pos"][q - 1] += 1
-                n += j + 1
-    steps = max(1, steps)
-    acc = [full[j] / steps for j in range(1, D + 1)]
-    cond = [full[j] / max(1, full[j - 1]) for j in range(1, D + 1)]
-    res = {"sequences": len(seqs), "chains": steps, "depth": D, "draft_vocab": a.draft_vocab or dump.vocab,
-           "acceptance_by_depth": [round(x, 4) for x in acc],
-           "conditional_by_depth": [round(x, 4) for x in cond],
-           "mean_accepted_per_step": round(sum(full[1:]) / steps, 4),
-           "trainer_top1_step1_same_positions": round(s1_ok / max(1, s1_n), 4),
-           "trainer_2step_proxy_same_positions": round(p2_ok / max(1, p2_n), 4),
-           "simulated_run": {"steps": sim_steps,
-                             "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
-                             "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
-                             "per_sequence": sim_per_seq},
-           "command": a.command}
+    res = {"sequences": len(seqs), "draft_vocab": a.draft_vocab or dump.vocab}
+    if not a.cases_only:
+        res.update(chain_stats(m, dump, seqs, D, head, a.stride))
+    res["command"] = a.command
     if not a.cases_only:
         print(json.dumps(res, indent=1))
     if a.out and not a.cases_only:
