@@ -188,6 +188,65 @@ def chain_stats(m, dump, seqs, D, head, stride=1, proxy=True, simulate=True):
     return res
 
 
+def accepted_lengths(ok, b, L, D):
+    """ok: [ok_1..ok_D], ok_s [B, T] bool (train_eagle.chain_correct of EagleHead.unrolled's step s:
+    row r = position r+1 predicted its greedy next token). -> {n: j} for n = 2..L-D+1: the drafts a
+    greedy chain after t_0..t_{n-1} gets accepted (its depth s is step s at position n+s-2)."""
+    out = {}
+    for n in range(2, L - D + 2):
+        j = 0
+        while j < D and bool(ok[j][b, n + j - 2]):
+            j += 1
+        out[n] = j
+    return out
+
+
+def chain_stats_batched(m, dump, seqs, D, head, max_rows=4096):
+    """chain_stats (proxy=False, simulate=True) computed batched: one EagleHead.unrolled pass of D
+    steps per batch of whole sequences instead of one chain at a time. Equal to chain_stats up to
+    float summation order (near-ties); see train_eagle.EagleHead.unrolled for why."""
+    from train_eagle import Batches, chain_correct  # noqa: E402  (train_eagle imports this module lazily)
+    full = [0] * (D + 1)
+    sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
+    data = Batches(dump, seqs, max_rows)
+    per = {}
+    with torch.no_grad():
+        for ids in data.batches():
+            tok, fi, fo, lab, pos, mask = data.tensors(ids)
+            outs = m.unrolled(dump.embed[tok], fi, pos, D)
+            ok = chain_correct(outs, lab, head)
+            for b, i in enumerate(ids):
+                per[i] = accepted_lengths(ok, b, dump.seqs[i]["length"], D)
+    for i in seqs:
+        s = dump.seqs[i]
+        L, pl = s["length"], s["prompt_length"]
+        acc = per[i]
+        for n in range(max(pl, 2), L - D + 1):
+            for q in range(acc[n] + 1):
+                full[q] += 1
+        n = pl + 1
+        seq_sim = {"sequence": i, "steps": 0, "accepted": 0, "accepted_per_pos": [0] * D}
+        sim_per_seq.append(seq_sim)
+        while n <= L - D + 1:
+            j = acc[n] if n in acc else 0
+            sim_steps += 1
+            seq_sim["steps"] += 1
+            seq_sim["accepted"] += j
+            for q in range(1, j + 1):
+                sim_full[q] += 1
+                seq_sim["accepted_per_pos"][q - 1] += 1
+            n += j + 1
+    n_chains = max(1, full[0])
+    return {"chains": full[0], "depth": D,
+            "acceptance_by_depth": [round(full[j] / n_chains, 4) for j in range(1, D + 1)],
+            "conditional_by_depth": [round(full[j] / max(1, full[j - 1]), 4) for j in range(1, D + 1)],
+            "mean_accepted_per_step": round(sum(full[1:]) / n_chains, 4),
+            "simulated_run": {"steps": sim_steps,
+                              "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
+                              "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
+                              "per_sequence": sim_per_seq}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
@@ -203,6 +262,8 @@ def main():
     ap.add_argument("--cases-out", default="")
     ap.add_argument("--cases-only", action="store_true", help="write the cases, skip the statistics")
     ap.add_argument("--min-margin", type=float, default=0.05, help="cases: top-1 minus top-2 logit at every step at least this")
+    ap.add_argument("--batched", action="store_true",
+                    help="statistics from one unrolled pass per batch (chain_stats_batched; no trainer proxy columns)")
     ap.add_argument("--command", default="")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
@@ -215,7 +276,10 @@ def main():
     D = a.depth
     res = {"sequences": len(seqs), "draft_vocab": a.draft_vocab or dump.vocab}
     if not a.cases_only:
-        res.update(chain_stats(m, dump, seqs, D, head, a.stride))
+        if a.batched:
+            res.update(chain_stats_batched(m, dump, seqs, D, head))
+        else:
+            res.update(chain_stats(m, dump, seqs, D, head, a.stride))
     res["command"] = a.command
     if not a.cases_only:
         print(json.dumps(res, indent=1))

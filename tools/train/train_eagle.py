@@ -222,6 +222,7 @@ def evaluate(model, dump, sub, data, depth=3, steps=1, token_weight=0.1):
     share whose first j drafts all equal the target's greedy tokens -- unconditional, what
     `bench-spec` reports. Computed batched with EagleHead.unrolled (see its docstring for why
     that is the chain's acceptance); train_eagle checks it against chain_stats at the end."""
+    import eagle_chain_reference as ecr  # here: it imports this module
     tot = {"v": 0.0, "p": 0.0, "n": 0}
     tot_s = [0.0] * steps
     c1 = n1 = 0
@@ -241,13 +242,9 @@ def evaluate(model, dump, sub, data, depth=3, steps=1, token_weight=0.1):
             ok = chain_correct(outs[:depth], lab, dump.head)
             for b, i in enumerate(ids):
                 sq = dump.seqs[i]
-                L, pl = sq["length"], sq["prompt_length"]
-                for n0 in range(max(pl, 2), L - depth + 1):
-                    # depth s of the chain after t_0..t_{n0-1}: step s at position n0+s-2 (row n0+s-3)
-                    j = 0
-                    while j < depth and bool(ok[j][b, n0 + j - 2]):
-                        j += 1
-                    for q in range(j + 1):
+                acc = ecr.accepted_lengths(ok, b, sq["length"], depth)
+                for n0 in range(max(sq["prompt_length"], 2), sq["length"] - depth + 1):
+                    for q in range(acc[n0] + 1):
                         full[q] += 1
     chains = max(1, full[0])
     ev = {"val_loss_feature": tot["v"] / tot["n"], "val_loss_token": tot["p"] / tot["n"],
