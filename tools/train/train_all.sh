@@ -19,6 +19,8 @@
 #   --num-prompts N     prompts in the corpus (default 640)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
 #   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
+#   --eagle-init GGUF   start EAGLE from this exported head (train_eagle.py --init; default: random)
+#   --eagle-lr LR       EAGLE learning rate (default 1e-3)
 #   --max-minutes M     wall-time cap per trainer (default 40; a safety stop)
 #   --threads N         torch / specserve threads (default 2)
 #   --parallel          train Medusa and EAGLE at the same time (one thread each)
@@ -29,7 +31,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
 prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
-max_minutes=40 tag="$(date +%F)"
+max_minutes=40 tag="$(date +%F)" eagle_extra=()
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +41,8 @@ while [ $# -gt 0 ]; do
     --max-new-tokens) max_new="$2"; shift 2 ;;
     --medusa-epochs) medusa_epochs="$2"; shift 2 ;;
     --eagle-epochs) eagle_epochs="$2"; shift 2 ;;
+    --eagle-init) eagle_extra+=(--init "$2"); shift 2 ;;
+    --eagle-lr) eagle_extra+=(--lr "$2"); shift 2 ;;
     --max-minutes) max_minutes="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --parallel) parallel=1; shift ;;
@@ -74,7 +78,7 @@ medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out models/h
             --save-torch "$work/medusa.pt")
 eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out models/heads/eagle-smollm2-135m.gguf
            --epochs "$eagle_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_eagle_$tag"
-           --save-torch "$work/eagle.pt")
+           --save-torch "$work/eagle.pt" ${eagle_extra[@]+"${eagle_extra[@]}"})
 if [ "$parallel" = 1 ]; then
   log "training Medusa and EAGLE in parallel (1 thread each); logs in $work/train_{medusa,eagle}.log"
   "${medusa_cmd[@]}" --threads 1 > "$work/train_medusa.log" 2>&1 &

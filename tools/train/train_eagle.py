@@ -21,7 +21,8 @@ Exported epoch: the best held-out greedy chain acceptance at depth --select-dept
 unconditional, as bench-spec reports it; evaluate()), checked at the end against
 tools/train/eagle_chain_reference.py's chain_stats on a few held-out sequences.
 
-Usage: train_eagle.py --dump DIR --out eagle.gguf [--epochs 8] [--unroll 2] [--curves PREFIX] [--threads 2]
+Usage: train_eagle.py --dump DIR --out eagle.gguf [--epochs 8] [--unroll 2] [--init head.gguf] [--curves PREFIX]
+         [--threads 2]
 """
 import argparse
 import json
@@ -305,6 +306,8 @@ def main():
     ap.add_argument("--check-sequences", type=int, default=4,
                     help="at the end, compare the batched chain acceptance with eagle_chain_reference.chain_stats on "
                          "this many held-out sequences (0: skip)")
+    ap.add_argument("--init", default="",
+                    help="start from this exported EAGLE head (GGUF, its F16 weights) instead of a random init")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-minutes", type=float, default=20.0, help="stop training after this wall time")
     ap.add_argument("--curves", default="", help="write PREFIX.json and PREFIX.png (loss / top-1 curves)")
@@ -320,6 +323,10 @@ def main():
     rms = float(dump.hidden.pow(2).mean().sqrt())
     noise = a.noise * rms
     model = EagleHead(dump.config)
+    if a.init:
+        from make_reference import load_eagle_head  # here: make_reference imports this module
+        model.load_state_dict(load_eagle_head(a.init, dump.config).state_dict())
+        print(f"[eagle] initialised from {a.init} (sha256 {common.sha256(a.init)[:16]}...)", flush=True)
     nparam = sum(p.numel() for p in model.parameters())
     print(f"[eagle] {nparam / 1e6:.2f} M parameters; {len(tr_ids)}/{len(va_ids)} train/val sequences; feature RMS "
           f"{rms:.3f}, noise +-{noise:.3f}; CE over {len(sub.ids)} of {dump.vocab} token ids", flush=True)
@@ -331,6 +338,7 @@ def main():
                             "token_weight": a.token_weight, "noise": a.noise, "params": nparam,
                             "unroll": a.unroll, "unroll_weight": a.unroll_weight, "eval_depth": a.eval_depth,
                             "select_depth": a.select_depth,
+                            "init": (os.path.basename(a.init) + " sha256 " + common.sha256(a.init)) if a.init else "random",
                             "train_sequences": len(tr_ids), "val_sequences": len(va_ids),
                             "ce_vocab": len(sub.ids), "dump": [os.path.abspath(x) for x in a.dump], "threads": a.threads})
     evk = dict(depth=a.eval_depth, steps=a.unroll, token_weight=a.token_weight)
