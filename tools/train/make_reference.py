@@ -126,7 +126,7 @@ def main():
         "medusa_file": os.path.basename(a.medusa), "medusa_sha256": common.sha256(a.medusa),
         "eagle_file": os.path.basename(a.eagle), "eagle_sha256": common.sha256(a.eagle),
         "medusa": {"num_heads": K, "cases": mcases},
-        "eagle": {"rope": {"pairs": "(2i, 2i+1)", "theta": cfg["rope_theta"], "rope_dim": eg.rope_dim}, "cases": ecases},
+        "eagle": {"rope": {"pairs": "(2i, 2i+1)", "theta": eg.theta, "rope_dim": eg.rope_dim}, "cases": ecases},
     }
     with open(a.out, "w") as f:
         json.dump(ref, f, indent=1)

@@ -3,18 +3,24 @@
 # nothing, on the CPU, and writes them where the runtime and the repository expect them:
 #   1. fetch the model (scripts/fetch-model.sh) and build specserve (scripts/build.sh)
 #   2. the Python environment (tools/train/venv.sh: torch, numpy, matplotlib, gguf)
-#   3. a prompt corpus (tools/train/make_prompts.py; templated, not Spec-Bench)
+#   3. a prompt corpus (tools/train/make_prompts.py: ShareGPT first human turns by default, or
+#      templated prompts; never Spec-Bench)
 #   4. self-distillation data: `specserve dump-hidden` (greedy continuations, hidden states)
 #   5. tools/train/train_medusa.py and train_eagle.py (curves to bench/results/)
-#   6. tools/train/make_reference.py (tests/data/heads_reference.json) and models/heads/SHA256SUMS
-# Usage: tools/train/train_all.sh [--work DIR] [--num-prompts N] [--max-new-tokens N]
+#   6. tools/train/make_reference.py (tests/data/heads_reference.json),
+#      tools/train/eagle_chain_reference.py (tests/data/eagle_chain_reference.json) and
+#      models/heads/SHA256SUMS
+# Usage: tools/train/train_all.sh [--work DIR] [--prompt-source S] [--num-prompts N] [--max-new-tokens N]
 #          [--medusa-epochs N] [--eagle-epochs N] [--threads N] [--parallel] [--skip-build]
 #          [--skip-dump] [--tag YYYY-MM-DD]
 #   --work DIR          scratch space for prompts, the dump (~300 MB) and checkpoints
 #                       (default ~/.cache/specserve/train)
+#   --prompt-source S   sharegpt (default) or templates (make_prompts.py --source)
 #   --num-prompts N     prompts in the corpus (default 640)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
 #   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
+#   --eagle-init GGUF   start EAGLE from this exported head (train_eagle.py --init; default: random)
+#   --eagle-lr LR       EAGLE learning rate (default 1e-3)
 #   --max-minutes M     wall-time cap per trainer (default 40; a safety stop)
 #   --threads N         torch / specserve threads (default 2)
 #   --parallel          train Medusa and EAGLE at the same time (one thread each)
@@ -24,16 +30,19 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
-num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
-max_minutes=40 tag="$(date +%F)"
+prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
+max_minutes=40 tag="$(date +%F)" eagle_extra=()
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) work="$2"; shift 2 ;;
+    --prompt-source) prompt_source="$2"; shift 2 ;;
     --num-prompts) num_prompts="$2"; shift 2 ;;
     --max-new-tokens) max_new="$2"; shift 2 ;;
     --medusa-epochs) medusa_epochs="$2"; shift 2 ;;
     --eagle-epochs) eagle_epochs="$2"; shift 2 ;;
+    --eagle-init) eagle_extra+=(--init "$2"); shift 2 ;;
+    --eagle-lr) eagle_extra+=(--lr "$2"); shift 2 ;;
     --max-minutes) max_minutes="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --parallel) parallel=1; shift ;;
@@ -57,8 +66,8 @@ bin="${SPECSERVE_BUILD_DIR:-$here/build}/bin/specserve"
 py="$(tools/train/venv.sh | tail -1)"
 
 if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
-  log "prompts: $num_prompts"
-  "$py" tools/train/make_prompts.py --out "$work/prompts.jsonl" --num "$num_prompts" --seed 0
+  log "prompts: $num_prompts ($prompt_source)"
+  "$py" tools/train/make_prompts.py --source "$prompt_source" --out "$work/prompts.jsonl" --num "$num_prompts" --seed 0
   log "dump-hidden (greedy continuations of $max_new tokens, then teacher-forced hidden states)"
   "$bin" dump-hidden --model "$model" --prompts "$work/prompts.jsonl" --out "$work/dump" \
     --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
@@ -69,7 +78,7 @@ medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out models/h
             --save-torch "$work/medusa.pt")
 eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out models/heads/eagle-smollm2-135m.gguf
            --epochs "$eagle_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_eagle_$tag"
-           --save-torch "$work/eagle.pt")
+           --save-torch "$work/eagle.pt" ${eagle_extra[@]+"${eagle_extra[@]}"})
 if [ "$parallel" = 1 ]; then
   log "training Medusa and EAGLE in parallel (1 thread each); logs in $work/train_{medusa,eagle}.log"
   "${medusa_cmd[@]}" --threads 1 > "$work/train_medusa.log" 2>&1 &
@@ -89,5 +98,8 @@ fi
 log "reference outputs and checksums"
 "$py" tools/train/make_reference.py --dump "$work/dump" --medusa models/heads/medusa-smollm2-135m.gguf \
   --eagle models/heads/eagle-smollm2-135m.gguf --out tests/data/heads_reference.json --command "$cmdline"
+"$py" tools/train/eagle_chain_reference.py --dump "$work/dump" --eagle models/heads/eagle-smollm2-135m.gguf \
+  --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json \
+  --command "$cmdline; tools/train/eagle_chain_reference.py --dump DUMP --eagle models/heads/eagle-smollm2-135m.gguf --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json (DUMP: train_all's dump; the first 6 held-out sequences whose chains have no near-tie)"
 (cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf > SHA256SUMS && cat SHA256SUMS >&2)
-log "done: models/heads/, bench/results/train_{medusa,eagle}_$tag.{json,png}, tests/data/heads_reference.json"
+log "done: models/heads/, bench/results/train_{medusa,eagle}_$tag.{json,png}, tests/data/{heads,eagle_chain}_reference.json"
