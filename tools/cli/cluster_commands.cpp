@@ -407,15 +407,17 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format("{:.6f}", v[i]);
       return out + "]";
     };
+    // No TTFT sample in the window: null, not 0.
+    const std::string p90_json = a.ttft_p90_seconds > 0 ? fmt::format("{:.4f}", a.ttft_p90_seconds) : std::string("null");
     std::printf("], \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
-                "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %.4f, \"num_promotions\": %lld, "
+                "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %s, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
                 "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
                 "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s, "
                 "\"num_promotions_without_waiting_work\": %lld}}\n",
                 a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.wanted,
                 a.starts_held ? "true" : "false", a.ongoing,
-                a.ttft_p90_seconds, static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
+                p90_json.c_str(), static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
                 static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
                 a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_routable_seconds).c_str(),
                 list(a.promotion_dispatch_seconds).c_str(), list(a.promotion_seconds).c_str(),
