@@ -5,8 +5,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cpu/cpu_backend.h"
 #include "model/gguf.h"
+#include "model/model_loader.h"
 #include "model/tokenizer.h"
+#include "spec/engine.h"
 
 namespace specserve::testing {
 
@@ -41,6 +44,35 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int32_t max_tokens, std::string* text) {
+  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  static LoadedModel m = [] {
+    auto l = load_model(default_model_path(), *backend, true);
+    if (!l.ok()) throw std::runtime_error("greedy_reference: " + l.status().to_string());
+    return std::move(*l);
+  }();
+  EngineOptions eo;
+  eo.max_model_len = 512;
+  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
+  if (!e.ok()) throw std::runtime_error("greedy_reference: engine: " + e.status().to_string());
+  GenerateParams p;
+  p.prompt = prompt;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.ignore_eos = true;
+  if (auto id = (*e)->add_request(p); !id.ok()) throw std::runtime_error("greedy_reference: " + id.status().to_string());
+  std::vector<int32_t> out;
+  std::vector<SeqEvent> ev;
+  while ((*e)->has_work()) {
+    if (Status st = (*e)->step(&ev); !st.ok()) throw std::runtime_error("greedy_reference: step: " + st.to_string());
+  }
+  for (const SeqEvent& x : ev) {
+    out.insert(out.end(), x.tokens.begin(), x.tokens.end());
+    if (text) *text += x.text;
+  }
+  return out;
 }
 
 }  // namespace specserve::testing

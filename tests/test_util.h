@@ -1,7 +1,9 @@
 // Helpers shared by the tests: where the source tree, test data and default model are.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace specserve {
 class GgufFile;
@@ -22,6 +24,12 @@ std::string default_model_path();
 /// it as the test's failure).
 const GgufFile& default_gguf();
 const Tokenizer& default_tokenizer();
+
+/// Greedy tokens of the default model alone (the oracle of output-identity tests): an Engine with
+/// no proposer, max_model_len 512, on one CPU thread (the model loaded once per test process),
+/// `prompt` [n] token ids, `max_tokens` output tokens with ignore_eos. `*text` (when given) gets
+/// the streamed text appended. Throws std::runtime_error naming the failed step.
+std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int32_t max_tokens, std::string* text = nullptr);
 
 /// Reads a whole file; aborts the test with a message when it cannot.
 std::string read_file(const std::string& path);

@@ -45,29 +45,6 @@ Topology make_topology(std::optional<SpeculativeSpec> spec, bool draft_worker, i
   return t;
 }
 
-// Greedy reference: the engine alone, no proposer.
-std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
-  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
-  EngineOptions eo;
-  eo.max_model_len = 512;
-  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
-  EXPECT_TRUE(e.ok());
-  GenerateParams p;
-  p.prompt = prompt;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add_request(p).ok());
-  std::vector<int32_t> out;
-  std::vector<SeqEvent> ev;
-  while ((*e)->has_work()) {
-    EXPECT_TRUE((*e)->step(&ev).ok());
-  }
-  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
-  return out;
-}
-
 // Greedy reference with top-n logprobs: the engine alone, no proposer; one SampleResult per token.
 std::vector<SampleResult> reference_logprobs(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_n) {
   static std::unique_ptr<Backend> backend = make_cpu_backend(1);
@@ -221,7 +198,7 @@ TEST_F(ActorsNgram, ConcurrentGreedyRequestsMatchTheTargetAlone) {
     auto r = hs[i]->wait();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(r->finish_reason, "length");
-    EXPECT_EQ(r->tokens, reference(ps[i], 24)) << "prompt " << i;
+    EXPECT_EQ(r->tokens, testing::greedy_reference(ps[i], 24)) << "prompt " << i;
     EXPECT_EQ(r->completion_tokens, 24);
     EXPECT_EQ(r->prompt_tokens, static_cast<int32_t>(ps[i].size()));
     EXPECT_EQ(r->logprobs.size(), r->tokens.size());
@@ -261,7 +238,7 @@ TEST_F(ActorsNgram, StreamsChunksBeforeTheEnd) {
   }
   EXPECT_GT(pulls, 2);
   EXPECT_EQ(chunks.load(), pulls);
-  EXPECT_EQ(pulled, reference(ps[2], 16));
+  EXPECT_EQ(pulled, testing::greedy_reference(ps[2], 16));
   EXPECT_TRUE((*h)->done());
 }
 
@@ -489,7 +466,7 @@ TEST(ActorsQueue, RequestSubmittedBeforeAnyReplicaIsReadyWaitsForOne) {
   auto r = (*h)->wait();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->finish_reason, "length");
-  EXPECT_EQ(r->tokens, reference({1, 2, 3, 4}, 4));
+  EXPECT_EQ(r->tokens, testing::greedy_reference({1, 2, 3, 4}, 4));
   client.reset();
   (*head)->stop();
 }
@@ -507,7 +484,7 @@ TEST(ActorsKv, ASequenceThatOutgrowsTheCacheFailsAloneAndItsBatchMateFinishes) {
   ASSERT_TRUE(long_req.ok() && short_req.ok());
   auto rs = (*short_req)->wait();
   ASSERT_TRUE(rs.ok()) << rs.status().to_string();
-  EXPECT_EQ(rs->tokens, reference({1, 2, 3, 4, 5}, 6));
+  EXPECT_EQ(rs->tokens, testing::greedy_reference({1, 2, 3, 4, 5}, 6));
   auto rl = (*long_req)->wait();
   ASSERT_FALSE(rl.ok());
   EXPECT_NE(rl.status().message().find("KV"), std::string::npos) << rl.status().message();
@@ -530,7 +507,7 @@ TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {
   auto ps = prompts(c.head());
   auto r = c.client().generate(greedy(ps[2], 20));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->tokens, reference(ps[2], 20));
+  EXPECT_EQ(r->tokens, testing::greedy_reference(ps[2], 20));
   EXPECT_GT(r->num_drafts, 0);
   EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "a draft equal to the target must always be accepted";
   const ClusterStatus after = status_when(c.client(), [&](const ShardLoad& l) { return l.num_drafts >= r->num_drafts; });

@@ -305,26 +305,6 @@ struct Promotion {
 };
 
 
-// Greedy tokens of the target alone (the oracle).
-inline std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
-  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
-  EngineOptions eo;
-  eo.max_model_len = 512;
-  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
-  GenerateParams p;
-  p.prompt = prompt;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add_request(p).ok());
-  std::vector<int32_t> out;
-  std::vector<SeqEvent> ev;
-  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
-  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
-  return out;
-}
-
 // Two real target shards in this process behind a head with min 1 / max 2 / warm pool 1 (no
 // upscale delay unless given): replica 0 ready, replica 1 in standby. Submits greedy requests
 // (ignore_eos, `max_tokens` each) and waits for their results.
@@ -386,7 +366,7 @@ struct RealShards {
       EXPECT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
       if (!r.ok()) continue;
       EXPECT_EQ(r->finish_reason, "length");
-      EXPECT_EQ(r->tokens, reference(head->tokenizer().encode(texts[i], true, false), max_tokens)) << "request " << i;
+      EXPECT_EQ(r->tokens, testing::greedy_reference(head->tokenizer().encode(texts[i], true, false), max_tokens)) << "request " << i;
       EXPECT_EQ(r->num_requeues, 0);
       moves.push_back(r->num_migrations);
     }

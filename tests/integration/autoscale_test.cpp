@@ -62,26 +62,6 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Greedy tokens of the target alone (the oracle for every replica's output).
-std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens) {
-  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
-  EngineOptions eo;
-  eo.max_model_len = 512;
-  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
-  GenerateParams p;
-  p.prompt = prompt;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add_request(p).ok());
-  std::vector<int32_t> out;
-  std::vector<SeqEvent> ev;
-  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
-  for (auto& x : ev) out.insert(out.end(), x.tokens.begin(), x.tokens.end());
-  return out;
-}
-
 std::map<std::string, int> count_states(const ClusterStatus& st) {
   std::map<std::string, int> n;
   for (const auto& r : st.replicas) ++n[r.state];
@@ -260,10 +240,10 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   // NOTE: the oracle runs after the long requests were submitted: loading it right after the
   // burst would delay them past the scale-down they must overlap.
   for (int k = 0; k < 4; ++k) {
-    EXPECT_EQ(outputs[k], reference(tok->encode(texts[k], true, false), kTokens)) << "prompt " << k;
+    EXPECT_EQ(outputs[k], testing::greedy_reference(tok->encode(texts[k], true, false), kTokens)) << "prompt " << k;
   }
   for (size_t i = 0; i < long_outputs.size(); ++i) {
-    EXPECT_EQ(long_outputs[i], reference(tok->encode(long_texts[i], true, false), kLong)) << "long request " << i;
+    EXPECT_EQ(long_outputs[i], testing::greedy_reference(tok->encode(long_texts[i], true, false), kLong)) << "long request " << i;
   }
 
   // After the burst: back to min_replicas ready, drained replicas parked or stopped.

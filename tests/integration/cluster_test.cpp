@@ -41,29 +41,6 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Greedy tokens (and, in *text, the streamed text) of the target alone.
-std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int32_t max_tokens, std::string* text = nullptr) {
-  static std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  static LoadedModel m = std::move(load_model(testing::default_model_path(), *backend, true).value());
-  EngineOptions eo;
-  eo.max_model_len = 512;
-  auto e = Engine::create(*m.model, m.tokenizer.get(), nullptr, eo);
-  GenerateParams p;
-  p.prompt = prompt;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add_request(p).ok());
-  std::vector<int32_t> out;
-  std::vector<SeqEvent> ev;
-  while ((*e)->has_work()) EXPECT_TRUE((*e)->step(&ev).ok());
-  for (auto& x : ev) {
-    out.insert(out.end(), x.tokens.begin(), x.tokens.end());
-    if (text) *text += x.text;
-  }
-  return out;
-}
-
 std::map<std::string, std::string> with_omp_passive(std::map<std::string, std::string> env) {
   env["OMP_WAIT_POLICY"] = "PASSIVE";
   return env;
@@ -191,7 +168,7 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   auto prompts = prompt_ids();
   std::vector<std::vector<int32_t>> expected;
   std::vector<std::string> expected_text(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(reference(prompts[i], kTokens, &expected_text[i]));
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(testing::greedy_reference(prompts[i], kTokens, &expected_text[i]));
 
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n"
                "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 1, device: cpu } ] }\n",
@@ -297,7 +274,7 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   EXPECT_EQ(pids.count(static_cast<int32_t>(::getpid())), 0u);
   auto r = c->generate(greedy(prompts[1], kTokens));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->tokens, reference(prompts[1], kTokens));
+  EXPECT_EQ(r->tokens, testing::greedy_reference(prompts[1], kTokens));
   EXPECT_GT(r->num_drafts, 0);
   EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "the draft is the target itself: every draft token is accepted";
 
