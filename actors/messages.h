@@ -20,6 +20,11 @@
 //   shard    -> scheduler : MigratedSeq (a sequence left this shard; its KV waits in a staging region)
 //   scheduler-> shard     : reclaim_atom (hand back up to N requests waiting in its engine, or running ones
 //                           with their KV: another routed replica has room, e.g. one just promoted)
+//   tp rank  -> scheduler : TpJoinMsg (reply, once every rank of the replica joined: TpGroupMsg),
+//                           (rdv_set_atom, key, value) and (rdv_get_atom, key) (reply: value): the
+//                           rendezvous store of a tensor-parallel group (actors/tp_group.h)
+//   rank 0   -> rank r>0  : TpCommand (create a KV store, run a forward batch, copy KV slots)
+//   rank r>0 -> rank 0    : (tp_done_atom, serial, rank, error) when the command is done
 #pragma once
 
 #include <caf/all.hpp>
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "model/sampling.h"
+#include "model/transformer.h"
 
 namespace specserve {
 
@@ -379,6 +385,36 @@ struct ClusterStatus {
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
 };
 
+/// A tensor-parallel rank of a replica's target model asks the scheduler for its group (sent as a
+/// request; answered once all `tp_size` ranks of `replica` joined, or with an error string).
+struct TpJoinMsg {
+  std::string token;   ///< the cluster token
+  int32_t replica = 0;
+  int32_t rank = 0;
+  int32_t tp_size = 1;
+  caf::actor self;     ///< the rank's actor: rank 0 sends it TpCommand, the others watch rank 0
+};
+
+/// The scheduler's answer to TpJoinMsg: the group is complete.
+struct TpGroupMsg {
+  std::string error;               ///< non-empty: the join was refused (wrong token, size mismatch)
+  std::string prefix;              ///< rendezvous key namespace of this group incarnation
+  std::vector<caf::actor> ranks;   ///< ranks[r] is rank r's actor, size tp_size
+};
+
+/// Rank 0 -> rank r > 0: do on your shard what rank 0 does on its own (model/transformer.h,
+/// TensorParallelPeers). Answered with (tp_done_atom, serial, rank, error) sent to `reply_to`.
+struct TpCommand {
+  enum Op : int32_t { kCreateKv = 0, kForward = 1, kCopySlots = 2 };
+  int64_t serial = 0;
+  int32_t op = kForward;
+  int32_t kv_id = 0;
+  int64_t num_blocks = 0, block_size = 0, num_layers = 0;  ///< kCreateKv
+  std::vector<int32_t> src, dst;                           ///< kCopySlots
+  ForwardBatch batch;                                      ///< kForward
+  caf::actor reply_to;
+};
+
 // ---- inspect (CAF 0.17's serialization hook) ----
 
 template <class Inspector>
@@ -507,6 +543,28 @@ typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
            x.promotion_seconds, x.cold_scale_up_seconds, x.num_promotions_without_waiting_work);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TpJoinMsg& x) {
+  return f(caf::meta::type_name("TpJoinMsg"), x.token, x.replica, x.rank, x.tp_size, x.self);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TpGroupMsg& x) {
+  return f(caf::meta::type_name("TpGroupMsg"), x.error, x.prefix, x.ranks);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SequenceInput& x) {
+  return f(caf::meta::type_name("SequenceInput"), x.tokens, x.num_cached, x.block_table, x.parents, x.logit_rows,
+           x.hidden_rows);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
+  return f(caf::meta::type_name("ForwardBatch"), x.seqs, x.return_hidden, x.num_layers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TpCommand& x) {
+  return f(caf::meta::type_name("TpCommand"), x.serial, x.op, x.kv_id, x.num_blocks, x.block_size, x.num_layers, x.src,
+           x.dst, x.batch, x.reply_to);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
            x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.autoscale, x.migrated, x.kv_migrated_tokens,
@@ -544,6 +602,13 @@ using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
 /// (actors/target_shard.cpp).
 using kv_fetched_atom = caf::atom_constant<caf::atom("kvfetched")>;
 
+/// Tensor-parallel rendezvous store on the scheduler (actors/tp_group.h): (rdv_set_atom, key,
+/// value) stores; (rdv_get_atom, key) answers the value once it is set.
+using rdv_set_atom = caf::atom_constant<caf::atom("rdv_set")>;
+using rdv_get_atom = caf::atom_constant<caf::atom("rdv_get")>;
+/// Rank r > 0 -> rank 0's waiter: (tp_done_atom, int64 serial, int32 rank, std::string error).
+using tp_done_atom = caf::atom_constant<caf::atom("tp_done")>;
+
 /// Registers the message types above (and CAF's I/O module) on `cfg`.
 void add_message_types(caf::actor_system_config& cfg);
 
@@ -568,4 +633,7 @@ CAF_ADD_TYPE_ID(specserve, (specserve::GenerateRequest))
 CAF_ADD_TYPE_ID(specserve, (specserve::MigratedSeq))
 CAF_ADD_TYPE_ID(specserve, (specserve::KvPeersMsg))
 CAF_ADD_TYPE_ID(specserve, (specserve::KvReleaseMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::TpJoinMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::TpGroupMsg))
+CAF_ADD_TYPE_ID(specserve, (specserve::TpCommand))
 CAF_END_TYPE_ID_BLOCK(specserve)

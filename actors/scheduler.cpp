@@ -10,6 +10,7 @@
 #include "actors/messages.h"
 #include "actors/prompt.h"
 #include "actors/request_actor.h"
+#include "actors/tp_group.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
 #include "scheduler/autoscale_policy.h"
@@ -112,6 +113,7 @@ struct SchedulerState {
   std::set<int64_t> cancelled_in_transit;
   bool draining = false;
   std::vector<caf::response_promise> drain_waiters;
+  TpRegistry tp;  // tensor-parallel groups forming, and their rendezvous keys (actors/tp_group.h)
   int32_t max_model_len = 0;
   // Autoscaler (null when the topology does not enable it).
   std::unique_ptr<Autoscaler> autoscaler;
@@ -403,6 +405,23 @@ void enqueue(SchedSelf self, WorkItem item, int64_t arrival) {
 
 void requeue(SchedSelf self, const std::set<int64_t>& lost);
 
+void log_tp_broken(int32_t rid, int32_t rank) {
+  get_logger("actors")->error("replica {}: tensor-parallel rank {} is down; the replica's other ranks are stopped", rid, rank);
+}
+
+// The tensor-parallel ranks > 0 of replica `rid` that registered and are not down (actors/tp_rank.h).
+std::vector<caf::actor> tp_followers(const SchedulerState& s, int32_t rid) {
+  std::vector<caf::actor> out;
+  for (const auto& [addr, w] : s.workers) {
+    const WorkerHello& h = w.hello;
+    if (h.replica == rid && h.rank > 0 && h.role == worker_role_name(WorkerRole::kTargetShard) && h.self &&
+        h.state != "down" && h.state != "failed") {
+      out.push_back(h.self);
+    }
+  }
+  return out;
+}
+
 // The replica's target shard is gone: its requests go back to the queue, first in line.
 void replica_lost(SchedSelf self, int32_t replica_id) {
   auto& s = self->state;
@@ -640,6 +659,13 @@ void retire(SchedSelf self, int32_t rid) {
   // A retired shard keeps serving the KV of the sequences that just moved off it until receivers
   // have read it: it stays reachable as a data-plane peer until its down message.
   if (r.shard && !r.shard_hello.kv_address.empty()) s.retiring_peers[kv_peer_name(r.shard_hello.role, rid)] = r.shard;
+  // Tensor-parallel ranks > 0 are told too: rank 0's end may never reach them across processes.
+  std::vector<caf::actor> followers = tp_followers(s, rid);
+  for (caf::actor& f : followers) {
+    s.retired[f.address()] = rid;
+    ++r.num_retiring;
+    self->send(f, retire_atom::value);
+  }
   for (caf::actor* a : {&r.shard, &r.draft}) {
     if (!*a) continue;
     s.retired[a->address()] = rid;
@@ -1027,6 +1053,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       s.workers.erase(m.source);
       return;
     }
+    s.tp.forget(m.source);
     auto it = s.workers.find(m.source);
     if (it == s.workers.end()) return;
     const WorkerHello h = it->second.hello;
@@ -1035,7 +1062,17 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
                                h.pid, self->system().render(m.reason));
     auto& r = s.replicas[h.replica];
     if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
-      if (r.shard && r.shard.address() == m.source) replica_lost(self, h.replica);
+      // NOTE: a tensor-parallel group lives only whole. Ranks in other processes learn of each
+      // other's death late or never (their actor handles route through the head), so the head,
+      // which sees every worker go down, stops the rest of the group itself.
+      if (h.rank > 0 && r.shard) {
+        log_tp_broken(h.replica, h.rank);
+        self->send_exit(r.shard, caf::exit_reason::user_shutdown);
+        replica_lost(self, h.replica);
+      } else if (r.shard && r.shard.address() == m.source) {
+        for (const caf::actor& f : tp_followers(s, h.replica)) self->send_exit(f, caf::exit_reason::user_shutdown);
+        replica_lost(self, h.replica);
+      }
     } else if (h.role == worker_role_name(WorkerRole::kPrefillWorker)) {
       if (r.prefill && r.prefill.address() == m.source) {
         r.prefill = caf::actor{};
@@ -1296,6 +1333,37 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
         }
         return make_status(self);
+      },
+      [self](const TpJoinMsg& m) -> caf::result<TpGroupMsg> {
+        auto& s = self->state;
+        if (!token_matches(m.token, s.cfg.token)) {
+          get_logger("actors")->warn("refused a tensor-parallel join: wrong cluster token");
+          return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
+        }
+        auto rp = self->make_response_promise<TpGroupMsg>();
+        auto answers = s.tp.join(m, s.cfg.topology.models.target.tensor_parallel_size, rp);
+        for (auto& [p, g] : answers) {
+          if (!g.error.empty()) {
+            get_logger("actors")->warn("replica {}: tensor-parallel join of rank {} refused: {}", m.replica, m.rank, g.error);
+          }
+        }
+        if (!answers.empty() && answers.front().second.error.empty()) {
+          get_logger("actors")->info("replica {}: all {} tensor-parallel ranks joined ({})", m.replica, answers.size(),
+                                     answers.front().second.prefix);
+        }
+        for (auto& [p, g] : answers) p.deliver(std::move(g));
+        return rp;
+      },
+      [self](rdv_set_atom, const std::string& key, std::string& value) -> bool {
+        for (auto& p : self->state.tp.set(key, std::move(value))) p.deliver(*self->state.tp.value(key));
+        return true;
+      },
+      [self](rdv_get_atom, const std::string& key) -> caf::result<std::string> {
+        auto& s = self->state;
+        if (auto v = s.tp.value(key)) return *v;
+        auto rp = self->make_response_promise<std::string>();
+        s.tp.wait(key, rp);
+        return rp;
       },
       [self](drain_atom, const std::string& token) -> caf::result<bool> {
         auto& s = self->state;

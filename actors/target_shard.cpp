@@ -16,6 +16,7 @@
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/remote_proposer.h"
+#include "actors/tp_group.h"
 #include "core/logging.h"
 #include "model/model_fingerprint.h"
 #include "model/model_loader.h"
@@ -53,6 +54,10 @@ struct PendingImport {
 struct ShardState {
   WorkerConfig cfg;
   std::unique_ptr<Backend> backend;
+  // Tensor parallelism (tensor_parallel_size > 1, actors/tp_group.h): this rank 0's communicator
+  // and its link to the other ranks. Declared before the model, which uses both.
+  std::unique_ptr<Communicator> tp_comm;
+  std::unique_ptr<ActorTensorParallelPeers> tp_peers;
   LoadedModel model;
   std::unique_ptr<Proposer> local_proposer;  // built here (no draft worker)
   std::unique_ptr<ProposerSlot> slot;        // filled by AttachDraftMsg
@@ -129,9 +134,24 @@ Status load_and_warm(Self self) {
                                          s.cfg.device.to_string(), s.cfg.threads);
   if (!backend.ok()) return backend.status();
   s.backend = std::move(*backend);
-  auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
+  const int32_t tp = t.models.target.tensor_parallel_size;
+  LoadOptions lo;
+  if (tp > 1) {
+    // Rank 0 of a tensor-parallel group: the other ranks are actors of their own (tp_rank.h).
+    auto conn = connect_tp_group(self->system(), s.cfg, caf::actor_cast<caf::actor>(self));
+    if (!conn.ok()) return conn.status();
+    s.tp_comm = std::move(conn->comm);
+    std::vector<caf::actor> followers(conn->group.ranks.begin() + 1, conn->group.ranks.end());
+    for (const auto& f : followers) self->monitor(f);
+    s.tp_peers = std::make_unique<ActorTensorParallelPeers>(self->system(), std::move(followers), std::chrono::seconds(60));
+    lo.tp_rank = 0;
+    lo.tp_size = tp;
+    lo.communicator = s.tp_comm.get();
+  }
+  auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true, lo);
   if (!m.ok()) return Status(m.status().code(), t.where("models.target.path") + ": models.target.path: " + m.status().message());
   s.model = std::move(*m);
+  if (s.tp_peers) s.model.model->set_tensor_parallel_peers(s.tp_peers.get());
   s.load_s = s.model.load_seconds;
   auto eo = engine_options_for(t, s.model.model->config());
   if (!eo.ok()) return eo.status();
@@ -163,7 +183,10 @@ Status load_and_warm(Self self) {
   while (s.engine->has_work()) SPECSERVE_RETURN_IF_ERROR(s.engine->step(&events));
   SPECSERVE_RETURN_IF_ERROR(build_engine(s));
   s.warmup_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  auto plane = KvDataPlane::create(kv_peer_name(worker_role_name(s.cfg.role), s.cfg.replica));
+  // NOTE: a tensor-parallel rank 0 holds only its shard of each block's KV heads: its sequences
+  // cannot be exported whole, so they recompute where they move (no data plane).
+  auto plane = tp > 1 ? Expected<std::unique_ptr<KvDataPlane>>(unsupported("tensor_parallel_size > 1: KV export of sharded blocks is not built"))
+                      : KvDataPlane::create(kv_peer_name(worker_role_name(s.cfg.role), s.cfg.replica));
   if (plane.ok()) {
     s.plane = std::move(*plane);
     s.kv_format = kv_export_format(s.engine->kv_storage(), model_fingerprint(*s.model.file));
@@ -310,6 +333,14 @@ void do_step(Self self) {
   Status st = s.engine->step(&events);
   ShardLoad load;
   std::vector<int64_t> handover;
+  if (!st.ok() && s.tp_peers && s.tp_peers->broken()) {
+    // Not this batch's fault: the tensor-parallel group is broken (a rank died or stalled). The
+    // shard stops and the scheduler re-queues every request it held.
+    get_logger("actors")->error("replica {}: step failed: {}; the tensor-parallel group is broken, the replica stops",
+                                s.cfg.replica, st.to_string());
+    self->quit(caf::exit_reason::user_shutdown);
+    return;
+  }
   if (!st.ok() && !s.by_request.empty()) {
     // NOTE: a failed step (one sequence outgrew the whole KV cache) fails the longest request,
     // not its batch-mates nor the shard; the next step runs without it.
@@ -542,6 +573,16 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
     if (m.source == self->state.cfg.scheduler.address()) {
       log->warn("replica {}: the scheduler went away; the shard stops", self->state.cfg.replica);
       self->quit();
+    } else if (self->state.tp_peers && self->state.quit_when_empty) {
+      // Retired: the scheduler told the other ranks to quit too.
+      log->info("replica {}: a tensor-parallel rank stopped (retired); the shard stops", self->state.cfg.replica);
+      self->quit();
+    } else if (self->state.tp_peers) {
+      // A tensor-parallel rank went down: the group is broken and the replica cannot step. The
+      // shard stops; the scheduler re-queues its requests (recomputed on another replica).
+      log->error("replica {}: a tensor-parallel rank went down ({}); the replica stops", self->state.cfg.replica,
+                 self->system().render(m.reason));
+      self->quit(caf::exit_reason::user_shutdown);
     }
   });
   self->send(s.cfg.scheduler, hello(self, "loading"));

@@ -29,6 +29,9 @@ struct WorkerConfig {
   /// Draft worker in its own process: the host its port listens on (port chosen by the OS).
   /// Empty: in the scheduler's process (no port).
   std::string listen_host;
+  /// Tensor-parallel ranks (models.target.tensor_parallel_size > 1): the address their Gloo
+  /// device binds and publishes to the other ranks — the node's host. Empty: loopback.
+  std::string tp_host;
 };
 
 /// The engine limits a topology asks for, with the KV cache sized from

@@ -20,6 +20,7 @@
 #include "actors/messages.h"
 #include "actors/runtime.h"
 #include "actors/target_shard.h"
+#include "actors/tp_rank.h"
 #include "cluster/process.h"
 #include "core/logging.h"
 
@@ -411,12 +412,6 @@ int run_worker(const WorkerOptions& o) {
   if (Status st = check_device_available(topo->where("nodes") + ": device", spec.device.to_string()); !st.ok()) {
     return fail("worker", st);
   }
-  if (topo->models.target.tensor_parallel_size != 1) {
-    return fail("worker", unsupported(topo->where("models.target.tensor_parallel_size") +
-                                      ": models.target.tensor_parallel_size > 1: target_shard workers as tensor-parallel ranks are not built "
-                                      "yet (issue 9); one process can split a model over ranks: `specserve generate "
-                                      "--tensor-parallel-size N`"));
-  }
   auto token = read_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("worker", token.status());
   auto hp = parse_host_port(o.join, "--join");
@@ -450,7 +445,10 @@ int run_worker(const WorkerOptions& o) {
   wc.token = *token;
   wc.scheduler = head;
   caf::actor a;
-  if (spec.role == WorkerRole::kTargetShard || spec.role == WorkerRole::kPrefillWorker) {
+  wc.tp_host = node->host;  // tensor-parallel ranks of one replica may sit on several hosts
+  if (spec.role == WorkerRole::kTargetShard && spec.rank > 0) {
+    a = spawn_tp_rank(rt.system(), wc);  // follows rank 0 of its replica (actors/tp_group.h)
+  } else if (spec.role == WorkerRole::kTargetShard || spec.role == WorkerRole::kPrefillWorker) {
     if (spec.role == WorkerRole::kPrefillWorker) wc.remote_draft = false;  // a prefill worker does not speculate
     a = spawn_target_shard(rt.system(), wc);
   } else {
@@ -535,6 +533,18 @@ int run_serve(const ServeOptions& o) {
       }
   wc.token = *token;
   wc.scheduler = (*head)->scheduler();
+  // A tensor-parallel target: its ranks are actors of this process, each with its share of the
+  // CPU threads, meeting over loopback Gloo (actors/tp_group.h).
+  const int32_t tp = t.models.target.tensor_parallel_size;
+  if (tp > 1) {
+    const int32_t cores = o.threads > 0 ? o.threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    wc.threads = std::max(1, cores / tp);
+    for (int32_t r = 1; r < tp; ++r) {
+      WorkerConfig follower = wc;
+      follower.rank = r;
+      spawn_tp_rank(rt.system(), follower);
+    }
+  }
   spawn_target_shard(rt.system(), wc);
   const std::string endpoint = t.head.host + ":" + std::to_string((*head)->actor_port());
   auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);

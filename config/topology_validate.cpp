@@ -68,6 +68,12 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
             error_at(topo_.where(rp), rp, "replica " + quote(std::to_string(w.replica)) + " already has a " +
                                               worker_role_name(w.role) + ": " + it->second);
           }
+          // A prefill worker ships whole KV blocks to decode replicas; a tensor-parallel decode
+          // replica holds each block's KV heads split over its ranks and has no data plane for them.
+          if (w.role == WorkerRole::kPrefillWorker && tp > 1) {
+            error_at(topo_.where(rp), rp, "a prefill_worker needs models.target.tensor_parallel_size 1 (it is " +
+                                              tp_shown + "): KV blocks split over tensor-parallel ranks cannot be shipped yet");
+          }
           // Medusa and EAGLE draft from the target's hidden states, which stay in the target
           // shard's process (spec/proposer.h, Proposer::needs_hidden).
           const auto& sp = topo_.models.speculative;

@@ -6,7 +6,7 @@
 
 namespace specserve {
 
-Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet) {
+Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m;
   auto f = GgufFile::open(path);
@@ -20,7 +20,7 @@ Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool
   auto tok = Tokenizer::from_gguf(*m.file);
   if (!tok.ok()) return tok.status();
   m.tokenizer = std::make_unique<Tokenizer>(std::move(*tok));
-  auto model = Transformer::load(*m.file, backend);
+  auto model = Transformer::load(*m.file, backend, options);
   if (!model.ok()) return model.status();
   m.model = std::move(*model);
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

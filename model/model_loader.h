@@ -22,8 +22,10 @@ struct LoadedModel {
   double load_seconds = 0;  ///< wall time of open + tokenizer + weights
 };
 
-/// Loads `path` onto `backend`; logs the model's shape unless `quiet`. Errors name the file (and
-/// the field for corrupt files); a missing default model says how to fetch it.
-Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet = false);
+/// Loads `path` onto `backend`; logs the model's shape unless `quiet`. `options`: as
+/// Transformer::load (a tensor-parallel shard: tp_rank, tp_size, communicator). Errors name the
+/// file (and the field for corrupt files); a missing default model says how to fetch it.
+Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet = false,
+                                 const LoadOptions& options = {});
 
 }  // namespace specserve

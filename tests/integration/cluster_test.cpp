@@ -50,7 +50,8 @@ std::map<std::string, std::string> with_omp_passive(std::map<std::string, std::s
 class UpProcess {
  public:
   explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml,
-                     const std::string& kv_cache = "64MiB", std::map<std::string, std::string> env = {}) {
+                     const std::string& kv_cache = "64MiB", std::map<std::string, std::string> env = {},
+                     const std::string& target_extra = "") {
     dir_ = ::testing::TempDir() + "specserve_cluster_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
     std::filesystem::create_directories(dir_);
     port_ = free_port();
@@ -58,7 +59,7 @@ class UpProcess {
     config_ = dir_ + "/cluster.yaml";
     std::ofstream(config_) << "cluster: { name: test, token_file: " << dir_ << "/token }\n"
                            << "head: { host: 127.0.0.1, actor_port: " << port_ << ", http_port: " << http << " }\n"
-                           << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512 }\n"
+                           << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512" << target_extra << " }\n"
                            << speculative_yaml << "nodes:\n" << nodes_yaml
                            << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << " }\n";
     ready_ = dir_ + "/ready";
@@ -250,6 +251,55 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   const std::vector<int> pids = up.worker_pids();
   EXPECT_EQ(up.terminate(60), 0);
   for (int pid : pids) EXPECT_FALSE(alive(pid)) << "worker pid " << pid << " outlived `specserve up`";
+}
+
+// A tensor-parallel replica whose two ranks are worker processes of two nodes (actors/tp_group.h):
+// they join through the head, connect Gloo through its rendezvous store, and serve greedy
+// requests identical to the target alone; killing rank 1's process stops the replica (rank 0's
+// process exits) instead of leaving it half alive.
+TEST(Cluster, TensorParallelRanksInTwoProcessesServeIdenticalOutput) {
+  const int32_t kTokens = 32;
+  auto prompts = prompt_ids();
+  prompts.resize(2);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(testing::greedy_reference(p, kTokens));
+
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 0, device: cpu } ] }\n"
+               "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 1, device: cpu } ] }\n",
+               "  speculative: { method: ngram, num_speculative_tokens: 3, prompt_lookup_min: 1, prompt_lookup_max: 3 }\n",
+               "64MiB", {}, ", tensor_parallel_size: 2");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  auto st = c->status();
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  std::map<int32_t, int32_t> pid_of_rank;
+  for (const auto& w : st->workers) {
+    if (w.role == "target_shard" && w.state == "ready") pid_of_rank[w.rank] = w.pid;
+  }
+  ASSERT_EQ(pid_of_rank.size(), 2u) << "both ranks registered ready";
+  EXPECT_NE(pid_of_rank[0], pid_of_rank[1]) << "the ranks are separate processes";
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const auto& p : prompts) {
+    auto h = c->submit(greedy(p, kTokens));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r->tokens, expected[i]) << "request " << i;
+  }
+  ASSERT_EQ(::kill(pid_of_rank[1], SIGKILL), 0);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (alive(pid_of_rank[0]) && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_FALSE(alive(pid_of_rank[0])) << "rank 0 kept running without rank 1";
+  auto after = c->status();
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->replicas.size(), 1u);
+  EXPECT_FALSE(after->replicas[0].ready);
+  up.terminate(60);
 }
 
 TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
