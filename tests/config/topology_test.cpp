@@ -322,6 +322,14 @@ nodes:
   ASSERT_FALSE(no_rank.ok());
   EXPECT_NE(no_rank.status().message().find("t.yaml:7:9: nodes[0].workers[0].rank: missing required field"), std::string::npos)
       << no_rank.status().message();
+
+  // A prefill worker ships whole KV blocks; a tp=2 decode replica keeps them split: refused.
+  auto prefill = parse(replace_once(y, "cuda:2, cuda:3]", "cuda:2, cuda:3, cuda:4]") +
+                       "      - {role: prefill_worker, replica: 1, device: cuda:4}\n");
+  ASSERT_FALSE(prefill.ok());
+  EXPECT_NE(prefill.status().message().find("nodes[0].workers[4].role"), std::string::npos) << prefill.status().message();
+  EXPECT_NE(prefill.status().message().find("needs models.target.tensor_parallel_size 1 (it is '2')"), std::string::npos)
+      << prefill.status().message();
 }
 
 // ---------------------------------------------------------------- example files
@@ -332,7 +340,7 @@ TEST(Topology, ExampleFilesParseAndUseTheDefaultModel) {
       << "default model missing: run scripts/test.sh (it fetches the model)";
   const std::string model =
       fs::path(std::string(SPECSERVE_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf").lexically_normal().string();
-  for (const char* name : {"cluster-local.yaml", "cluster-two-nodes.yaml", "cluster-disagg.yaml"}) {
+  for (const char* name : {"cluster-local.yaml", "cluster-two-nodes.yaml", "cluster-disagg.yaml", "cluster-tensor-parallel.yaml"}) {
     SCOPED_TRACE(name);
     auto t = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/" + name);
     ASSERT_TRUE(t.ok()) << t.status().to_string();

@@ -37,6 +37,7 @@ constexpr const char* kDefaultTokenFile = "~/.config/specserve/token";
 struct ServeArgs {
   std::string model, host = "127.0.0.1", token_file = kDefaultTokenFile, ready_file;
   int actor_port = 7420, max_num_seqs = 64, max_num_batched_tokens = 2048, block_size = 16, max_model_len = 0, threads = 0;
+  int tensor_parallel_size = 1;
   std::string kv_cache_bytes = "1GiB";
   bool enable_prefix_caching = true;
   double drain_timeout = 60;
@@ -82,9 +83,15 @@ int run_serve_cmd(const ServeArgs& a) {
   NodeSpec n;
   n.name = "local";
   n.devices.push_back(DeviceSpec{});
-  WorkerSpec w;
-  w.model = "target";
-  n.workers.push_back(w);
+  // Tensor parallelism: the ranks are actors of this process (actors/tp_group.h).
+  t.models.target.tensor_parallel_size = a.tensor_parallel_size;
+  t.locations["models.target.tensor_parallel_size"] = "--tensor-parallel-size";
+  for (int r = 0; r < a.tensor_parallel_size; ++r) {
+    WorkerSpec w;
+    w.model = "target";
+    w.rank = r;
+    n.workers.push_back(w);
+  }
   t.nodes.push_back(n);
   ServeOptions o;
   o.topology = std::move(t);
@@ -514,7 +521,12 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
                   "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
     sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
-    sub->add_option("--threads", a->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+    sub->add_option("--threads", a->threads, "CPU threads (default: all cores), split evenly between tensor-parallel ranks")
+        ->check(CLI::Range(0, 1024));
+    sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
+                    "Split the target over N ranks (attention heads and MLP columns; Gloo all-reduce over loopback), "
+                    "each an actor with its own CPU threads; 1 <= N <= the model's kv heads (default 1)")
+        ->check(CLI::Range(1, 64));
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);
