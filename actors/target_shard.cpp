@@ -143,7 +143,10 @@ Status load_and_warm(Self self) {
     s.tp_comm = std::move(conn->comm);
     std::vector<caf::actor> followers(conn->group.ranks.begin() + 1, conn->group.ranks.end());
     for (const auto& f : followers) self->monitor(f);
-    s.tp_peers = std::make_unique<ActorTensorParallelPeers>(self->system(), std::move(followers), std::chrono::seconds(60));
+    // A forward ends within Gloo's 60 s collective timeout on every rank; the first command
+    // (create_kv, at warm-up) may wait for ranks still loading their shard.
+    s.tp_peers = std::make_unique<ActorTensorParallelPeers>(self->system(), std::move(followers), std::chrono::seconds(90),
+                                                            tp_join_timeout(t));
     lo.tp_rank = 0;
     lo.tp_size = tp;
     lo.communicator = s.tp_comm.get();

@@ -98,8 +98,8 @@ Expected<TpConnection> connect_tp_group(caf::actor_system& sys, const WorkerConf
 // ---------------------------------------------------------------- ActorTensorParallelPeers
 
 ActorTensorParallelPeers::ActorTensorParallelPeers(caf::actor_system& sys, std::vector<caf::actor> followers,
-                                                   std::chrono::milliseconds timeout)
-    : followers_(std::move(followers)), timeout_(timeout), waiter_(sys) {
+                                                   std::chrono::milliseconds timeout, std::chrono::milliseconds load_timeout)
+    : followers_(std::move(followers)), timeout_(timeout), load_timeout_(std::max(timeout, load_timeout)), waiter_(sys) {
   for (const auto& f : followers_) waiter_->monitor(f);
 }
 
@@ -112,11 +112,11 @@ void ActorTensorParallelPeers::send_all(TpCommand cmd) {
   for (const auto& f : followers_) waiter_->send(f, cmd);
 }
 
-Status ActorTensorParallelPeers::wait_all(int64_t serial) {
+Status ActorTensorParallelPeers::wait_all(int64_t serial, std::chrono::milliseconds timeout) {
   std::set<int32_t> missing;
   for (size_t i = 0; i < followers_.size(); ++i) missing.insert(static_cast<int32_t>(i + 1));
   Status first;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!missing.empty() && broken_.ok()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     bool timed_out = false;
@@ -139,7 +139,7 @@ Status ActorTensorParallelPeers::wait_all(int64_t serial) {
       std::string ranks;
       for (int32_t r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
       broken_ = deadline_exceeded("tensor parallel rank(s) " + ranks + " did not answer within " +
-                                  std::to_string(timeout_.count()) + " ms");
+                                  std::to_string(timeout.count()) + " ms");
     }
   }
   if (!broken_.ok()) return broken_;
@@ -157,7 +157,7 @@ Status ActorTensorParallelPeers::create_kv(int32_t kv_id, int64_t num_blocks, in
   c.block_size = block_size;
   c.num_layers = num_layers;
   send_all(std::move(c));
-  return wait_all(next_serial_ - 1);
+  return wait_all(next_serial_ - 1, load_timeout_);
 }
 
 void ActorTensorParallelPeers::start_forward(int32_t kv_id, const ForwardBatch& batch) {
@@ -176,7 +176,7 @@ Status ActorTensorParallelPeers::finish_forward() {
   const int64_t serial = in_flight_;
   in_flight_ = 0;
   if (serial == 0) return internal_error("finish_forward without start_forward");
-  return wait_all(serial);
+  return wait_all(serial, timeout_);
 }
 
 Status ActorTensorParallelPeers::kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) {
@@ -188,7 +188,7 @@ Status ActorTensorParallelPeers::kv_copy_slots(int32_t kv_id, const int32_t* src
   c.src.assign(src, src + n);
   c.dst.assign(dst, dst + n);
   send_all(std::move(c));
-  return wait_all(next_serial_ - 1);
+  return wait_all(next_serial_ - 1, timeout_);
 }
 
 // ---------------------------------------------------------------- TpRegistry

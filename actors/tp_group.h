@@ -86,8 +86,11 @@ std::chrono::milliseconds tp_join_timeout(const Topology& topology);
 /// Thread-safety: one thread (rank 0's actor thread), as the Transformer it serves.
 class ActorTensorParallelPeers final : public TensorParallelPeers {
  public:
-  /// `followers[i]` is rank i + 1. `timeout`: longest wait for one command's answers.
-  ActorTensorParallelPeers(caf::actor_system& sys, std::vector<caf::actor> followers, std::chrono::milliseconds timeout);
+  /// `followers[i]` is rank i + 1. `timeout`: longest wait for one command's answers;
+  /// `load_timeout`: for create_kv, the first command, which waits for followers still loading
+  /// their shard.
+  ActorTensorParallelPeers(caf::actor_system& sys, std::vector<caf::actor> followers, std::chrono::milliseconds timeout,
+                           std::chrono::milliseconds load_timeout);
   ~ActorTensorParallelPeers() override;
 
   Status create_kv(int32_t kv_id, int64_t num_blocks, int64_t block_size, int64_t num_layers) override;
@@ -102,10 +105,10 @@ class ActorTensorParallelPeers final : public TensorParallelPeers {
 
  private:
   void send_all(TpCommand cmd);
-  Status wait_all(int64_t serial);
+  Status wait_all(int64_t serial, std::chrono::milliseconds timeout);
 
   std::vector<caf::actor> followers_;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, load_timeout_;
   caf::scoped_actor waiter_;
   int64_t next_serial_ = 1;
   int64_t in_flight_ = 0;  // serial of the forward started and not finished; 0: none
