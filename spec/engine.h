@@ -46,7 +46,7 @@ struct EngineOptions {
   int32_t max_model_len = 0;             ///< 0: the model's context length
   int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off (a request may only lower it: GenerateParams)
   int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
-  bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine.cpp)
+  bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine_step.cpp)
   /// > 0: a waiting request's priority improves by one level per this many steps it waited
   /// (spec/step_policy.h), so low priorities are not starved forever; 0: no aging.
   int32_t priority_aging_steps = 100;
@@ -269,6 +269,14 @@ class Engine {
   /// tokens plus the bonus / recovered token (spec/tree_verify.h). Returns the accepted nodes
   /// from depth 1 on; s may have finished on one of them.
   std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
+  /// Verifies chain draft `d` (no parents; k = d.tokens.size() >= 0 tokens, k == 0 a plain
+  /// decode) of s against its logit rows `seq` of `out` (row 0 the last known token, row r + 1
+  /// draft token r) and emits the accepted tokens plus the recovered / bonus token. Greedy keeps
+  /// the longest prefix that matches the target's argmax; sampling accepts draft token x with
+  /// probability min(1, p(x) / q(x)) and on a rejection samples from norm(max(0, p - q))
+  /// (Leviathan et al. 2023, Algorithm 1; without d.probs q is one-hot at x). Returns the number
+  /// of draft tokens accepted; s may have finished on one of them.
+  int32_t verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
   /// Moves the KV of the accepted `path` (tree nodes computed at rows path[j] + 1 after the
   /// last known token at position `base`) to positions base + 1 + j (Backend::kv_copy_slots).
   Status compact_path(Seq& s, int32_t base, std::span<const int32_t> path);

@@ -9,7 +9,7 @@
 // rule is tested as a table of `state -> plan` (tests/spec/step_policy_test.cpp), in the manner
 // of TensorRT-LLM's capacity scheduler and vLLM v1's `Scheduler.schedule()`.
 //
-// NOTE: the policy lives in spec/, not scheduler/, because spec/engine.cpp uses it and spec/
+// NOTE: the policy lives in spec/, not scheduler/, because spec/engine*.cpp use it and spec/
 // may not include scheduler/ (DESIGN.md section 1).
 //
 // Rules of plan_step, in order (units: tokens and KV blocks; "before" = handled first):

@@ -19,15 +19,15 @@
 // engine options, the proposer and the CPU threads of the target are the same in each.
 // NOTE: CPU time of every other process during each phase is measured from /proc and printed,
 // because on a shared 2-core machine a neighbour's build is the largest error term.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+//
+// The pure parts (records, statistics, summaries) are in bench_actors_lib.{h,cpp}; the three
+// paths, the client sweeps and the /proc probes in bench_actors_paths.{h,cpp}.
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,26 +35,17 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <numeric>
-#include <set>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "actors/client.h"
-#include "actors/head.h"
-#include "actors/proposer_factory.h"
-#include "actors/target_shard.h"
-#include "actors/worker_config.h"
-#include "cluster/process.h"
 #include "config/topology.h"
 #include "cpu/cpu_backend.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
+#include "tools/cli/bench_actors_lib.h"
+#include "tools/cli/bench_actors_paths.h"
 #include "tools/cli/common.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
@@ -63,12 +54,7 @@
 namespace specserve::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using json = nlohmann::json;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-const char* kInProcessToken = "bench-actors-in-process-token";
+using namespace bench_actors;
 
 struct BenchArgs {
   std::string model;
@@ -100,160 +86,7 @@ struct BenchArgs {
   SpecArgs spec;
 };
 
-// ---------------------------------------------------------------- machine load
-
-// CPU seconds (all cores) from /proc/stat, and of this process tree from /proc/<pid>/stat.
-struct CpuSample {
-  Clock::time_point at = Clock::now();
-  double busy_s = 0;   // user + nice + system + irq + softirq, every core
-  double steal_s = 0;
-  double ours_s = 0;   // this process and its descendants (the `up` tree)
-};
-
-std::map<int, std::pair<int, double>> proc_table() {  // pid -> (ppid, utime + stime seconds)
-  std::map<int, std::pair<int, double>> t;
-  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const size_t rp = line.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::istringstream rest(line.substr(rp + 2));
-    std::vector<std::string> f;
-    std::string x;
-    while (rest >> x && f.size() < 13) f.push_back(x);
-    if (f.size() < 13) continue;
-    t[std::stoi(name)] = {std::stoi(f[1]), (std::stod(f[11]) + std::stod(f[12])) / hz};
-  }
-  return t;
-}
-
-double cpu_sample_busy() {
-  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double v[10] = {0};
-  in >> cpu;
-  for (double& x : v) in >> x;
-  return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
-}
-
-CpuSample cpu_sample() {
-  CpuSample s;
-  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double v[10] = {0};
-  in >> cpu;
-  for (double& x : v) in >> x;
-  s.busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / hz;
-  s.steal_s = v[7] / hz;
-  const auto t = proc_table();
-  std::set<int> ours = {static_cast<int>(::getpid())};
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const auto& [pid, e] : t) {
-      if (!ours.count(pid) && ours.count(e.first)) grew = ours.insert(pid).second;
-    }
-  }
-  for (int pid : ours) {
-    auto it = t.find(pid);
-    if (it != t.end()) s.ours_s += it->second.second;
-  }
-  return s;
-}
-
-// CPU seconds and context switches of this process tree (every thread of it), per run.
-struct TreeCounters {
-  Clock::time_point at = Clock::now();
-  double busy_s = 0;        // the whole machine (/proc/stat)
-  double cpu_s = 0;
-  int64_t voluntary = 0;    // a thread blocked (futex, sleep, poll)
-  int64_t involuntary = 0;  // a thread was preempted
-};
-
-TreeCounters tree_counters() {
-  TreeCounters c;
-  c.busy_s = cpu_sample_busy();
-  const auto t = proc_table();
-  std::set<int> ours = {static_cast<int>(::getpid())};
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const auto& [pid, e] : t) {
-      if (!ours.count(pid) && ours.count(e.first)) grew = ours.insert(pid).second;
-    }
-  }
-  for (int pid : ours) {
-    auto it = t.find(pid);
-    if (it != t.end()) c.cpu_s += it->second.second;
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-      std::ifstream in(task.path() / "status");
-      std::string line;
-      while (std::getline(in, line)) {
-        if (line.rfind("voluntary_ctxt_switches:", 0) == 0) c.voluntary += std::stoll(line.substr(24));
-        if (line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) c.involuntary += std::stoll(line.substr(27));
-      }
-    }
-  }
-  return c;
-}
-
-// Waits until other processes use at most `max_cores` (measured over 1 s windows), for at most
-// `max_wait_s`; returns the seconds waited.
-double wait_for_quiet(double max_cores, double max_wait_s) {
-  const auto t0 = Clock::now();
-  bool said = false;
-  for (;;) {
-    const TreeCounters a = tree_counters();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    const TreeCounters b = tree_counters();
-    const double wall = std::chrono::duration<double>(b.at - a.at).count();
-    const double others = std::max(0.0, (b.busy_s - a.busy_s) - (b.cpu_s - a.cpu_s)) / wall;
-    if (others <= max_cores || since(t0) >= max_wait_s) {
-      if (said) std::fprintf(stderr, "\n");
-      return since(t0) - wall;
-    }
-    std::fprintf(stderr, "\r[bench-actors] other processes use %.2f cores: waiting for quiet (%.0f s of at most %.0f)", others,
-                 since(t0), max_wait_s);
-    said = true;
-  }
-}
-
-// What the rest of the machine did between two samples, in cores (1.0 = one core busy).
-json others_between(const CpuSample& a, const CpuSample& b) {
-  const double wall = std::chrono::duration<double>(b.at - a.at).count();
-  const double others = std::max(0.0, (b.busy_s - a.busy_s) - (b.ours_s - a.ours_s));
-  return {{"wall_s", wall},
-          {"other_processes_cores", wall > 0 ? others / wall : 0.0},
-          {"this_benchmark_cores", wall > 0 ? (b.ours_s - a.ours_s) / wall : 0.0},
-          {"steal_cores", wall > 0 ? (b.steal_s - a.steal_s) / wall : 0.0}};
-}
-
-std::string loadavg() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 // ---------------------------------------------------------------- prompts
-
-struct Question {
-  int id = 0;
-  std::string task;
-  std::string text;               // first turn
-  std::vector<int32_t> prompt;    // chat template applied, tokenized as the head does
-};
-
-std::string task_of(const std::string& category) {
-  static const std::set<std::string> kOwn = {"translation", "summarization", "qa", "math_reasoning", "rag"};
-  return kOwn.count(category) ? category : "mt_bench";
-}
 
 // Spec-Bench questions, round-robin over its six tasks (mt_bench, translation, summarization, qa,
 // math_reasoning, rag), those with more than `max_prompt_tokens` prompt tokens left out.
@@ -319,25 +152,6 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
-  if (!s) return "";
-  std::ostringstream o;
-  o << "  speculative: { method: " << speculative_method_name(s->method)
-    << ", num_speculative_tokens: " << s->num_speculative_tokens;
-  if (s->method == SpeculativeMethod::kNgram) {
-    o << ", prompt_lookup_min: " << s->prompt_lookup_min << ", prompt_lookup_max: " << s->prompt_lookup_max;
-  }
-  if (!s->model.empty()) o << ", model: \"" << s->model << "\"";
-  if (s->num_layers) o << ", num_layers: " << *s->num_layers;
-  if (!s->speculative_token_tree.empty()) o << ", speculative_token_tree: \"" << s->speculative_token_tree << "\"";
-  if (s->eagle_topk) o << ", eagle_topk: " << *s->eagle_topk;
-  if (s->eagle_depth) o << ", eagle_depth: " << *s->eagle_depth;
-  if (s->draft_vocab_size) o << ", draft_vocab_size: " << *s->draft_vocab_size;
-  if (s->disable_by_batch_size && *s->disable_by_batch_size > 0) o << ", disable_by_batch_size: " << *s->disable_by_batch_size;
-  o << ", adaptive_k: " << (s->adaptive_k ? "true" : "false") << " }\n";
-  return o.str();
-}
-
 // Writes DIR/cluster.yaml (one node, one target shard, loopback) and parses it back: the parsed
 // Topology is what every path runs with.
 Expected<Topology> write_topology(const std::string& dir, const BenchArgs& a, const std::string& model,
@@ -353,334 +167,6 @@ Expected<Topology> write_topology(const std::string& dir, const BenchArgs& a, co
                             << ", max_num_batched_tokens: " << a.max_num_batched_tokens
                             << ", kv_cache_bytes: " << a.kv_cache_bytes << " }\n";
   return load_topology_file(*yaml_path);
-}
-
-// ---------------------------------------------------------------- one request, three ways
-
-struct Sample {
-  std::string path;
-  double seconds = 0;      // submit / add_request to the last token
-  double ttft_s = 0;       // to the first token
-  int64_t tokens = 0;
-  int64_t steps = 0;       // engine steps this request took (batch 1: all of them)
-  double forward_s = 0;    // target forward passes (EngineStats / ShardLoad)
-  double draft_s = 0;      // proposer
-  TreeCounters cost;       // CPU and context switches of the whole process tree during the run
-  double others_cores = 0; // CPU other processes used meanwhile (cores)
-  std::vector<int32_t> output;
-};
-
-// The Engine called directly, as bench-spec and generate do.
-class DirectPath {
- public:
-  /// `lm` and `backend` (created with the target's thread count) must outlive the path.
-  Status start(const Topology& t, LoadedModel* lm, Backend* backend) {
-    auto eo = engine_options_for(t, lm->model->config());
-    if (!eo.ok()) return eo.status();
-    if (t.models.speculative) {
-      ProposerBuildOptions bo;
-      bo.max_model_len = eo->max_model_len;
-      auto p = build_proposer(*t.models.speculative, *lm, *backend, bo);
-      if (!p.ok()) return p.status();
-      proposer_ = std::move(*p);
-    }
-    auto e = Engine::create(*lm->model, lm->tokenizer.get(), proposer_.get(), *eo);
-    if (!e.ok()) return e.status();
-    engine_ = std::move(*e);
-    return Status();
-  }
-
-  Expected<Sample> run(const std::vector<int32_t>& prompt, int max_tokens, int64_t* first_token_steps = nullptr) {
-    const EngineStats before = engine_->stats();
-    GenerateParams p;
-    p.prompt = prompt;
-    p.max_tokens = max_tokens;
-    p.sampling.temperature = 0;
-    p.sampling.ignore_eos = true;
-    Sample s;
-    s.path = "direct";
-    const auto t0 = Clock::now();
-    auto id = engine_->add_request(p);
-    if (!id.ok()) return id.status();
-    std::vector<SeqEvent> ev;
-    int64_t steps = 0;
-    while (engine_->has_work()) {
-      ev.clear();
-      SPECSERVE_RETURN_IF_ERROR(engine_->step(&ev));
-      ++steps;
-      for (auto& e : ev) {
-        if (s.output.empty() && !e.tokens.empty()) {
-          s.ttft_s = since(t0);
-          if (first_token_steps) *first_token_steps = steps;
-        }
-        s.output.insert(s.output.end(), e.tokens.begin(), e.tokens.end());
-      }
-    }
-    s.seconds = since(t0);
-    engine_->take_finished_stats(*id);
-    const EngineStats& after = engine_->stats();
-    s.tokens = static_cast<int64_t>(s.output.size());
-    s.steps = after.num_steps - before.num_steps;
-    s.forward_s = after.forward_seconds - before.forward_seconds;
-    s.draft_s = after.draft_seconds - before.draft_seconds;
-    return s;
-  }
-
-  Engine& engine() { return *engine_; }
-
- private:
-  std::unique_ptr<Proposer> proposer_;
-  std::unique_ptr<Engine> engine_;
-};
-
-// Polls the head until its replica reported the load after the last step (no running or waiting
-// sequence), then returns that load.
-Expected<ShardLoad> settled_load(Client& c) {
-  const auto end = Clock::now() + std::chrono::seconds(30);
-  while (Clock::now() < end) {
-    auto st = c.status();
-    if (!st.ok()) return st.status();
-    if (!st->replicas.empty() && st->replicas[0].load.num_running == 0 && st->replicas[0].load.num_waiting == 0 &&
-        st->replicas[0].assigned == 0) {
-      return st->replicas[0].load;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return deadline_exceeded("the replica did not report idle within 30 s");
-}
-
-Expected<Sample> run_client(Client& c, const std::string& name, const std::vector<int32_t>& prompt, int max_tokens) {
-  auto before = settled_load(c);
-  if (!before.ok()) return before.status();
-  GenerateRequest r;
-  r.prompt_token_ids = prompt;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.sampling.ignore_eos = true;
-  Sample s;
-  s.path = name;
-  const auto t0 = Clock::now();
-  auto h = c.submit(std::move(r));
-  if (!h.ok()) return h.status();
-  auto res = (*h)->wait();
-  s.seconds = since(t0);
-  if (!res.ok()) return res.status();
-  s.ttft_s = res->first_token_seconds;
-  s.output = res->tokens;
-  s.tokens = static_cast<int64_t>(s.output.size());
-  auto after = settled_load(c);
-  if (!after.ok()) return after.status();
-  s.steps = after->num_steps - before->num_steps;
-  s.forward_s = after->forward_seconds - before->forward_seconds;
-  s.draft_s = after->draft_seconds - before->draft_seconds;
-  return s;
-}
-
-Status wait_ready(Client& c, double timeout_s) {
-  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
-  while (Clock::now() < end) {
-    auto st = c.status(std::chrono::seconds(5));
-    if (st.ok()) {
-      for (const auto& w : st->workers) {
-        if (w.state == "failed") return internal_error("worker " + w.role + " failed: " + w.error);
-      }
-      if (!st->replicas.empty() && st->replicas[0].ready) return Status();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return deadline_exceeded("the replica was not ready within " + std::to_string(timeout_s) + " s");
-}
-
-// (b) Head + target shard actor + Client, all in this process.
-class InProcessPath {
- public:
-  Status start(const Topology& t, int threads, int scheduler_threads) {
-    RuntimeOptions o;
-    o.scheduler_threads = scheduler_threads;
-    rt_ = std::make_unique<ActorRuntime>(o);
-    auto h = Head::start(*rt_, t, kInProcessToken, /*publish=*/false);
-    if (!h.ok()) return h.status();
-    head_ = std::move(*h);
-    WorkerConfig wc;
-    wc.node = "n0";
-    wc.topology = t;
-    wc.threads = threads;
-    wc.token = kInProcessToken;
-    wc.scheduler = head_->scheduler();
-    spawn_target_shard(rt_->system(), wc);
-    client_ = Client::in_process(rt_->system(), head_->scheduler(), kInProcessToken);
-    return wait_ready(*client_, 600);
-  }
-  ~InProcessPath() {
-    client_.reset();
-    if (head_) head_->stop();
-    head_.reset();
-    rt_.reset();
-  }
-  Client& client() { return *client_; }
-
- private:
-  std::unique_ptr<ActorRuntime> rt_;
-  std::unique_ptr<Head> head_;
-  std::unique_ptr<Client> client_;
-};
-
-// The running `up` child, for the signal handler: a benchmark stopped by SIGINT/SIGTERM takes
-// its cluster with it instead of leaving it orphaned.
-std::atomic<pid_t> g_up_pid{-1};
-
-extern "C" void stop_up_and_exit(int sig) {
-  const pid_t pid = g_up_pid.load();
-  if (pid > 0) ::kill(pid, SIGTERM);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
-// (c) `specserve up` in a child process (its node starts the target shard as a worker process);
-// the Client connects over loopback.
-class NetworkPath {
- public:
-  Status start(const std::string& dir, const std::string& yaml, const Topology& t, int threads, int scheduler_threads) {
-    const std::string ready = dir + "/ready";
-    log_ = dir + "/up.log";
-    // The children's log lines go to DIR/up.log, not to the benchmark's terminal.
-    auto c = spawn_child({"/bin/sh", "-c", "exec \"$0\" up \"$1\" --ready-file \"$2\" --threads-per-worker \"$3\" "
-                                           "--drain-timeout 5 2>\"$4\"",
-                          self_executable(), yaml, ready, std::to_string(threads), log_},
-                         {}, "specserve up");
-    if (!c.ok()) return c.status();
-    up_ = *c;
-    g_up_pid = up_.pid;
-    const auto end = Clock::now() + std::chrono::seconds(600);
-    while (!std::filesystem::exists(ready)) {
-      int status = 0;
-      if (::waitpid(up_.pid, &status, WNOHANG) == up_.pid) {
-        up_.pid = -1;
-        return unavailable("specserve up exited before it was ready; its log: " + log_ + "\n" + tail_log());
-      }
-      if (Clock::now() > end) return deadline_exceeded("specserve up was not ready within 600 s; its log: " + log_);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    auto token = read_cluster_token(t.cluster.token_file);
-    if (!token.ok()) return token.status();
-    RuntimeOptions o;
-    o.scheduler_threads = scheduler_threads;
-    auto cl = Client::connect(t.head.host, static_cast<uint16_t>(t.head.actor_port), *token, o);
-    if (!cl.ok()) return cl.status();
-    client_ = std::move(*cl);
-    return wait_ready(*client_, 60);
-  }
-  ~NetworkPath() {
-    client_.reset();
-    if (up_.pid > 0) {
-      std::vector<Child> cs = {up_};
-      stop_children(&cs, 20.0);  // SIGTERM: up drains, stops its node, which stops the worker
-    }
-    g_up_pid = -1;
-  }
-  Client& client() { return *client_; }
-
- private:
-  std::string tail_log() {
-    std::ifstream in(log_);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return all.size() > 2000 ? all.substr(all.size() - 2000) : all;
-  }
-  Child up_;
-  std::string log_;
-  std::unique_ptr<Client> client_;
-};
-
-// ---------------------------------------------------------------- statistics
-
-struct Spread {
-  double mean = 0, median = 0, min = 0, max = 0, stdev = 0;
-  json to_json() const { return {{"mean", mean}, {"median", median}, {"min", min}, {"max", max}, {"stdev", stdev}}; }
-};
-
-Spread spread(const std::vector<double>& v) {
-  Spread s;
-  if (v.empty()) return s;
-  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-  s.min = *std::min_element(v.begin(), v.end());
-  s.max = *std::max_element(v.begin(), v.end());
-  double ss = 0;
-  for (double x : v) ss += (x - s.mean) * (x - s.mean);
-  s.stdev = v.size() > 1 ? std::sqrt(ss / static_cast<double>(v.size() - 1)) : 0.0;
-  std::vector<double> sorted = v;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  s.median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
-  return s;
-}
-
-// One prompt of one repeat: the same request through every path, back to back.
-struct Unit {
-  int repeat = 0;
-  size_t prompt = 0;
-  int64_t decode_steps_offset = 1;  // steps up to the first token (the direct Engine's count)
-  std::map<std::string, Sample> s;  // by path
-  double others_max = 0;            // the most CPU other processes used during one of its runs
-  bool quiet = false;
-};
-
-// Per path over `units` (only the quiet ones when `quiet_only`): times per token and per step,
-// where the step time goes, and the overhead against the direct Engine of the same unit.
-json summarize(const std::vector<Unit>& units, const std::vector<std::string>& paths, bool quiet_only) {
-  json summary;
-  for (const auto& p : paths) {
-    double seconds = 0, decode_seconds = 0, forward_s = 0, draft_s = 0, ttft_s = 0;
-    int64_t tokens = 0, steps = 0, decode_steps = 0, n = 0;
-    TreeCounters cost;
-    std::vector<double> overhead, decode_overhead, per_step_us;
-    for (const Unit& u : units) {
-      if (quiet_only && !u.quiet) continue;
-      const Sample& x = u.s.at(p);
-      const Sample& d = u.s.at("direct");
-      ++n;
-      seconds += x.seconds;
-      decode_seconds += x.seconds - x.ttft_s;
-      forward_s += x.forward_s;
-      draft_s += x.draft_s;
-      ttft_s += x.ttft_s;
-      tokens += x.tokens;
-      steps += x.steps;
-      decode_steps += x.steps - u.decode_steps_offset;
-      cost.cpu_s += x.cost.cpu_s;
-      cost.voluntary += x.cost.voluntary;
-      cost.involuntary += x.cost.involuntary;
-      overhead.push_back(x.seconds / d.seconds - 1);
-      decode_overhead.push_back((x.seconds - x.ttft_s) / (d.seconds - d.ttft_s) - 1);
-      per_step_us.push_back((x.seconds - d.seconds) / static_cast<double>(x.steps) * 1e6);
-    }
-    json js;
-    js["units"] = n;
-    if (n == 0) {
-      summary[p] = js;
-      continue;
-    }
-    const double st = static_cast<double>(steps);
-    js["ms_per_output_token"] = seconds / static_cast<double>(tokens) * 1e3;
-    js["ms_per_step"] = seconds / st * 1e3;
-    js["ms_per_decode_step"] = decode_seconds / static_cast<double>(std::max<int64_t>(1, decode_steps)) * 1e3;
-    js["steps_per_request"] = st / static_cast<double>(n);
-    js["tokens_per_step"] = static_cast<double>(tokens) / st;
-    js["mean_ttft_ms"] = ttft_s / static_cast<double>(n) * 1e3;
-    js["forward_ms_per_step"] = forward_s / st * 1e3;
-    js["draft_ms_per_step"] = draft_s / st * 1e3;
-    // Wall time per step outside the target's forward pass and the proposer: the engine's own
-    // bookkeeping, plus (actor paths) messaging and waiting.
-    js["outside_engine_ms_per_step"] = (seconds - forward_s - draft_s) / st * 1e3;
-    js["cpu_ms_per_step"] = cost.cpu_s / st * 1e3;
-    js["cpu_cores_busy"] = cost.cpu_s / seconds;
-    js["voluntary_context_switches_per_step"] = static_cast<double>(cost.voluntary) / st;
-    js["involuntary_context_switches_per_step"] = static_cast<double>(cost.involuntary) / st;
-    js["overhead_vs_direct"] = spread(overhead).to_json();
-    js["decode_overhead_vs_direct"] = spread(decode_overhead).to_json();
-    js["overhead_us_per_step"] = spread(per_step_us).to_json();
-    summary[p] = js;
-  }
-  return summary;
 }
 
 // ---------------------------------------------------------------- overhead
@@ -878,115 +364,9 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
 
 // ---------------------------------------------------------------- concurrency
 
-struct LevelResult {
-  int clients = 0;
-  int requests = 0;
-  int64_t tokens = 0;
-  double seconds = 0;
-  std::vector<double> ttft;
-  int errors = 0;
-  json to_json() const {
-    const Spread t = spread(ttft);
-    std::vector<double> s = ttft;
-    std::sort(s.begin(), s.end());
-    return {{"clients", clients}, {"requests", requests}, {"tokens", tokens}, {"seconds", seconds},
-            {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"mean_ttft_s", t.mean},
-            {"p50_ttft_s", s.empty() ? 0.0 : s[s.size() / 2]}, {"max_ttft_s", t.max}, {"errors", errors}};
-  }
-};
-
 // Request j of a level goes to client j % N; each client submits its next request when the
 // previous one finished (closed loop).
 int level_requests(const BenchArgs& a, int n) { return std::max(n * a.requests_per_client, a.min_requests); }
-
-LevelResult sweep_clients(Client& c, const std::vector<Question>& qs, int n, int requests, int max_tokens) {
-  LevelResult lr;
-  lr.clients = n;
-  lr.requests = requests;
-  std::mutex mu;
-  std::atomic<int64_t> tokens{0};
-  std::atomic<int> errors{0};
-  const auto t0 = Clock::now();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      for (int j = i; j < requests; j += n) {
-        GenerateRequest r;
-        r.messages = {{"user", qs[static_cast<size_t>(j) % qs.size()].text}};
-        r.max_tokens = max_tokens;
-        r.sampling.temperature = 0;
-        r.sampling.ignore_eos = true;
-        auto res = c.generate(std::move(r));
-        if (!res.ok()) {
-          ++errors;
-          std::lock_guard<std::mutex> l(mu);
-          std::fprintf(stderr, "[bench-actors] request failed: %s\n", res.status().message().c_str());
-          continue;
-        }
-        tokens += res->completion_tokens;
-        std::lock_guard<std::mutex> l(mu);
-        lr.ttft.push_back(res->first_token_seconds);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  lr.seconds = since(t0);
-  lr.tokens = tokens.load();
-  lr.errors = errors.load();
-  return lr;
-}
-
-// The same closed loop on the Engine directly: a finished request's client adds its next one
-// before the next step.
-Expected<LevelResult> sweep_direct(Engine& e, const std::vector<Question>& qs, int n, int requests, int max_tokens) {
-  LevelResult lr;
-  lr.clients = n;
-  lr.requests = requests;
-  struct InFlight { int client; Clock::time_point t0; bool first = false; };
-  std::map<int64_t, InFlight> by_seq;
-  std::vector<int> next(static_cast<size_t>(n));
-  const auto t0 = Clock::now();
-  auto submit = [&](int client) -> Status {
-    const int j = next[static_cast<size_t>(client)];
-    if (j >= requests) return Status();
-    next[static_cast<size_t>(client)] = j + n;
-    GenerateParams p;
-    p.prompt = qs[static_cast<size_t>(j) % qs.size()].prompt;
-    p.max_tokens = max_tokens;
-    p.sampling.temperature = 0;
-    p.sampling.ignore_eos = true;
-    auto id = e.add_request(p);
-    if (!id.ok()) return id.status();
-    by_seq[*id] = InFlight{client, Clock::now()};
-    return Status();
-  };
-  for (int i = 0; i < n; ++i) {
-    next[static_cast<size_t>(i)] = i;
-    SPECSERVE_RETURN_IF_ERROR(submit(i));
-  }
-  std::vector<SeqEvent> ev;
-  while (e.has_work()) {
-    ev.clear();
-    SPECSERVE_RETURN_IF_ERROR(e.step(&ev));
-    for (auto& x : ev) {
-      auto it = by_seq.find(x.seq_id);
-      if (it == by_seq.end()) continue;
-      lr.tokens += static_cast<int64_t>(x.tokens.size());
-      if (!it->second.first && !x.tokens.empty()) {
-        it->second.first = true;
-        lr.ttft.push_back(since(it->second.t0));
-      }
-      if (x.finish != FinishReason::kNone) {
-        const int client = it->second.client;
-        e.take_finished_stats(x.seq_id);
-        by_seq.erase(it);
-        SPECSERVE_RETURN_IF_ERROR(submit(client));
-      }
-    }
-  }
-  lr.seconds = since(t0);
-  return lr;
-}
 
 Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int threads, LoadedModel* lm, Backend* backend,
                                const std::vector<Question>& qs, const std::optional<SpeculativeSpec>& spec,
@@ -1095,16 +475,6 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
 }
 
 // ---------------------------------------------------------------- main
-
-std::string spec_name(const SpeculativeSpec& s) {
-  std::string n = speculative_method_name(s.method);
-  n += " k=" + std::to_string(s.num_speculative_tokens);
-  if (s.method == SpeculativeMethod::kNgram) {
-    n += " lookup " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
-  }
-  if (!s.adaptive_k) n += " fixed k";
-  return n;
-}
 
 int fail(const Status& st) {
   std::fprintf(stderr, "specserve bench-actors: %s\n", st.message().c_str());

@@ -1,0 +1,67 @@
+// specserve spec: what the engine's .cpp files share (not part of the public API).
+//
+// engine.cpp (construction, requests, migration, the queues as the step policy sees them),
+// engine_step.cpp (Engine::step: plan, drafts, one target forward, then per sequence the KV
+// bookkeeping) and engine_verify.cpp (verification of chains and trees, emission of accepted
+// tokens with the stop rules, KV compaction) all work on Engine::Seq, defined here.
+// Include only from spec/engine*.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spec/engine.h"
+
+namespace specserve {
+
+/// A request's state in the engine: its tokens, KV blocks, sampler, stop-string decoding and
+/// speculation; owned by Engine::waiting_ or Engine::running_.
+struct Engine::Seq {
+  int64_t id = 0;
+  GenerateParams params;
+  std::optional<Sampler> sampler;
+  std::vector<int32_t> tokens;  // prompt + output
+  int32_t prompt_len = 0;
+  int32_t num_cached = 0;       // tokens whose KV is in the cache (always < tokens.size() while running)
+  BlockTable blocks;
+  std::vector<BlockHash> block_hashes;  // chain hashes of the full blocks of `tokens` (prefix caching)
+  std::optional<StreamDecoder> decoder;
+  std::string text;             // output text decoded so far (whole UTF-8)
+  size_t sent = 0;              // bytes of text already emitted
+  size_t max_stop_len = 0;
+  int32_t num_generated = 0;
+  int32_t k = 0;                // current speculation length (adaptive), within [1, max_k] once it drafted
+  int32_t max_k = 0;            // this request's cap: min(GenerateParams::num_speculative_tokens, the engine's); 0: never drafts
+  int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
+  // Hidden hand-over (a proposer with needs_hidden(); spec/proposer.h): the target's final-norm
+  // hidden states [n, hidden_size] of positions [hidden_begin, hidden_begin + n) not yet handed
+  // to the proposer. While it runs, hidden_begin + n == num_cached.
+  std::vector<float> hidden;
+  int32_t hidden_begin = 0;
+  FinishReason finish = FinishReason::kNone;
+  SpecStats spec;
+  // A migrated sequence waiting for admission with its KV outside the cache (add_migrated):
+  // writes the KV of the first import_cached tokens when the step policy admits it.
+  std::function<Status(KvStorage&, std::span<const int32_t>)> import_kv;
+  int32_t import_cached = 0;
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(prompt_len)}; }
+  std::span<const int32_t> output() const {
+    return {tokens.data() + prompt_len, tokens.size() - static_cast<size_t>(prompt_len)};
+  }
+};
+
+namespace engine_internal {
+
+/// True when `row` [vocab] (raw logits) can be sampled: no NaN, no +inf, at least one finite value.
+bool samplable_row(const float* row, int32_t vocab);
+
+/// log_softmax of raw logits `row` [vocab] at `token`, plus the top_n largest (vLLM's default
+/// raw logprobs; ties go to the lower token id). top_n <= 0: no top list.
+SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n);
+
+}  // namespace engine_internal
+}  // namespace specserve
