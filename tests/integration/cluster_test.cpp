@@ -255,9 +255,12 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
 
 // A tensor-parallel replica whose two ranks are worker processes of two nodes (actors/tp_group.h):
 // they join through the head, connect Gloo through its rendezvous store, and serve greedy
-// requests identical to the target alone; killing rank 1's process stops the replica (rank 0's
-// process exits) instead of leaving it half alive.
-TEST(Cluster, TensorParallelRanksInTwoProcessesServeIdenticalOutput) {
+// requests identical to the target alone; killing either rank's process stops the other (the
+// head stops the rest of the group) instead of leaving the replica half alive.
+class ClusterTensorParallel : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(ClusterTensorParallel, RanksInTwoProcessesServeIdenticalOutputAndDieTogether) {
+  const int32_t killed = GetParam();
   const int32_t kTokens = 32;
   auto prompts = prompt_ids();
   prompts.resize(2);
@@ -289,18 +292,22 @@ TEST(Cluster, TensorParallelRanksInTwoProcessesServeIdenticalOutput) {
     ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
     EXPECT_EQ(r->tokens, expected[i]) << "request " << i;
   }
-  ASSERT_EQ(::kill(pid_of_rank[1], SIGKILL), 0);
+  const int32_t other = 1 - killed;
+  ASSERT_EQ(::kill(pid_of_rank[killed], SIGKILL), 0);
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (alive(pid_of_rank[0]) && std::chrono::steady_clock::now() < end) {
+  while (alive(pid_of_rank[other]) && std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_FALSE(alive(pid_of_rank[0])) << "rank 0 kept running without rank 1";
+  EXPECT_FALSE(alive(pid_of_rank[other])) << "rank " << other << " kept running without rank " << killed;
   auto after = c->status();
   ASSERT_TRUE(after.ok());
   ASSERT_EQ(after->replicas.size(), 1u);
   EXPECT_FALSE(after->replicas[0].ready);
   up.terminate(60);
 }
+
+INSTANTIATE_TEST_SUITE_P(KilledRank, ClusterTensorParallel, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int32_t>& i) { return "rank" + std::to_string(i.param); });
 
 TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   const int32_t kTokens = 24;
