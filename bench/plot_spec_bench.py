@@ -16,6 +16,29 @@ import matplotlib.pyplot as plt  # noqa: E402
 TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
+def short_name(name):
+    """A legend label for a run: its --spec JSON shortened to method, k and tree shape (and the
+    head file's folder when it is not the committed models/heads)."""
+    if not name.startswith("{"):
+        return name
+    try:
+        s = json.loads(name)
+    except ValueError:
+        return name[:40]
+    parts = [s.get("method", "?"), f"k={s.get('num_speculative_tokens', '?')}"]
+    if "eagle_topk" in s or "eagle_depth" in s:
+        topk, depth = s.get("eagle_topk"), s.get("eagle_depth")
+        parts.append("chain" if topk == 1 else f"tree topk {topk} depth {depth}")
+    if "speculative_token_tree" in s:
+        parts.append("tree " + s["speculative_token_tree"].replace(" ", ""))
+    if "num_layers" in s:
+        parts.append(f"{s['num_layers']} layers")
+    model = s.get("model", "")
+    if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
+        parts.append("[" + model.rsplit("/", 2)[-2] + "]")
+    return " ".join(parts)
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -24,7 +47,7 @@ def main():
     report = json.load(open(path))
     runs = [r for r in report["runs"] if r["name"] != "baseline"]
     batches = sorted({r["batch"] for r in runs})
-    fig, axes = plt.subplots(len(batches), 2, figsize=(14, 4.5 * len(batches)), squeeze=False)
+    fig, axes = plt.subplots(len(batches), 2, figsize=(14, 5.5 * len(batches)), squeeze=False)
     for row, b in enumerate(batches):
         rb = [r for r in runs if r["batch"] == b]
         ax = axes[row][0]
@@ -32,20 +55,20 @@ def main():
         for i, r in enumerate(rb):
             xs = [t + i * width for t in range(len(TASKS) + 1)]
             ys = [r.get("tasks", {}).get(t, {}).get("speedup", 0) for t in TASKS] + [r["overall"]["speedup"]]
-            ax.bar(xs, ys, width, label=r["name"])
+            ax.bar(xs, ys, width, label=short_name(r["name"]))
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([t + 0.4 - width / 2 for t in range(len(TASKS) + 1)])
         ax.set_xticklabels(TASKS + ["overall"], rotation=20)
         ax.set_ylabel("decode speedup vs. no speculation")
         ax.set_title(f"Spec-Bench, batch {b}, greedy")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
         ax = axes[row][1]
         for r in rb:
             o = r["overall"]
             n = max(1, o["num_drafts"])
             pos = o.get("accepted_per_pos", [])
             if pos:
-                ax.plot(range(1, len(pos) + 1), [p / n for p in pos], marker="o", label=r["name"])
+                ax.plot(range(1, len(pos) + 1), [p / n for p in pos], marker="o", label=short_name(r["name"]))
         ax.set_xlabel("draft position")
         ax.set_ylabel("fraction of drafts accepted up to this position")
         ax.set_ylim(0, 1)

@@ -3,7 +3,7 @@
 # of bench/run_tree_bench.sh against small chains (each verified node costs a share of a step on
 # the CPU), for the committed heads and, optionally, another pair of heads (e.g. the previous
 # ones) in the same run against the same baseline. Greedy; outputs checked against the baseline.
-# Writes bench/results/head_configs_b1_<date>.{json,md}.
+# Writes bench/results/head_configs_b1_<date>.{json,md,png}.
 # Usage: bench/run_head_configs_bench.sh [THREADS] [OLD_HEADS_DIR]     (--help: this text)
 #   OLD_HEADS_DIR: a folder with medusa-smollm2-135m.gguf and eagle-smollm2-135m.gguf to compare
 #   (their committed configurations only). Env: PER_TASK (default 2), MAX_TOKENS (default 64),
@@ -15,6 +15,7 @@ threads="${1:-$(nproc)}"
 old="${2:-}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
+py="$("$here/scripts/venv.sh" --with-plot)"
 day="$(date +%Y-%m-%d)"
 medusa="$here/models/heads/medusa-smollm2-135m.gguf"
 eagle="$here/models/heads/eagle-smollm2-135m.gguf"
@@ -36,3 +37,4 @@ q=()
 out="$here/bench/results/head_configs_b1_$day"
 "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task "${PER_TASK:-2}" \
   --max-tokens "${MAX_TOKENS:-64}" --batch-sizes 1 ${q[@]+"${q[@]}"} "${specs[@]}" --output "$out.json" | tee "$out.md"
+"$py" "$here/bench/plot_spec_bench.py" "$out.json"
