@@ -4,7 +4,8 @@
 //    the deadline naming the key; a join that does not fit the topology is refused;
 //  - a replica of two ranks (rank 0 a target shard with the engine, rank 1 a follower) serves
 //    greedy requests token for token identical to the target alone (plain decoding, and Medusa
-//    trees, whose hidden states and KV compaction go through both ranks);
+//    trees, whose hidden states and KV compaction go through both ranks; layer-skip drafts, whose
+//    shallower KV store and forward passes go through both ranks);
 //  - a follower that dies mid-generation stops its replica; the request is re-queued and
 //    finishes on the other replica with the same tokens.
 #include <gtest/gtest.h>
@@ -216,6 +217,22 @@ TEST(TpActors, MedusaTreesOverTwoRanksStayGreedyIdentical) {
     drafts += r->num_drafts;
   }
   EXPECT_GT(drafts, 0);  // trees were verified (not plain decoding)
+}
+
+TEST(TpActors, LayerSkipDraftsOverTwoRanksStayGreedyIdentical) {
+  // The self-speculative draft runs the first layers of the same split model: its own KV store
+  // (create_kv with fewer layers) and ForwardBatch::num_layers travel to rank 1 too.
+  SpeculativeSpec spec;
+  spec.method = SpeculativeMethod::kLayerSkip;
+  spec.num_speculative_tokens = 3;
+  spec.num_layers = 20;
+  TpCluster c(tp_topology(1, 2, spec));
+  ASSERT_TRUE(c.wait_ready(1));
+  auto ps = prompts(c.head());
+  auto r = c.client().generate(greedy(ps[0], 24));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, testing::greedy_reference(ps[0], 24));
+  EXPECT_GT(r->num_accepted_tokens, 0);  // drafts were made and some accepted
 }
 
 TEST(TpActors, AFollowerDyingStopsItsReplicaAndTheRequestFinishesOnAnother) {
