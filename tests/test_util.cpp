@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "actors/messages.h"
 #include "cpu/cpu_backend.h"
 #include "model/gguf.h"
 #include "model/model_loader.h"
@@ -73,6 +74,15 @@ std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int32_
     if (text) *text += x.text;
   }
   return out;
+}
+
+GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  GenerateRequest r;
+  r.prompt_token_ids = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.sampling.ignore_eos = true;
+  return r;
 }
 
 }  // namespace specserve::testing

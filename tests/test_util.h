@@ -8,6 +8,7 @@
 namespace specserve {
 class GgufFile;
 class Tokenizer;
+struct GenerateRequest;
 }  // namespace specserve
 
 namespace specserve::testing {
@@ -30,6 +31,10 @@ const Tokenizer& default_tokenizer();
 /// `prompt` [n] token ids, `max_tokens` output tokens with ignore_eos. `*text` (when given) gets
 /// the streamed text appended. Throws std::runtime_error naming the failed step.
 std::vector<int32_t> greedy_reference(const std::vector<int32_t>& prompt, int32_t max_tokens, std::string* text = nullptr);
+
+/// A greedy request (temperature 0, ignore_eos) of `max_tokens` tokens for `prompt` [n] token ids:
+/// what the output-identity tests submit through the client API.
+GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_tokens);
 
 /// Reads a whole file; aborts the test with a message when it cannot.
 std::string read_file(const std::string& path);

@@ -133,14 +133,7 @@ class Cluster {
   std::unique_ptr<Client> client_;
 };
 
-GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_token_ids = ids;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }
 
 SpeculativeSpec ngram_spec() {
   SpeculativeSpec s;

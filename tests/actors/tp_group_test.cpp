@@ -52,14 +52,7 @@ Topology tp_topology(int32_t replicas, int32_t tp, std::optional<SpeculativeSpec
   return t;
 }
 
-GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_token_ids = ids;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }
 
 // A head and every rank of every replica as actors of this process, one CPU thread each.
 class TpCluster {

@@ -155,14 +155,7 @@ std::vector<std::vector<int32_t>> prompt_ids() {
   return out;
 }
 
-GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) {
-  GenerateRequest r;
-  r.prompt_token_ids = ids;
-  r.max_tokens = n;
-  r.sampling.temperature = 0;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }
 
 TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput) {
   const int32_t kTokens = 64;
