@@ -113,7 +113,8 @@ Expected<std::unique_ptr<NcclGroup>> NcclGroup::create(const char* kind, int ran
   // the deadline.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  config.commName = options.prefix.c_str();
+  g->prefix_ = options.prefix;  // NCCL may read commName while the non-blocking init runs
+  config.commName = g->prefix_.c_str();
   const Clock::time_point started = Clock::now();
   const Clock::time_point deadline = started + options.timeout;
   ncclResult_t r = ncclCommInitRankConfig(&g->comm_, size, id, rank, &config);
@@ -145,6 +146,9 @@ Expected<std::unique_ptr<NcclGroup>> NcclGroup::create(const char* kind, int ran
 }
 
 NcclGroup::~NcclGroup() {
+  // Nothing to release when creation failed before the stream (e.g. no such device): touching
+  // CUDA then would leave an error for cudaGetLastError in this thread.
+  if (!stream_ && !comm_) return;
   cudaSetDevice(device_);
   if (comm_ && !aborted_) {
     // Finalise (flushes, then waits for the group to be quiescent), bounded: abort if it hangs.
@@ -177,7 +181,15 @@ Status NcclGroup::fail(Status st) {
     cudaSetDevice(device_);
     ncclCommAbort(comm_);  // stops NCCL kernels still waiting for a peer
     aborted_ = true;
+    // Drain, bounded: work queued behind the aborted NCCL kernel (the rank-order sum) finishes
+    // now, so it does not write into the caller's buffer after the call has returned. Best
+    // effort: after 1 s the stream is left to finish on its own.
+    const Clock::time_point started = Clock::now();
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() - started < std::chrono::seconds(1)) {
+      pause_after(started);
+    }
   }
+  cudaGetLastError();  // a failed call's (non-sticky) error must not surface in a later launch check
   broken_ = st.to_string();
   return st;
 }

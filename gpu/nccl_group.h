@@ -92,7 +92,7 @@ class NcclGroup {
   std::string nccl_error(ncclResult_t r) const;
 
   int rank_ = 0, size_ = 1, device_ = 0;
-  std::string name_;
+  std::string name_, prefix_;
   std::chrono::milliseconds timeout_{0};
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
