@@ -72,8 +72,13 @@ int nccl_version();
 /// result is in `data` (it waits for the communicator's own CUDA stream). Collectives run NCCL
 /// even for size 1 (a copy), so a one-GPU group exercises the same path as a larger one.
 /// Thread-safety: one thread at a time (any thread: every call makes `cuda_device` current).
+/// Errors of the collectives: those of Communicator, plus kInvalidArgument for memory of another
+/// device and kResourceExhausted when a device buffer (the [size, n] gather, a staging copy)
+/// cannot be allocated; the communicator stays usable after these two.
+/// Teardown: destroying the communicator finalises it (ncclCommFinalize, bounded by
+/// options.timeout), or aborts it when it failed or finalising does not end in time.
 ///
-/// Errors: kInvalidArgument naming rank, size, store or device (size < 1, rank outside
+/// Errors of the factory: kInvalidArgument naming rank, size, store or device (size < 1, rank outside
 /// [0, size), a null store, a device that does not exist); kUnavailable when no CUDA device is
 /// present or NCCL fails (the message names the prefix, rank and device and carries
 /// ncclGetErrorString and ncclGetLastError); kDeadlineExceeded when the id or a peer does not
