@@ -1,4 +1,6 @@
 // The NCCL communicator (gpu/nccl_communicator.h) and KV channel (gpu/nccl_kv_channel.h).
+// Status: compiled and skipped on the machines without a GPU where it was written; it has not
+// run on a GPU yet (tools/gpu-check.sh runs it).
 //
 // Ranks are threads of this process, one per CUDA device, sharing an InProcessStore; their
 // buffers are CudaBackend buffers (device memory), and some calls pass host memory (the staged
