@@ -10,8 +10,15 @@
 //   - in-process (this file): plain memcpy; a region is a pointer of this process.
 //   - UCX (kv/ucx_transport.h): put/get into memory registered with ucp_mem_map, over whatever
 //     transport UCX selects (UCX_TLS: tcp, shared memory, RDMA).
-//   - TODO(gpu): NCCL send/recv between two GPUs arrives with the CUDA backend (gpu/); it will be
-//     one more KvEndpoint whose regions are device memory.
+//   - NCCL between two GPUs (gpu/nccl_kv_channel.h, NcclKvChannel; builds with CUDA and NCCL
+//     only): NOT a KvEndpoint, because NCCL point-to-point is two-sided — the exporter posts
+//     send(src, bytes, importer_rank, deadline) and the importer the matching recv(dst, ...),
+//     after an actor message announced the export's size (no regions, no rkeys: the channel's
+//     group is formed up front through a RendezvousStore, model/communicator.h). Buffers are
+//     device memory (zero copy) or host memory (staged); today's Backend::kv_export_blocks
+//     writes host memory, so a device-side export is the missing piece for zero copy. Same
+//     failure contract as below (deadline, kUnavailable / kDeadlineExceeded, failed()).
+//     Compiles and skips without a GPU; untested on a GPU (tests/gpu/nccl_test.cpp).
 //
 // Failure contract (every implementation): a transfer ends by its deadline; a peer that dies or
 // stalls mid-transfer yields kUnavailable or kDeadlineExceeded for that request — never a hang or

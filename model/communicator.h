@@ -4,7 +4,8 @@
 // (model/transformer.h, Megatron-LM's split: Shoeybi et al. 2019); after each block's
 // row-parallel matmul every rank holds a partial sum of the residual update, and
 // `all_reduce_sum` turns the partials into the full sum on every rank. The CPU implementation
-// runs Gloo over loopback TCP (cpu/gloo_communicator.h); the CUDA one will run NCCL (gpu/).
+// runs Gloo over loopback TCP (cpu/gloo_communicator.h); the CUDA one runs NCCL
+// (gpu/nccl_communicator.h, CUDA builds only; compiles, untested on a GPU so far).
 //
 // Ranks find each other through a RendezvousStore: a small key-value store every rank can
 // reach (Gloo's rendezvous, NCCL's unique-id exchange). Implementations: InProcessStore below
@@ -85,7 +86,8 @@ class Communicator {
   /// Errors: kUnavailable / kDeadlineExceeded when a peer fails or times out; kInvalidArgument
   /// for n < 0.
   virtual Status all_reduce_sum(float* data, int64_t n) = 0;
-  /// Copies `bytes` bytes at `data` of rank `root` into `data` of every other rank (host memory).
+  /// Copies `bytes` bytes at `data` of rank `root` into `data` of every other rank (host memory;
+  /// the NCCL communicator also takes device memory).
   /// Errors: as all_reduce_sum; kInvalidArgument for a root outside the group.
   virtual Status broadcast(void* data, int64_t bytes, int root = 0) = 0;
   /// Returns when every rank has called barrier. Errors: as all_reduce_sum.

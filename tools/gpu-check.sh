@@ -5,7 +5,9 @@
 #   2. configure and build (Ninja, all cores) the CLI and the GPU tests; when the configure step
 #      fails for missing packages and apt works, install them with scripts/setup-deps.sh;
 #   3. `ctest -L gpu`: parity of every CudaBackend op and of whole models with the CPU
-#      reference, greedy identity, tree attention, KV export/import (JUnit XML + verbose log);
+#      reference, greedy identity, tree attention, KV export/import; the NCCL communicator and
+#      KV channel (tests/gpu/nccl_test.cpp: one GPU; its multi-GPU tests skip on a single-GPU
+#      machine) (JUnit XML + verbose log);
 #   4. decode tokens/s at batch 1, 8 and 32 for synthetic models shaped like Llama 3.2 1B and
 #      Llama 3.1 8B (random bf16 weights built in memory), with the achieved memory bandwidth
 #      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`;
@@ -160,8 +162,10 @@ if [ "$configured" != 1 ] || ! grep -q "CUDA backend ON" "$out"/configure*.log 2
   write_summary
   exit 4
 fi
-test_bin="test_gpu_cuda_backend_test"
-if ! stage build 240 ninja -C "$build" -j "$(nproc)" specserve "$test_bin"; then
+# Every tests/gpu/*_test.cpp binary (ctest -L gpu runs them all; one not built would be "Not Run").
+test_bins=()
+for src in "$here"/tests/gpu/*_test.cpp; do test_bins+=("test_gpu_$(basename "$src" .cpp)"); done
+if ! stage build 240 ninja -C "$build" -j "$(nproc)" specserve "${test_bins[@]}"; then
   log "build failed; see build.log"
   write_summary
   exit 4
