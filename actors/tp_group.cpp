@@ -3,6 +3,9 @@
 #include <utility>
 
 #include "cpu/gloo_communicator.h"
+#ifdef SPECSERVE_WITH_CUDA
+#include "gpu/nccl_communicator.h"
+#endif
 
 namespace specserve {
 
@@ -81,12 +84,25 @@ Expected<TpConnection> connect_tp_group(caf::actor_system& sys, const WorkerConf
   if (!group.ok()) return group.status();
   TpConnection c;
   c.group = std::move(*group);
-  GlooOptions go;
-  if (!cfg.tp_host.empty()) go.hostname = cfg.tp_host;
-  go.prefix = c.group.prefix;
-  // The group has formed: every rank is about to connect, so Gloo's default timeout (60 s, also
-  // the bound on one collective) applies, not the join's.
-  auto comm = make_gloo_communicator(cfg.rank, tp, std::make_shared<ActorRendezvousStore>(sys, cfg.scheduler), go);
+  auto store = std::make_shared<ActorRendezvousStore>(sys, cfg.scheduler);
+  Expected<std::unique_ptr<Communicator>> comm = unsupported("no communicator");
+  if (cfg.device.kind == DeviceKind::kCuda) {
+    // Device buffers: NCCL, its unique id exchanged through the same store (gpu/nccl_communicator.h).
+#ifdef SPECSERVE_WITH_CUDA
+    NcclOptions no;
+    no.prefix = c.group.prefix;
+    comm = make_nccl_communicator(cfg.rank, tp, cfg.device.index, store, no);
+#else
+    comm = unavailable("device " + cfg.device.to_string() + ": this specserve was built without the CUDA backend");
+#endif
+  } else {
+    GlooOptions go;
+    if (!cfg.tp_host.empty()) go.hostname = cfg.tp_host;
+    go.prefix = c.group.prefix;
+    // The group has formed: every rank is about to connect, so Gloo's default timeout (60 s, also
+    // the bound on one collective) applies, not the join's.
+    comm = make_gloo_communicator(cfg.rank, tp, store, go);
+  }
   if (!comm.ok()) {
     return Status(comm.status().code(), "replica " + std::to_string(cfg.replica) + " rank " + std::to_string(cfg.rank) +
                                             ": tensor-parallel communicator: " + comm.status().message());

@@ -10,9 +10,10 @@
 // How a group forms:
 //   1. every rank sends TpJoinMsg to the scheduler, which answers each once all N ranks of the
 //      replica joined (TpGroupMsg: a key prefix unique to this incarnation, every rank's actor);
-//   2. every rank connects its Gloo communicator through ActorRendezvousStore — a key-value
-//      store kept by the scheduler, reached with actor messages (so Gloo's, and later NCCL's,
-//      unique-id exchange travels through the actors and their cluster-token gate);
+//   2. every rank connects its communicator (Gloo on the CPU, NCCL on GPUs) through
+//      ActorRendezvousStore — a key-value store kept by the scheduler, reached with actor
+//      messages (so Gloo's addresses and NCCL's unique id travel through the actors and their
+//      cluster-token gate);
 //   3. every rank loads its shard; rank 0 drives the others with ActorTensorParallelPeers
 //      (TpCommand messages: create a KV store, run a forward batch, copy KV slots; only token
 //      ids and block tables travel — never activations).
@@ -65,11 +66,14 @@ Expected<TpGroupMsg> join_tp_group(caf::actor_system& sys, const caf::actor& sch
 /// A rank's place in its group once connected.
 struct TpConnection {
   TpGroupMsg group;                     ///< every rank's actor
-  std::unique_ptr<Communicator> comm;   ///< Gloo, over cfg.tp_host (loopback when empty)
+  /// Gloo over cfg.tp_host (loopback when empty) on the CPU; NCCL on cfg.device for cuda:N
+  /// (gpu/nccl_communicator.h; untested on a GPU so far).
+  std::unique_ptr<Communicator> comm;
 };
 
 /// Steps 1 and 2 above for the worker `cfg` (rank cfg.rank of cfg.replica, whose actor is
-/// `self`): joins the group, then connects the Gloo communicator through the scheduler's store.
+/// `self`): joins the group, then connects its communicator through the scheduler's store: Gloo
+/// when the worker's device is the CPU, NCCL (one GPU per rank) when it is cuda:N.
 /// Waits at most tp_join_timeout(cfg.topology) for the other ranks. Errors: those of
 /// join_tp_group and make_gloo_communicator (naming the replica and rank).
 Expected<TpConnection> connect_tp_group(caf::actor_system& sys, const WorkerConfig& cfg, const caf::actor& self);
