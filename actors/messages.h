@@ -599,7 +599,7 @@ using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
 using reclaim_atom = caf::atom_constant<caf::atom("reclaim")>;
 /// Target shard's fetch thread -> the shard (same process): (kv_fetched_atom, fetch serial): the
 /// KV of a migrated request has arrived in host memory, or its transfer failed
-/// (actors/target_shard.cpp).
+/// (actors/target_shard_migration.cpp).
 using kv_fetched_atom = caf::atom_constant<caf::atom("kvfetched")>;
 
 /// Tensor-parallel rendezvous store on the scheduler (actors/tp_group.h): (rdv_set_atom, key,
