@@ -40,19 +40,13 @@ using Self = caf::stateful_actor<DraftState>*;
 
 WorkerHello hello(Self self, const std::string& state, const std::string& error = "") {
   const auto& s = self->state;
-  WorkerHello h;
-  h.token = s.cfg.token;
-  h.node = s.cfg.node;
+  WorkerHello h = worker_hello(s.cfg, caf::actor_cast<caf::actor>(self), state, error);
   h.role = worker_role_name(WorkerRole::kDraftWorker);
-  h.replica = s.cfg.replica;
-  h.pid = static_cast<int32_t>(::getpid());
-  h.state = state;
-  h.error = error;
+  h.rank = 0;
   h.load_seconds = s.load_s;
   h.warmup_seconds = s.warmup_s;
   h.draft_host = s.host;
   h.draft_port = s.port;
-  h.self = caf::actor_cast<caf::actor>(self);
   return h;
 }
 

@@ -32,22 +32,13 @@ bool prefill_only(const ShardState& s) { return s.cfg.role == WorkerRole::kPrefi
 
 WorkerHello hello(Self self, const std::string& state, const std::string& error) {
   const auto& s = self->state;
-  WorkerHello h;
-  h.token = s.cfg.token;
-  h.node = s.cfg.node;
-  h.role = worker_role_name(s.cfg.role);
-  h.replica = s.cfg.replica;
-  h.rank = s.cfg.rank;
-  h.pid = static_cast<int32_t>(::getpid());
-  h.state = state;
-  h.error = error;
+  WorkerHello h = worker_hello(s.cfg, caf::actor_cast<caf::actor>(self), state, error);
   h.load_seconds = s.load_s;
   h.warmup_seconds = s.warmup_s;
   h.total_kv_blocks = static_cast<int32_t>(s.engine_options.num_kv_blocks);
   h.block_size = s.engine_options.block_size;
   h.max_num_seqs = s.engine_options.max_num_seqs;
   h.max_model_len = s.engine ? s.engine->options().max_model_len : 0;
-  h.self = caf::actor_cast<caf::actor>(self);
   h.kv_address = s.plane ? s.plane->address() : "";
   h.prefill_only = prefill_only(s);
   return h;

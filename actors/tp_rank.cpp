@@ -33,17 +33,9 @@ using Self = caf::stateful_actor<TpRankState>*;
 
 WorkerHello hello(Self self, const std::string& state, const std::string& error = "") {
   const auto& s = self->state;
-  WorkerHello h;
-  h.token = s.cfg.token;
-  h.node = s.cfg.node;
+  WorkerHello h = worker_hello(s.cfg, caf::actor_cast<caf::actor>(self), state, error);
   h.role = worker_role_name(WorkerRole::kTargetShard);
-  h.replica = s.cfg.replica;
-  h.rank = s.cfg.rank;
-  h.pid = static_cast<int32_t>(::getpid());
-  h.state = state;
-  h.error = error;
   h.load_seconds = s.load_s;
-  h.self = caf::actor_cast<caf::actor>(self);
   return h;
 }
 

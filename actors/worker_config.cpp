@@ -1,6 +1,22 @@
 #include "actors/worker_config.h"
 
+#include <unistd.h>
+
 namespace specserve {
+
+WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error) {
+  WorkerHello h;
+  h.token = cfg.token;
+  h.node = cfg.node;
+  h.role = worker_role_name(cfg.role);
+  h.replica = cfg.replica;
+  h.rank = cfg.rank;
+  h.pid = static_cast<int32_t>(::getpid());
+  h.state = state;
+  h.error = error;
+  h.self = self;
+  return h;
+}
 
 Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig& m) {
   EngineOptions o;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "actors/messages.h"
 #include "config/topology.h"
 #include "spec/engine.h"
 
@@ -33,6 +34,11 @@ struct WorkerConfig {
   /// device binds and publishes to the other ranks — the node's host. Empty: loopback.
   std::string tp_host;
 };
+
+/// The part of a worker's registration every worker kind fills the same way: the cluster token,
+/// node, role (cfg.role), replica, rank, this process's pid, `state` ("loading", "warming",
+/// "ready", "failed"), `error` and `self`. The caller adds its kind's fields.
+WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error);
 
 /// The engine limits a topology asks for, with the KV cache sized from
 /// scheduler.kv_cache_bytes for `model` (K and V, fp32, every layer). Errors name the field:

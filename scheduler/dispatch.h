@@ -32,7 +32,7 @@
 //      assignments; ties: fewest requests (num_assigned + planned), then the lowest replica id.
 //      NOTE: without the first key a replica with a full batch but a large cache took requests
 //      that would wait there while a replica with a smaller cache idled (a promoted replica
-//      handed requests back by a busy one got them sent back: actors/scheduler.cpp rebalance).
+//      handed requests back by a busy one got them sent back: actors/scheduler_dispatch.cpp rebalance).
 //   6. Hand-backs: a request with avoid_replica set (a busy replica handed it back to even out
 //      the load: scheduler/rebalance.h) goes to any other replica it fits before that one; it
 //      goes back there only when it fits nowhere else now.

@@ -1,5 +1,5 @@
 // A target shard's KV fetch of a migrated sequence runs off its step loop
-// (actors/target_shard.cpp, actors/kv_data_plane.h: start_fetch / KvFetch::run / finish_fetch):
+// (actors/target_shard_migration.cpp, actors/kv_data_plane.h: start_fetch / KvFetch::run / finish_fetch):
 // while fetches from a stalled peer wait for their deadline (a second one arriving meanwhile, which
 // needs the UCX agent that the first transfer is using), the shard's other sequences keep
 // producing tokens; after the deadline the migrated sequences recompute their KV and finish, and
