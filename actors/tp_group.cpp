@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "cpu/gloo_communicator.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "gpu/nccl_communicator.h"
 #endif
@@ -71,8 +73,22 @@ std::chrono::milliseconds tp_join_timeout(const Topology& topology) {
   return std::chrono::milliseconds(static_cast<int64_t>(topology.autoscale.start_timeout_s * 1000));
 }
 
+Status check_tensor_parallel_size(const Topology& t) {
+  const int32_t tp = t.models.target.tensor_parallel_size;
+  if (tp == 1) return Status();
+  const std::string field = "models.target.tensor_parallel_size";
+  auto f = GgufFile::open(t.models.target.path);
+  if (!f.ok()) return Status(f.status().code(), t.where("models.target.path") + ": models.target.path: " + f.status().message());
+  auto c = ModelConfig::from_gguf(*f);
+  if (!c.ok()) return Status(c.status().code(), t.where("models.target.path") + ": models.target.path: " + c.status().message());
+  auto shard = tensor_parallel_shard(*c, 0, tp);
+  if (!shard.ok()) return invalid_argument(t.where(field) + ": " + field + ": " + shard.status().message());
+  return Status();
+}
+
 Expected<TpConnection> connect_tp_group(caf::actor_system& sys, const WorkerConfig& cfg, const caf::actor& self) {
   const int32_t tp = cfg.topology.models.target.tensor_parallel_size;
+  SPECSERVE_RETURN_IF_ERROR(check_tensor_parallel_size(cfg.topology));
   const auto timeout = tp_join_timeout(cfg.topology);
   TpJoinMsg join;
   join.token = cfg.token;
@@ -193,6 +209,20 @@ Status ActorTensorParallelPeers::finish_forward() {
   in_flight_ = 0;
   if (serial == 0) return internal_error("finish_forward without start_forward");
   return wait_all(serial, timeout_);
+}
+
+Status ActorTensorParallelPeers::finish_forward_after_failure(const Status& own) {
+  if (!broken_.ok()) return broken_;
+  const int64_t serial = in_flight_;
+  in_flight_ = 0;
+  if (serial == 0) return internal_error("finish_forward without start_forward");
+  Status st = wait_all(serial, std::min(timeout_, std::chrono::milliseconds(2000)));
+  // Rank 0's own collective failed (Gloo / NCCL answer kUnavailable or kDeadlineExceeded):
+  // whatever the followers answered, the group is unusable. Other errors (a batch every rank
+  // refuses before its first collective) leave it as the followers' answers say.
+  const bool comm = own.code() == StatusCode::kUnavailable || own.code() == StatusCode::kDeadlineExceeded;
+  if (broken_.ok() && comm) broken_ = Status(own.code(), "tensor parallel rank 0: " + own.message());
+  return st;
 }
 
 Status ActorTensorParallelPeers::kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) {

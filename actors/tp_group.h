@@ -78,6 +78,14 @@ struct TpConnection {
 /// join_tp_group and make_gloo_communicator (naming the replica and rank).
 Expected<TpConnection> connect_tp_group(caf::actor_system& sys, const WorkerConfig& cfg, const caf::actor& self);
 
+/// Whether the target model splits over models.target.tensor_parallel_size ranks (reads the
+/// GGUF header only): checked before any rank joins or connects, so an impossible size fails at
+/// once on every rank (and in `serve` / `up` before anything starts) instead of leaving ranks
+/// waiting for peers. OK for tensor_parallel_size 1. Errors: kInvalidArgument naming the field
+/// (where it was given) and the value, e.g. more ranks than the model's kv heads; those of
+/// opening the model, naming models.target.path.
+Status check_tensor_parallel_size(const Topology& topology);
+
 /// How long a rank waits for the other ranks of its group: the topology's
 /// autoscale.start_timeout_s (default 300 s; also without an autoscale section).
 std::chrono::milliseconds tp_join_timeout(const Topology& topology);
@@ -100,6 +108,9 @@ class ActorTensorParallelPeers final : public TensorParallelPeers {
   Status create_kv(int32_t kv_id, int64_t num_blocks, int64_t block_size, int64_t num_layers) override;
   void start_forward(int32_t kv_id, const ForwardBatch& batch) override;
   Status finish_forward() override;
+  /// Waits at most 2 s for the followers' answers, then the group is broken (a follower whose
+  /// process died answers never, and its down message may not reach this process at all).
+  Status finish_forward_after_failure(const Status& own) override;
   Status kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) override;
 
   /// A command failed, timed out or a follower went down.

@@ -20,6 +20,7 @@
 #include "actors/messages.h"
 #include "actors/runtime.h"
 #include "actors/target_shard.h"
+#include "actors/tp_group.h"
 #include "actors/tp_rank.h"
 #include "cluster/process.h"
 #include "core/logging.h"
@@ -250,7 +251,9 @@ void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s,
   if (!st.ok()) std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
   if (front_end) front_end->reset();
   head.stop();
-  if (children) stop_children(children, 10.0);
+  // NOTE: longer than a node gives its workers (10 s), so a node is never killed before it has
+  // stopped its workers (which would orphan a worker still finishing a step).
+  if (children) stop_children(children, 15.0);
   std::fprintf(stderr, "specserve: stopped\n");
 }
 
@@ -263,6 +266,7 @@ int run_up(const UpOptions& o) {
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
   Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("up", ports);
+  if (Status tp = check_tensor_parallel_size(*topo); !tp.ok()) return fail("up", tp);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
@@ -502,6 +506,7 @@ int run_worker(const WorkerOptions& o) {
 int run_serve(const ServeOptions& o) {
   install_stop_signals();
   const Topology& t = o.topology;
+  if (Status tp = check_tensor_parallel_size(t); !tp.ok()) return fail("serve", tp);
   Status ports = check_ports_free(t, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("serve", ports);
   auto token = ensure_cluster_token(t.cluster.token_file);

@@ -135,6 +135,7 @@ class TopologyParser {
   Topology topo_;
   std::vector<Finding> findings_;
   std::set<std::string> explicit_;  // field paths set in the file (not defaults)
+  bool tp_invalid_ = false;          // models.target.tensor_parallel_size given but refused (its error is recorded)
 
   friend class Fields;
 };

@@ -272,6 +272,8 @@ void TopologyParser::parse_target(const YAML::Node& n) {
   if (auto p = read_model_path(f, "path", true)) topo_.models.target.path = *p;
   if (auto tp = read_int(f, "tensor_parallel_size", 1, 1024, false)) {
     topo_.models.target.tensor_parallel_size = static_cast<int32_t>(*tp);
+  } else if (f.get("tensor_parallel_size")) {
+    tp_invalid_ = true;  // the workers' ranks are then not checked against it (one error, not two)
   }
   if (auto m = read_int(f, "max_model_len", 1, INT32_MAX, false)) {
     topo_.models.target.max_model_len = static_cast<int32_t>(*m);
@@ -310,6 +312,12 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
     s.disable_by_batch_size = static_cast<int32_t>(*d);
   }
   if (auto d = read_int(f, "draft_tensor_parallel_size", 1, 1024, false)) {
+    // As vLLM's flag; a draft worker runs its model unsplit (the CLI's --speculative-config
+    // refuses other values too).
+    if (*d != 1) {
+      error(*f.get("draft_tensor_parallel_size"), f.path("draft_tensor_parallel_size"),
+            quote(std::to_string(*d)) + ": only 1 is supported (the draft model is not split)");
+    }
     s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
   }
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
@@ -501,7 +509,7 @@ void TopologyParser::parse_worker(const YAML::Node& n, const std::string& path, 
 
   const int32_t tp = topo_.models.target.tensor_parallel_size;
   if (w->role == WorkerRole::kTargetShard) {
-    if (auto r = read_int(f, "rank", 0, tp - 1, false)) {
+    if (auto r = read_int(f, "rank", 0, tp_invalid_ ? 1023 : tp - 1, false)) {
       w->rank = static_cast<int32_t>(*r);
     } else if (!f.get("rank") && tp > 1) {
       missing(f, "rank", "models.target.tensor_parallel_size is " + std::to_string(tp) +

@@ -94,7 +94,7 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
                  " target_shard workers (ranks 0.." + std::to_string(tp - 1) + ")");
   }
   for (const auto& [replica, ranks] : shards) {
-    if (static_cast<int32_t>(ranks.size()) == tp) continue;
+    if (tp_invalid_ || static_cast<int32_t>(ranks.size()) == tp) continue;  // a refused size: its own error
     std::string have, lack;
     for (const auto& [r, p] : ranks) have += (have.empty() ? "" : ", ") + std::to_string(r);
     for (int32_t r = 0; r < tp; ++r) {

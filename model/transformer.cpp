@@ -178,7 +178,7 @@ Status Transformer::forward(const ForwardBatch& batch, KvStorage& kv, ForwardOut
   // batch fails on every rank before the first all-reduce and no rank is left waiting.
   peers_->start_forward(*id, batch);
   Status own = forward_local(batch, kv, out);
-  Status theirs = peers_->finish_forward();
+  Status theirs = own.ok() ? peers_->finish_forward() : peers_->finish_forward_after_failure(own);
   if (!own.ok()) return own;
   return theirs;
 }

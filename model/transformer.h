@@ -117,6 +117,14 @@ class TensorParallelPeers {
   virtual void start_forward(int32_t kv_id, const ForwardBatch& batch) = 0;
   /// Waits for the forward started last. Errors: the first failing rank's, naming the rank.
   virtual Status finish_forward() = 0;
+  /// As finish_forward, after rank 0's own part failed with `own` (a collective broke: a peer
+  /// died or stalled). Peers whose answer cannot come (a dead process) must not hold rank 0 for
+  /// the whole command timeout: implementations may wait briefly and give up. Default:
+  /// finish_forward().
+  virtual Status finish_forward_after_failure(const Status& own) {
+    (void)own;
+    return finish_forward();
+  }
   /// Every other rank runs Backend::kv_copy_slots on its store `kv_id` (src, dst: n host slots).
   virtual Status kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) = 0;
 };

@@ -111,6 +111,7 @@ const BadCase kBadCases[] = {
   {"missing_target", "  target: {tensor_parallel_size: 1, path: MODEL}", "  # no target\n  x: {path: MODEL}", {"t.yaml:5:3:", "models.x", "'x'"}},
   {"missing_target_only", "  target: {tensor_parallel_size: 1, path: MODEL}", "  # no target", {"t.yaml:5:3:", "models.target", "missing required field"}},
   {"gpu_given_twice", "device: cpu}", "device: cuda:0}", {"t.yaml:12:38:", "nodes[0].workers[1].device", "'cuda:0'", "nodes[0].workers[0]"}},
+  {"draft_tp_two", "prompt_lookup_max: 5}", "prompt_lookup_max: 5, draft_tensor_parallel_size: 2}", {"t.yaml:5:131:", "models.speculative.draft_tensor_parallel_size", "'2'", "only 1 is supported"}},
   {"tp_more_than_shards", "tensor_parallel_size: 1", "tensor_parallel_size: 2", {"t.yaml:4:34:", "models.target.tensor_parallel_size", "'2'", "missing rank(s) 1"}},
   {"rank_taken_twice", "{role: draft_worker, device: cpu}", "{role: target_shard, rank: 0, device: cpu}", {"t.yaml:12:36:", "nodes[0].workers[1].rank", "'0'", "nodes[0].workers[0]"}},
   {"rank_past_tp", "rank: 0", "rank: 1", {"t.yaml:11:36:", "nodes[0].workers[0].rank", "'1'", "0..0"}},
@@ -330,6 +331,23 @@ nodes:
   EXPECT_NE(prefill.status().message().find("nodes[0].workers[4].role"), std::string::npos) << prefill.status().message();
   EXPECT_NE(prefill.status().message().find("needs models.target.tensor_parallel_size 1 (it is '2')"), std::string::npos)
       << prefill.status().message();
+}
+
+TEST(Topology, ABadTensorParallelSizeIsOneErrorNotAlsoTheRanks) {
+  const std::string y = R"(models:
+  target: {path: MODEL, tensor_parallel_size: two}
+nodes:
+  - name: n
+    workers:
+      - {role: target_shard, rank: 0}
+      - {role: target_shard, rank: 1}
+)";
+  auto t = parse(y);
+  ASSERT_FALSE(t.ok());
+  const std::string m = t.status().message();
+  EXPECT_NE(m.find("models.target.tensor_parallel_size"), std::string::npos) << m;
+  EXPECT_NE(m.find("'two'"), std::string::npos) << m;
+  EXPECT_EQ(m.find("rank"), std::string::npos) << "a second, misleading error about the ranks: " << m;
 }
 
 // ---------------------------------------------------------------- example files

@@ -248,8 +248,9 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
 
 // A tensor-parallel replica whose two ranks are worker processes of two nodes (actors/tp_group.h):
 // they join through the head, connect Gloo through its rendezvous store, and serve greedy
-// requests identical to the target alone; killing either rank's process stops the other (the
-// head stops the rest of the group) instead of leaving the replica half alive.
+// requests identical to the target alone; killing either rank's process in the middle of a
+// generation stops the other within seconds (the head stops the rest of the group; rank 0 does not
+// wait a command timeout for a dead rank's answer) instead of leaving the replica half alive.
 class ClusterTensorParallel : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(ClusterTensorParallel, RanksInTwoProcessesServeIdenticalOutputAndDieTogether) {
@@ -285,13 +286,28 @@ TEST_P(ClusterTensorParallel, RanksInTwoProcessesServeIdenticalOutputAndDieToget
     ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
     EXPECT_EQ(r->tokens, expected[i]) << "request " << i;
   }
+  // Kill one rank in the middle of a long generation: the other is inside a forward pass then,
+  // waiting in a collective or for the dead rank's answer.
+  auto long_request = c->submit(greedy(prompts[0], 400));
+  ASSERT_TRUE(long_request.ok()) << long_request.status().to_string();
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    auto now = c->status();
+    if (now.ok() && !now->replicas.empty() && now->replicas[0].load.generated_tokens >= 2 * kTokens + 8) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   const int32_t other = 1 - killed;
   ASSERT_EQ(::kill(pid_of_rank[killed], SIGKILL), 0);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const auto end = killed_at + std::chrono::seconds(30);
   while (alive(pid_of_rank[other]) && std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_FALSE(alive(pid_of_rank[other])) << "rank " << other << " kept running without rank " << killed;
+  // Within a few seconds, not after a command timeout (a dead process never answers).
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(15));
+  auto lost = (*long_request)->wait();
+  EXPECT_FALSE(lost.ok()) << "the only replica died: the request cannot finish";
   auto after = c->status();
   ASSERT_TRUE(after.ok());
   ASSERT_EQ(after->replicas.size(), 1u);

@@ -526,7 +526,7 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
                     "Split the target over N ranks (attention heads and MLP columns; Gloo all-reduce over loopback), "
                     "each an actor with its own CPU threads; 1 <= N <= the model's kv heads (default 1)")
-        ->check(CLI::Range(1, 64));
+        ->check(CLI::Range(1, 1024));
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);
