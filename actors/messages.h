@@ -383,6 +383,7 @@ struct ClusterStatus {
   int64_t migrated = 0;              ///< sequences moved to another replica with their state
   int64_t kv_migrated_tokens = 0;    ///< tokens whose KV arrived with them (not recomputed)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
+  int32_t tensor_parallel_size = 1;  ///< ranks per replica (models.target.tensor_parallel_size)
 };
 
 /// A tensor-parallel rank of a replica's target model asks the scheduler for its group (sent as a
@@ -568,7 +569,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
            x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.autoscale, x.migrated, x.kv_migrated_tokens,
-           x.kv_recomputed_tokens);
+           x.kv_recomputed_tokens, x.tensor_parallel_size);
 }
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----

@@ -110,6 +110,10 @@ Status load_and_warm(Self self) {
   if (plane.ok()) {
     s.plane = std::move(*plane);
     s.kv_format = kv_export_format(s.engine->kv_storage(), model_fingerprint(*s.model.file));
+  } else if (tp > 1) {
+    // Expected, not a fault: the replica's KV is split over its ranks.
+    get_logger("actors")->info("replica {}: tensor-parallel ({} ranks): sequences moving to or from it recompute their KV "
+                               "(no KV transfer of blocks split over ranks)", s.cfg.replica, tp);
   } else {
     get_logger("actors")->warn("replica {}: no KV data plane ({}); sequences that migrate here recompute their KV",
                                s.cfg.replica, plane.status().to_string());

@@ -544,6 +544,8 @@ int run_serve(const ServeOptions& o) {
   if (tp > 1) {
     const int32_t cores = o.threads > 0 ? o.threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     wc.threads = std::max(1, cores / tp);
+    get_logger("cluster")->info("serve: {} tensor-parallel ranks as actors of this process, {} CPU thread(s) each", tp,
+                                wc.threads);
     for (int32_t r = 1; r < tp; ++r) {
       WorkerConfig follower = wc;
       follower.rank = r;

@@ -63,6 +63,10 @@ ApiError error_from_chunk(const StreamChunk& c, ApiKind kind) {
     e.type = "invalid_request_error";
     e.param = kind == ApiKind::kChat ? "messages" : "prompt";
     e.code = "context_length_exceeded";
+  } else if (c.error.rfind("no replica is left", 0) == 0) {
+    // Every target shard is down: the service, not the request, is at fault (as /health says).
+    e.http_status = 503;
+    e.type = "service_unavailable";
   }
   return e;
 }

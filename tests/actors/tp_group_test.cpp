@@ -178,6 +178,7 @@ TEST(TpActors, TwoRanksServeGreedyIdenticalToTheTargetAlone) {
   int ranks_ready = 0;
   for (const auto& w : st->workers) ranks_ready += (w.role == "target_shard" && w.state == "ready") ? 1 : 0;
   EXPECT_EQ(ranks_ready, 2);  // rank 1 registers too (shown in `specserve status`)
+  EXPECT_EQ(st->tensor_parallel_size, 2);
   ASSERT_EQ(st->replicas.size(), 1u);
   auto ps = prompts(c.head());
   std::vector<std::shared_ptr<RequestHandle>> hs;

@@ -425,6 +425,13 @@ TEST_F(HttpServerTest, PromptTooLongFromTheClusterIs413) {
   r = c.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 500) << r->body;
+  // Every target shard down (review of the tensor-parallel serving): the service is unavailable,
+  // as /health says, not an internal error.
+  fc_->fail_with = "no replica is left: every target shard is down and none can be started";
+  r = c.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "service_unavailable");
 }
 
 TEST_F(HttpServerTest, WrongMethodIs405WithAllow) {
