@@ -157,7 +157,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     auto it = s.workers.find(m.source);
     if (it == s.workers.end()) return;
     const WorkerHello h = it->second.hello;
-    if (it->second.hello.state != "failed") it->second.hello.state = "down";  // kept for `status`
+    if (it->second.hello.state != "failed") {
+      it->second.hello.state = "down";  // kept for `status`, with why (a failed one keeps its own error)
+      if (m.reason != caf::exit_reason::normal) it->second.hello.error = "went down: " + self->system().render(m.reason);
+    }
     get_logger("actors")->warn("worker {} {} of replica {} (node {}, pid {}) is down: {}", h.role, h.rank, h.replica, h.node,
                                h.pid, self->system().render(m.reason));
     auto& r = s.replicas[h.replica];

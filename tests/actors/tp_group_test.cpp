@@ -259,6 +259,15 @@ TEST(TpActors, AFollowerDyingStopsItsReplicaAndTheRequestFinishesOnAnother) {
   for (const auto& rep : st->replicas) {
     if (rep.replica == victim) EXPECT_FALSE(rep.ready) << "the broken replica still routed";
   }
+  bool shown = false;  // `specserve status` says which rank went down and why
+  for (const auto& w : st->workers) {
+    if (w.replica == victim && w.rank == 1) {
+      EXPECT_EQ(w.state, "down");
+      EXPECT_NE(w.error.find("kill"), std::string::npos) << w.error;
+      shown = true;
+    }
+  }
+  EXPECT_TRUE(shown);
 }
 
 }  // namespace
