@@ -264,6 +264,15 @@ struct Promotion {
   std::unique_ptr<Head> head;
   std::unique_ptr<Client> client;
   std::vector<caf::actor> shards;  // replica 0's, replica 1's
+  /// Submits `n` requests of `max_tokens` tokens (request()) and appends their handles to `hs`
+  /// (keep them: a dropped handle cancels its request). Fails the test on a refused submit.
+  void submit(int n, int32_t max_tokens, std::vector<std::shared_ptr<RequestHandle>>* hs) {
+    for (int i = 0; i < n; ++i) {
+      auto h = client->submit(request(max_tokens));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      hs->push_back(*h);
+    }
+  }
   void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0,
              int32_t replica0_max_num_seqs = 1, bool rebalance_running = true, bool replica0_keeps_running = false) {
     Topology t = make_topology(2, /*drafts=*/false);

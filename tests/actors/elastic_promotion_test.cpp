@@ -20,11 +20,7 @@ TEST(ElasticPromotion, PromotedReplicaTakesRequestsWaitingInABusyEngine) {
   ASSERT_NO_FATAL_FAILURE(p.start(64));
   // 3 requests: replica 0 runs one and holds two waiting; nothing stays queued at the head.
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 3; ++i) {
-    auto h = p.client->submit(request(10));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 10, &hs));
   // 3 ongoing want 2 replicas: replica 1 is promoted, replica 0 hands one waiting request back,
   // and it runs on replica 1 (one batch slot there; the other waiting one stays in line).
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work ") == 1; })) << p.rec.dump();
@@ -71,11 +67,7 @@ TEST(ElasticPromotion, PromotedReplicaTakesRunningSequencesFromABusyReplica) {
     Promotion p;
     ASSERT_NO_FATAL_FAILURE(p.start(64, /*replica1_max_num_seqs=*/16, /*upscale_delay_s=*/0.3, /*replica0_max_num_seqs=*/16, on));
     std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int i = 0; i < 8; ++i) {
-      auto h = p.client->submit(request(10));
-      ASSERT_TRUE(h.ok()) << h.status().to_string();
-      hs.push_back(*h);
-    }
+    ASSERT_NO_FATAL_FAILURE(p.submit(8, 10, &hs));
     ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: work ") == 8; })) << p.rec.dump();
     EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work "), 0) << "the burst was admitted before the promotion";
     ASSERT_TRUE(until(5, [&] {
@@ -106,11 +98,7 @@ TEST(ElasticPromotion, HandBackThatGaveNothingIsNotAskedEveryTick) {
   ASSERT_NO_FATAL_FAILURE(p.start(64, 16, /*upscale_delay_s=*/0.3, /*replica0_max_num_seqs=*/16, true,
                                   /*replica0_keeps_running=*/true));
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 8; ++i) {
-    auto h = p.client->submit(request(10));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(8, 10, &hs));
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; })) << p.rec.dump();
   const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
@@ -126,11 +114,7 @@ TEST(ElasticPromotion, HandedBackRequestThatFitsNowhereElseDoesNotPingPong) {
   ASSERT_NO_FATAL_FAILURE(p.start(1));
   std::vector<std::shared_ptr<RequestHandle>> hs;  // kept: a dropped handle cancels its request
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 3; ++i) {
-    auto h = p.client->submit(request(40));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 40, &hs));
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
       << p.rec.dump() << describe(p.client->status());
   // The handed-back request can only go back to replica 0: replica 0 is not asked again for a
@@ -154,11 +138,7 @@ TEST(ElasticPromotion, FirstTokenOnThePromotedReplicaCountsForAMovedRequestToo) 
   // Two requests on replica 0 (one slot): the first runs and streams a token, the second waits.
   // Two ongoing requests want one replica: no promotion yet.
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 2; ++i) {
-    auto h = p.client->submit(request(10));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(2, 10, &hs));
   auto c = hs[0]->next(std::chrono::seconds(5));
   ASSERT_TRUE(c.has_value() && c->tokens == std::vector<int32_t>{42}) << p.rec.dump();
   EXPECT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
@@ -193,11 +173,7 @@ TEST(ElasticPromotion, PromotionWithNoWaitingWorkIsNotMeasured) {
   // Replica 1's cache holds 2 blocks of 16 tokens: the burst's 40-token requests never fit there.
   ASSERT_NO_FATAL_FAILURE(p.start(2));
   std::vector<std::shared_ptr<RequestHandle>> hs;  // kept: a dropped handle cancels its request
-  for (int i = 0; i < 3; ++i) {
-    auto h = p.client->submit(request(40));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 40, &hs));
   // Replica 1 is promoted; the request replica 0 hands back can only go back there.
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
       << p.rec.dump() << describe(p.client->status());
@@ -229,11 +205,7 @@ TEST(ElasticPromotion, PromotionEndsUnmeasuredWhenTheReplicaLeavesReady) {
   Promotion p;
   ASSERT_NO_FATAL_FAILURE(p.start(2));  // the burst's 40-token requests never fit on replica 1
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 3; ++i) {
-    auto h = p.client->submit(request(40));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 40, &hs));
   ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: reclaim") >= 1; }))
       << p.rec.dump() << describe(p.client->status());
   auto st = p.client->status();
@@ -255,11 +227,7 @@ TEST(ElasticPromotion, NoPromotionWhileTheClusterDrains) {
   Promotion p;
   ASSERT_NO_FATAL_FAILURE(p.start(64, 1, /*upscale_delay_s=*/0.5));
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 3; ++i) {  // 3 ongoing want 2 replicas, after the upscale delay
-    auto h = p.client->submit(request(10));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    hs.push_back(*h);
-  }
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 10, &hs));  // 3 ongoing want 2 replicas, after the upscale delay
   std::thread drain([&] { (void)p.head->drain(std::chrono::milliseconds(2000)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   auto st = p.client->status();
