@@ -149,6 +149,20 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   }
   EXPECT_GE(checked, N / 3);
   EXPECT_GE(agree, checked * 95 / 100) << agree << "/" << checked;
+
+  // check_every 1 computes every continuation row's logits: the same files, more rows checked.
+  DumpHiddenOptions all = o;
+  all.out_dir = (dir / "all").string();
+  all.check_every = 1;
+  all.write_weights = false;
+  auto sum_all = dump_hidden(*lm, all);
+  ASSERT_TRUE(sum_all.ok()) << sum_all.status().to_string();
+  EXPECT_EQ(sum_all->num_argmax_mismatches, 0);
+  EXPECT_EQ(sum_all->num_argmax_checked, sum_all->num_generated);
+  EXPECT_LT(sum->num_argmax_checked, sum_all->num_argmax_checked);
+  EXPECT_GE(sum->num_argmax_checked, 3);  // at least the first continuation row of each sequence
+  EXPECT_EQ(load<int32_t>((dir / "all" / "argmax.npy").string(), "<i4", &shape), argmax);
+  EXPECT_EQ(load<uint16_t>((dir / "all" / "hidden.npy").string(), "<f2", &shape), hidden);
   std::filesystem::remove_all(dir);
 }
 

@@ -59,10 +59,11 @@ int run_dump_hidden(const DumpArgs& a) {
     return 1;
   }
   std::fprintf(stderr,
-               "[dump-hidden] %lld sequences, %lld positions (%lld generated), argmax mismatches %lld; "
+               "[dump-hidden] %lld sequences, %lld positions (%lld generated), argmax mismatches %lld of %lld checked; "
                "generate %.1f s, forward %.1f s; fingerprint %s -> %s\n",
                static_cast<long long>(sum->num_sequences), static_cast<long long>(sum->num_positions),
                static_cast<long long>(sum->num_generated), static_cast<long long>(sum->num_argmax_mismatches),
+               static_cast<long long>(sum->num_argmax_checked),
                sum->generate_seconds, sum->forward_seconds, sum->target_fingerprint.c_str(), a.opts.out_dir.c_str());
   return 0;
 }
@@ -89,6 +90,10 @@ void add_dump_hidden(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--forward-tokens", args->opts.forward_tokens,
                   "Rows per teacher-forced forward pass (logits memory: rows x vocab x 4 bytes)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--check-every", args->opts.check_every,
+                  "Continuation rows take their argmax from the generated token; every Nth is computed and "
+                  "compared (1: all rows, slowest)")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_flag("--no-weights", [args](int64_t) { args->opts.write_weights = false; },
                 "Do not write head.npy / embed.npy (the dequantized output head and embedding)");

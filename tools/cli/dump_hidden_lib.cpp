@@ -33,6 +33,14 @@ struct DumpSeq {
   std::string finish;
 };
 
+/// Whether teacher-forced row r of `s` needs its logits: a prompt row (its argmax is not known),
+/// the last row, and every check_every-th continuation row (see DumpHiddenOptions::check_every).
+bool needs_logits(const DumpSeq& s, int32_t r, int32_t check_every) {
+  const int32_t n = static_cast<int32_t>(s.tokens.size());
+  if (r < s.prompt_length - 1 || r == n - 1) return true;
+  return (r - (s.prompt_length - 1)) % check_every == 0;
+}
+
 Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOptions& o, int64_t* num_skipped) {
   std::ifstream in(o.prompts_path);
   if (!in) return not_found("dump-hidden: cannot open prompt file " + o.prompts_path);
@@ -264,8 +272,10 @@ Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t
 }
 
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
-  if (o.max_new_tokens < 1 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.forward_tokens < 1 || o.max_prompts < 0)
-    return invalid_argument("dump-hidden: max_new_tokens, max_num_seqs, max_prompt_tokens, forward_tokens must be >= 1");
+  if (o.max_new_tokens < 1 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.forward_tokens < 1 ||
+      o.check_every < 1 || o.max_prompts < 0)
+    return invalid_argument(
+        "dump-hidden: max_new_tokens, max_num_seqs, max_prompt_tokens, forward_tokens, check_every must be >= 1");
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return internal_error("dump-hidden: cannot create " + o.out_dir + ": " + ec.message());
@@ -319,8 +329,10 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
       in.tokens = seqs[i].tokens;
       const int32_t n = static_cast<int32_t>(in.tokens.size());
       for (int32_t b = 0; b < (n + bs - 1) / bs; ++b) in.block_table.push_back(next_block++);
-      in.logit_rows.resize(static_cast<size_t>(n));
-      for (int32_t r = 0; r < n; ++r) in.logit_rows[static_cast<size_t>(r)] = r;
+      in.hidden_rows.resize(static_cast<size_t>(n));
+      for (int32_t r = 0; r < n; ++r) in.hidden_rows[static_cast<size_t>(r)] = r;
+      for (int32_t r = 0; r < n; ++r)
+        if (needs_logits(seqs[i], r, o.check_every)) in.logit_rows.push_back(r);
       rows += n;
       members.push_back(i++);
       batch.seqs.push_back(std::move(in));
@@ -329,17 +341,24 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
     if (static_cast<int64_t>(out.hidden.size()) != rows * d) return internal_error("dump-hidden: forward returned no hidden rows");
     for (size_t m = 0; m < members.size(); ++m) {
       const DumpSeq& s = seqs[members[m]];
+      int64_t logit_row = out.seq_row_offset[m];
       for (size_t r = 0; r < s.tokens.size(); ++r) {
-        const int64_t row = out.seq_row_offset[m] + static_cast<int64_t>(r);
+        const int32_t ri = static_cast<int32_t>(r);
         const int64_t dst = offsets[members[m]] + static_cast<int64_t>(r);
-        const float* lg = out.logits.data() + row * V;
-        argmax[static_cast<size_t>(dst)] = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
-        const float* h = out.hidden.data() + row * d;
+        const bool continuation = ri >= s.prompt_length - 1 && r + 1 < s.tokens.size();
+        if (needs_logits(s, ri, o.check_every)) {
+          const float* lg = out.logits.data() + logit_row++ * V;
+          argmax[static_cast<size_t>(dst)] = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
+          // Continuation tokens were generated greedily: the teacher-forced argmax must agree.
+          if (continuation) {
+            ++sum.num_argmax_checked;
+            if (argmax[static_cast<size_t>(dst)] != s.tokens[r + 1]) ++sum.num_argmax_mismatches;
+          }
+        } else {
+          argmax[static_cast<size_t>(dst)] = s.tokens[r + 1];
+        }
+        const float* h = out.hidden_row(static_cast<int32_t>(m), ri);
         for (int64_t c = 0; c < d; ++c) hidden[static_cast<size_t>(dst * d + c)] = float_to_half(h[c]);
-        // Continuation tokens were generated greedily: the teacher-forced argmax must agree.
-        if (static_cast<int32_t>(r) >= s.prompt_length - 1 && r + 1 < s.tokens.size() &&
-            argmax[static_cast<size_t>(dst)] != s.tokens[r + 1])
-          ++sum.num_argmax_mismatches;
       }
     }
     if (progress && (seconds_since(last) > 0.5 || i == seqs.size())) {
@@ -382,6 +401,8 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   idx["num_generated"] = sum.num_generated;
   idx["num_prompts_skipped"] = skipped;
   idx["num_argmax_mismatches"] = sum.num_argmax_mismatches;
+  idx["num_argmax_checked"] = sum.num_argmax_checked;
+  idx["check_every"] = o.check_every;
   idx["tied_output"] = cfg.tied_output;
   idx["eog_ids"] = std::vector<int32_t>(lm.tokenizer->eog_ids().begin(), lm.tokenizer->eog_ids().end());
   idx["target_config"] = {{"arch", cfg.arch},

@@ -37,6 +37,11 @@ struct DumpHiddenOptions {
   int32_t max_prompts = 0;          ///< 0: all lines of the file
   int32_t max_prompt_tokens = 384;  ///< longer prompts are cut to their last this many tokens
   int32_t forward_tokens = 1024;    ///< rows per teacher-forced forward pass (memory: rows * vocab * 4 B)
+  /// Continuation rows: their argmax is the token generated next (greedy), so the teacher-forced
+  /// pass computes logits only for prompt rows, the last row, and every `check_every`-th
+  /// continuation row, whose argmax is compared with the generated token (num_argmax_mismatches;
+  /// 1: every row, the slowest and most thorough). Logit rows cost a vocab x hidden GEMM each.
+  int32_t check_every = 8;
   bool write_weights = true;        ///< also write head.npy and embed.npy
 };
 
@@ -48,6 +53,7 @@ struct DumpHiddenSummary {
   /// Continuation positions whose teacher-forced argmax differs from the token generated next
   /// (0 when generation and teacher forcing agree, as batch invariance promises).
   int64_t num_argmax_mismatches = 0;
+  int64_t num_argmax_checked = 0;  ///< continuation positions whose argmax was computed and compared
   double generate_seconds = 0, forward_seconds = 0;
   std::string target_fingerprint;  ///< 16 hex digits of model_fingerprint() of the target
 };

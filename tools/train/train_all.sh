@@ -17,6 +17,9 @@
 #                       (default ~/.cache/specserve/train)
 #   --prompt-source S   sharegpt (default) or templates (make_prompts.py --source)
 #   --num-prompts N     prompts in the corpus (default 640)
+#   --extra-templates N also append N templated prompts (make_prompts.py --source templates; default 0),
+#                       for the task kinds Spec-Bench weighs more than ShareGPT does (translation,
+#                       summarisation, math, extraction)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
 #   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
 #   --eagle-init GGUF   start EAGLE from this exported head (train_eagle.py --init; default: random)
@@ -31,13 +34,14 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
 prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
-max_minutes=40 tag="$(date +%F)" eagle_extra=()
+extra_templates=0 max_minutes=40 tag="$(date +%F)" eagle_extra=()
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) work="$2"; shift 2 ;;
     --prompt-source) prompt_source="$2"; shift 2 ;;
     --num-prompts) num_prompts="$2"; shift 2 ;;
+    --extra-templates) extra_templates="$2"; shift 2 ;;
     --max-new-tokens) max_new="$2"; shift 2 ;;
     --medusa-epochs) medusa_epochs="$2"; shift 2 ;;
     --eagle-epochs) eagle_epochs="$2"; shift 2 ;;
@@ -68,6 +72,11 @@ py="$(tools/train/venv.sh | tail -1)"
 if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
   log "prompts: $num_prompts ($prompt_source)"
   "$py" tools/train/make_prompts.py --source "$prompt_source" --out "$work/prompts.jsonl" --num "$num_prompts" --seed 0
+  if [ "$extra_templates" -gt 0 ]; then
+    log "extra templated prompts: $extra_templates"
+    "$py" tools/train/make_prompts.py --source templates --out "$work/prompts-templates.jsonl" --num "$extra_templates" --seed 0
+    cat "$work/prompts-templates.jsonl" >> "$work/prompts.jsonl"
+  fi
   log "dump-hidden (greedy continuations of $max_new tokens, then teacher-forced hidden states)"
   "$bin" dump-hidden --model "$model" --prompts "$work/prompts.jsonl" --out "$work/dump" \
     --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
