@@ -80,4 +80,28 @@ KvRemoteRegion in_process_region(void* base, int64_t bytes);
 /// Whether [offset, offset + bytes) lies inside `region`; kInvalidArgument naming both otherwise.
 Status check_region_range(const KvRemoteRegion& region, int64_t offset, int64_t bytes);
 
+/// How the bytes of one KV transfer travel (the three transports above).
+enum class KvTransport : int32_t { kInProcess = 1, kUcx = 2, kNccl = 3 };
+/// "in-process", "ucx", "nccl" (for logs and status); "unknown" otherwise.
+const char* kv_transport_name(KvTransport t);
+
+/// Where one end of a KV transfer runs, as far as choosing a transport goes.
+struct KvPlace {
+  std::string node;         ///< the node (host) it runs on, as the topology names it
+  uint64_t process = 0;     ///< a random id of its process (actors/kv_data_plane.h's kv_process_id)
+  int32_t cuda_device = -1; ///< the CUDA device ordinal its KV cache lives on; -1: host memory (cpu)
+  bool nccl = false;        ///< its build has NCCL and it joined KV channels (gpu/nccl_kv_channel.h)
+};
+
+/// The transport for moving KV from `src` to `dst` (pure; the KV data plane's rule):
+///   - the same process (equal, non-zero `process`): kInProcess (a plain copy; cheapest while
+///     exports are host memory, even between two GPUs);
+///   - both on CUDA devices, both with NCCL, and not the same GPU: kNccl;
+///   - otherwise kUcx (one end on the CPU, a build without NCCL, or both ends on one GPU).
+/// NOTE: "the same GPU" is the same node and the same ordinal: NCCL refuses a group whose two
+/// ranks share a GPU ("Duplicate GPU detected", ncclInvalidUsage), so two workers on one GPU move
+/// KV over UCX. Ordinals are compared as the topology gives them (CUDA_VISIBLE_DEVICES is assumed
+/// the same for the workers of one node).
+KvTransport choose_kv_transport(const KvPlace& src, const KvPlace& dst);
+
 }  // namespace specserve
