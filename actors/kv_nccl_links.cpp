@@ -28,25 +28,39 @@ bool KvNcclLinks::available() {
 
 bool KvNcclDirection::usable() {
   std::lock_guard<std::mutex> lock(mu);
-  return channel != nullptr && !channel->failed();
+  return channel != nullptr && !failed.load();
 }
 
 Status KvNcclDirection::recv(void* dst, int64_t bytes, KvDeadline deadline) {
-  std::lock_guard<std::mutex> lock(mu);
-  if (channel == nullptr) return unavailable("nccl kv channel: not joined");
-  return channel->recv(dst, bytes, peer_rank, deadline);
+  NcclKvChannel* ch = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ch = channel.get();  // set once, never reset while this direction lives
+  }
+  if (ch == nullptr) return unavailable("nccl kv channel: not joined");
+  std::lock_guard<std::mutex> transfer(transfer_mu);
+  Status st = ch->recv(dst, bytes, peer_rank, deadline);
+  if (!st.ok() || ch->failed()) failed.store(true);
+  return st;
 }
 
 Status KvNcclDirection::send(const void* src, int64_t bytes, KvDeadline deadline) {
-  std::unique_lock<std::mutex> lock(mu);
-  // NOTE: the receiver chose NCCL because its end had joined; this end's join thread may not have
-  // reported yet (the two ends of a group finish together, give or take a scheduling delay).
-  joined_cv.wait_until(lock, deadline, [&] { return !joining; });
-  if (channel == nullptr) {
-    return unavailable("nccl kv channel: " + (joining ? std::string("still joining at the deadline")
-                                                      : "the join failed: " + join_status.to_string()));
+  NcclKvChannel* ch = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    // NOTE: the receiver chose NCCL because its end had joined; this end's join thread may not
+    // have reported yet (the two ends of a group finish together, give or take a scheduling delay).
+    joined_cv.wait_until(lock, deadline, [&] { return !joining; });
+    if (channel == nullptr) {
+      return unavailable("nccl kv channel: " + (joining ? std::string("still joining at the deadline")
+                                                        : "the join failed: " + join_status.to_string()));
+    }
+    ch = channel.get();
   }
-  return channel->send(src, bytes, peer_rank, deadline);
+  std::lock_guard<std::mutex> transfer(transfer_mu);
+  Status st = ch->send(src, bytes, peer_rank, deadline);
+  if (!st.ok() || ch->failed()) failed.store(true);
+  return st;
 }
 
 KvNcclLinks::~KvNcclLinks() {
@@ -128,7 +142,7 @@ std::shared_ptr<KvNcclDirection> KvNcclLinks::try_take_recv(const std::string& p
   if (it == pairs_.end()) return nullptr;
   const auto& d = it->second.in;
   std::lock_guard<std::mutex> lock(d->mu);
-  if (d->busy || d->channel == nullptr || d->channel->failed()) return nullptr;
+  if (d->busy || d->channel == nullptr || d->failed.load()) return nullptr;
   d->busy = true;
   return d;
 }

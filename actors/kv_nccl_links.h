@@ -42,14 +42,18 @@
 namespace specserve {
 
 /// One direction of a pair's NCCL KV channels (this worker sends, or receives).
+/// NOTE: two locks: `mu` guards the small state the data plane's thread reads (never held during
+/// a transfer, so that thread never waits for one), `transfer_mu` serialises the transfers.
 struct KvNcclDirection {
-  std::mutex mu;                          ///< one transfer at a time; guards the fields below
+  std::mutex mu;                          ///< guards channel (set once), joining, join_status, busy
   std::condition_variable joined_cv;      ///< signalled when the join ends
   std::unique_ptr<NcclKvChannel> channel; ///< set once joined; null while joining or after a failed join
   bool joining = true;
   Status join_status;                     ///< why the join failed (ok while joining or joined)
   bool busy = false;                      ///< receive side: a fetch holds it (try_take_recv .. give_back_recv)
   int peer_rank = 0;                      ///< the other end's rank in the 2-rank group
+  std::mutex transfer_mu;                 ///< one transfer at a time (NcclKvChannel's thread rule)
+  std::atomic<bool> failed{false};        ///< a transfer failed: the channel is aborted for good
 
   /// Receives `bytes` bytes from the sender into `dst` (host memory) by `deadline` (the channel's
   /// recv). Errors: kUnavailable when the direction is not joined or failed; NcclKvChannel::recv's.

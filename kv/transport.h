@@ -18,7 +18,11 @@
 //     device memory (zero copy) or host memory (staged); today's Backend::kv_export_blocks
 //     writes host memory, so a device-side export is the missing piece for zero copy. Same
 //     failure contract as below (deadline, kUnavailable / kDeadlineExceeded, failed()).
-//     Compiles and skips without a GPU; untested on a GPU (tests/gpu/nccl_test.cpp).
+//     Wired into migration by actors/kv_nccl_links.h (channels per GPU peer, joined at worker
+//     start) and actors/kv_data_plane.h (a failed NCCL fetch is retried over UCX).
+//     Compiles and skips without a GPU; untested on a GPU (tests/gpu/nccl_test.cpp,
+//     tests/gpu/kv_nccl_migration_test.cpp).
+// choose_kv_transport (below) is the rule between the three.
 //
 // Failure contract (every implementation): a transfer ends by its deadline; a peer that dies or
 // stalls mid-transfer yields kUnavailable or kDeadlineExceeded for that request — never a hang or
