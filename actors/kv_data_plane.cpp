@@ -40,7 +40,7 @@ uint64_t kv_process_id() {
 
 uint64_t kv_tokens_hash(std::span<const int32_t> tokens) { return XXH3_64bits(tokens.data(), tokens.size_bytes()); }
 
-Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& name) {
+Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& name, const KvPlaneOptions& options) {
   UcxAgentOptions o;
   o.name = name;
   o.progress_thread = true;
@@ -49,6 +49,18 @@ Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& na
   std::unique_ptr<KvDataPlane> p(new KvDataPlane());
   p->name_ = name;
   p->agent_ = std::move(*agent);
+  p->place_.node = options.node;
+  p->place_.process = options.process != 0 ? options.process : kv_process_id();
+  p->place_.cuda_device = options.cuda_device;
+  if (options.cuda_device >= 0 && options.nccl_store != nullptr && KvNcclLinks::available()) {
+    KvNcclLinks::Options lo;
+    lo.self_name = name;
+    lo.cuda_device = options.cuda_device;
+    lo.store = options.nccl_store;
+    lo.join_timeout = options.nccl_join_timeout;
+    p->nccl_ = std::make_unique<KvNcclLinks>(std::move(lo));
+    p->place_.nccl = true;
+  }
   // NOTE: offer ids start at a random point, so a release meant for an earlier incarnation of a
   // worker with the same name (a restarted replica) does not free one of this one's offers.
   p->next_offer_ = static_cast<int64_t>(random_u64() >> 2) + 1;
@@ -66,25 +78,56 @@ std::string KvDataPlane::address() const {
 }
 
 void KvDataPlane::connect_peers(const std::vector<KvPeer>& peers, std::chrono::milliseconds timeout) {
+  const std::string self_address = address();
   for (const KvPeer& p : peers) {
     if (p.name == name_ || p.address.empty()) continue;
+    const KvPlace place{p.node, p.process, p.cuda_device, p.nccl};
+    // NCCL first: its joins run on threads of their own (the peer joins at the same time), so
+    // they overlap the UCX connects below.
+    if (nccl_ != nullptr && choose_kv_transport(place, place_) == KvTransport::kNccl) {
+      nccl_->connect(p.name, self_address, p.address);
+    }
     auto it = peers_.find(p.name);
-    if (it != peers_.end() && !it->second.endpoint->failed() && it->second.address == p.address) continue;
+    if (it != peers_.end() && it->second.endpoint && !it->second.endpoint->failed() && it->second.address == p.address) {
+      it->second.place = place;
+      continue;
+    }
     const std::vector<uint8_t> addr(p.address.begin(), p.address.end());
     auto ep = agent_->connect(addr, p.name, kv_deadline_after(timeout));
     if (!ep.ok()) {
+      // Kept without an endpoint (an NCCL channel may still reach it); retried on the next call.
       get_logger("kv")->warn("{}: no KV endpoint to {}: {}", name_, p.name, ep.status().to_string());
-      peers_.erase(p.name);
+      peers_[p.name] = Peer{p.address, nullptr, place};
       continue;
     }
-    peers_[p.name] = Peer{p.address, std::move(*ep)};
-    get_logger("kv")->info("{}: KV endpoint to {} connected (UCX_TLS {})", name_, p.name, agent_->transports());
+    peers_[p.name] = Peer{p.address, std::move(*ep), place};
+    get_logger("kv")->info("{}: KV endpoint to {} connected (UCX_TLS {}); transport from it: {}", name_, p.name,
+                           agent_->transports(), kv_transport_name(choose_kv_transport(place, place_)));
   }
 }
 
 bool KvDataPlane::connected_to(const std::string& name) const {
   auto it = peers_.find(name);
-  return it != peers_.end() && !it->second.endpoint->failed();
+  return it != peers_.end() && it->second.endpoint && !it->second.endpoint->failed();
+}
+
+KvTransport KvDataPlane::transport_from(const std::string& name) {
+  auto it = peers_.find(name);
+  if (it == peers_.end()) return KvTransport::kUcx;
+  const KvTransport t = choose_kv_transport(it->second.place, place_);
+  if (t == KvTransport::kNccl && (nccl_ == nullptr || !nccl_->can_receive_from(name))) return KvTransport::kUcx;
+  return t;
+}
+
+Status KvDataPlane::serve_send(int64_t offer_id, const std::string& to, KvDeadline deadline) {
+  auto it = offers_.find(offer_id);
+  if (it == offers_.end()) return not_found(name_ + ": kv offer " + std::to_string(offer_id) + " is gone");
+  if (nccl_ == nullptr) return unavailable(name_ + ": no nccl kv channels here");
+  std::shared_ptr<UcxRegion> region = it->second.region;
+  const void* data = region->data();
+  // The region's bytes: kv_export_bytes of the offer, which the receiver recvs exactly.
+  const int64_t bytes = it->second.bytes;
+  return nccl_->send_async(to, std::shared_ptr<const void>(region, data), data, bytes, deadline);
 }
 
 Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvExportFormat& format,
@@ -103,28 +146,30 @@ Expected<KvOffer> KvDataPlane::offer(Backend& backend, KvStorage& kv, const KvEx
   o.remote_addr = (*region)->remote().base;
   o.rkey.assign((*region)->remote().rkey.begin(), (*region)->remote().rkey.end());
   o.bytes = bytes;
-  o.source_process = kv_process_id();
+  o.source_process = place_.process;
   o.source_address_hash = XXH3_64bits(agent_->address().data(), agent_->address().size());
   {
     std::lock_guard<std::mutex> lock(local_offers().mu);
     local_offers().live[{name_, o.offer_id}] = {(*region)->data(), bytes};
   }
-  offers_[o.offer_id] = Offer{std::move(*region), std::chrono::steady_clock::now()};
+  offers_[o.offer_id] = Offer{std::move(*region), std::chrono::steady_clock::now(), bytes};
   return o;
 }
 
-Expected<std::unique_ptr<UcxRegion>> KvDataPlane::take_staging(int64_t bytes) {
+Expected<std::shared_ptr<UcxRegion>> KvDataPlane::take_staging(int64_t bytes) {
   auto best = spare_.end();
   for (auto it = spare_.begin(); it != spare_.end(); ++it) {
     if ((*it)->bytes() >= bytes && (best == spare_.end() || (*it)->bytes() < (*best)->bytes())) best = it;
   }
   if (best != spare_.end()) {
-    std::unique_ptr<UcxRegion> r = std::move(*best);
+    std::shared_ptr<UcxRegion> r = std::move(*best);
     spare_.erase(best);
     return r;
   }
   const int64_t mib = int64_t{1} << 20;
-  return agent_->allocate_region((bytes + mib - 1) / mib * mib);
+  auto r = agent_->allocate_region((bytes + mib - 1) / mib * mib);
+  if (!r.ok()) return r.status();
+  return std::shared_ptr<UcxRegion>(std::move(*r));
 }
 
 void KvDataPlane::release(int64_t offer_id) {
@@ -137,8 +182,9 @@ void KvDataPlane::release(int64_t offer_id) {
   auto it = offers_.find(offer_id);
   if (it == offers_.end()) return;
   // NOTE: the receiver answers (KvReleaseMsg) after its get ended, and an unanswered offer expires
-  // long after any receiver's deadline, so no UCX get still reads a region that is reused.
-  spare_.push_back(std::move(it->second.region));
+  // long after any receiver's deadline, so no UCX get still reads a region that is reused. An
+  // NCCL send still running holds the region too: it is then not reused (freed when the send ends).
+  if (it->second.region.use_count() == 1) spare_.push_back(std::move(it->second.region));
   offers_.erase(it);
   int64_t total = 0;
   for (const auto& r : spare_) total += r->bytes();
@@ -183,24 +229,50 @@ Expected<std::shared_ptr<KvFetch>> KvDataPlane::start_fetch(const KvOffer& offer
   auto f = std::make_shared<KvFetch>();
   f->offer = offer;
   f->deadline = deadline;
-  if (offer.source_process != kv_process_id()) {
+  f->budget = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now()));
+  if (offer.source_process == place_.process) {
+    f->transport = KvTransport::kInProcess;
+  } else {
     auto it = peers_.find(offer.source);
-    if (it == peers_.end() || it->second.endpoint->failed()) return unavailable("no KV endpoint to " + offer.source);
+    if (it == peers_.end()) return unavailable("no KV endpoint to " + offer.source);
     if (XXH3_64bits(it->second.address.data(), it->second.address.size()) != offer.source_address_hash) {
       // NOTE: the worker of that name was restarted: the offer's region and key died with the old one.
       return unavailable("kv offer of " + offer.source + " comes from an earlier worker of that name");
     }
-    f->endpoint = it->second.endpoint;
+    if (it->second.endpoint && !it->second.endpoint->failed()) f->endpoint = it->second.endpoint;
+    if (nccl_ != nullptr && choose_kv_transport(it->second.place, place_) == KvTransport::kNccl) {
+      f->nccl = nccl_->try_take_recv(offer.source);  // null: not joined, failed, or another fetch holds it
+    }
+    if (f->nccl != nullptr) {
+      f->transport = KvTransport::kNccl;
+    } else if (f->endpoint == nullptr) {
+      return unavailable("no KV endpoint to " + offer.source);
+    }
   }
   auto buffer = take_receive_buffer(offer.bytes);
-  if (!buffer.ok()) return buffer.status();
+  if (!buffer.ok()) {
+    if (nccl_ != nullptr) nccl_->give_back_recv(f->nccl);
+    return buffer.status();
+  }
   f->buffer = std::move(*buffer);
   return f;
 }
 
 void KvFetch::run() {
   auto* buf = static_cast<uint8_t*>(buffer->data());
-  if (endpoint == nullptr) {
+  if (transport == KvTransport::kNccl) {
+    status = nccl->recv(buf, offer.bytes, deadline);
+    if (status.ok() || endpoint == nullptr) return;
+    // NOTE: another path: the source's staging region is still there (it is freed only after our
+    // KvReleaseMsg), so a stalled NCCL peer or a broken channel costs one retry over UCX.
+    nccl_error = status;
+    get_logger("kv")->warn("kv offer {} of {}: nccl recv failed, retrying over UCX: {}", offer.offer_id, offer.source,
+                           status.to_string());
+    transport = KvTransport::kUcx;
+    deadline = kv_deadline_after(budget);
+  }
+  if (transport == KvTransport::kInProcess) {
     // NOTE: the source lives in this process: copy from its live offer under the table's lock.
     std::lock_guard<std::mutex> lock(local_offers().mu);
     auto it = local_offers().live.find({offer.source, offer.offer_id});
@@ -237,8 +309,10 @@ Status KvDataPlane::finish_fetch(KvFetch& f, Backend& backend, KvStorage& kv, co
 void KvDataPlane::end_fetch(KvFetch& f) {
   if (f.endpoint != nullptr && f.endpoint->failed()) {
     auto it = peers_.find(f.offer.source);
-    if (it != peers_.end() && it->second.endpoint == f.endpoint) peers_.erase(it);
+    if (it != peers_.end() && it->second.endpoint == f.endpoint) it->second.endpoint = nullptr;
   }
+  if (nccl_ != nullptr) nccl_->give_back_recv(f.nccl);
+  f.nccl = nullptr;
   if (f.buffer != nullptr && (recv_ == nullptr || recv_->bytes() < f.buffer->bytes())) recv_ = std::move(f.buffer);
   f.buffer.reset();
 }

@@ -1,18 +1,27 @@
 // specserve actors: a target shard's end of the KV data plane — moving a sequence's KV blocks to
 // another worker when it migrates (a draining replica, a prefill worker handing over).
 //
-// Built on kv/transfer.h (the checked export format) and kv/ucx_transport.h (UCX one-sided get):
+// Built on kv/transfer.h (the checked export format), kv/ucx_transport.h (UCX one-sided get)
+// and, between GPU workers, actors/kv_nccl_links.h (NCCL send/recv, gpu/nccl_kv_channel.h):
 //   - at worker start the shard creates its UcxAgent (with a progress thread, so peers' tcp gets
-//     are served while the shard computes) and publishes the agent's address in WorkerHello;
-//   - the scheduler sends every ready shard the addresses of the others (KvPeersMsg) and each
-//     connects its endpoints then, not on first use;
+//     are served while the shard computes) and publishes the agent's address and its place
+//     (node, process, CUDA device, NCCL) in WorkerHello;
+//   - the scheduler sends every ready shard the addresses and places of the others (KvPeersMsg)
+//     and each connects its UCX endpoints then, not on first use; with the peers that
+//     choose_kv_transport (kv/transport.h) sends over NCCL (both on GPUs, other GPUs, both with
+//     NCCL) it also starts joining the NCCL KV channels (unique ids through the scheduler's
+//     rendezvous store, as the tensor-parallel group's);
 //   - a sequence that leaves is exported into a staging region of its own (offer()); the
 //     KvOffer (address, rkey, size, token hash) travels in the actor messages;
 //   - the receiver fetches it with a deadline (start_fetch() on the shard's thread, KvFetch::run()
 //     on a thread of its own so the shard keeps stepping its other sequences meanwhile,
-//     finish_fetch() back on the shard's thread; fetch() does all three in one call), checks
-//     model, layout and per-block
-//     checksums (import_kv_blocks) and writes it into its own blocks; any failure — a dead or
+//     finish_fetch() back on the shard's thread; fetch() does all three in one call) over the
+//     transport start_fetch chose (KvFetch::transport): a plain copy in-process, a UCX get, or an
+//     NCCL recv — for which the receiver asks the source (KvSendMsg, through the scheduler) to
+//     post the matching send (serve_send()). An NCCL transfer that fails or misses its deadline
+//     is retried over UCX with a fresh deadline of the same length (the staging region is still
+//     there). The receiver checks model, layout and per-block checksums (import_kv_blocks,
+//     whatever the transport) and writes the KV into its own blocks; any failure — a dead or
 //     stalled peer, a checksum mismatch, a model mismatch — is an error the caller answers by
 //     recomputing the sequence's KV (Engine::add_migrated);
 //   - the receiver's KvReleaseMsg, or the offer's expiry, ends the offer; its staging region is
@@ -23,8 +32,9 @@
 // process-wide table under a lock — never through an address taken from a message.
 // Thread-safety: one actor uses a KvDataPlane; the agent's own lock covers its progress thread.
 // KvFetch::run() is the one call made from another thread: it touches only its KvFetch (the
-// endpoint and receive region it holds, whose calls take the agent's lock) and the process-wide
-// offer table (under its lock).
+// endpoint and receive region it holds, whose calls take the agent's lock; the NCCL direction it
+// holds, under that direction's lock) and the process-wide offer table (under its lock). NCCL
+// sends (serve_send) and channel joins run on threads of KvNcclLinks, joined when the plane ends.
 #pragma once
 
 #include <chrono>
@@ -37,8 +47,11 @@
 
 #include "actors/messages.h"
 #include "core/status.h"
+#include "actors/kv_nccl_links.h"
 #include "kv/transfer.h"
+#include "kv/transport.h"
 #include "kv/ucx_transport.h"
+#include "model/communicator.h"
 
 namespace specserve {
 
@@ -48,14 +61,35 @@ namespace specserve {
 struct KvFetch {
   KvOffer offer;
   KvDeadline deadline;
-  std::shared_ptr<KvEndpoint> endpoint;  ///< to offer.source; null when the source is in this process
+  std::chrono::milliseconds budget{0};   ///< deadline - start: a retry over UCX gets as long again
+  /// How the bytes travel: kInProcess (the source is in this process), kUcx (get through
+  /// `endpoint`), kNccl (recv on `nccl`; the source sends when KvSendMsg reaches it). After
+  /// run(): the transport that delivered them, or the last one tried.
+  KvTransport transport = KvTransport::kUcx;
+  std::shared_ptr<KvEndpoint> endpoint;  ///< to offer.source; null in-process, or when only NCCL reaches it
+  std::shared_ptr<KvNcclDirection> nccl; ///< kNccl: the direction from the source, held (busy) until end_fetch
+  Status nccl_error;                     ///< kNccl tried and failed (then retried over UCX): why
   std::unique_ptr<UcxRegion> buffer;     ///< registered, at least offer.bytes; the bytes land here
   Status status = Status(StatusCode::kUnavailable, "kv fetch not run");  ///< run()'s result
   /// Reads the offer's bytes into `buffer` by `deadline`; sets `status`. Errors:
   /// kUnavailable (the source or its offer is gone, the endpoint failed), kDeadlineExceeded
   /// (it stalled), kInvalidArgument (the source's size differs). Never blocks past the deadline
-  /// (plus UCX's bounded close of a failed endpoint).
+  /// (plus UCX's bounded close of a failed endpoint); an NCCL transfer that fails is retried over
+  /// UCX (when an endpoint is connected) by now + budget, so at most twice that.
   void run();
+};
+
+/// Where a data plane runs and how it reaches GPU peers.
+struct KvPlaneOptions {
+  std::string node;           ///< the node it runs on (KvPlace::node)
+  int32_t cuda_device = -1;   ///< the CUDA device of its KV cache; -1: the CPU
+  /// Where NCCL unique ids are exchanged (a worker: ActorRendezvousStore to the scheduler); null:
+  /// no NCCL channels (every transfer in-process or UCX).
+  std::shared_ptr<RendezvousStore> nccl_store;
+  std::chrono::milliseconds nccl_join_timeout{60000};  ///< bound of one channel's join
+  /// This plane's process id (KvPlace::process); 0: kv_process_id(). NOTE: a test seam: two
+  /// planes of one test process with different ids take the transport of two processes.
+  uint64_t process = 0;
 };
 
 class KvDataPlane {
@@ -64,7 +98,11 @@ class KvDataPlane {
   /// kUnavailable when UCX has no usable transport (the shard then runs without a data plane:
   /// migrations recompute).
   /// `name`: this worker's kv_peer_name (actors/messages.h).
-  static Expected<std::unique_ptr<KvDataPlane>> create(const std::string& name);
+  /// `options`: its place; with a CUDA device, a store and NCCL in this build it joins NCCL KV
+  /// channels with GPU peers (place().nccl is then true).
+  static Expected<std::unique_ptr<KvDataPlane>> create(const std::string& name, const KvPlaneOptions& options = {});
+  /// Where this plane runs (for WorkerHello and choose_kv_transport).
+  const KvPlace& place() const { return place_; }
 
   /// The agent's worker address (bytes), for WorkerHello::kv_address.
   std::string address() const;
@@ -75,6 +113,16 @@ class KvDataPlane {
   void connect_peers(const std::vector<KvPeer>& peers, std::chrono::milliseconds timeout);
   /// Whether an endpoint to the peer `name` is connected and has not failed.
   bool connected_to(const std::string& name) const;
+  /// The transport a fetch from the peer `name` would take now: kNccl when choose_kv_transport
+  /// says so and the channel from it is joined, not failed and not busy; kInProcess for a peer
+  /// of this process; else kUcx.
+  KvTransport transport_from(const std::string& name);
+
+  /// The source's side of an NCCL fetch (KvSendMsg): sends the export of `offer_id` to the peer
+  /// `to` on a thread of its own, by `deadline`; the offer's staging region stays alive until
+  /// the send ends, even if released meanwhile. Errors (at once): kNotFound (no such offer),
+  /// kUnavailable (no NCCL channel to `to`).
+  Status serve_send(int64_t offer_id, const std::string& to, KvDeadline deadline);
 
   /// Exports `blocks` (holding the first `num_tokens` tokens of a sequence) into a new staging
   /// region and returns its descriptor. `tokens_hash` is kv_tokens_hash of those tokens. Errors:
@@ -107,8 +155,9 @@ class KvDataPlane {
                std::span<const int32_t> blocks, KvDeadline deadline);
 
   /// fetch() in three parts, so that the transfer runs off the caller's thread:
-  /// start_fetch checks the offer's size against `expected` and `num_blocks`, finds the endpoint
-  /// to its source and hands the fetch a receive region (the plane's reusable one when free, else
+  /// start_fetch checks the offer's size against `expected` and `num_blocks`, chooses the
+  /// transport (transport_from; the caller sends the source KvSendMsg when it is kNccl), finds
+  /// the endpoint to its source and hands the fetch a receive region (the plane's reusable one when free, else
   /// a new one); the caller then calls KvFetch::run() on any thread, and finish_fetch() (on this
   /// plane's thread) imports the bytes into `blocks` of `kv`. Errors: start_fetch: kInvalidArgument
   /// (size), kUnavailable (no endpoint, or an earlier worker of that name), kResourceExhausted;
@@ -119,28 +168,34 @@ class KvDataPlane {
   Status finish_fetch(KvFetch& f, Backend& backend, KvStorage& kv, const KvExportFormat& expected,
                       std::span<const int32_t> blocks);
   /// Ends a fetch after run() (imported or not): forgets its endpoint when it failed (the next
-  /// KvPeersMsg reconnects) and keeps its receive region for reuse. Call on this plane's thread.
+  /// KvPeersMsg reconnects), frees its NCCL direction for the next fetch and keeps its receive
+  /// region for reuse. Call on this plane's thread.
   void end_fetch(KvFetch& f);
 
  private:
   KvDataPlane() = default;
   struct Offer {
-    std::unique_ptr<UcxRegion> region;
+    std::shared_ptr<UcxRegion> region;  // shared with an NCCL send running on another thread
     std::chrono::steady_clock::time_point created;
+    int64_t bytes = 0;  // the export's (header + blocks), at the region's start
   };
   std::string name_;
+  KvPlace place_;
   std::unique_ptr<UcxAgent> agent_;
+  // After agent_: destroyed first, so a send thread's staging region is unmapped while the agent lives.
+  std::unique_ptr<KvNcclLinks> nccl_;  // null without NCCL
   struct Peer {
     std::string address;
-    std::shared_ptr<KvEndpoint> endpoint;  // shared with fetches running on other threads
+    std::shared_ptr<KvEndpoint> endpoint;  // shared with fetches running on other threads; null: not connected
+    KvPlace place;
   };
   std::map<std::string, Peer> peers_;  // by peer name
   std::map<int64_t, Offer> offers_;
   // Staging regions of released offers, oldest first, reused by offer().
-  std::vector<std::unique_ptr<UcxRegion>> spare_;
+  std::vector<std::shared_ptr<UcxRegion>> spare_;
   // A staging region of at least `bytes`: the smallest spare one that fits, else a new one
   // (rounded up to a MiB). Errors: those of UcxAgent::allocate_region.
-  Expected<std::unique_ptr<UcxRegion>> take_staging(int64_t bytes);
+  Expected<std::shared_ptr<UcxRegion>> take_staging(int64_t bytes);
   // The registered region fetch() gets into (grown on demand, kept between fetches).
   std::unique_ptr<UcxRegion> recv_;
   // recv_ (taken out of the plane), grown to hold `bytes`, or a new region when a running fetch

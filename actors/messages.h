@@ -15,8 +15,8 @@
 //   worker   -> scheduler : WorkerHello (register and every state change; the token is checked)
 //   scheduler-> workers   : retire_atom (the autoscaler stops the replica: quit normally)
 //   shard    -> draft     : ProposeMsg (reply: ProposeReply), ReleaseMsg
-//   scheduler-> shard     : KvPeersMsg (data-plane addresses of every ready shard), migrate_atom (move
-//                           every sequence away: the replica drains), KvReleaseMsg (a receiver has the KV)
+//   scheduler-> shard     : KvPeersMsg, KvReleaseMsg, KvSendMsg (the KV data plane: actors/kv_messages.h),
+//                           migrate_atom (move every sequence away: the replica drains)
 //   shard    -> scheduler : MigratedSeq (a sequence left this shard; its KV waits in a staging region)
 //   scheduler-> shard     : reclaim_atom (hand back up to N requests waiting in its engine, or running ones
 //                           with their KV: another routed replica has room, e.g. one just promoted)
@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/kv_messages.h"  // IWYU pragma: export
 #include "model/sampling.h"
 
 namespace specserve {
@@ -94,21 +95,6 @@ struct StreamChunk {
   int32_t num_migrations = 0;       ///< times it moved with its state (drain, prefill hand-over), set on the last chunk
 };
 
-/// Where a migrating sequence's KV waits on the worker it left (the data plane, kv/transfer.h):
-/// a staging region with the KV export (header + blocks) that the receiver reads with a UCX get.
-/// Only addresses and keys travel here, never the KV bytes (DESIGN.md section 2).
-struct KvOffer {
-  std::string source;           ///< data-plane name of the worker holding the staging region (kv_peer_name); "": no KV
-  int64_t offer_id = 0;         ///< the source's id of the region (KvReleaseMsg names it)
-  int32_t num_cached = 0;       ///< tokens (from the start of prompt + output) whose KV the export holds
-  uint64_t tokens_hash = 0;     ///< XXH3-64 of those token ids: the receiver checks them against its own
-  uint64_t remote_addr = 0;     ///< the staging region's address in the source process
-  std::string rkey;             ///< its packed UCX remote key (bytes)
-  int64_t bytes = 0;            ///< size of the export (header + blocks)
-  uint64_t source_process = 0;  ///< a random id of the source's process (kv_process_id): same process, a plain copy
-  uint64_t source_address_hash = 0;  ///< XXH3-64 of the source's UCX worker address: a restarted worker with the same name is not it
-};
-
 /// What a replica runs for one request (prompt and sampling in token space).
 struct WorkItem {
   int64_t request_id = 0;
@@ -149,25 +135,6 @@ struct MigratedSeq {
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;
 };
-
-/// Scheduler -> shard: every ready shard's data-plane address, so endpoints are connected when a
-/// worker starts, not on first use.
-struct KvPeer {
-  std::string name;             ///< kv_peer_name(role, replica)
-  std::string address;          ///< UCX worker address (bytes)
-};
-struct KvPeersMsg {
-  std::vector<KvPeer> peers;
-};
-
-/// Receiver -> scheduler -> source: the staging region `offer_id` can be freed.
-struct KvReleaseMsg {
-  std::string source;           ///< KvOffer::source
-  int64_t offer_id = 0;
-};
-
-/// A worker's name on the data plane: "target_shard/0", "prefill_worker/0".
-inline std::string kv_peer_name(const std::string& role, int32_t replica) { return role + "/" + std::to_string(replica); }
 
 /// Scheduler -> shard: stop generating for a request.
 struct AbortMsg {
@@ -241,6 +208,9 @@ struct WorkerHello {
   int32_t max_model_len = 0;
   caf::actor self;
   std::string kv_address;  ///< target shard: its UCX worker address (bytes); "" when it has no data plane
+  uint64_t kv_process = 0;   ///< with kv_address: kv_process_id of its process (KvPeer::process)
+  int32_t kv_cuda_device = -1;  ///< with kv_address: its CUDA device ordinal, -1 on the CPU (KvPeer::cuda_device)
+  bool kv_nccl = false;      ///< with kv_address: it joins NCCL KV channels (KvPeer::nccl)
   bool prefill_only = false; ///< a prefill_worker: runs prompts to their first token, then hands them over
 };
 
@@ -423,26 +393,9 @@ typename Inspector::result_type inspect(Inspector& f, WorkItem& x) {
            x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.accepted_per_pos);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, KvOffer& x) {
-  return f(caf::meta::type_name("KvOffer"), x.source, x.offer_id, x.num_cached, x.tokens_hash, x.remote_addr, x.rkey,
-           x.bytes, x.source_process, x.source_address_hash);
-}
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MigratedSeq& x) {
   return f(caf::meta::type_name("MigratedSeq"), x.request_id, x.attempt, x.replica, x.rng_state, x.spec_k, x.kv, x.reason,
            x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.accepted_per_pos);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, KvPeer& x) {
-  return f(caf::meta::type_name("KvPeer"), x.name, x.address);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, KvPeersMsg& x) {
-  return f(caf::meta::type_name("KvPeersMsg"), x.peers);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, KvReleaseMsg& x) {
-  return f(caf::meta::type_name("KvReleaseMsg"), x.source, x.offer_id);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
@@ -464,7 +417,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
   return f(caf::meta::type_name("WorkerHello"), x.token, x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
            x.load_seconds, x.warmup_seconds, x.draft_host, x.draft_port, x.total_kv_blocks, x.block_size, x.max_num_seqs,
-           x.max_model_len, x.self, x.kv_address, x.prefill_only);
+           x.max_model_len, x.self, x.kv_address, x.prefill_only, x.kv_process, x.kv_cuda_device,
+           x.kv_nccl);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AttachDraftMsg& x) {
@@ -581,4 +535,5 @@ CAF_ADD_TYPE_ID(specserve, (specserve::KvReleaseMsg))
 CAF_ADD_TYPE_ID(specserve, (specserve::TpJoinMsg))
 CAF_ADD_TYPE_ID(specserve, (specserve::TpGroupMsg))
 CAF_ADD_TYPE_ID(specserve, (specserve::TpCommand))
+CAF_ADD_TYPE_ID(specserve, (specserve::KvSendMsg))
 CAF_END_TYPE_ID_BLOCK(specserve)

@@ -84,19 +84,24 @@ void send_cancel(SchedSelf self, int64_t id) {
   }
 }
 
-// Every ready worker with a data plane learns the others' addresses, so that each connects its
-// KV endpoints up front (kv/ucx_transport.h), not when the first sequence migrates.
+// Every ready worker with a data plane learns the others' addresses and places, so that each
+// connects its KV endpoints (kv/ucx_transport.h) and NCCL KV channels (between GPU workers, the
+// unique ids exchanged through this actor's rendezvous store) up front, not when the first
+// sequence migrates.
 void broadcast_kv_peers(SchedSelf self) {
   auto& s = self->state;
   KvPeersMsg m;
   std::vector<caf::actor> to;
+  auto peer = [](const WorkerHello& h, int32_t rid) {
+    return KvPeer{kv_peer_name(h.role, rid), h.kv_address, h.node, h.kv_process, h.kv_cuda_device, h.kv_nccl};
+  };
   for (const auto& [rid, r] : s.replicas) {
     if (r.shard && r.shard_ready && !r.shard_hello.kv_address.empty()) {
-      m.peers.push_back({kv_peer_name(r.shard_hello.role, rid), r.shard_hello.kv_address});
+      m.peers.push_back(peer(r.shard_hello, rid));
       to.push_back(r.shard);
     }
     if (r.prefill && r.prefill_ready && !r.prefill_hello.kv_address.empty()) {
-      m.peers.push_back({kv_peer_name(r.prefill_hello.role, rid), r.prefill_hello.kv_address});
+      m.peers.push_back(peer(r.prefill_hello, rid));
       to.push_back(r.prefill);
     }
   }
@@ -361,6 +366,13 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       [self](const KvReleaseMsg& m) {
         // A receiver has read (or given up on) an offer: its source frees the staging region.
         // Only a registered worker may say so.
+        const auto sender = self->current_sender();
+        if (!sender || !self->state.workers.count(sender->address())) return;
+        if (auto src = kv_peer(self->state, m.source)) self->send(src, m);
+      },
+      [self](const KvSendMsg& m) {
+        // A receiver asks the source to send an offer over their NCCL KV channel (two-sided).
+        // Only a registered worker may ask.
         const auto sender = self->current_sender();
         if (!sender || !self->state.workers.count(sender->address())) return;
         if (auto src = kv_peer(self->state, m.source)) self->send(src, m);

@@ -168,6 +168,18 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         for (int64_t rid : give) migrate_out(self, rid, "rebalance");
         self->send(s.cfg.scheduler, load_of(s));
       },
+      [self](const KvSendMsg& m) {
+        // A receiver chose NCCL for an offer of ours and posts its recv: post the matching send
+        // (on a thread of the data plane; it ends by the transfer's deadline).
+        auto& s = self->state;
+        if (!from_scheduler(self) || !s.plane) return;
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(s.cfg.kv_transfer_timeout_s * 1000));
+        Status st = s.plane->serve_send(m.offer_id, m.to, kv_deadline_after(timeout));
+        if (!st.ok()) {
+          get_logger("actors")->warn("replica {}: cannot send KV offer {} to {} over NCCL (it retries over UCX): {}",
+                                     s.cfg.replica, m.offer_id, m.to, st.to_string());
+        }
+      },
       [self](const KvReleaseMsg& m) {
         auto& s = self->state;
         if (!from_scheduler(self)) return;

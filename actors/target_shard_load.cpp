@@ -40,9 +40,35 @@ WorkerHello hello(Self self, const std::string& state, const std::string& error)
   h.max_num_seqs = s.engine_options.max_num_seqs;
   h.max_model_len = s.engine ? s.engine->options().max_model_len : 0;
   h.kv_address = s.plane ? s.plane->address() : "";
+  if (s.plane) {
+    h.kv_process = s.plane->place().process;
+    h.kv_cuda_device = s.plane->place().cuda_device;
+    h.kv_nccl = s.plane->place().nccl;
+  }
   h.prefill_only = prefill_only(s);
   return h;
 }
+
+namespace {
+
+// Where this worker's data plane runs. On cuda:N the plane joins NCCL KV channels with GPU peers
+// (actors/kv_nccl_links.h), their unique ids exchanged through the scheduler's rendezvous store
+// as the tensor-parallel group's are (actors/tp_group.h).
+KvPlaneOptions plane_options(Self self) {
+  const auto& s = self->state;
+  KvPlaneOptions o;
+  o.node = s.cfg.node;
+  if (s.cfg.device.kind == DeviceKind::kCuda) {
+    o.cuda_device = s.cfg.device.index;
+    o.nccl_store = std::make_shared<ActorRendezvousStore>(self->system(), s.cfg.scheduler);
+    // NOTE: every ready worker gets KvPeersMsg at once, so both ends of a channel join together;
+    // the bound matters only for a peer that never joins (a leaving worker waits for it).
+    o.nccl_join_timeout = std::chrono::seconds(30);
+  }
+  return o;
+}
+
+}  // namespace
 
 Status load_and_warm(Self self) {
   auto& s = self->state;
@@ -106,7 +132,7 @@ Status load_and_warm(Self self) {
   // NOTE: a tensor-parallel rank 0 holds only its shard of each block's KV heads: its sequences
   // cannot be exported whole, so they recompute where they move (no data plane).
   auto plane = tp > 1 ? Expected<std::unique_ptr<KvDataPlane>>(unsupported("tensor_parallel_size > 1: KV export of sharded blocks is not built"))
-                      : KvDataPlane::create(kv_peer_name(worker_role_name(s.cfg.role), s.cfg.replica));
+                      : KvDataPlane::create(kv_peer_name(worker_role_name(s.cfg.role), s.cfg.replica), plane_options(self));
   if (plane.ok()) {
     s.plane = std::move(*plane);
     s.kv_format = kv_export_format(s.engine->kv_storage(), model_fingerprint(*s.model.file));

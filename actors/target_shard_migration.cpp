@@ -75,7 +75,8 @@ void add_work(Self self, WorkItem& w, std::shared_ptr<KvFetch> fetched) {
       get_logger("actors")->info("replica {}: request {} arrives from {}: {} tokens, KV {}", s.cfg.replica, rid,
                                  offer.source.empty() ? "elsewhere" : offer.source, num_tokens,
                                  fetched == nullptr ? std::string("recomputed")
-                                 : loaded          ? "moved (" + std::to_string(offer.num_cached) + " tokens)"
+                                 : loaded          ? "moved (" + std::to_string(offer.num_cached) + " tokens over " +
+                                                       kv_transport_name(fetched->transport) + ")"
                                                    : "fetched; it waits for admission");
     }
   }
@@ -184,6 +185,10 @@ void receive_work(Self self, WorkItem w) {
     self->send(s.cfg.scheduler, KvReleaseMsg{offer.source, offer.offer_id});
     return add_work(self, w, nullptr);
   }
+  if ((*f)->transport == KvTransport::kNccl) {
+    // NCCL is two-sided: the source posts the matching send when this reaches it.
+    self->send(s.cfg.scheduler, KvSendMsg{offer.source, offer.offer_id, s.plane->name()});
+  }
   const int64_t serial = s.next_fetch++;
   PendingImport& p = s.fetching[serial];
   p.item = std::move(w);
@@ -206,8 +211,9 @@ void kv_fetched(Self self, int64_t serial) {
   self->send(s.cfg.scheduler, KvReleaseMsg{offer.source, offer.offer_id});
   std::shared_ptr<KvFetch> fetched = p.fetch;
   if (!fetched->status.ok()) {
-    get_logger("actors")->warn("replica {}: request {}: KV transfer from {} failed, recomputing: {}", s.cfg.replica,
-                               p.item.request_id, offer.source, fetched->status.to_string());
+    get_logger("actors")->warn("replica {}: request {}: KV transfer from {} ({}) failed, recomputing: {}", s.cfg.replica,
+                               p.item.request_id, offer.source, kv_transport_name(fetched->transport),
+                               fetched->status.to_string());
     s.plane->end_fetch(*fetched);
     fetched = nullptr;
   }

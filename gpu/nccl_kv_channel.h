@@ -6,13 +6,16 @@
 //
 // NOTE: not a KvEndpoint. KvEndpoint is one-sided (get / put into a peer's registered region,
 // the peer's code takes no part); NCCL point-to-point is two-sided: the exporter posts send and
-// the importer posts the matching recv, each on its own rank. The control flow the actors follow:
-//   1. when the workers start, both join a channel group (make_nccl_kv_channel, the unique id
-//      exchanged through the store as for the communicator): connected up front, not on first use;
-//   2. the exporter packs the blocks (kv/transfer.h) and announces {bytes, its rank} in an actor
-//      message, then calls send(src, bytes, importer_rank, deadline);
-//   3. the importer calls recv(dst, bytes, exporter_rank, deadline) and imports (checksums are
-//      checked by import_kv_blocks, as over UCX).
+// the importer posts the matching recv, each on its own rank. The control flow the actors follow
+// (actors/kv_nccl_links.h and actors/kv_data_plane.h):
+//   1. when the workers start, each pair of GPU workers joins two channel groups, one per
+//      direction (make_nccl_kv_channel, the unique id exchanged through the scheduler's store as
+//      for the communicator): connected up front, not on first use;
+//   2. the exporter packs the blocks (kv/transfer.h) into a staging region and announces the
+//      KvOffer {bytes, ...} in an actor message, as for UCX;
+//   3. the importer posts recv(dst, bytes, exporter_rank, deadline) and asks the exporter
+//      (KvSendMsg) to post send(src, bytes, importer_rank, deadline); it imports (checksums are
+//      checked by import_kv_blocks, as over UCX), or retries over UCX when the recv fails.
 // Sends and receives between the same two ranks are matched in the order they are posted
 // (NCCL's rule), so both sides must agree on the order of transfers; a size mismatch is an NCCL
 // error or a deadline.

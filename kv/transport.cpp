@@ -41,4 +41,21 @@ Status check_region_range(const KvRemoteRegion& region, int64_t offset, int64_t 
   return Status();
 }
 
+const char* kv_transport_name(KvTransport t) {
+  switch (t) {
+    case KvTransport::kInProcess: return "in-process";
+    case KvTransport::kUcx: return "ucx";
+    case KvTransport::kNccl: return "nccl";
+  }
+  return "unknown";
+}
+
+KvTransport choose_kv_transport(const KvPlace& src, const KvPlace& dst) {
+  if (src.process != 0 && src.process == dst.process) return KvTransport::kInProcess;
+  const bool both_gpus = src.cuda_device >= 0 && dst.cuda_device >= 0;
+  const bool same_gpu = both_gpus && src.node == dst.node && src.cuda_device == dst.cuda_device;
+  if (both_gpus && src.nccl && dst.nccl && !same_gpu) return KvTransport::kNccl;
+  return KvTransport::kUcx;
+}
+
 }  // namespace specserve

@@ -18,7 +18,11 @@
 //     device memory (zero copy) or host memory (staged); today's Backend::kv_export_blocks
 //     writes host memory, so a device-side export is the missing piece for zero copy. Same
 //     failure contract as below (deadline, kUnavailable / kDeadlineExceeded, failed()).
-//     Compiles and skips without a GPU; untested on a GPU (tests/gpu/nccl_test.cpp).
+//     Wired into migration by actors/kv_nccl_links.h (channels per GPU peer, joined at worker
+//     start) and actors/kv_data_plane.h (a failed NCCL fetch is retried over UCX).
+//     Compiles and skips without a GPU; untested on a GPU (tests/gpu/nccl_test.cpp,
+//     tests/gpu/kv_nccl_migration_test.cpp).
+// choose_kv_transport (below) is the rule between the three.
 //
 // Failure contract (every implementation): a transfer ends by its deadline; a peer that dies or
 // stalls mid-transfer yields kUnavailable or kDeadlineExceeded for that request — never a hang or
@@ -79,5 +83,29 @@ KvRemoteRegion in_process_region(void* base, int64_t bytes);
 
 /// Whether [offset, offset + bytes) lies inside `region`; kInvalidArgument naming both otherwise.
 Status check_region_range(const KvRemoteRegion& region, int64_t offset, int64_t bytes);
+
+/// How the bytes of one KV transfer travel (the three transports above).
+enum class KvTransport : int32_t { kInProcess = 1, kUcx = 2, kNccl = 3 };
+/// "in-process", "ucx", "nccl" (for logs and status); "unknown" otherwise.
+const char* kv_transport_name(KvTransport t);
+
+/// Where one end of a KV transfer runs, as far as choosing a transport goes.
+struct KvPlace {
+  std::string node;         ///< the node (host) it runs on, as the topology names it
+  uint64_t process = 0;     ///< a random id of its process (actors/kv_data_plane.h's kv_process_id)
+  int32_t cuda_device = -1; ///< the CUDA device ordinal its KV cache lives on; -1: host memory (cpu)
+  bool nccl = false;        ///< its build has NCCL and it joined KV channels (gpu/nccl_kv_channel.h)
+};
+
+/// The transport for moving KV from `src` to `dst` (pure; the KV data plane's rule):
+///   - the same process (equal, non-zero `process`): kInProcess (a plain copy; cheapest while
+///     exports are host memory, even between two GPUs);
+///   - both on CUDA devices, both with NCCL, and not the same GPU: kNccl;
+///   - otherwise kUcx (one end on the CPU, a build without NCCL, or both ends on one GPU).
+/// NOTE: "the same GPU" is the same node and the same ordinal: NCCL refuses a group whose two
+/// ranks share a GPU ("Duplicate GPU detected", ncclInvalidUsage), so two workers on one GPU move
+/// KV over UCX. Ordinals are compared as the topology gives them (CUDA_VISIBLE_DEVICES is assumed
+/// the same for the workers of one node).
+KvTransport choose_kv_transport(const KvPlace& src, const KvPlace& dst);
 
 }  // namespace specserve

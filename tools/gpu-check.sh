@@ -7,7 +7,8 @@
 #   3. `ctest -L gpu`: parity of every CudaBackend op and of whole models with the CPU
 #      reference, greedy identity, tree attention, KV export/import; the NCCL communicator and
 #      KV channel (tests/gpu/nccl_test.cpp: one GPU; its multi-GPU tests skip on a single-GPU
-#      machine) (JUnit XML + verbose log);
+#      machine); a sequence's KV moving between two GPU workers' data planes, over NCCL with two
+#      GPUs and over UCX on one (tests/gpu/kv_nccl_migration_test.cpp) (JUnit XML + verbose log);
 #   4. decode tokens/s at batch 1, 8 and 32 for synthetic models shaped like Llama 3.2 1B and
 #      Llama 3.1 8B (random bf16 weights built in memory), with the achieved memory bandwidth
 #      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`;
@@ -189,16 +190,16 @@ fi
 # ---- 3. GPU tests
 exclude=()
 if [ -z "$model" ]; then
-  log "no default model: its tests (CudaDefaultModel.*) are excluded and reported as not run"
+  log "no default model: its tests (CudaDefaultModel.*, KvNcclMigration.*) are excluded and reported as not run"
   printf 'default-model tests\tnot run (model absent)\t0\n' >>"$stages"
-  exclude=(-E "CudaDefaultModel")
+  exclude=(-E "CudaDefaultModel|KvNcclMigration")
 fi
 if [ -z "$prebuilt" ]; then
   stage ctest 150 ctest --test-dir "$build" -L gpu -V --timeout 140 --output-junit "$out/ctest-junit.xml" "${exclude[@]}"
 else
   # No CTest files that fit this checkout: the GoogleTest binaries directly (JUnit-like XML).
   filter="*"
-  [ -z "$model" ] && filter="-CudaDefaultModel.*"
+  [ -z "$model" ] && filter="-CudaDefaultModel.*:KvNcclMigration.*"
   run_gpu_tests() {
     local rc=0
     for t in "$build"/tests/test_gpu_*; do

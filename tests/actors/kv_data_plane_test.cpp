@@ -2,7 +2,9 @@
 // split fetch (start_fetch on the owner's thread, KvFetch::run on another, finish_fetch back)
 // arrives intact, two fetches at once each get a receive region, and the staging regions of
 // released offers are reused (no ucp_mem_map per migration; receivers keep the rkey they
-// unpacked).
+// unpacked); the transport a fetch takes follows choose_kv_transport over the peers' places (two
+// planes given two process ids stand for two processes), and a place on a GPU whose NCCL channel
+// cannot form (no GPU here) moves its KV over UCX.
 #include "actors/kv_data_plane.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "model/communicator.h"
 #include "model/backend.h"
 
 namespace specserve {
@@ -142,6 +145,91 @@ TEST(KvDataPlane, ReleasedStagingRegionsAreReusedByLaterOffers) {
   }
   for (int64_t id = o1->offer_id; id < o1->offer_id + KvDataPlane::kMaxSpareRegions + 8; ++id) src->release(id);
   EXPECT_LE(src->num_spare_regions(), KvDataPlane::kMaxSpareRegions);
+}
+
+KvPeer peer_of(const KvDataPlane& p) {
+  return KvPeer{p.name(), p.address(), p.place().node, p.place().process, p.place().cuda_device, p.place().nccl};
+}
+
+// Offers blocks {1, 2} of `a` from `src`, fetches them into `dst` and checks the bytes; returns the
+// transport the fetch used.
+KvTransport move_two_blocks(KvDataPlane& src, KvDataPlane& dst, Kv& a, Kv& b) {
+  const KvExportFormat f = kv_export_format(*a.kv, 1);
+  const std::vector<int32_t> from = {1, 2}, into = {6, 7};
+  auto o = src.offer(*a.backend, *a.kv, f, from, 7, 0x33);
+  EXPECT_TRUE(o.ok()) << o.status().to_string();
+  if (!o.ok()) return KvTransport::kInProcess;
+  auto fe = dst.start_fetch(*o, f, 2, kv_deadline_after(std::chrono::seconds(5)));
+  EXPECT_TRUE(fe.ok()) << fe.status().to_string();
+  if (!fe.ok()) return KvTransport::kInProcess;
+  const KvTransport chosen = (*fe)->transport;
+  if (chosen == KvTransport::kNccl) (void)src.serve_send(o->offer_id, dst.name(), (*fe)->deadline);
+  (*fe)->run();
+  EXPECT_TRUE((*fe)->status.ok()) << (*fe)->status.to_string();
+  EXPECT_TRUE(dst.finish_fetch(**fe, *b.backend, *b.kv, f, into).ok());
+  dst.end_fetch(**fe);
+  src.release(o->offer_id);
+  for (size_t i = 0; i < into.size(); ++i) EXPECT_EQ(b.block(into[i]), a.block(from[i])) << "block " << i;
+  return chosen;
+}
+
+TEST(KvDataPlane, FetchesTakeTheTransportOfThePeersPlaces) {
+  KvPlaneOptions o1, o2;
+  o1.node = o2.node = "n0";
+  o1.process = 101;  // two processes, as far as the planes know
+  o2.process = 102;
+  auto p1 = KvDataPlane::create("w/1", o1);
+  auto p2 = KvDataPlane::create("w/2", o2);
+  if (!p1.ok() || !p2.ok()) GTEST_SKIP() << "UCX unusable here";
+  auto& src = **p1;
+  auto& dst = **p2;
+  EXPECT_FALSE(src.place().nccl) << "a CPU plane never joins NCCL channels";
+  src.connect_peers({peer_of(dst)}, std::chrono::seconds(5));
+  dst.connect_peers({peer_of(src)}, std::chrono::seconds(5));
+  EXPECT_EQ(dst.transport_from("w/1"), KvTransport::kUcx);
+  Kv a, b;
+  a.fill(3);
+  EXPECT_EQ(move_two_blocks(src, dst, a, b), KvTransport::kUcx);
+  // Two planes of one process (same id): a plain copy.
+  KvPlaneOptions same = o1;
+  same.process = 0;  // kv_process_id()
+  auto p3 = KvDataPlane::create("w/3", same);
+  auto p4 = KvDataPlane::create("w/4", same);
+  ASSERT_TRUE(p3.ok() && p4.ok());
+  (*p4)->connect_peers({peer_of(**p3)}, std::chrono::seconds(5));
+  EXPECT_EQ((*p4)->transport_from("w/3"), KvTransport::kInProcess);
+  Kv c;
+  EXPECT_EQ(move_two_blocks(**p3, **p4, a, c), KvTransport::kInProcess);
+}
+
+TEST(KvDataPlane, GpuPlacesWhoseNcclChannelCannotFormMoveKvOverUcx) {
+  // Two "GPU workers" on cuda:0 and cuda:1 of one node in two processes: choose_kv_transport says
+  // NCCL; on this machine (no GPU, or a build without NCCL) the channels do not form, so
+  // the fetch goes over UCX — never waits on a channel that is not there.
+  auto store = std::make_shared<InProcessStore>();
+  KvPlaneOptions o1, o2;
+  o1.node = o2.node = "n0";
+  o1.process = 201;
+  o2.process = 202;
+  o1.cuda_device = 0;
+  o2.cuda_device = 1;
+  o1.nccl_store = o2.nccl_store = store;
+  o1.nccl_join_timeout = o2.nccl_join_timeout = std::chrono::seconds(5);
+  auto p1 = KvDataPlane::create("g/1", o1);
+  auto p2 = KvDataPlane::create("g/2", o2);
+  if (!p1.ok() || !p2.ok()) GTEST_SKIP() << "UCX unusable here";
+  auto& src = **p1;
+  auto& dst = **p2;
+  EXPECT_EQ(src.place().nccl, KvNcclLinks::available());
+  src.connect_peers({peer_of(dst)}, std::chrono::seconds(5));
+  dst.connect_peers({peer_of(src)}, std::chrono::seconds(5));
+  Kv a, b;
+  a.fill(4);
+  // Whether the joins have ended or not, a channel that is not joined is never chosen.
+  const KvTransport t = move_two_blocks(src, dst, a, b);
+  // On a machine with 2 GPUs the channels may have formed by now: the bytes (checked above) then
+  // came over NCCL, which is as good; tests/gpu/kv_nccl_migration_test.cpp covers that case.
+  if (t != KvTransport::kNccl) EXPECT_EQ(t, KvTransport::kUcx);
 }
 
 }  // namespace
