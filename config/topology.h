@@ -112,6 +112,10 @@ struct WorkerSpec {
   int32_t replica = 0;  ///< the replica it serves, >= 0
   int32_t rank = 0;     ///< tensor-parallel rank within its replica (target_shard only)
   DeviceSpec device;
+  /// cuda:N only: the fraction of the device's total memory this worker may use (weights,
+  /// activations and KV), in (0, 1]; vLLM's gpu_memory_utilization and default. Workers sharing
+  /// a device must have fractions summing to at most 1. Ignored on the CPU.
+  double gpu_memory_utilization = 0.9;
 };
 
 /// `nodes[i]:` — one node daemon: a host, the devices it offers, the workers it runs.
