@@ -7,8 +7,9 @@
 // its default and its checks is the comment in examples/cluster-local.yaml and the README.
 //
 // Parsing is strict: an unknown key, a value of the wrong type or out of range, or a
-// topology that cannot run (ranks that do not cover tensor_parallel_size, one GPU given to two
-// workers, a model file that cannot be read) is an error naming `file:line:column`, the field
+// topology that cannot run (ranks that do not cover tensor_parallel_size, workers sharing one
+// GPU whose gpu_memory_utilization fractions sum past 1, a model file that cannot be read) is an
+// error naming `file:line:column`, the field
 // path (`nodes[0].workers[1].device`) and the offending value. Every error found is reported,
 // one per line, not only the first.
 //

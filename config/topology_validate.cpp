@@ -1,6 +1,6 @@
 // Topology validation: the cross-field checks TopologyParser runs once every field parsed
-// (ranks cover tensor_parallel_size, one worker per GPU, replicas, reachability of the head,
-// autoscale bounds), and check_ports_free.
+// (ranks cover tensor_parallel_size, the memory fractions of workers sharing a GPU, replicas,
+// reachability of the head, autoscale bounds), and check_ports_free.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
