@@ -72,7 +72,7 @@ Status load_and_warm(Self self) {
   auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
   if (!m.ok()) return Status(m.status().code(), "models.target.path: " + m.status().message());
   s.target = std::move(*m);
-  memory.target_loaded();
+  memory.target_loaded(*s.backend);
   ProposerBuildOptions bo;
   if (t.models.target.max_model_len) bo.max_model_len = *t.models.target.max_model_len;
   // The draft's KV (draft_model, layer_skip) on cuda:N: as many blocks as max_num_seqs sequences

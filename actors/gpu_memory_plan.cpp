@@ -86,19 +86,16 @@ Expected<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryInputs& in) {
 
 DeviceMemoryBudget::DeviceMemoryBudget(const std::string& device, double util, std::string field)
     : device_(device), utilization_field_(std::move(field)), utilization_(util) {
-  auto m = device_memory(device);
-  if (!m.ok()) return;
-  active_ = true;
-  free_at_start_ = m->free_bytes;
+  active_ = device_memory(device).ok();
 }
 
-void DeviceMemoryBudget::target_loaded() {
-  if (!active_) return;
-  auto m = device_memory(device_);
-  if (m.ok()) free_after_target_ = m->free_bytes;
+void DeviceMemoryBudget::target_loaded(const Backend& backend) {
+  backend_ = &backend;
+  target_weight_bytes_ = backend.weight_bytes();
 }
 
 Expected<GpuMemoryPlan> DeviceMemoryBudget::plan(GpuMemoryInputs in) const {
+  if (!backend_) return internal_error(device_ + ": memory planning before the target's weights were loaded (a bug)");
   auto m = device_memory(device_);
   if (!m.ok()) return m.status();
   in.device = device_;
@@ -106,12 +103,8 @@ Expected<GpuMemoryPlan> DeviceMemoryBudget::plan(GpuMemoryInputs in) const {
   in.free_bytes = m->free_bytes;
   in.gpu_memory_utilization = utilization_;
   in.utilization_field = utilization_field_;
-  // NOTE: measured as the drop in the device's free memory since this worker started. Another
-  // process allocating meanwhile makes it larger (a smaller, safe plan); its own fraction
-  // bounds it in any case.
-  const int64_t after_target = free_after_target_ >= 0 ? free_after_target_ : m->free_bytes;
-  in.weight_bytes = std::max<int64_t>(0, free_at_start_ - after_target);
-  in.draft_weight_bytes = std::max<int64_t>(0, after_target - m->free_bytes);
+  in.weight_bytes = target_weight_bytes_;
+  in.draft_weight_bytes = std::max<int64_t>(0, backend_->weight_bytes() - target_weight_bytes_);
   return plan_gpu_memory(in);
 }
 

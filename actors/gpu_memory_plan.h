@@ -22,6 +22,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/backend.h"
 #include "model/model_config.h"
 #include "spec/engine.h"
 
@@ -30,9 +31,10 @@ namespace specserve {
 /// vLLM's default `gpu_memory_utilization`.
 inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
 
-/// Bytes not measured by the planner's inputs and kept free: cuBLAS workspaces, allocator
-/// rounding, the CUDA context's growth after the first measurement.
-inline constexpr int64_t kGpuReservedBytes = int64_t{512} << 20;
+/// Bytes of a worker not counted by the planner's inputs and kept free: its CUDA context, cuBLAS
+/// handle and workspace, allocator rounding (vLLM measures these as "non-torch memory"; here
+/// they are not measured, so they are reserved).
+inline constexpr int64_t kGpuReservedBytes = int64_t{1} << 30;
 
 /// What a worker has and wants on its device. Sizes in bytes, lengths in tokens.
 struct GpuMemoryInputs {
@@ -40,7 +42,7 @@ struct GpuMemoryInputs {
   int64_t total_bytes = 0;            ///< the device's memory
   int64_t free_bytes = 0;             ///< free on the device now, this worker's weights already loaded
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;  ///< (0, 1]: this worker's share of total_bytes
-  int64_t weight_bytes = 0;           ///< this worker's target weights (and CUDA handles) on the device
+  int64_t weight_bytes = 0;           ///< this worker's target weights on the device
   int64_t draft_weight_bytes = 0;     ///< an in-process draft model's or heads' weights; 0: none
   int64_t activation_bytes = 0;       ///< scratch of one forward pass of max_num_batched_tokens rows
   int64_t reserved_bytes = kGpuReservedBytes;
@@ -91,9 +93,12 @@ int64_t forward_activation_bytes(const ModelConfig& c, int64_t rows);
 /// build fails with them).
 using DraftKvPlanner = std::function<Expected<int64_t>(int64_t draft_block_bytes, int64_t draft_activation_bytes)>;
 
-/// A worker's memory on its device: construct it before the worker allocates anything there,
-/// call target_loaded() once the target's weights are loaded, then plan(). On the CPU it is
-/// inactive and plan() is never needed. Not thread-safe (one worker's start-up).
+/// A worker's memory on its device. Call target_loaded() once the target's weights are on the
+/// worker's backend, then plan(). What the worker holds is counted from its backend
+/// (Backend::weight_bytes: the target's weights, then an in-process draft's or heads', loaded on
+/// the same backend), not from the device's free memory, so workers loading side by side on one
+/// GPU do not count each other's memory as their own (vLLM counts its own process's allocations
+/// the same way). On the CPU it is inactive and plan() is never needed. Not thread-safe.
 class DeviceMemoryBudget {
  public:
   /// `device`: "cpu" or "cuda:N". Inactive on the CPU, or when the device's memory cannot be read
@@ -101,11 +106,13 @@ class DeviceMemoryBudget {
   DeviceMemoryBudget(const std::string& device, double gpu_memory_utilization, std::string utilization_field);
 
   bool active() const { return active_; }
-  /// Marks the end of the target's weights: memory taken after this counts as the draft's.
-  void target_loaded();
-  /// Fills device, total, free, utilization, weight and draft weight bytes of `in` from the
-  /// device now and runs plan_gpu_memory. Errors: those of plan_gpu_memory; kUnavailable when
-  /// the device's memory cannot be read.
+  /// Marks the end of the target's weights on `backend`, which must outlive this object and
+  /// hold every weight of the worker: weights loaded after this count as the draft's.
+  void target_loaded(const Backend& backend);
+  /// Fills device, total, free, utilization, weight and draft weight bytes of `in` (the device
+  /// now, the backend's weights) and runs plan_gpu_memory. Errors: those of plan_gpu_memory;
+  /// kUnavailable when the device's memory cannot be read; kInternal before target_loaded() (a
+  /// bug).
   Expected<GpuMemoryPlan> plan(GpuMemoryInputs in) const;
 
  private:
@@ -113,8 +120,8 @@ class DeviceMemoryBudget {
   std::string utilization_field_;
   double utilization_ = kDefaultGpuMemoryUtilization;
   bool active_ = false;
-  int64_t free_at_start_ = 0;
-  int64_t free_after_target_ = -1;  // -1: target_loaded() not called
+  const Backend* backend_ = nullptr;
+  int64_t target_weight_bytes_ = 0;
 };
 
 /// The GpuMemoryInputs of an engine with `options` over `model` whose KV heads are split over

@@ -78,7 +78,7 @@ Status load_and_warm(Self self) {
   s.model = std::move(*m);
   if (s.tp_peers) s.model.model->set_tensor_parallel_peers(s.tp_peers.get());
   s.load_s = s.model.load_seconds;
-  memory.target_loaded();
+  memory.target_loaded(*s.backend);
   auto eo = engine_options_for(t, s.model.model->config());
   if (!eo.ok()) return eo.status();
   s.engine_options = *eo;

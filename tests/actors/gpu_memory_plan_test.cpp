@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "actors/backend_factory.h"
+
 namespace specserve {
 namespace {
 
@@ -195,7 +197,10 @@ TEST(GpuMemoryPlan, EngineInputsFromTheModelAndTheEngineLimits) {
 TEST(GpuMemoryPlan, CpuBudgetIsInactiveAndChangesNothing) {
   DeviceMemoryBudget cpu("cpu", 0.5, "--gpu-memory-utilization");
   EXPECT_FALSE(cpu.active());
-  cpu.target_loaded();
+  auto backend = make_backend_for_device("--device", "cpu", 1);
+  ASSERT_TRUE(backend.ok());
+  EXPECT_EQ((*backend)->weight_bytes(), 0) << "the CPU's memory is not planned";
+  cpu.target_loaded(**backend);
   EngineOptions o;
   o.num_kv_blocks = 7;
   EngineKvPlanner planner(cpu, base(), &o);

@@ -36,7 +36,7 @@ TEST(GpuMemoryPlanOnDevice, TargetAndLayerSkipDraftStayWithinTheFraction) {
   ASSERT_TRUE(backend.ok()) << backend.status().to_string();
   auto lm = load_model(testing::default_model_path(), **backend, /*quiet=*/true);
   ASSERT_TRUE(lm.ok()) << lm.status().to_string();
-  memory.target_loaded();
+  memory.target_loaded(**backend);
 
   EngineOptions eo;
   eo.max_model_len = 2048;
@@ -95,7 +95,7 @@ TEST(GpuMemoryPlanOnDevice, AFractionSmallerThanTheWeightsIsAClearError) {
   ASSERT_TRUE(backend.ok()) << backend.status().to_string();
   auto lm = load_model(testing::default_model_path(), **backend, /*quiet=*/true);
   ASSERT_TRUE(lm.ok()) << lm.status().to_string();
-  memory.target_loaded();
+  memory.target_loaded(**backend);
   EngineOptions eo;
   eo.max_model_len = 2048;
   EngineKvPlanner plan(memory, engine_memory_inputs(lm->model->config(), eo), &eo);

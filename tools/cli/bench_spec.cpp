@@ -151,7 +151,7 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  memory.target_loaded();
+  memory.target_loaded(*backend);
   std::ifstream in(a.questions);
   if (!in) {
     std::fprintf(stderr, "specserve bench-spec: --questions: cannot read %s\n", a.questions.c_str());

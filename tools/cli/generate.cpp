@@ -45,7 +45,7 @@ int run_generate(const GenerateArgs& a) {
   }
   LoadedModel& lm = (*loaded)->lm;
   Backend* backend = &(*loaded)->backend();
-  memory.target_loaded();
+  memory.target_loaded(*backend);
   std::string text = a.prompt;
   bool parse_special = false;
   if (!a.chat.empty()) {
