@@ -8,8 +8,8 @@
 #include <caf/io/all.hpp>
 
 #include "actors/backend_factory.h"
-#include "actors/gpu_memory_plan.h"
 #include "actors/gateway.h"
+#include "actors/gpu_memory_plan.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/runtime.h"
@@ -63,7 +63,7 @@ Status load_and_warm(Self self) {
                             "remove the draft_worker and the target_shard runs the heads");
   }
   const auto t0 = Clock::now();
-  // cuda:N: what this worker holds on the device is measured from here (gpu_memory_plan.h).
+  // cuda:N: its draft KV pool is sized from gpu_memory_utilization once the weights are loaded (gpu_memory_plan.h).
   DeviceMemoryBudget memory(s.cfg.device.to_string(), s.cfg.gpu_memory_utilization, s.cfg.gpu_memory_utilization_field);
   auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
                                          s.cfg.device.to_string(), s.cfg.threads);

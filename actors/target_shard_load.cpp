@@ -50,7 +50,7 @@ WorkerHello hello(Self self, const std::string& state, const std::string& error)
 Status load_and_warm(Self self) {
   auto& s = self->state;
   const Topology& t = s.cfg.topology;
-  // cuda:N: what this worker holds on the device is measured from here (gpu_memory_plan.h).
+  // cuda:N: its KV pools are sized from gpu_memory_utilization once the weights are loaded (gpu_memory_plan.h).
   DeviceMemoryBudget memory(s.cfg.device.to_string(), s.cfg.gpu_memory_utilization, s.cfg.gpu_memory_utilization_field);
   auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
                                          s.cfg.device.to_string(), s.cfg.threads);

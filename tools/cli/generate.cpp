@@ -36,7 +36,7 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
-  // cuda:N: this process's memory on the device counts from here (actors/gpu_memory_plan.h).
+  // cuda:N: the KV pools are sized from --gpu-memory-utilization once the weights are loaded (actors/gpu_memory_plan.h).
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
