@@ -113,5 +113,16 @@ TEST(TopologyGpuMemory, IgnoredOnTheCpuWithANote) {
       << t->notes[0];
 }
 
+TEST(TopologyGpuMemory, TheGpuExampleParses) {
+  auto t = load_topology_file(std::string(SPECSERVE_SOURCE_DIR) + "/examples/cluster-gpu.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->nodes.size(), 1u);
+  ASSERT_EQ(t->nodes[0].workers.size(), 2u);
+  EXPECT_EQ(t->nodes[0].workers[0].device, t->nodes[0].workers[1].device);
+  EXPECT_DOUBLE_EQ(t->nodes[0].workers[0].gpu_memory_utilization, 0.6);
+  EXPECT_DOUBLE_EQ(t->nodes[0].workers[1].gpu_memory_utilization, 0.3);
+  EXPECT_TRUE(t->notes.empty());
+}
+
 }  // namespace
 }  // namespace specserve
