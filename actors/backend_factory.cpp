@@ -48,33 +48,16 @@ Status check_device_available(const std::string& flag, const std::string& device
 #endif
 }
 
-Status plan_kv_cache(const Backend& backend, const ModelConfig& c, EngineOptions* o) {
-  if (o->num_kv_blocks != 0) return Status();
-  const std::string name = backend.name();
-  if (name.rfind("cuda:", 0) != 0) return Status();
+Expected<DeviceMemory> device_memory(const std::string& device) {
+  auto spec = parse_device(device);
+  if (!spec.ok()) return invalid_argument("device '" + device + "': " + spec.status().message());
+  if (spec->kind == DeviceKind::kCpu) return unsupported("device 'cpu': host memory is not planned");
 #ifdef SPECSERVE_WITH_CUDA
-  auto info = cuda_device_info(std::stoi(name.substr(5)));
-  if (!info.ok()) return info.status();
-  const int64_t max_len = o->max_model_len > 0 ? o->max_model_len : c.context_length;
-  const int64_t wanted = (max_len * 4 + o->block_size - 1) / o->block_size;  // the engine's default
-  const int64_t block_bytes = 2 * 4 * c.num_layers * c.kv_dim() * static_cast<int64_t>(o->block_size);
-  // Activations of one forward pass (model/transformer.cpp's scratch buffers, 1.25x as it
-  // allocates them) and the logits of every row, plus fixed slack for cuBLAS and the CUDA context.
-  const int64_t rows = o->max_num_batched_tokens;
-  const int64_t activations =
-      rows * 4 * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn_size + c.vocab_size) * 5 / 4;
-  const int64_t budget = info->free_bytes - activations - (int64_t{1} << 30);
-  const int64_t fit = budget > 0 ? budget / block_bytes : 0;
-  if (fit < 1) {
-    return resource_exhausted(name + ": " + std::to_string(info->free_bytes >> 20) + " MiB free after the weights: no room for a KV block of " +
-                              std::to_string(block_bytes >> 10) + " KiB beside " + std::to_string(activations >> 20) +
-                              " MiB of activations");
-  }
-  o->num_kv_blocks = std::min(wanted, fit);
-  return Status();
+  auto info = cuda_device_info(spec->index);
+  if (!info.ok()) return Status(info.status().code(), "device '" + device + "': " + info.status().message());
+  return DeviceMemory{info->total_bytes, info->free_bytes};
 #else
-  (void)c;
-  return Status();
+  return unavailable("device '" + device + "': this specserve was built without the CUDA backend (nvcc not found at configure time)");
 #endif
 }
 

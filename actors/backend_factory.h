@@ -28,13 +28,14 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
 /// no allocation): for checking a topology before a worker loads its model. Same errors.
 Status check_device_available(const std::string& flag, const std::string& device);
 
-/// Memory planning for a GPU: sets options->num_kv_blocks, when it is 0 (the engine's default:
-/// max_model_len * 4 tokens), to that default or to what fits in the device's free memory now,
-/// whichever is smaller, keeping room for the activations of max_num_batched_tokens rows and
-/// 1 GiB of slack. Call it after the target and the proposer are loaded (the draft model's
-/// weights and KV are then already on the device, so they are counted), before Engine::create.
-/// On the CPU, or with num_kv_blocks already set, it changes nothing.
-/// Errors: kResourceExhausted naming the device and its free MiB when not one block fits.
-Status plan_kv_cache(const Backend& backend, const ModelConfig& model, EngineOptions* options);
+/// A device's memory: total and free bytes now.
+struct DeviceMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+
+/// The memory of `device` ("cuda:N") now (cudaMemGetInfo). Errors: kUnsupported for "cpu" (its
+/// memory is not planned), else those of check_device_available.
+Expected<DeviceMemory> device_memory(const std::string& device);
 
 }  // namespace specserve

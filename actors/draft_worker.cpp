@@ -9,6 +9,7 @@
 
 #include "actors/backend_factory.h"
 #include "actors/gateway.h"
+#include "actors/gpu_memory_plan.h"
 #include "actors/messages.h"
 #include "actors/proposer_factory.h"
 #include "actors/runtime.h"
@@ -62,6 +63,8 @@ Status load_and_warm(Self self) {
                             "remove the draft_worker and the target_shard runs the heads");
   }
   const auto t0 = Clock::now();
+  // cuda:N: its draft KV pool is sized from gpu_memory_utilization once the weights are loaded (gpu_memory_plan.h).
+  DeviceMemoryBudget memory(s.cfg.device.to_string(), s.cfg.gpu_memory_utilization, s.cfg.gpu_memory_utilization_field);
   auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
                                          s.cfg.device.to_string(), s.cfg.threads);
   if (!backend.ok()) return backend.status();
@@ -69,8 +72,24 @@ Status load_and_warm(Self self) {
   auto m = load_model(t.models.target.path, *s.backend, /*quiet=*/true);
   if (!m.ok()) return Status(m.status().code(), "models.target.path: " + m.status().message());
   s.target = std::move(*m);
+  memory.target_loaded(*s.backend);
   ProposerBuildOptions bo;
   if (t.models.target.max_model_len) bo.max_model_len = *t.models.target.max_model_len;
+  // The draft's KV (draft_model, layer_skip) on cuda:N: as many blocks as max_num_seqs sequences
+  // of max_model_len need, within this worker's own gpu_memory_utilization. No target KV here.
+  EngineOptions limits;
+  limits.max_num_seqs = t.scheduler.max_num_seqs;
+  limits.max_num_batched_tokens = t.scheduler.max_num_batched_tokens;
+  limits.block_size = t.scheduler.block_size;
+  limits.max_model_len = bo.max_model_len;
+  GpuMemoryInputs draft_mem = engine_memory_inputs(s.target.model->config(), limits);
+  draft_mem.target_block_bytes = 0;
+  draft_mem.activation_bytes = 0;  // the draft's own, passed by the proposer
+  draft_mem.max_model_len_field = "models.target.max_model_len";
+  EngineKvPlanner kv_plan(memory, draft_mem, &limits);
+  bo.plan_kv = kv_plan.draft_planner();
+  bo.block_size = limits.block_size;
+  bo.max_num_batched_tokens = limits.max_num_batched_tokens;
   // q crosses a process boundary: sample drafts from a truncated q (99.9% of the mass, at most
   // 512 ids) — exact for the verifier, since the token really is drawn from what is sent.
   bo.sparse_keep_mass = 0.999;
@@ -87,6 +106,7 @@ Status load_and_warm(Self self) {
                             "remove the draft_worker so that the target_shard runs the proposer itself");
   }
   s.proposer = std::move(*p);
+  if (!kv_plan.summary().empty()) get_logger("actors")->info("replica {} draft worker: {}", s.cfg.replica, kv_plan.summary());
   s.load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   self->send(s.cfg.scheduler, hello(self, "warming"));
   const auto t1 = Clock::now();

@@ -26,6 +26,18 @@ class OwningDrafter final : public Proposer {
   std::unique_ptr<ModelDrafter> drafter_;
 };
 
+// The draft's KV pool from the memory plan (a GPU), for a drafter running `num_layers` layers of
+// `model`. Without a planner: the drafter's defaults.
+Status plan_drafter_kv(DrafterOptions* o, const ModelConfig& model, int64_t num_layers, const ProposerBuildOptions& b) {
+  if (!b.plan_kv) return Status();
+  o->block_size = b.block_size;
+  auto n = b.plan_kv(kv_block_bytes(num_layers, model.kv_dim(), b.block_size),
+                     forward_activation_bytes(model, b.max_num_batched_tokens));
+  if (!n.ok()) return n.status();
+  o->num_kv_blocks = *n;
+  return Status();
+}
+
 void set_sparse(DrafterOptions* o, const ProposerBuildOptions& b) {
   if (b.sparse_keep_mass > 0) {
     o->sparse_keep_mass = b.sparse_keep_mass;
@@ -64,6 +76,10 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
   }
   EagleOptions o;
   o.max_model_len = b.max_model_len;
+  if (b.plan_kv) {
+    o.block_size = b.block_size;
+    o.plan_kv = b.plan_kv;
+  }
   if (tree) {
     o.mode = EagleOptions::Mode::kStatic;
     o.tree_paths = tree->paths;
@@ -95,6 +111,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       o.num_layers = n;
       o.max_model_len = b.max_model_len;
       set_sparse(&o, b);
+      SPECSERVE_RETURN_IF_ERROR(plan_drafter_kv(&o, target.model->config(), n, b));
       auto d = ModelDrafter::create(*target.model, o);
       if (!d.ok()) return d.status();
       return std::unique_ptr<Proposer>(std::move(*d));
@@ -113,6 +130,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
                                           static_cast<int32_t>(draft->model->config().context_length));
       o.target_vocab_size = static_cast<int32_t>(target.model->config().vocab_size);
       set_sparse(&o, b);
+      SPECSERVE_RETURN_IF_ERROR(plan_drafter_kv(&o, draft->model->config(), draft->model->config().num_layers, b));
       auto d = ModelDrafter::create(*draft->model, o);
       if (!d.ok()) return d.status();
       return std::unique_ptr<Proposer>(new OwningDrafter(std::move(*draft), std::move(*d)));

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "actors/gpu_memory_plan.h"
 #include "config/topology.h"
 #include "core/status.h"
 #include "model/backend.h"
@@ -19,6 +20,13 @@ struct ProposerBuildOptions {
   /// sampling stays exactly lossless. 0: dense q (in-process).
   double sparse_keep_mass = 0;
   int32_t sparse_max_entries = 0;
+  /// Set on a GPU (EngineKvPlanner::draft_planner): draft_model, layer_skip and eagle call it
+  /// once their weights are loaded, before allocating their KV, which then has block_size-token
+  /// blocks and the count it returns. Unset: their defaults (16-token blocks, 4 sequences of
+  /// max_model_len).
+  DraftKvPlanner plan_kv;
+  int32_t block_size = 16;              ///< the engine's block_size; used with plan_kv
+  int32_t max_num_batched_tokens = 2048;  ///< rows of the draft's activations; used with plan_kv
 };
 
 /// ngram -> NgramProposer(prompt_lookup_min, prompt_lookup_max); layer_skip -> the first
@@ -29,7 +37,7 @@ struct ProposerBuildOptions {
 /// tree with eagle_topk / eagle_depth for eagle) and spec.draft_vocab_size (default 8192 when the
 /// vocabulary has more than 16384 ids, else all). Errors name the field and value: num_layers out
 /// of range, a draft model that cannot be loaded or whose vocabulary differs, a malformed tree, a
-/// head file that does not fit the target.
+/// head file that does not fit the target; those of options.plan_kv (kResourceExhausted).
 Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
                                                    const ProposerBuildOptions& options);
 

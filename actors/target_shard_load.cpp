@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/backend_factory.h"
+#include "actors/gpu_memory_plan.h"
 #include "actors/proposer_factory.h"
 #include "actors/target_shard_internal.h"
 #include "core/logging.h"
@@ -20,6 +21,8 @@ namespace {
 
 Status build_engine(ShardState& s) {
   Proposer* p = s.local_proposer ? s.local_proposer.get() : s.slot.get();
+  // The old engine's KV goes first: a pool planned to fill this worker's share of a GPU fits once.
+  s.engine.reset();
   auto e = Engine::create(*s.model.model, s.model.tokenizer.get(), p, s.engine_options);
   if (!e.ok()) return e.status();
   s.engine = std::move(*e);
@@ -73,6 +76,8 @@ KvPlaneOptions plane_options(Self self) {
 Status load_and_warm(Self self) {
   auto& s = self->state;
   const Topology& t = s.cfg.topology;
+  // cuda:N: its KV pools are sized from gpu_memory_utilization once the weights are loaded (gpu_memory_plan.h).
+  DeviceMemoryBudget memory(s.cfg.device.to_string(), s.cfg.gpu_memory_utilization, s.cfg.gpu_memory_utilization_field);
   auto backend = make_backend_for_device(std::string("the ") + worker_role_name(s.cfg.role) + "'s device",
                                          s.cfg.device.to_string(), s.cfg.threads);
   if (!backend.ok()) return backend.status();
@@ -99,9 +104,16 @@ Status load_and_warm(Self self) {
   s.model = std::move(*m);
   if (s.tp_peers) s.model.model->set_tensor_parallel_peers(s.tp_peers.get());
   s.load_s = s.model.load_seconds;
+  memory.target_loaded(*s.backend);
   auto eo = engine_options_for(t, s.model.model->config());
   if (!eo.ok()) return eo.status();
   s.engine_options = *eo;
+  // NOTE: on cuda:N the KV pools come from gpu_memory_utilization, not scheduler.kv_cache_bytes
+  // (a host-memory budget); on the CPU nothing here changes them.
+  GpuMemoryInputs target_mem = engine_memory_inputs(s.model.model->config(), s.engine_options, tp);
+  target_mem.max_model_len_field = "models.target.max_model_len";
+  if (memory.active()) s.engine_options.num_kv_blocks = 0;
+  EngineKvPlanner kv_plan(memory, target_mem, &s.engine_options);
   // NOTE: a prefill worker emits one token per request, so it has nothing to speculate on.
   if (t.models.speculative && !prefill_only(s)) {
     s.method = speculative_method_name(t.models.speculative->method);
@@ -110,11 +122,16 @@ Status load_and_warm(Self self) {
     } else {
       ProposerBuildOptions bo;
       bo.max_model_len = s.engine_options.max_model_len;
+      bo.plan_kv = kv_plan.draft_planner();
+      bo.block_size = s.engine_options.block_size;
+      bo.max_num_batched_tokens = s.engine_options.max_num_batched_tokens;
       auto p = build_proposer(*t.models.speculative, s.model, *s.backend, bo);
       if (!p.ok()) return Status(p.status().code(), t.where("models.speculative") + ": models.speculative: " + p.status().message());
       s.local_proposer = std::move(*p);
     }
   }
+  SPECSERVE_RETURN_IF_ERROR(kv_plan.finish());
+  if (!kv_plan.summary().empty()) get_logger("actors")->info("replica {} rank {}: {}", s.cfg.replica, s.cfg.rank, kv_plan.summary());
   SPECSERVE_RETURN_IF_ERROR(build_engine(s));
   self->send(s.cfg.scheduler, hello(self, "warming"));
   const auto t0 = Clock::now();

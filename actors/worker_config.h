@@ -22,6 +22,10 @@ struct WorkerConfig {
   bool remote_draft = false;
   int32_t threads = 0;             ///< CPU backend threads; 0: OpenMP's default
   DeviceSpec device;               ///< where its model runs: the topology worker's `device` (cpu, cuda:N)
+  /// cuda:N: the fraction of the device's total memory it may use (actors/gpu_memory_plan.h), and
+  /// the flag or YAML field it came from, for messages.
+  double gpu_memory_utilization = 0.9;
+  std::string gpu_memory_utilization_field = "gpu_memory_utilization";
   double draft_timeout_s = 3.0;    ///< one propose round trip, then the step decodes plainly
   /// Deadline of one KV fetch from another worker (migration), then the sequence recomputes.
   double kv_transfer_timeout_s = 5.0;

@@ -413,6 +413,7 @@ int run_worker(const WorkerOptions& o) {
                                            std::to_string(node->workers.size()) + " worker(s)"));
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
+  const size_t node_index = static_cast<size_t>(node - topo->nodes.data());
   if (Status st = check_device_available(topo->where("nodes") + ": device", spec.device.to_string()); !st.ok()) {
     return fail("worker", st);
   }
@@ -443,6 +444,9 @@ int run_worker(const WorkerOptions& o) {
   wc.replica = spec.replica;
   wc.rank = spec.rank;
   wc.device = spec.device;
+  wc.gpu_memory_utilization = spec.gpu_memory_utilization;
+  wc.gpu_memory_utilization_field =
+      "nodes[" + std::to_string(node_index) + "].workers[" + std::to_string(o.index) + "].gpu_memory_utilization";
   wc.topology = *topo;
   wc.remote_draft = has_draft_worker(*topo, spec.replica);
   wc.threads = o.threads;
@@ -534,6 +538,8 @@ int run_serve(const ServeOptions& o) {
     for (const WorkerSpec& w : n.workers)
       if (w.role == WorkerRole::kTargetShard && !found) {
         wc.device = w.device;
+        wc.gpu_memory_utilization = w.gpu_memory_utilization;
+        wc.gpu_memory_utilization_field = "gpu_memory_utilization (--gpu-memory-utilization)";
         found = true;
       }
   wc.token = *token;
@@ -549,6 +555,10 @@ int run_serve(const ServeOptions& o) {
     for (int32_t r = 1; r < tp; ++r) {
       WorkerConfig follower = wc;
       follower.rank = r;
+      // Each rank on the device its worker names (serve: cuda:N+r).
+      for (const NodeSpec& n : t.nodes)
+        for (const WorkerSpec& w : n.workers)
+          if (w.role == WorkerRole::kTargetShard && w.rank == r) follower.device = w.device;
       spawn_tp_rank(rt.system(), follower);
     }
   }

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,12 @@ bool valid_name(std::string_view s) {
 // One key for "the same machine": every loopback spelling is this machine.
 std::string host_key(const std::string& host) {
   return is_loopback_host(host) ? std::string("localhost") : lower(host);
+}
+
+std::string fraction_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", x);
+  return buf;
 }
 
 }  // namespace topology_internal

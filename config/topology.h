@@ -7,8 +7,9 @@
 // its default and its checks is the comment in examples/cluster-local.yaml and the README.
 //
 // Parsing is strict: an unknown key, a value of the wrong type or out of range, or a
-// topology that cannot run (ranks that do not cover tensor_parallel_size, one GPU given to two
-// workers, a model file that cannot be read) is an error naming `file:line:column`, the field
+// topology that cannot run (ranks that do not cover tensor_parallel_size, workers sharing one
+// GPU whose gpu_memory_utilization fractions sum past 1, a model file that cannot be read) is an
+// error naming `file:line:column`, the field
 // path (`nodes[0].workers[1].device`) and the offending value. Every error found is reported,
 // one per line, not only the first.
 //
@@ -112,6 +113,10 @@ struct WorkerSpec {
   int32_t replica = 0;  ///< the replica it serves, >= 0
   int32_t rank = 0;     ///< tensor-parallel rank within its replica (target_shard only)
   DeviceSpec device;
+  /// cuda:N only: the fraction of the device's total memory this worker may use (weights,
+  /// activations and KV), in (0, 1]; vLLM's gpu_memory_utilization and default. Workers sharing
+  /// a device must have fractions summing to at most 1. Ignored on the CPU.
+  double gpu_memory_utilization = 0.9;
 };
 
 /// `nodes[i]:` — one node daemon: a host, the devices it offers, the workers it runs.

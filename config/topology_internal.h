@@ -1,7 +1,8 @@
 // specserve config: what the topology .cpp files share (not part of the public API).
 //
 // topology.cpp holds the public helpers and entry points, topology_parse.cpp the YAML walk
-// (TopologyParser, Fields: YAML -> structs, field errors), topology_validate.cpp the
+// (TopologyParser, Fields: YAML -> structs, field errors; the `nodes:` section in
+// topology_parse_nodes.cpp), topology_validate.cpp the
 // cross-field checks and the port probe. Include only from config/topology*.cpp.
 #pragma once
 
@@ -35,6 +36,8 @@ size_t edit_distance(std::string_view a, std::string_view b);
 bool valid_name(std::string_view s);
 /// One key for "the same machine": every loopback spelling is this machine.
 std::string host_key(const std::string& host);
+/// A fraction for messages: shortest round-trip-ish form ("0.9", "1.2", "0.35").
+std::string fraction_text(double x);
 
 // ---------------------------------------------------------------- the parser (topology_parse.cpp)
 
@@ -129,6 +132,16 @@ class TopologyParser {
   void parse_autoscale(const YAML::Node& n, std::optional<int32_t>* max_replicas);
 
   void check_topology(const std::optional<int32_t>& explicit_max_replicas);
+  // One worker on a GPU, for check_device_share.
+  struct DeviceUser {
+    std::string path;   // nodes[i].workers[j]
+    std::string node;   // its node's name
+    std::string host;   // its node's host, as written
+    double gpu_memory_utilization = 0;
+  };
+  // The workers on one GPU of one machine: their gpu_memory_utilization fractions must sum to
+  // at most 1 (the error is reported at the last of them).
+  void check_device_share(const std::string& device, const std::vector<DeviceUser>& users);
 
   std::string file_;
   std::string base_dir_;

@@ -1,6 +1,6 @@
 // Topology validation: the cross-field checks TopologyParser runs once every field parsed
-// (ranks cover tensor_parallel_size, one worker per GPU, replicas, reachability of the head,
-// autoscale bounds), and check_ports_free.
+// (ranks cover tensor_parallel_size, the memory fractions of workers sharing a GPU, replicas,
+// reachability of the head, autoscale bounds), and check_ports_free.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -26,10 +27,11 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
   const std::string tp_path = "models.target.tensor_parallel_size";
   const std::string tp_shown = quote(std::to_string(tp)) + (explicit_.count(tp_path) ? "" : " (default)");
 
-  // A GPU belongs to one worker; workers on the same machine share its CPU.
+  // Workers on one GPU share its memory, each within its gpu_memory_utilization; workers on the
+  // same machine share its CPU.
   // NOTE: keyed by machine, not by node entry, so two node entries on one host (as in
-  // examples/cluster-two-nodes.yaml) cannot both claim cuda:0.
-  std::map<std::pair<std::string, std::string>, std::string> device_owner;
+  // examples/cluster-two-nodes.yaml) cannot between them give cuda:0 more than all of it.
+  std::map<std::pair<std::string, std::string>, std::vector<DeviceUser>> device_users;
   // replica -> rank -> first worker path
   std::map<int32_t, std::map<int32_t, std::string>> shards;
   std::map<int32_t, std::string> other_workers;  // replica -> path of a draft/prefill worker
@@ -41,13 +43,8 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
       const WorkerSpec& w = node.workers[j];
       const std::string wp = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "]";
       if (w.device.kind == DeviceKind::kCuda) {
-        auto key = std::make_pair(host_key(node.host), w.device.to_string());
-        auto [it, inserted] = device_owner.emplace(key, wp);
-        if (!inserted) {
-          error_at(topo_.where(wp + ".device"), wp + ".device",
-                   quote(w.device.to_string()) + " on host " + quote(node.host) + " is already given to " + it->second +
-                       ": a GPU runs one worker");
-        }
+        device_users[std::make_pair(host_key(node.host), w.device.to_string())].push_back(
+            DeviceUser{wp, node.name, node.host, w.gpu_memory_utilization});
       }
       if (w.role == WorkerRole::kTargetShard) {
         auto [it, inserted] = shards[w.replica].emplace(w.rank, wp);
@@ -88,6 +85,7 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
       }
     }
   }
+  for (const auto& [key, users] : device_users) check_device_share(key.second, users);
   if (shards.empty()) {
     error_at(topo_.where("nodes"), "nodes",
              "no target_shard worker: a replica needs models.target.tensor_parallel_size " + tp_shown +
@@ -162,6 +160,28 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
                           " ready the pool stays full; beyond that its standby replicas are promoted and the pool is not "
                           "refilled (declare more replicas to keep a warm pool at max_replicas)");
   }
+}
+
+void TopologyParser::check_device_share(const std::string& device, const std::vector<DeviceUser>& users) {
+  if (users.size() < 2) return;
+  double sum = 0;
+  std::string listed;
+  for (const DeviceUser& u : users) {
+    sum += u.gpu_memory_utilization;
+    const bool set = explicit_.count(u.path + ".gpu_memory_utilization") > 0;
+    listed += (listed.empty() ? "" : " + ") + u.path + " (node " + quote(u.node) + ") " +
+              quote(fraction_text(u.gpu_memory_utilization)) + (set ? "" : " (default)");
+  }
+  // A small tolerance: 0.3 + 0.7 is 1.0000000000000002 in binary.
+  if (sum <= 1.0 + 1e-9) return;
+  const DeviceUser& last = users.back();
+  const std::string field = explicit_.count(last.path + ".gpu_memory_utilization") ? last.path + ".gpu_memory_utilization"
+                                                                                    : last.path + ".device";
+  error_at(topo_.where(field), field,
+           quote(device) + " on host " + quote(last.host) + " is shared by " + listed + ": gpu_memory_utilization sums to " +
+               fraction_text(sum) + " > 1. Workers sharing a GPU each use their own fraction of its total memory; give "
+               "each one a gpu_memory_utilization so that they sum to at most 1 (e.g. 0.6 for the target_shard and 0.3 "
+               "for the draft_worker), or give each its own device");
 }
 
 }  // namespace topology_internal

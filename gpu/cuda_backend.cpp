@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -105,14 +106,25 @@ void* device_alloc_or_die(int64_t bytes, const char* what) {
 
 class CudaWeight final : public Weight {
  public:
-  CudaWeight(int64_t rows, int64_t cols, WeightType type, void* data) : Weight(rows, cols), type_(type), data_(data) {}
-  ~CudaWeight() override { cudaFree(data_); }
+  // `counter`: the backend's weight_bytes(), which this weight's `bytes` are in while it lives
+  // (shared: a weight may outlive its backend).
+  CudaWeight(int64_t rows, int64_t cols, WeightType type, void* data, int64_t bytes,
+             std::shared_ptr<std::atomic<int64_t>> counter)
+      : Weight(rows, cols), type_(type), data_(data), bytes_(bytes), counter_(std::move(counter)) {
+    *counter_ += bytes_;
+  }
+  ~CudaWeight() override {
+    cudaFree(data_);
+    *counter_ -= bytes_;
+  }
   WeightType type() const { return type_; }
   const void* data() const { return data_; }
 
  private:
   WeightType type_;
   void* data_;  // device [rows, cols], bf16 or fp32
+  int64_t bytes_;
+  std::shared_ptr<std::atomic<int64_t>> counter_;
 };
 
 class CudaBuffer final : public Buffer {
@@ -208,6 +220,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda:" + std::to_string(device_); }
   bool supports_weight_type(GgmlType t) const override { return dequant_supported(t); }
   bool keeps_quantized() const override { return false; }
+  int64_t weight_bytes() const override { return weight_bytes_->load(); }
 
   Expected<std::unique_ptr<Weight>> load_weight(const GgufTensorInfo& t) override {
     if (t.shape.empty() || t.shape.size() > 2) {
@@ -479,7 +492,7 @@ class CudaBackend final : public Backend {
     // return before the data has landed.
     SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(d, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
     SPECSERVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::unique_ptr<Weight>(new CudaWeight(rows, cols, type, d));
+    return std::unique_ptr<Weight>(new CudaWeight(rows, cols, type, d, std::max<int64_t>(bytes, 256), weight_bytes_));
   }
 
   // Uploads a (+ b) host index arrays into the index scratch, a then b; returns its device pointer.
@@ -494,6 +507,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   CudaBackendOptions opts_;
+  std::shared_ptr<std::atomic<int64_t>> weight_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int32_t* err_ = nullptr;  // device error word (gpu::ErrorBit)

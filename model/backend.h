@@ -113,6 +113,10 @@ class Backend {
   virtual bool supports_weight_type(GgmlType type) const = 0;
   /// Capability: true when weights stay quantised in memory (dequantised inside matmul).
   virtual bool keeps_quantized() const = 0;
+  /// Bytes of device memory held now by the weights loaded on this backend (destroyed ones no
+  /// longer count): what a worker's weights take, for GPU memory planning
+  /// (actors/gpu_memory_plan.h). 0 where memory is not planned (the CPU).
+  virtual int64_t weight_bytes() const { return 0; }
 
   /// Uploads a GGUF tensor of 1 or 2 dims as a weight ([rows, cols] = [shape[1], shape[0]];
   /// a vector is [1, shape[0]]). Errors: kUnsupported type, kCorruptData shape.

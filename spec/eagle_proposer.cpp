@@ -136,6 +136,11 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
     e->L_.*(wants[i].dst) = std::move(*w);
   }
   if (op.max_model_len <= 0 || op.max_model_len > tc.context_length) op.max_model_len = static_cast<int32_t>(tc.context_length);
+  if (op.plan_kv) {
+    auto n = op.plan_kv(2 * kvd * int64_t{op.block_size} * static_cast<int64_t>(sizeof(float)), 0);
+    if (!n.ok()) return n.status();
+    op.num_kv_blocks = *n;
+  }
   if (op.num_kv_blocks <= 0) op.num_kv_blocks = (int64_t{op.max_model_len} * 4 + op.block_size - 1) / op.block_size;
   auto kv = B.create_kv_storage(1, op.num_kv_blocks, op.block_size, kvd);
   if (!kv.ok()) return kv.status();

@@ -49,6 +49,7 @@
 // Thread-safety: none (the engine calls a proposer from one thread).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,6 +83,11 @@ struct EagleOptions {
   int32_t block_size = 16;
   int64_t num_kv_blocks = 0;   ///< 0: enough for 4 sequences of max_model_len
   int32_t max_model_len = 0;   ///< 0: the target's context length
+  /// Set (on a GPU, actors/gpu_memory_plan.h): called once the head's weights are on the device
+  /// and before its KV is allocated, with the bytes of one of its KV blocks (K and V of its one
+  /// layer, block_size fp32 slots) and of its activations (0: the head's scratch is a few rows of
+  /// hidden size, small beside the target's); returns num_kv_blocks. Its error fails load().
+  std::function<Expected<int64_t>(int64_t block_bytes, int64_t activation_bytes)> plan_kv;
 };
 
 class EagleProposer final : public Proposer {

@@ -48,24 +48,22 @@ TEST(BackendFactory, CudaWithoutADeviceOrOutOfRangeIsAClearError) {
   }
 }
 
-TEST(BackendFactory, KvPlanChangesNothingOnTheCpu) {
-  auto b = make_backend_for_device("--device", "cpu", 1);
-  ASSERT_TRUE(b.ok());
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.ffn_size = 128;
-  c.vocab_size = 100;
-  c.context_length = 256;
-  EngineOptions o;
-  ASSERT_TRUE(plan_kv_cache(**b, c, &o).ok());
-  EXPECT_EQ(o.num_kv_blocks, 0) << "the CPU keeps the engine's default";
-  o.num_kv_blocks = 7;
-  ASSERT_TRUE(plan_kv_cache(**b, c, &o).ok());
-  EXPECT_EQ(o.num_kv_blocks, 7) << "an explicit size is kept";
+// The CPU's memory is not planned (gpu_memory_plan.h's DeviceMemoryBudget stays inactive there).
+TEST(BackendFactory, DeviceMemoryIsForCudaOnly) {
+  auto cpu = device_memory("cpu");
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_EQ(cpu.status().code(), StatusCode::kUnsupported);
+  auto bad = device_memory("gpu0");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  auto gpu = device_memory("cuda:0");
+  if (gpu.ok()) {  // a GPU is present: its numbers are sane
+    EXPECT_GT(gpu->total_bytes, 0);
+    EXPECT_GT(gpu->free_bytes, 0);
+    EXPECT_LE(gpu->free_bytes, gpu->total_bytes);
+  } else {
+    EXPECT_EQ(gpu.status().code(), StatusCode::kUnavailable) << gpu.status().to_string();
+  }
 }
 
 }  // namespace

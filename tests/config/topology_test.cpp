@@ -213,7 +213,7 @@ TEST(Topology, EmptyOrNonMappingDocumentIsRejected) {
       << no_nodes.status().message();
 }
 
-// Two node entries on one machine cannot both claim cuda:0; on two machines they can.
+// Two node entries on one machine cannot both claim all of cuda:0; on two machines they can.
 TEST(Topology, GpuConflictIsPerMachineNotPerNodeEntry) {
   const std::string two_nodes = R"(head: {host: 0.0.0.0}
 models: {target: {path: MODEL}}
@@ -229,8 +229,8 @@ nodes:
 )";
   auto same = parse(replace_once(two_nodes, "HOST_B", "localhost"));
   ASSERT_FALSE(same.ok());
-  EXPECT_NE(same.status().message().find("t.yaml:11:56: nodes[1].workers[0].device: 'cuda:0' on host 'localhost' "
-                                         "is already given to nodes[0].workers[0]"),
+  EXPECT_NE(same.status().message().find("t.yaml:11:56: nodes[1].workers[0].device: 'cuda:0' on host 'localhost' is shared "
+                                         "by nodes[0].workers[0] (node 'a') '0.9' (default) + nodes[1].workers[0] (node 'b')"),
             std::string::npos)
       << same.status().message();
 

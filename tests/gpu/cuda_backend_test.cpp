@@ -636,32 +636,7 @@ TEST_F(CudaDefaultModel, ForwardAndGreedyMatchCpu) {
   }
 }
 
-// Memory planning on the GPU: the KV pool is the engine's default when it fits (the default
-// model is small), and a pool sized from free memory can really be allocated.
-TEST_F(CudaDefaultModel, KvPlanFitsTheDevice) {
-  auto gpu = make_cuda_backend(0);
-  ASSERT_TRUE(gpu.ok());
-  auto gm = Transformer::load(testing::default_gguf(), **gpu);
-  ASSERT_TRUE(gm.ok());
-  EngineOptions eo;
-  eo.max_model_len = 2048;
-  ASSERT_TRUE(plan_kv_cache(**gpu, (*gm)->config(), &eo).ok());
-  EXPECT_EQ(eo.num_kv_blocks, (2048 * 4 + eo.block_size - 1) / eo.block_size) << "a 135M model leaves room for the default";
-  // The whole context of the model, many times over: capped by free memory, and allocatable.
-  EngineOptions big;
-  big.max_model_len = static_cast<int32_t>((*gm)->config().context_length);
-  big.block_size = 16;
-  ModelConfig huge = (*gm)->config();
-  huge.num_layers *= 256;  // 256x the KV per token: the default (~380 GB) fits no GPU
-  ASSERT_TRUE(plan_kv_cache(**gpu, huge, &big).ok());
-  const int64_t wanted = (static_cast<int64_t>(big.max_model_len) * 4 + 15) / 16;
-  std::printf("[ info ] kv plan for 256x the layers: %lld of %lld blocks\n", static_cast<long long>(big.num_kv_blocks),
-              static_cast<long long>(wanted));
-  EXPECT_GT(big.num_kv_blocks, 0);
-  EXPECT_LE(big.num_kv_blocks, wanted);
-  auto kv = (*gpu)->create_kv_storage(huge.num_layers, big.num_kv_blocks, 16, huge.kv_dim());
-  EXPECT_TRUE(kv.ok()) << kv.status().to_string();
-}
+// Memory planning on the GPU: tests/gpu/gpu_memory_plan_test.cpp.
 
 // The speculative engine on the GPU: greedy output with n-gram speculation (a verify pass of
 // k + 1 rows) equals plain decoding (1 row) token for token — the determinism contract end to

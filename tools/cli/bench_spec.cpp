@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/backend_factory.h"
+#include "actors/gpu_memory_plan.h"
 #include "core/logging.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
@@ -32,6 +33,7 @@ struct BenchArgs {
   int max_tokens = 64;
   int threads = 0;
   std::string device = "cpu";
+  double gpu_memory_utilization = 0.9;
   std::vector<int> batch_sizes = {1};
   std::vector<std::string> specs = {R"({"method":"ngram","num_speculative_tokens":4})"};
   std::string output;
@@ -62,14 +64,17 @@ struct RunResult {
   TaskResult total;
 };
 
-Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const std::vector<Question>& qs, const SpecArgs& sa,
-                               int batch, int max_tokens, const std::string& name) {
+Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMemoryBudget& memory,
+                               const std::vector<Question>& qs, const SpecArgs& sa, int batch, int max_tokens,
+                               const std::string& name) {
   EngineOptions eo;
   eo.max_num_seqs = batch;
   eo.max_model_len = 4096;
-  auto proposer = make_proposer(sa, lm, backend, &eo);
+  // GPU: the KV pools (target and draft) from --gpu-memory-utilization, less the weights.
+  EngineKvPlanner kv_plan(memory, engine_memory_inputs(lm.model->config(), eo), &eo);
+  auto proposer = make_proposer(sa, lm, backend, &eo, kv_plan.draft_planner());
   if (!proposer.ok()) return proposer.status();
-  SPECSERVE_RETURN_IF_ERROR(plan_kv_cache(backend, lm.model->config(), &eo));  // GPU: from free memory
+  SPECSERVE_RETURN_IF_ERROR(kv_plan.finish());
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) return engine.status();
   RunResult rr;
@@ -134,6 +139,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const std::vec
 
 int run_bench(const BenchArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
+  DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto made = make_backend_for_device("--device", a.device, a.threads);
   if (!made.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", made.status().to_string().c_str());
@@ -145,6 +151,7 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
+  memory.target_loaded(*backend);
   std::ifstream in(a.questions);
   if (!in) {
     std::fprintf(stderr, "specserve bench-spec: --questions: cannot read %s\n", a.questions.c_str());
@@ -187,7 +194,7 @@ int run_bench(const BenchArgs& a) {
   report["device"] = backend->name();
   report["runs"] = nlohmann::json::array();
   for (int batch : a.batch_sizes) {
-    auto base = run_config(*loaded, *backend, qs, SpecArgs{}, batch, a.max_tokens, "baseline");
+    auto base = run_config(*loaded, *backend, memory, qs, SpecArgs{}, batch, a.max_tokens, "baseline");
     if (!base.ok()) {
       std::fprintf(stderr, "specserve bench-spec: %s\n", base.status().to_string().c_str());
       return 1;
@@ -196,7 +203,7 @@ int run_bench(const BenchArgs& a) {
     for (const auto& spec : a.specs) {
       SpecArgs sa;
       sa.speculative_config = spec;
-      auto r = run_config(*loaded, *backend, qs, sa, batch, a.max_tokens, spec);
+      auto r = run_config(*loaded, *backend, memory, qs, sa, batch, a.max_tokens, spec);
       if (!r.ok()) {
         std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), r.status().to_string().c_str());
         return 1;
@@ -296,6 +303,9 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
+  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
+                  "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's; default 0.9)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");
   sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)");
   sub->add_option("--output", a->output, "Write the results as JSON here");

@@ -1,4 +1,4 @@
-// `specserve serve | up | node | worker | status | client`: the actor runtime's commands.
+// `specserve up | node | worker | status | client`: the actor runtime's commands (`serve`: serve_command.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,77 +31,6 @@ std::string promotion_cell(double routable_s, double dispatch_s, double first_to
 }
 
 constexpr const char* kDefaultTokenFile = "~/.config/specserve/token";
-
-// ---------------------------------------------------------------- serve
-
-struct ServeArgs {
-  std::string model, host = "127.0.0.1", token_file = kDefaultTokenFile, ready_file;
-  int actor_port = 7420, max_num_seqs = 64, max_num_batched_tokens = 2048, block_size = 16, max_model_len = 0, threads = 0;
-  int tensor_parallel_size = 1;
-  std::string kv_cache_bytes = "1GiB";
-  bool enable_prefix_caching = true;
-  double drain_timeout = 60;
-  SpecArgs spec;
-  HttpArgs http;
-};
-
-int run_serve_cmd(const ServeArgs& a) {
-  Topology t;
-  t.source = "(serve flags)";
-  t.cluster.name = "serve";
-  auto tf = expand_user_path(a.token_file);
-  if (!tf.ok()) return std::fprintf(stderr, "specserve serve: --token-file: %s\n", tf.status().message().c_str()), 2;
-  t.cluster.token_file = *tf;
-  t.head.host = a.host;
-  t.head.actor_port = a.actor_port;
-  t.source = "(serve flags)";
-  t.locations["models.target.path"] = "--model";
-  t.locations["models.speculative.model"] = "--speculative-model";
-  t.locations["scheduler.kv_cache_bytes"] = "--kv-cache-bytes";
-  t.locations["head.actor_port"] = "--actor-port";
-  t.locations["head.http_port"] = "--port";
-  t.locations["head.host"] = "--host";
-  t.models.target.path = a.model.empty() ? default_model_path() : a.model;
-  if (a.max_model_len > 0) t.models.target.max_model_len = a.max_model_len;
-  EngineOptions eo;
-  eo.max_model_len = a.max_model_len;
-  auto spec = parse_spec_args(a.spec, &eo);
-  if (!spec.ok()) return std::fprintf(stderr, "specserve serve: %s\n", spec.status().message().c_str()), 2;
-  if (spec->has_value()) {
-    t.models.speculative = **spec;
-    t.models.speculative->disable_by_batch_size = eo.disable_by_batch_size;
-    t.models.speculative->adaptive_k = eo.adaptive_k;
-    if (eo.max_model_len > 0) t.models.target.max_model_len = eo.max_model_len;
-  }
-  auto kv = parse_byte_size(a.kv_cache_bytes);
-  if (!kv.ok()) return std::fprintf(stderr, "specserve serve: --kv-cache-bytes: %s\n", kv.status().message().c_str()), 2;
-  t.scheduler.kv_cache_bytes = *kv;
-  t.scheduler.max_num_seqs = a.max_num_seqs;
-  t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
-  t.scheduler.block_size = a.block_size;
-  t.scheduler.enable_prefix_caching = a.enable_prefix_caching;
-  NodeSpec n;
-  n.name = "local";
-  n.devices.push_back(DeviceSpec{});
-  // Tensor parallelism: the ranks are actors of this process (actors/tp_group.h).
-  t.models.target.tensor_parallel_size = a.tensor_parallel_size;
-  t.locations["models.target.tensor_parallel_size"] = "--tensor-parallel-size";
-  for (int r = 0; r < a.tensor_parallel_size; ++r) {
-    WorkerSpec w;
-    w.model = "target";
-    w.rank = r;
-    n.workers.push_back(w);
-  }
-  t.nodes.push_back(n);
-  ServeOptions o;
-  o.topology = std::move(t);
-  o.threads = a.threads;
-  o.drain_timeout_s = a.drain_timeout;
-  o.ready_file = a.ready_file;
-  o.topology.head.http_port = a.http.port >= 0 ? a.http.port : 8000;
-  o.front_end = make_http_front_end(a.http);
-  return run_serve(o);
-}
 
 // ---------------------------------------------------------------- client
 
@@ -509,32 +438,7 @@ int run_status(const std::string& connect, const std::string& token_file, const 
 }  // namespace
 
 void add_cluster_commands(CLI::App& app) {
-  {
-    auto a = std::make_shared<ServeArgs>();
-    auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port, OpenAI-compatible HTTP API on --port) and one replica with its proposer");
-    sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
-    sub->add_option("--host", a->host, "Address the actor port listens on (default 127.0.0.1)");
-    sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535));
-    sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)");
-    sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->check(CLI::Range(1, 4096));
-    sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20));
-    sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
-    sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 1GiB)");
-    sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                  "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
-    sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
-    sub->add_option("--threads", a->threads, "CPU threads (default: all cores), split evenly between tensor-parallel ranks")
-        ->check(CLI::Range(0, 1024));
-    sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
-                    "Split the target over N ranks (attention heads and MLP columns; Gloo all-reduce over loopback), "
-                    "each an actor with its own CPU threads; 1 <= N <= the model's kv heads (default 1)")
-        ->check(CLI::Range(1, 1024));
-    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
-    sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
-    add_spec_options(*sub, &a->spec);
-    add_http_flags(sub, &a->http, /*with_port=*/true);
-    register_command("serve", [a] { return run_serve_cmd(*a); });
-  }
+  add_serve_command(app);  // first: `serve` leads the runtime's commands in --help
   {
     auto o = std::make_shared<UpOptions>();
     auto* sub = app.add_subcommand(

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "actors/backend_factory.h"
+#include "actors/gpu_memory_plan.h"
 #include "core/logging.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
@@ -24,6 +25,7 @@ struct GenerateArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string device = "cpu";
+  double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
   int max_model_len = 0;
   bool ignore_eos = false;
@@ -34,6 +36,8 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   auto log = get_logger("cli");
   const std::string path = a.model.empty() ? default_model_path() : a.model;
+  // cuda:N: the KV pools are sized from --gpu-memory-utilization once the weights are loaded (actors/gpu_memory_plan.h).
+  DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
@@ -41,6 +45,7 @@ int run_generate(const GenerateArgs& a) {
   }
   LoadedModel& lm = (*loaded)->lm;
   Backend* backend = &(*loaded)->backend();
+  memory.target_loaded(*backend);
   std::string text = a.prompt;
   bool parse_special = false;
   if (!a.chat.empty()) {
@@ -72,16 +77,20 @@ int run_generate(const GenerateArgs& a) {
   EngineOptions eo;
   eo.max_model_len = a.max_model_len;
   eo.max_num_seqs = 1;
-  auto proposer = make_proposer(a.spec, lm, *backend, &eo);
+  // On a GPU: the target's KV pool (and the draft's) from --gpu-memory-utilization, less the weights.
+  GpuMemoryInputs kv_inputs = engine_memory_inputs(lm.model->config(), eo);
+  kv_inputs.max_model_len_field = "--max-model-len";
+  EngineKvPlanner kv_plan(memory, kv_inputs, &eo);
+  auto proposer = make_proposer(a.spec, lm, *backend, &eo, kv_plan.draft_planner());
   if (!proposer.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
     return 1;
   }
-  // On a GPU: the target's KV pool from what the weights (the draft's too) leave free.
-  if (Status plan = plan_kv_cache(*backend, lm.model->config(), &eo); !plan.ok()) {
+  if (Status plan = kv_plan.finish(); !plan.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", plan.to_string().c_str());
     return 1;
   }
+  if (!kv_plan.summary().empty()) log->info("{}", kv_plan.summary());
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", engine.status().to_string().c_str());
@@ -151,6 +160,9 @@ void add_generate(CLI::App& app) {
                   "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
+  sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                  "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's; default 0.9)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");

@@ -18,12 +18,15 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
 }
 
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,
-                                                 EngineOptions* eo) {
+                                                 EngineOptions* eo, DraftKvPlanner plan_kv) {
   auto spec = parse_spec_args(a, eo);
   if (!spec.ok()) return spec.status();
   if (!spec->has_value()) return std::unique_ptr<Proposer>();
   ProposerBuildOptions bo;
   bo.max_model_len = eo->max_model_len;
+  bo.plan_kv = std::move(plan_kv);
+  bo.block_size = eo->block_size;
+  bo.max_num_batched_tokens = eo->max_num_batched_tokens;
   auto p = build_proposer(**spec, target, backend, bo);
   if (!p.ok()) {
     const char* flag = (*spec)->method == SpeculativeMethod::kDraftModel ? "--speculative-model: " : "--speculative-config: ";

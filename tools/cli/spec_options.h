@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "actors/gpu_memory_plan.h"
 #include "config/topology.h"
 #include "core/status.h"
 #include "model/backend.h"
@@ -23,9 +24,11 @@ void add_spec_options(CLI::App& sub, SpecArgs* args);
 /// Builds the proposer the flags ask for (nullptr when none) and sets the engine's
 /// num_speculative_tokens / disable_by_batch_size / max_model_len. Errors name the flag or JSON
 /// key and value: malformed JSON, unknown key or method, k out of range, prompt_lookup_min >
-/// prompt_lookup_max, a method that needs a model without one.
+/// prompt_lookup_max, a method that needs a model without one. `plan_kv` (set on a GPU,
+/// EngineKvPlanner::draft_planner) sizes a draft's KV with engine_options' block_size; its
+/// errors pass through.
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedModel& target, Backend& backend,
-                                                 EngineOptions* engine_options);
+                                                 EngineOptions* engine_options, DraftKvPlanner plan_kv = {});
 
 /// Prints a sequence's speculative counters (vLLM's meanings) to stderr.
 void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals);

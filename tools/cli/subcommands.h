@@ -21,8 +21,10 @@ void add_bench_kv_transfer(CLI::App& app);  ///< `specserve bench-kv-transfer`: 
 /// `specserve dump-hidden`: hidden states + target argmax over a prompt file (head training data).
 void add_dump_hidden(CLI::App& app);
 
-/// `specserve serve | up | node | worker | status | client`: the actor runtime.
+/// `specserve serve | up | node | worker | status | client`: the actor runtime (calls add_serve_command).
 void add_cluster_commands(CLI::App& app);
+/// `specserve serve`: a head and one replica in one process, from flags.
+void add_serve_command(CLI::App& app);
 
 /// Runs the subcommand the user chose; returns the process exit code.
 int run_selected(CLI::App& app);
