@@ -5,6 +5,8 @@
 #include <mutex>
 #include <random>
 
+#include <unistd.h>
+
 #include <xxhash.h>
 
 #include "core/logging.h"
@@ -50,6 +52,8 @@ Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& na
   p->name_ = name;
   p->agent_ = std::move(*agent);
   p->place_.node = options.node;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) p->place_.machine = host;
   p->place_.process = options.process != 0 ? options.process : kv_process_id();
   p->place_.cuda_device = options.cuda_device;
   if (options.cuda_device >= 0 && options.nccl_store != nullptr && KvNcclLinks::available()) {
@@ -81,7 +85,7 @@ void KvDataPlane::connect_peers(const std::vector<KvPeer>& peers, std::chrono::m
   const std::string self_address = address();
   for (const KvPeer& p : peers) {
     if (p.name == name_ || p.address.empty()) continue;
-    const KvPlace place{p.node, p.process, p.cuda_device, p.nccl};
+    const KvPlace place{p.node, p.process, p.cuda_device, p.nccl, p.machine};
     // NCCL first: its joins run on threads of their own (the peer joins at the same time), so
     // they overlap the UCX connects below.
     if (nccl_ != nullptr && choose_kv_transport(place, place_) == KvTransport::kNccl) {

@@ -44,6 +44,7 @@ struct KvPeer {
   uint64_t process = 0;         ///< kv_process_id of its process (WorkerHello::kv_process)
   int32_t cuda_device = -1;     ///< its CUDA device ordinal; -1: the CPU (WorkerHello::kv_cuda_device)
   bool nccl = false;            ///< it joins NCCL KV channels with GPU peers (WorkerHello::kv_nccl)
+  std::string machine;          ///< its machine's hostname (WorkerHello::kv_machine; KvPlace::machine)
 };
 /// Scheduler -> worker: every ready worker's data-plane address and place.
 struct KvPeersMsg {
@@ -76,7 +77,7 @@ typename Inspector::result_type inspect(Inspector& f, KvOffer& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KvPeer& x) {
-  return f(caf::meta::type_name("KvPeer"), x.name, x.address, x.node, x.process, x.cuda_device, x.nccl);
+  return f(caf::meta::type_name("KvPeer"), x.name, x.address, x.node, x.process, x.cuda_device, x.nccl, x.machine);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KvPeersMsg& x) {

@@ -211,6 +211,7 @@ struct WorkerHello {
   uint64_t kv_process = 0;   ///< with kv_address: kv_process_id of its process (KvPeer::process)
   int32_t kv_cuda_device = -1;  ///< with kv_address: its CUDA device ordinal, -1 on the CPU (KvPeer::cuda_device)
   bool kv_nccl = false;      ///< with kv_address: it joins NCCL KV channels (KvPeer::nccl)
+  std::string kv_machine;    ///< with kv_address: its machine's hostname (KvPeer::machine)
   bool prefill_only = false; ///< a prefill_worker: runs prompts to their first token, then hands them over
 };
 
@@ -418,7 +419,7 @@ typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
   return f(caf::meta::type_name("WorkerHello"), x.token, x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
            x.load_seconds, x.warmup_seconds, x.draft_host, x.draft_port, x.total_kv_blocks, x.block_size, x.max_num_seqs,
            x.max_model_len, x.self, x.kv_address, x.prefill_only, x.kv_process, x.kv_cuda_device,
-           x.kv_nccl);
+           x.kv_nccl, x.kv_machine);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AttachDraftMsg& x) {

@@ -93,7 +93,7 @@ void broadcast_kv_peers(SchedSelf self) {
   KvPeersMsg m;
   std::vector<caf::actor> to;
   auto peer = [](const WorkerHello& h, int32_t rid) {
-    return KvPeer{kv_peer_name(h.role, rid), h.kv_address, h.node, h.kv_process, h.kv_cuda_device, h.kv_nccl};
+    return KvPeer{kv_peer_name(h.role, rid), h.kv_address, h.node, h.kv_process, h.kv_cuda_device, h.kv_nccl, h.kv_machine};
   };
   for (const auto& [rid, r] : s.replicas) {
     if (r.shard && r.shard_ready && !r.shard_hello.kv_address.empty()) {

@@ -47,6 +47,7 @@ WorkerHello hello(Self self, const std::string& state, const std::string& error)
     h.kv_process = s.plane->place().process;
     h.kv_cuda_device = s.plane->place().cuda_device;
     h.kv_nccl = s.plane->place().nccl;
+    h.kv_machine = s.plane->place().machine;
   }
   h.prefill_only = prefill_only(s);
   return h;

@@ -53,7 +53,8 @@ const char* kv_transport_name(KvTransport t) {
 KvTransport choose_kv_transport(const KvPlace& src, const KvPlace& dst) {
   if (src.process != 0 && src.process == dst.process) return KvTransport::kInProcess;
   const bool both_gpus = src.cuda_device >= 0 && dst.cuda_device >= 0;
-  const bool same_gpu = both_gpus && src.node == dst.node && src.cuda_device == dst.cuda_device;
+  const bool same_machine = !src.machine.empty() && !dst.machine.empty() ? src.machine == dst.machine : src.node == dst.node;
+  const bool same_gpu = both_gpus && same_machine && src.cuda_device == dst.cuda_device;
   if (both_gpus && src.nccl && dst.nccl && !same_gpu) return KvTransport::kNccl;
   return KvTransport::kUcx;
 }

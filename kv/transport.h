@@ -95,6 +95,7 @@ struct KvPlace {
   uint64_t process = 0;     ///< a random id of its process (actors/kv_data_plane.h's kv_process_id)
   int32_t cuda_device = -1; ///< the CUDA device ordinal its KV cache lives on; -1: host memory (cpu)
   bool nccl = false;        ///< its build has NCCL and it joined KV channels (gpu/nccl_kv_channel.h)
+  std::string machine;      ///< the machine's hostname (gethostname) where known; empty: unknown
 };
 
 /// The transport for moving KV from `src` to `dst` (pure; the KV data plane's rule):
@@ -102,7 +103,8 @@ struct KvPlace {
 ///     exports are host memory, even between two GPUs);
 ///   - both on CUDA devices, both with NCCL, and not the same GPU: kNccl;
 ///   - otherwise kUcx (one end on the CPU, a build without NCCL, or both ends on one GPU).
-/// NOTE: "the same GPU" is the same node and the same ordinal: NCCL refuses a group whose two
+/// NOTE: "the same GPU" is the same machine (hostname, where both ends know it, else the same
+/// node: two topology nodes may be one machine) and the same ordinal: NCCL refuses a group whose two
 /// ranks share a GPU ("Duplicate GPU detected", ncclInvalidUsage), so two workers on one GPU move
 /// KV over UCX. Ordinals are compared as the topology gives them (CUDA_VISIBLE_DEVICES is assumed
 /// the same for the workers of one node).

@@ -10,5 +10,11 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$here}" CCACHE_NOHASHDIR="${CCACHE_NOHA
 cmake -S "$here" -B "$build" -G Ninja "$@" >/dev/null
 jobs="${SPECSERVE_BUILD_JOBS:-$(nproc)}"
 echo "[build] building with $jobs jobs into $build" >&2
-ninja -C "$build" -j "$jobs" | grep -vE "^\[[0-9]+/[0-9]+\] (Building|Linking)" || true
-test "${PIPESTATUS[0]}" -eq 0
+# The progress lines are dropped; ninja's own status decides (with pipefail, `|| true` would
+# otherwise reset PIPESTATUS and hide a failed build).
+status=(0)
+ninja -C "$build" -j "$jobs" | grep -vE "^\[[0-9]+/[0-9]+\] (Building|Linking)" || status=("${PIPESTATUS[@]}")
+if [ "${status[0]}" -ne 0 ]; then
+  echo "[build] ninja failed (exit ${status[0]})" >&2
+  exit "${status[0]}"
+fi

@@ -11,8 +11,8 @@ namespace specserve {
 namespace {
 
 KvPlace cpu(const std::string& node, uint64_t process) { return KvPlace{node, process, -1, false}; }
-KvPlace gpu(const std::string& node, uint64_t process, int32_t device, bool nccl = true) {
-  return KvPlace{node, process, device, nccl};
+KvPlace gpu(const std::string& node, uint64_t process, int32_t device, bool nccl = true, const std::string& machine = "") {
+  return KvPlace{node, process, device, nccl, machine};
 }
 
 struct Row {
@@ -36,6 +36,13 @@ TEST(ChooseKvTransport, FollowsTheTable) {
       {"source without NCCL", gpu("n0", 7, 0, false), gpu("n0", 8, 1), KvTransport::kUcx},
       {"destination without NCCL", gpu("n0", 7, 0), gpu("n0", 8, 1, false), KvTransport::kUcx},
       {"unknown processes (0) are never the same", gpu("n0", 0, 0), gpu("n0", 0, 1), KvTransport::kNccl},
+      {"two topology nodes on one machine, one GPU", gpu("n0", 7, 0, true, "hostA"), gpu("n1", 8, 0, true, "hostA"),
+       KvTransport::kUcx},
+      {"two topology nodes on one machine, two GPUs", gpu("n0", 7, 0, true, "hostA"), gpu("n1", 8, 1, true, "hostA"),
+       KvTransport::kNccl},
+      {"one node name on two machines (hostnames win)", gpu("n0", 7, 0, true, "hostA"), gpu("n0", 8, 0, true, "hostB"),
+       KvTransport::kNccl},
+      {"one end's machine unknown: node names decide", gpu("n0", 7, 0, true, "hostA"), gpu("n1", 8, 0), KvTransport::kNccl},
   };
   for (const Row& r : rows) {
     EXPECT_EQ(kv_transport_name(choose_kv_transport(r.src, r.dst)), std::string(kv_transport_name(r.want))) << r.what;
@@ -45,7 +52,8 @@ TEST(ChooseKvTransport, FollowsTheTable) {
 TEST(ChooseKvTransport, IsSymmetricForEveryRow) {
   // The two ends of one pair must agree (each decides on its own which channels to join).
   const std::vector<KvPlace> places = {cpu("n0", 1), cpu("n1", 2), gpu("n0", 3, 0), gpu("n0", 4, 0), gpu("n0", 5, 1),
-                                       gpu("n1", 6, 0), gpu("n1", 7, 1, false), gpu("n0", 3, 1)};
+                                       gpu("n1", 6, 0), gpu("n1", 7, 1, false), gpu("n0", 3, 1),
+                                       gpu("n2", 9, 0, true, "hostA"), gpu("n3", 10, 0, true, "hostA")};
   for (const KvPlace& a : places) {
     for (const KvPlace& b : places) {
       EXPECT_EQ(choose_kv_transport(a, b), choose_kv_transport(b, a))

@@ -80,5 +80,19 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
   }
 }
 
+TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {
+  const std::string f = "--gpu-memory-utilization";
+  for (const char* ok : {"0.9", "1", "0.05", "1e-3"}) EXPECT_EQ(gpu_memory_utilization_error(f, ok), "") << ok;
+  for (const char* bad : {"0", "-0.1", "1.5", "nan", "inf"}) {
+    const std::string e = gpu_memory_utilization_error(f, bad);
+    EXPECT_NE(e.find(f + " = " + bad), std::string::npos) << e;
+    EXPECT_NE(e.find("(0, 1]"), std::string::npos) << e;
+  }
+  for (const char* bad : {"abc", "", "0.5x", "60%"}) {
+    const std::string e = gpu_memory_utilization_error(f, bad);
+    EXPECT_NE(e.find("'" + std::string(bad) + "': not a number"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace specserve::cli

@@ -303,9 +303,8 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
-  sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
-                  "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's; default 0.9)")
-      ->check(CLI::Range(0.0, 1.0));
+  add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
+                                    "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");
   sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)");
   sub->add_option("--output", a->output, "Write the results as JSON here");

@@ -58,7 +58,8 @@ Expected<std::unique_ptr<CpuModel>> load_model_on_device(const std::string& path
   if (device == "cpu") return load_cpu_model(path, threads, tensor_parallel_size);
   if (tensor_parallel_size != 1) {
     return invalid_argument("--tensor-parallel-size = " + std::to_string(tensor_parallel_size) + " with --device = '" +
-                            device + "': tensor parallelism runs on the CPU only (NCCL is not built)");
+                            device + "': this command runs tensor parallelism on the CPU (Gloo) only; for NCCL ranks on GPUs use "
+                            "`specserve serve --device cuda:N --tensor-parallel-size N` or a topology");
   }
   auto b = make_backend_for_device("--device", device, threads);
   if (!b.ok()) return b.status();

@@ -82,19 +82,19 @@ void add_dump_hidden(CLI::App& app) {
   sub->add_option("--out", args->opts.out_dir, "Output directory (hidden.npy, tokens.npy, argmax.npy, head.npy, "
                                                "embed.npy, index.json)");
   sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N prompts (0: all)")
       ->check(CLI::Range(0, 1 << 30));
   sub->add_option("--max-prompt-tokens", args->opts.max_prompt_tokens, "Skip prompts longer than this (tokens)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--forward-tokens", args->opts.forward_tokens,
                   "Rows per teacher-forced forward pass (logits memory: rows x vocab x 4 bytes)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--check-every", args->opts.check_every,
                   "Continuation rows take their argmax from the generated token; every Nth is computed and "
                   "compared (1: all rows, slowest)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_flag("--no-weights", [args](int64_t) { args->opts.write_weights = false; },
                 "Do not write head.npy / embed.npy (the dequantized output head and embedding)");
   sub->add_flag("--print-fingerprint", args->print_fingerprint,

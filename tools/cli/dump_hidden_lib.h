@@ -35,7 +35,7 @@ struct DumpHiddenOptions {
   int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt (EOS may end it sooner)
   int32_t max_num_seqs = 24;        ///< sequences generated at once (Engine batch)
   int32_t max_prompts = 0;          ///< 0: all lines of the file
-  int32_t max_prompt_tokens = 384;  ///< longer prompts are cut to their last this many tokens
+  int32_t max_prompt_tokens = 384;  ///< longer prompts are skipped (counted in index.json's num_prompts_skipped)
   int32_t forward_tokens = 1024;    ///< rows per teacher-forced forward pass (memory: rows * vocab * 4 B)
   /// Continuation rows: their argmax is the token generated next (greedy), so the teacher-forced
   /// pass computes logits only for prompt rows, the last row, and every `check_every`-th

@@ -160,9 +160,8 @@ void add_generate(CLI::App& app) {
                   "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
-  sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
-                  "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's; default 0.9)")
-      ->check(CLI::Range(0.0, 1.0));
+  add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
+                                    "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
   auto* seed = sub->get_option("--seed");

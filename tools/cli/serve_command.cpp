@@ -126,10 +126,9 @@ void add_serve_command(CLI::App& app) {
                     "each an actor with its own CPU threads; 1 <= N <= the model's kv heads (default 1)")
         ->check(CLI::Range(1, 1024));
     sub->add_option("--device", a->device, "Where the target runs: cpu or cuda:N (tensor-parallel rank r on cuda:N+r; default: cpu)");
-    sub->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
-                    "cuda:N: fraction of each GPU's total memory this server may use for weights, activations and KV "
-                    "(vLLM's; default 0.9); the KV pool takes what the weights leave. Ignored on the CPU")
-        ->check(CLI::Range(0.0, 1.0));
+    add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
+                                      "cuda:N: fraction of each GPU's total memory this server may use for weights, activations "
+                                      "and KV (vLLM's); the KV pool takes what the weights leave. Ignored on the CPU");
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);

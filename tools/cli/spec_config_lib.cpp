@@ -1,7 +1,9 @@
 // See spec_config_lib.h.
 #include "tools/cli/spec_config_lib.h"
 
+#include <exception>
 #include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -161,6 +163,19 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
   }
   return std::optional<SpeculativeSpec>(spec);
+}
+
+std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text) {
+  double v = 0;
+  size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number";
+  if (!(v > 0.0 && v <= 1.0)) return flag + " = " + text + ": must be in (0, 1] (a fraction of the GPU's total memory)";
+  return std::string();
 }
 
 }  // namespace specserve::cli

@@ -32,4 +32,9 @@ struct SpecArgs {
 /// method that needs a model (draft_model, medusa, eagle) without one.
 Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, EngineOptions* engine_options);
 
+/// Checks a --gpu-memory-utilization value as typed (vLLM's flag: the fraction of a GPU's total
+/// memory a process may use). Returns "" when `text` is a number in (0, 1], else the error
+/// naming `flag` and the value ("not a number"; "must be in (0, 1]" for 0, negatives, > 1, NaN).
+std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text);
+
 }  // namespace specserve::cli

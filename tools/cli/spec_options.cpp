@@ -44,4 +44,11 @@ void print_spec_stats(const SpecStats& s, const std::string& method, const Engin
   std::fprintf(stderr, "\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", totals.draft_seconds, totals.forward_seconds);
 }
 
+CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help) {
+  CLI::Validator fraction(
+      [](std::string& text) { return gpu_memory_utilization_error("--gpu-memory-utilization", text); },
+      "FRACTION in (0, 1]");
+  return sub.add_option("--gpu-memory-utilization", *value, help)->check(fraction)->capture_default_str();
+}
+
 }  // namespace specserve::cli

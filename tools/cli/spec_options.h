@@ -30,6 +30,11 @@ void add_spec_options(CLI::App& sub, SpecArgs* args);
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedModel& target, Backend& backend,
                                                  EngineOptions* engine_options, DraftKvPlanner plan_kv = {});
 
+/// Registers --gpu-memory-utilization (vLLM's flag: the fraction of each GPU's total memory the
+/// process may use, in (0, 1]; NaN, 0 and text are refused naming the flag and the value) on
+/// `sub`, bound to *value. `help` describes what the fraction covers for this command.
+CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help);
+
 /// Prints a sequence's speculative counters (vLLM's meanings) to stderr.
 void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals);
 
