@@ -71,10 +71,6 @@ int run_serve_cmd(const ServeArgs& a) {
   if (!device.ok()) {
     return std::fprintf(stderr, "specserve serve: --device = '%s': %s\n", a.device.c_str(), device.status().message().c_str()), 2;
   }
-  if (!(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0)) {
-    return std::fprintf(stderr, "specserve serve: --gpu-memory-utilization = %g: must be in (0, 1] (a fraction of the GPU's total memory)\n",
-                        a.gpu_memory_utilization), 2;
-  }
   NodeSpec n;
   n.name = "local";
   // Tensor parallelism: the ranks are actors of this process (actors/tp_group.h); on cuda:N rank
