@@ -1,6 +1,8 @@
-// `specserve dump-hidden` on the real default model: shapes and index of the dump, greedy
-// continuation consistent with the teacher-forced argmax, and hidden x output head = logits'
-// argmax (the property Medusa/EAGLE training relies on). Also the .npy and half helpers.
+// `specserve dump-hidden` on the real default model: shapes and index of the dump, hidden
+// states recorded during generation equal to a teacher-forced forward pass over the same
+// tokens (bit for bit, before the float16 rounding), greedy continuation consistent with the
+// argmax, and hidden x output head = logits' argmax (the property Medusa/EAGLE training relies
+// on). Also the .npy and half helpers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include "cpu/cpu_backend.h"
 #include "model/dequant.h"
 #include "model/model_fingerprint.h"
+#include "model/transformer.h"
 #include "tests/test_util.h"
 #include "tools/cli/dump_hidden_lib.h"
 
@@ -82,7 +85,6 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   o.out_dir = (dir / "out").string();
   o.max_new_tokens = 12;
   o.max_num_seqs = 2;      // fewer slots than prompts: continuous batching admits the third later
-  o.forward_tokens = 48;   // several teacher-forced passes
   auto sum = dump_hidden(*lm, o);
   ASSERT_TRUE(sum.ok()) << sum.status().to_string();
   EXPECT_EQ(sum->num_sequences, 3);
@@ -102,8 +104,9 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   int64_t off = 0;
   for (const auto& s : idx["sequences"]) {
     EXPECT_EQ(s["offset"], off);
+    // The last two generated tokens are not recorded (see dump_hidden_lib.h).
     EXPECT_GT(s["length"].get<int64_t>(), s["prompt_length"].get<int64_t>());
-    EXPECT_LE(s["length"].get<int64_t>() - s["prompt_length"].get<int64_t>(), 12);
+    EXPECT_LE(s["length"].get<int64_t>() - s["prompt_length"].get<int64_t>(), 12 - 2);
     off += s["length"].get<int64_t>();
   }
   EXPECT_EQ(off, N);
@@ -124,7 +127,38 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   ASSERT_EQ(ref->size(), head.size());
   EXPECT_EQ(std::memcmp(ref->data(), head.data(), head.size() * 4), 0);
 
-  // Greedy continuation == teacher-forced argmax, and hidden (float16) x head reproduces the
+  // Recorded during generation (batched with other sequences, prefill then one row per step)
+  // == one teacher-forced forward pass over each sequence alone: hidden rows and the prompt
+  // rows' argmax.
+  {
+    Transformer& model = *lm->model;
+    auto kv = model.create_kv(64, 16);
+    ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+    for (const auto& s : idx["sequences"]) {
+      const int64_t o0 = s["offset"], len = s["length"], pl = s["prompt_length"];
+      ForwardBatch batch;
+      batch.return_hidden = true;
+      SequenceInput in;
+      in.tokens.assign(tokens.begin() + o0, tokens.begin() + o0 + len);
+      for (int32_t b = 0; b < (len + 15) / 16; ++b) in.block_table.push_back(b);
+      for (int32_t r = 0; r < len; ++r) in.hidden_rows.push_back(r);
+      for (int32_t r = 0; r < pl; ++r) in.logit_rows.push_back(r);
+      batch.seqs.push_back(std::move(in));
+      ForwardOutput fo;
+      ASSERT_TRUE(model.forward(batch, **kv, &fo).ok());
+      for (int32_t r = 0; r < len; ++r) {
+        const float* h = fo.hidden_row(0, r);
+        for (int64_t c = 0; c < d; ++c)
+          ASSERT_EQ(hidden[(o0 + r) * d + c], float_to_half(h[c])) << "position " << r << " of the sequence at " << o0;
+      }
+      for (int32_t r = 0; r < pl; ++r) {
+        const float* lg = fo.row(0, r);
+        EXPECT_EQ(argmax[o0 + r], std::max_element(lg, lg + V) - lg) << "prompt row " << r;
+      }
+    }
+  }
+
+  // Greedy continuation == argmax, and hidden (float16) x head reproduces the
   // logits' argmax (rows where the top two are closer than the float16 rounding may differ).
   int64_t checked = 0, agree = 0;
   for (const auto& s : idx["sequences"]) {
@@ -158,7 +192,8 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   auto sum_all = dump_hidden(*lm, all);
   ASSERT_TRUE(sum_all.ok()) << sum_all.status().to_string();
   EXPECT_EQ(sum_all->num_argmax_mismatches, 0);
-  EXPECT_EQ(sum_all->num_argmax_checked, sum_all->num_generated);
+  // Every continuation row: the last prompt row and each recorded generated token's.
+  EXPECT_EQ(sum_all->num_argmax_checked, sum_all->num_generated + sum_all->num_sequences);
   EXPECT_LT(sum->num_argmax_checked, sum_all->num_argmax_checked);
   EXPECT_GE(sum->num_argmax_checked, 3);  // at least the first continuation row of each sequence
   EXPECT_EQ(load<int32_t>((dir / "all" / "argmax.npy").string(), "<i4", &shape), argmax);

@@ -60,11 +60,12 @@ int run_dump_hidden(const DumpArgs& a) {
   }
   std::fprintf(stderr,
                "[dump-hidden] %lld sequences, %lld positions (%lld generated), argmax mismatches %lld of %lld checked; "
-               "generate %.1f s, forward %.1f s; fingerprint %s -> %s\n",
+               "generate %.1f s (output head %.1f s); %lld left out (no position recorded); fingerprint %s -> %s\n",
                static_cast<long long>(sum->num_sequences), static_cast<long long>(sum->num_positions),
                static_cast<long long>(sum->num_generated), static_cast<long long>(sum->num_argmax_mismatches),
                static_cast<long long>(sum->num_argmax_checked),
-               sum->generate_seconds, sum->forward_seconds, sum->target_fingerprint.c_str(), a.opts.out_dir.c_str());
+               sum->generate_seconds, sum->head_seconds, static_cast<long long>(sum->num_sequences_unrecorded),
+               sum->target_fingerprint.c_str(), a.opts.out_dir.c_str());
   return 0;
 }
 
@@ -74,22 +75,19 @@ void add_dump_hidden(CLI::App& app) {
   auto args = std::make_shared<DumpArgs>();
   auto* sub = app.add_subcommand(
       "dump-hidden",
-      "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, then per "
-      "position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
+      "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, recording "
+      "per position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
   sub->add_option("--prompts", args->opts.prompts_path,
                   "JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} or {\"prompt\": \"...\"} per line");
   sub->add_option("--out", args->opts.out_dir, "Output directory (hidden.npy, tokens.npy, argmax.npy, head.npy, "
                                                "embed.npy, index.json)");
-  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt")
-      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt (the last two generated are not recorded)")
+      ->check(CLI::Range(2, 1 << 16))->capture_default_str();
   sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N prompts (0: all)")
       ->check(CLI::Range(0, 1 << 30));
   sub->add_option("--max-prompt-tokens", args->opts.max_prompt_tokens, "Skip prompts longer than this (tokens)")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  sub->add_option("--forward-tokens", args->opts.forward_tokens,
-                  "Rows per teacher-forced forward pass (logits memory: rows x vocab x 4 bytes)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--check-every", args->opts.check_every,
                   "Continuation rows take their argmax from the generated token; every Nth is computed and "

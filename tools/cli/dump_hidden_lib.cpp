@@ -18,6 +18,7 @@
 #include "model/dequant.h"
 #include "model/model_fingerprint.h"
 #include "spec/engine.h"
+#include "spec/proposer.h"
 
 namespace specserve::cli {
 namespace {
@@ -25,21 +26,117 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// One prompt after tokenizing, then its continuation.
+/// One prompt after tokenizing, then its continuation and what was recorded of it.
 struct DumpSeq {
   int64_t line = 0;                 ///< 1-based line of the prompt file
   std::vector<int32_t> tokens;      ///< prompt, then the continuation
   int32_t prompt_length = 0;
   std::string finish;
+  std::vector<uint16_t> hidden;     ///< [recorded, d] float16: positions 0 .. recorded - 1
+  std::vector<int32_t> argmax;      ///< [recorded] the target's argmax next token there
+  int32_t recorded() const { return static_cast<int32_t>(argmax.size()); }
 };
 
-/// Whether teacher-forced row r of `s` needs its logits: a prompt row (its argmax is not known),
-/// the last row, and every check_every-th continuation row (see DumpHiddenOptions::check_every).
-bool needs_logits(const DumpSeq& s, int32_t r, int32_t check_every) {
-  const int32_t n = static_cast<int32_t>(s.tokens.size());
-  if (r < s.prompt_length - 1 || r == n - 1) return true;
-  return (r - (s.prompt_length - 1)) % check_every == 0;
-}
+/// The proposer slot of the Engine used as a recorder: it never drafts (every step stays a
+/// plain decode step) but asks for the target's hidden states (Proposer::needs_hidden), which
+/// the engine hands over for every position it computed — prefill rows, then each decoded
+/// token — at the sequence's next propose(). Labels: a continuation row's argmax is the token
+/// generated after it (greedy); a prompt row's comes from the target's own output head on the
+/// recorded hidden state (the same weight and kernel as the engine's logits), as does every
+/// check_every-th continuation row's, compared with the generated token.
+class HiddenRecorder final : public Proposer {
+ public:
+  HiddenRecorder(Transformer& target, std::vector<DumpSeq>& seqs, int32_t check_every, DumpHiddenSummary* sum)
+      : target_(target), seqs_(seqs), check_every_(check_every), sum_(sum),
+        d_(target.config().hidden_size), vocab_(target.config().vocab_size) {}
+  std::string name() const override { return "dump-hidden"; }
+  bool needs_hidden() const override { return true; }
+  void bind(int64_t seq_id, size_t index) { index_of_[seq_id] = index; }
+  double head_seconds() const { return head_seconds_; }
+
+  Status propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) override {
+    const auto t0 = Clock::now();
+    out->assign(reqs.size(), DraftTree{});
+    // Validate everything first: a failed call gets the same rows again next step.
+    for (const DraftRequest& r : reqs) {
+      auto it = index_of_.find(r.seq_id);
+      if (it == index_of_.end()) return internal_error("dump-hidden: unknown sequence " + std::to_string(r.seq_id));
+      const DumpSeq& s = seqs_[it->second];
+      const int64_t n = r.hidden_size == 0 ? 0 : static_cast<int64_t>(r.hidden.size()) / d_;
+      if (r.hidden_size != 0 && (r.hidden_size != d_ || n * d_ != static_cast<int64_t>(r.hidden.size())))
+        return internal_error("dump-hidden: hidden rows of sequence " + std::to_string(r.seq_id) + " are not [n, " +
+                              std::to_string(d_) + "]");
+      if (r.hidden_begin != 0 && r.hidden_begin != s.recorded())
+        return internal_error("dump-hidden: sequence " + std::to_string(r.seq_id) + " hands position " +
+                              std::to_string(r.hidden_begin) + " after " + std::to_string(s.recorded()) + " recorded");
+      if (r.hidden_begin + n > static_cast<int64_t>(r.tokens.size()) - 1)
+        return internal_error("dump-hidden: sequence " + std::to_string(r.seq_id) + " hands a position without a next token");
+    }
+    // Rows whose logits are needed: (sequence index, position, row of the request's hidden).
+    struct Pending { size_t seq; int32_t pos; const float* h; };
+    std::vector<Pending> pending;
+    for (const DraftRequest& r : reqs) {
+      if (r.hidden_size == 0 || r.hidden.empty()) continue;
+      DumpSeq& s = seqs_[index_of_.at(r.seq_id)];
+      if (r.hidden_begin == 0) {  // new, or recomputed after preemption: start over
+        s.hidden.clear();
+        s.argmax.clear();
+      }
+      const int32_t n = static_cast<int32_t>(r.hidden.size() / static_cast<size_t>(d_));
+      for (int32_t j = 0; j < n; ++j) {
+        const int32_t pos = r.hidden_begin + j;
+        const float* h = r.hidden.data() + static_cast<int64_t>(j) * d_;
+        for (int64_t c = 0; c < d_; ++c) s.hidden.push_back(float_to_half(h[c]));
+        const bool continuation = pos >= s.prompt_length - 1;
+        s.argmax.push_back(continuation ? r.tokens[static_cast<size_t>(pos) + 1] : -1);
+        if (!continuation || (pos - (s.prompt_length - 1)) % check_every_ == 0)
+          pending.push_back({index_of_.at(r.seq_id), pos, h});
+      }
+    }
+    // The output head over the pending rows, in chunks (memory: chunk * vocab * 4 bytes).
+    Backend& B = target_.backend();
+    constexpr int64_t kChunk = 128;
+    for (size_t c0 = 0; c0 < pending.size(); c0 += kChunk) {
+      const int64_t m = std::min<int64_t>(kChunk, static_cast<int64_t>(pending.size() - c0));
+      if (!x_ || x_->bytes() < kChunk * d_ * 4) x_ = B.alloc(kChunk * d_ * 4);
+      if (!y_ || y_->bytes() < kChunk * vocab_ * 4) y_ = B.alloc(kChunk * vocab_ * 4);
+      staging_.resize(static_cast<size_t>(m * d_));
+      for (int64_t j = 0; j < m; ++j)
+        std::copy(pending[c0 + j].h, pending[c0 + j].h + d_, staging_.begin() + j * d_);
+      B.upload(*x_, staging_.data(), m * d_ * 4);
+      B.matmul(target_.output_head(), x_->f32(), m, y_->f32());
+      B.synchronize();
+      logits_.resize(static_cast<size_t>(m * vocab_));
+      B.download(logits_.data(), *y_, m * vocab_ * 4);
+      for (int64_t j = 0; j < m; ++j) {
+        const Pending& p = pending[c0 + j];
+        const float* lg = logits_.data() + j * vocab_;
+        const int32_t best = static_cast<int32_t>(std::max_element(lg, lg + vocab_) - lg);
+        DumpSeq& s = seqs_[p.seq];
+        int32_t& slot = s.argmax[static_cast<size_t>(p.pos)];
+        if (slot < 0) {
+          slot = best;  // a prompt row
+        } else {
+          ++sum_->num_argmax_checked;
+          if (best != slot) ++sum_->num_argmax_mismatches;
+        }
+      }
+    }
+    head_seconds_ += seconds_since(t0);
+    return Status();
+  }
+
+ private:
+  Transformer& target_;
+  std::vector<DumpSeq>& seqs_;
+  const int32_t check_every_;
+  DumpHiddenSummary* sum_;
+  const int64_t d_, vocab_;
+  std::map<int64_t, size_t> index_of_;
+  std::unique_ptr<Buffer> x_, y_;
+  std::vector<float> staging_, logits_;
+  double head_seconds_ = 0;
+};
 
 Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOptions& o, int64_t* num_skipped) {
   std::ifstream in(o.prompts_path);
@@ -87,16 +184,21 @@ Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOpt
 }
 
 /// Greedy continuations of every sequence through the Engine (continuous batching).
-Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<DumpSeq>& seqs,
+Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<DumpSeq>& seqs, HiddenRecorder& recorder,
                     const DumpProgress& progress) {
   EngineOptions eo;
+  // One draft slot per decode row makes the engine call the recorder every step; it never
+  // drafts. Prefix caching would skip computing (and so recording) a shared prompt head.
+  eo.num_speculative_tokens = 1;
+  eo.adaptive_k = false;
+  eo.enable_prefix_caching = false;
   int32_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.prompt_length);
   eo.max_model_len = longest + o.max_new_tokens + 1;
   eo.max_num_seqs = o.max_num_seqs;
   eo.max_num_batched_tokens = std::max(2048, eo.max_model_len);
   eo.num_kv_blocks = static_cast<int64_t>(o.max_num_seqs) * ((eo.max_model_len + eo.block_size - 1) / eo.block_size) + 16;
-  auto engine = Engine::create(*lm.model, lm.tokenizer.get(), nullptr, eo);
+  auto engine = Engine::create(*lm.model, lm.tokenizer.get(), &recorder, eo);
   if (!engine.ok()) return engine.status();
   std::map<int64_t, size_t> by_id;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -107,6 +209,7 @@ Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<Dum
     auto id = (*engine)->add_request(std::move(p));
     if (!id.ok()) return Status(id.status().code(), "prompt line " + std::to_string(seqs[i].line) + ": " + id.status().message());
     by_id[*id] = i;
+    recorder.bind(*id, i);
   }
   const auto t0 = Clock::now();
   auto last = t0;
@@ -272,10 +375,9 @@ Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t
 }
 
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
-  if (o.max_new_tokens < 1 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.forward_tokens < 1 ||
-      o.check_every < 1 || o.max_prompts < 0)
-    return invalid_argument(
-        "dump-hidden: max_new_tokens, max_num_seqs, max_prompt_tokens, forward_tokens, check_every must be >= 1");
+  if (o.max_new_tokens < 2 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.check_every < 1 || o.max_prompts < 0)
+    return invalid_argument("dump-hidden: max_new_tokens must be >= 2 (got " + std::to_string(o.max_new_tokens) +
+                            "); max_num_seqs, max_prompt_tokens, check_every >= 1; max_prompts >= 0");
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return internal_error("dump-hidden: cannot create " + o.out_dir + ": " + ec.message());
@@ -287,94 +389,48 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   std::vector<DumpSeq> seqs = std::move(*seqs_or);
   if (seqs.empty()) return invalid_argument("dump-hidden: no usable prompt in " + o.prompts_path);
 
-  auto t0 = Clock::now();
-  if (Status st = generate_all(lm, o, seqs, progress); !st.ok()) return st;
+  HiddenRecorder recorder(*lm.model, seqs, o.check_every, &sum);
+  const auto t0 = Clock::now();
+  if (Status st = generate_all(lm, o, seqs, recorder, progress); !st.ok()) return st;
   sum.generate_seconds = seconds_since(t0);
+  sum.head_seconds = recorder.head_seconds();
 
-  // Teacher-forced passes: every row a logit row, hidden returned for all of them.
+  // The rows of a sequence's last step are never handed over (it finished there), so a
+  // sequence keeps the positions recorded: its tokens up to them. One that finished at its first
+  // token has none and is left out.
   Transformer& model = *lm.model;
   const ModelConfig& cfg = model.config();
-  const int64_t d = cfg.hidden_size, V = cfg.vocab_size, bs = 16;
+  const int64_t d = cfg.hidden_size, V = cfg.vocab_size;
+  std::vector<DumpSeq> kept;
+  for (DumpSeq& s : seqs) {
+    if (s.recorded() == 0) {
+      ++sum.num_sequences_unrecorded;
+      continue;
+    }
+    SPECSERVE_CHECK(s.recorded() < static_cast<int32_t>(s.tokens.size()), "dump-hidden: more rows than tokens");
+    s.tokens.resize(static_cast<size_t>(s.recorded()));
+    kept.push_back(std::move(s));
+  }
+  seqs = std::move(kept);
+  if (seqs.empty()) return invalid_argument("dump-hidden: no sequence recorded a position (max_new_tokens too small?)");
   int64_t total = 0;
-  size_t longest = 0;
-  for (const auto& s : seqs) {
-    total += static_cast<int64_t>(s.tokens.size());
-    longest = std::max(longest, s.tokens.size());
-  }
-  const int64_t budget = std::max<int64_t>(o.forward_tokens, static_cast<int64_t>(longest));
-  constexpr size_t kMaxSeqsPerPass = 64;
-  auto kv = model.create_kv(budget / bs + static_cast<int64_t>(kMaxSeqsPerPass) + 1, bs);
-  if (!kv.ok()) return kv.status();
-  std::vector<uint16_t> hidden(static_cast<size_t>(total * d));
-  std::vector<int32_t> tokens(static_cast<size_t>(total)), argmax(static_cast<size_t>(total));
+  for (const auto& s : seqs) total += s.recorded();
+  std::vector<uint16_t> hidden;
+  std::vector<int32_t> tokens, argmax;
+  hidden.reserve(static_cast<size_t>(total * d));
+  tokens.reserve(static_cast<size_t>(total));
+  argmax.reserve(static_cast<size_t>(total));
   std::vector<int64_t> offsets(seqs.size());
-  int64_t off = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    offsets[i] = off;
-    std::copy(seqs[i].tokens.begin(), seqs[i].tokens.end(), tokens.begin() + off);
-    off += static_cast<int64_t>(seqs[i].tokens.size());
+    offsets[i] = static_cast<int64_t>(tokens.size());
+    tokens.insert(tokens.end(), seqs[i].tokens.begin(), seqs[i].tokens.end());
+    argmax.insert(argmax.end(), seqs[i].argmax.begin(), seqs[i].argmax.end());
+    hidden.insert(hidden.end(), seqs[i].hidden.begin(), seqs[i].hidden.end());
+    std::vector<uint16_t>().swap(seqs[i].hidden);
   }
-  t0 = Clock::now();
-  auto last = t0;
-  ForwardOutput out;
-  for (size_t i = 0; i < seqs.size();) {
-    ForwardBatch batch;
-    batch.return_hidden = true;
-    std::vector<size_t> members;
-    int64_t rows = 0;
-    int32_t next_block = 0;
-    while (i < seqs.size() && members.size() < kMaxSeqsPerPass &&
-           (members.empty() || rows + static_cast<int64_t>(seqs[i].tokens.size()) <= budget)) {
-      SequenceInput in;
-      in.tokens = seqs[i].tokens;
-      const int32_t n = static_cast<int32_t>(in.tokens.size());
-      for (int32_t b = 0; b < (n + bs - 1) / bs; ++b) in.block_table.push_back(next_block++);
-      in.hidden_rows.resize(static_cast<size_t>(n));
-      for (int32_t r = 0; r < n; ++r) in.hidden_rows[static_cast<size_t>(r)] = r;
-      for (int32_t r = 0; r < n; ++r)
-        if (needs_logits(seqs[i], r, o.check_every)) in.logit_rows.push_back(r);
-      rows += n;
-      members.push_back(i++);
-      batch.seqs.push_back(std::move(in));
-    }
-    if (Status st = model.forward(batch, **kv, &out); !st.ok()) return st;
-    if (static_cast<int64_t>(out.hidden.size()) != rows * d) return internal_error("dump-hidden: forward returned no hidden rows");
-    for (size_t m = 0; m < members.size(); ++m) {
-      const DumpSeq& s = seqs[members[m]];
-      int64_t logit_row = out.seq_row_offset[m];
-      for (size_t r = 0; r < s.tokens.size(); ++r) {
-        const int32_t ri = static_cast<int32_t>(r);
-        const int64_t dst = offsets[members[m]] + static_cast<int64_t>(r);
-        const bool continuation = ri >= s.prompt_length - 1 && r + 1 < s.tokens.size();
-        if (needs_logits(s, ri, o.check_every)) {
-          const float* lg = out.logits.data() + logit_row++ * V;
-          argmax[static_cast<size_t>(dst)] = static_cast<int32_t>(std::max_element(lg, lg + V) - lg);
-          // Continuation tokens were generated greedily: the teacher-forced argmax must agree.
-          if (continuation) {
-            ++sum.num_argmax_checked;
-            if (argmax[static_cast<size_t>(dst)] != s.tokens[r + 1]) ++sum.num_argmax_mismatches;
-          }
-        } else {
-          argmax[static_cast<size_t>(dst)] = s.tokens[r + 1];
-        }
-        const float* h = out.hidden_row(static_cast<int32_t>(m), ri);
-        for (int64_t c = 0; c < d; ++c) hidden[static_cast<size_t>(dst * d + c)] = float_to_half(h[c]);
-      }
-    }
-    if (progress && (seconds_since(last) > 0.5 || i == seqs.size())) {
-      last = Clock::now();
-      char buf[200];
-      const double t = seconds_since(t0);
-      const int64_t done_pos = i < seqs.size() ? offsets[i] : total;
-      std::snprintf(buf, sizeof buf, "forward: %zu/%zu sequences, %" PRId64 "/%" PRId64 " positions, %.0f pos/s, %.0f s", i,
-                    seqs.size(), done_pos, total, t > 0 ? done_pos / t : 0.0, t);
-      progress(buf, i == seqs.size());
-    }
-  }
-  sum.forward_seconds = seconds_since(t0);
   sum.num_sequences = static_cast<int64_t>(seqs.size());
   sum.num_positions = total;
-  for (const auto& s : seqs) sum.num_generated += static_cast<int64_t>(s.tokens.size()) - s.prompt_length;
+  for (const auto& s : seqs) sum.num_generated += std::max(0, s.recorded() - s.prompt_length);
 
   const std::string dir = o.out_dir + "/";
   if (Status st = write_npy(dir + "hidden.npy", "<f2", {total, d}, hidden.data(), hidden.size() * 2); !st.ok()) return st;
@@ -425,7 +481,8 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
                   {"finish", seqs[i].finish}});
   idx["sequences"] = js;
   idx["generate_seconds"] = sum.generate_seconds;
-  idx["forward_seconds"] = sum.forward_seconds;
+  idx["head_seconds"] = sum.head_seconds;
+  idx["num_sequences_unrecorded"] = sum.num_sequences_unrecorded;
   std::ofstream f(dir + "index.json", std::ios::trunc);
   f << idx.dump(1) << "\n";
   if (!f) return internal_error("cannot write " + dir + "index.json");

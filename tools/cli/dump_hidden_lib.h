@@ -1,11 +1,14 @@
 // specserve tools: `specserve dump-hidden` — self-distillation data for Medusa / EAGLE heads.
 //
 // The target generates its own greedy continuation of every prompt (spec::Engine, continuous
-// batching, no speculation), then runs teacher-forced forward passes over prompt + continuation
-// with every row a logit row and ForwardBatch::return_hidden, and writes, per position, the
-// final-norm hidden state (what the output head multiplies), the token id and the target's
-// argmax next token. Medusa (Cai et al. 2024, "Medusa-1": heads on a frozen target) and EAGLE
-// (Li et al. 2024) train on exactly these features. tools/train/ reads the files.
+// batching, no speculation) and the final-norm hidden state of every position it computes
+// (prefill rows and decoded tokens; what the output head multiplies) is recorded as it goes:
+// the engine hands them to a proposer that asks for hidden states and never drafts
+// (Proposer::needs_hidden), so no second, teacher-forced pass is run. Per position it writes the
+// hidden state, the token id and the target's argmax next token. Medusa (Cai et al. 2024,
+// "Medusa-1": heads on a frozen target) and EAGLE (Li et al. 2024) train on exactly these
+// features. tools/train/ reads the files. The backend is batch-invariant, so the rows equal a
+// teacher-forced forward pass over the same tokens (tests/tools/dump_hidden_test.cpp checks it).
 //
 // Output directory (NumPy .npy v1.0, little-endian, C order):
 //   hidden.npy   [num_positions, hidden_size] float16  final-norm hidden state at each position
@@ -15,7 +18,10 @@
 //   embed.npy    [vocab_size, hidden_size] float32      the token embedding, dequantized
 //   index.json   sequences (offset, length, prompt_length, finish), shapes, target_fingerprint, ...
 // Positions of sequence i are rows [offset_i, offset_i + length_i); its first prompt_length_i are
-// the prompt (chat template applied), the rest the target's greedy continuation.
+// the prompt (chat template applied), the rest the target's greedy continuation. The engine
+// hands a sequence's rows over at its next step, so the rows of its last step are not recorded:
+// a sequence stops two tokens before its generated end (length = prompt + generated - 2), and
+// argmax at its last position is the next generated token.
 #pragma once
 
 #include <cstdint>
@@ -32,15 +38,14 @@ namespace specserve::cli {
 struct DumpHiddenOptions {
   std::string prompts_path;         ///< JSONL: {"messages": [{"role","content"}...]} or {"prompt": "..."} per line
   std::string out_dir;              ///< created if missing; existing files are overwritten
-  int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt (EOS may end it sooner)
+  int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt, >= 2 (EOS may end it sooner)
   int32_t max_num_seqs = 24;        ///< sequences generated at once (Engine batch)
   int32_t max_prompts = 0;          ///< 0: all lines of the file
   int32_t max_prompt_tokens = 384;  ///< longer prompts are skipped (counted in index.json's num_prompts_skipped)
-  int32_t forward_tokens = 1024;    ///< rows per teacher-forced forward pass (memory: rows * vocab * 4 B)
-  /// Continuation rows: their argmax is the token generated next (greedy), so the teacher-forced
-  /// pass computes logits only for prompt rows, the last row, and every `check_every`-th
-  /// continuation row, whose argmax is compared with the generated token (num_argmax_mismatches;
-  /// 1: every row, the slowest and most thorough). Logit rows cost a vocab x hidden GEMM each.
+  /// Continuation rows: their argmax is the token generated next (greedy), so the output head
+  /// runs only on prompt rows and on every `check_every`-th continuation row, whose argmax is
+  /// compared with the generated token (num_argmax_mismatches; 1: every row, the slowest and
+  /// most thorough). Logit rows cost a vocab x hidden GEMM each.
   int32_t check_every = 8;
   bool write_weights = true;        ///< also write head.npy and embed.npy
 };
@@ -54,7 +59,9 @@ struct DumpHiddenSummary {
   /// (0 when generation and teacher forcing agree, as batch invariance promises).
   int64_t num_argmax_mismatches = 0;
   int64_t num_argmax_checked = 0;  ///< continuation positions whose argmax was computed and compared
-  double generate_seconds = 0, forward_seconds = 0;
+  int64_t num_sequences_unrecorded = 0;  ///< finished at their first token: no position recorded, left out
+  double generate_seconds = 0;     ///< the whole generation, recording included
+  double head_seconds = 0;         ///< of which: recording and the output head on prompt and checked rows
   std::string target_fingerprint;  ///< 16 hex digits of model_fingerprint() of the target
 };
 

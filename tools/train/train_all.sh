@@ -77,7 +77,7 @@ if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
     "$py" tools/train/make_prompts.py --source templates --out "$work/prompts-templates.jsonl" --num "$extra_templates" --seed 0
     cat "$work/prompts-templates.jsonl" >> "$work/prompts.jsonl"
   fi
-  log "dump-hidden (greedy continuations of $max_new tokens, then teacher-forced hidden states)"
+  log "dump-hidden (greedy continuations of $max_new tokens, hidden states recorded as they are generated)"
   "$bin" dump-hidden --model "$model" --prompts "$work/prompts.jsonl" --out "$work/dump" \
     --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
 fi
