@@ -67,6 +67,35 @@ TEST(DumpHidden, RejectsBadPromptLine) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("p.jsonl:2"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(std::filesystem::exists(dir / "out")) << "a failed dump left the directory it made";
+
+  // A role the chat template does not know, named with its line and value.
+  std::ofstream(dir / "roles.jsonl") << "{\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, "
+                                        "{\"role\": \"user\", \"content\": \"Hi\"}]}\n"
+                                        "{\"messages\": [{\"role\": \"wizard\", \"content\": \"Hi\"}]}\n";
+  o.prompts_path = (dir / "roles.jsonl").string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("roles.jsonl:2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("\"wizard\""), std::string::npos) << r.status().message();
+
+  // --out naming a file: refused as bad input (not an internal error), the file untouched.
+  std::ofstream(dir / "file") << "keep";
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "file").string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not a directory"), std::string::npos) << r.status().message();
+  EXPECT_EQ(std::filesystem::file_size(dir / "file"), 4u);
+
+  // max_new_tokens < 2 records nothing: refused naming the field and value.
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 1;
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("max_new_tokens must be >= 2 (got 1)"), std::string::npos) << r.status().message();
   std::filesystem::remove_all(dir);
 }
 

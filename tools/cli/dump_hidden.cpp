@@ -1,5 +1,6 @@
 // `specserve dump-hidden`: self-distillation data (hidden states, tokens, target argmax) for
 // training Medusa / EAGLE heads (tools/train/). See tools/cli/dump_hidden_lib.h for the format.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,12 +46,18 @@ int run_dump_hidden(const DumpArgs& a) {
     return 1;
   }
   const bool tty = isatty(fileno(stderr));
-  auto progress = [tty](const std::string& line, bool final_line) {
-    // On a terminal one line is rewritten in place; in a log every update is its own line.
-    if (tty)
+  auto last_logged = std::chrono::steady_clock::time_point{};
+  auto progress = [tty, last_logged](const std::string& line, bool final_line) mutable {
+    // On a terminal one line is rewritten in place; in a log an update is its own line, at
+    // most one per 10 s (and every final line).
+    if (tty) {
       std::fprintf(stderr, "\r\033[K[dump-hidden] %s%s", line.c_str(), final_line ? "\n" : "");
-    else
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      if (!final_line && now - last_logged < std::chrono::seconds(10)) return;
+      last_logged = now;
       std::fprintf(stderr, "[dump-hidden] %s\n", line.c_str());
+    }
     std::fflush(stderr);
   };
   auto sum = dump_hidden(*loaded, a.opts, progress);

@@ -161,7 +161,12 @@ Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOpt
         if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
             !m["content"].is_string())
           return invalid_argument(where + ": each message needs string \"role\" and \"content\"");
-        msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+        std::string role = m["role"].get<std::string>();
+        if (role == "developer") role = "system";  // OpenAI's newer name, as the HTTP API accepts it
+        if (role != "system" && role != "user" && role != "assistant")
+          return invalid_argument(where + ": role \"" + m["role"].get<std::string>() +
+                                  "\": must be system, developer, user or assistant");
+        msgs.push_back({role, m["content"].get<std::string>()});
       }
       auto text = apply_chat_template(*lm.file, msgs, /*add_generation_prompt=*/true);
       if (!text.ok()) return Status(text.status().code(), where + ": " + text.status().message());
@@ -374,7 +379,27 @@ Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t
   return Status();
 }
 
+namespace {
+
+Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress);
+
+}  // namespace
+
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(o.out_dir, ec);
+  if (existed && !std::filesystem::is_directory(o.out_dir, ec))
+    return invalid_argument("dump-hidden: --out " + o.out_dir + " exists and is not a directory");
+  auto r = dump_into(lm, o, progress);
+  // NOTE: a failed dump leaves no half-written directory behind when it made the directory
+  // itself (one that existed before is left as it was, apart from files already rewritten).
+  if (!r.ok() && !existed) std::filesystem::remove_all(o.out_dir, ec);
+  return r;
+}
+
+namespace {
+
+Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
   if (o.max_new_tokens < 2 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.check_every < 1 || o.max_prompts < 0)
     return invalid_argument("dump-hidden: max_new_tokens must be >= 2 (got " + std::to_string(o.max_new_tokens) +
                             "); max_num_seqs, max_prompt_tokens, check_every >= 1; max_prompts >= 0");
@@ -488,5 +513,7 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   if (!f) return internal_error("cannot write " + dir + "index.json");
   return sum;
 }
+
+}  // namespace
 
 }  // namespace specserve::cli
