@@ -23,6 +23,7 @@
 #include "actors/tp_group.h"
 #include "actors/tp_rank.h"
 #include "cluster/process.h"
+#include "cluster/up_plan.h"
 #include "core/logging.h"
 
 namespace specserve {
@@ -267,6 +268,12 @@ int run_up(const UpOptions& o) {
   Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("up", ports);
   if (Status tp = check_tensor_parallel_size(*topo); !tp.ok()) return fail("up", tp);
+  if (o.dry_run) {
+    if (Status st = check_up_plan(*topo); !st.ok()) return fail("up --dry-run", st);
+    std::fputs(describe_up_plan(*topo).c_str(), stdout);
+    std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());
+    return 0;
+  }
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
@@ -414,7 +421,9 @@ int run_worker(const WorkerOptions& o) {
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
   const size_t node_index = static_cast<size_t>(node - topo->nodes.data());
-  if (Status st = check_device_available(topo->where("nodes") + ": device", spec.device.to_string()); !st.ok()) {
+  const std::string device_path =
+      "nodes[" + std::to_string(node_index) + "].workers[" + std::to_string(o.index) + "].device";
+  if (Status st = check_device_available(topo->where(device_path) + ": " + device_path, spec.device.to_string()); !st.ok()) {
     return fail("worker", st);
   }
   auto token = read_cluster_token(topo->cluster.token_file);

@@ -36,6 +36,9 @@ struct UpOptions {
   /// Called once every replica is ready (tests and scripts wait for it); also printed.
   std::string ready_file;          ///< non-empty: written with "HOST:PORT\n" when ready
   FrontEndStarter front_end;       ///< null: no HTTP front end (head.http_port unused)
+  /// Check the topology (parse, ports free, tensor-parallel sizes, this host's devices, model
+  /// files: cluster/up_plan.h), print the plan to stdout and exit, starting nothing.
+  bool dry_run = false;
 };
 /// `specserve up`: returns the process exit code.
 int run_up(const UpOptions& options);

@@ -452,6 +452,9 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
     sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once the cluster serves: every declared replica ready, or with "
                     "autoscale min_replicas ready");
+    sub->add_flag("--dry-run", o->dry_run,
+                  "Check the topology (fields, ports free, this host's devices, model files), print the plan and exit "
+                  "without starting anything");
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {

@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/backend_factory.h"
 #include "cluster/launch.h"
 #include "config/topology.h"
 #include "spec/engine.h"
@@ -84,6 +85,12 @@ int run_serve_cmd(const ServeArgs& a) {
     w.device = *device;
     if (device->kind == DeviceKind::kCuda) w.device.index += r;
     w.gpu_memory_utilization = a.gpu_memory_utilization;
+    // Before anything listens or prints its address: a device this machine lacks is bad input.
+    if (Status st = check_device_available(r == 0 ? "--device" : "--device (tensor-parallel rank " + std::to_string(r) + ")",
+                                           w.device.to_string());
+        !st.ok()) {
+      return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+    }
     if (r == 0 || device->kind == DeviceKind::kCuda) n.devices.push_back(w.device);
     n.workers.push_back(w);
   }

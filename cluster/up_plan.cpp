@@ -1,0 +1,83 @@
+// specserve cluster: `specserve up --dry-run` (see up_plan.h).
+#include "cluster/up_plan.h"
+
+#include <cstdio>
+
+#include "actors/backend_factory.h"
+#include "model/gguf.h"
+
+namespace specserve {
+namespace {
+
+bool runs_here(const Topology& t, const NodeSpec& n) { return is_loopback_host(n.host) || n.host == t.head.host; }
+
+Status check_gguf(const Topology& t, const std::string& field, const std::string& path) {
+  auto f = GgufFile::open(path);
+  if (f.ok()) return Status();
+  return Status(f.status().code(), t.where(field) + ": " + field + " = " + path + ": " + f.status().message());
+}
+
+}  // namespace
+
+Status check_up_plan(const Topology& t) {
+  for (size_t i = 0; i < t.nodes.size(); ++i) {
+    const NodeSpec& n = t.nodes[i];
+    // NOTE: a remote node's devices are checked by its own `specserve node` (this machine cannot see them).
+    if (!runs_here(t, n)) continue;
+    for (size_t j = 0; j < n.workers.size(); ++j) {
+      const std::string path = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "].device";
+      SPECSERVE_RETURN_IF_ERROR(check_device_available(t.where(path) + ": " + path, n.workers[j].device.to_string()));
+    }
+  }
+  SPECSERVE_RETURN_IF_ERROR(check_gguf(t, "models.target.path", t.models.target.path));
+  if (t.models.speculative && !t.models.speculative->model.empty())
+    SPECSERVE_RETURN_IF_ERROR(check_gguf(t, "models.speculative.model", t.models.speculative->model));
+  return Status();
+}
+
+std::string describe_up_plan(const Topology& t) {
+  std::string s;
+  auto line = [&s](const char* fmt, auto... args) {
+    char buf[1024];
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    s += buf;
+    s += '\n';
+  };
+  line("cluster '%s' (token file %s)", t.cluster.name.c_str(), t.cluster.token_file.c_str());
+  line("head: actor port %s:%d, HTTP port %d", t.head.host.c_str(), t.head.actor_port, t.head.http_port);
+  std::string max_len = t.models.target.max_model_len ? std::to_string(*t.models.target.max_model_len) : "the model's";
+  line("target: %s (tensor_parallel_size %d, max_model_len %s)", t.models.target.path.c_str(),
+       t.models.target.tensor_parallel_size, max_len.c_str());
+  if (t.models.speculative) {
+    const SpeculativeSpec& sp = *t.models.speculative;
+    line("speculative: %s, num_speculative_tokens %d%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
+         sp.model.empty() ? "" : ", model ", sp.model.c_str());
+  } else {
+    line("speculative: none (plain decoding)");
+  }
+  for (const NodeSpec& n : t.nodes) {
+    std::string devs;
+    for (const DeviceSpec& d : n.devices) devs += (devs.empty() ? "" : ", ") + d.to_string();
+    line("node '%s' on %s (%s): devices [%s], %zu worker(s)", n.name.c_str(), n.host.c_str(),
+         runs_here(t, n) ? "started here" : "remote: run `specserve node` there", devs.c_str(), n.workers.size());
+    for (const WorkerSpec& w : n.workers) {
+      std::string mem;
+      if (w.device.kind == DeviceKind::kCuda) mem = ", gpu_memory_utilization " + std::to_string(w.gpu_memory_utilization).substr(0, 4);
+      line("  %s: replica %d, rank %d, device %s%s", worker_role_name(w.role), w.replica, w.rank,
+           w.device.to_string().c_str(), mem.c_str());
+    }
+  }
+  line("scheduler: max_num_seqs %d, max_num_batched_tokens %d, block_size %d, kv_cache_bytes %lld per replica, "
+       "prefix caching %s",
+       t.scheduler.max_num_seqs, t.scheduler.max_num_batched_tokens, t.scheduler.block_size,
+       static_cast<long long>(t.scheduler.kv_cache_bytes), t.scheduler.enable_prefix_caching ? "on" : "off");
+  if (t.autoscale.enabled()) {
+    line("autoscale: %d..%d ready replicas, warm_pool %d", t.autoscale.min_replicas, t.autoscale.max_replicas,
+         t.autoscale.warm_pool);
+  } else {
+    line("autoscale: off (every declared replica serves)");
+  }
+  return s;
+}
+
+}  // namespace specserve
