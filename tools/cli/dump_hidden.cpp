@@ -89,7 +89,7 @@ void add_dump_hidden(CLI::App& app) {
                   "JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} or {\"prompt\": \"...\"} per line");
   sub->add_option("--out", args->opts.out_dir, "Output directory (hidden.npy, tokens.npy, argmax.npy, head.npy, "
                                                "embed.npy, index.json)");
-  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt (the last two generated are not recorded)")
+  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt (the last two or three generated are not recorded)")
       ->check(CLI::Range(2, 1 << 16))->capture_default_str();
   sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N prompts (0: all)")

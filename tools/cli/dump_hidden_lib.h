@@ -20,7 +20,8 @@
 // Positions of sequence i are rows [offset_i, offset_i + length_i); its first prompt_length_i are
 // the prompt (chat template applied), the rest the target's greedy continuation. The engine
 // hands a sequence's rows over at its next step, so the rows of its last step are not recorded:
-// a sequence stops two tokens before its generated end (length = prompt + generated - 2), and
+// a sequence stops two or three tokens before its generated end (length = prompt + generated - 2 after
+// EOS, - 3 after max_new_tokens: the step before the last drafts nothing, so it hands nothing over), and
 // argmax at its last position is the next generated token.
 #pragma once
 
