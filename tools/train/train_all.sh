@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Trains the Medusa and EAGLE heads of the default model (SmolLM2-135M-Instruct Q4_1) from
-# nothing, on the CPU, and writes them where the runtime and the repository expect them:
+# Trains the Medusa and EAGLE heads of the default model (SmolLM2-135M-Instruct Q4_1) on the CPU
+# (from random weights, or EAGLE from --eagle-init), and writes them where the runtime and the
+# repository expect them; the heads are trained into --work and copied over models/heads/ only
+# once both trainers and the reference outputs have succeeded:
 #   1. fetch the model (scripts/fetch-model.sh) and build specserve (scripts/build.sh)
 #   2. the Python environment (tools/train/venv.sh: torch, numpy, matplotlib, gguf)
 #   3. a prompt corpus (tools/train/make_prompts.py: ShareGPT first human turns by default, or
@@ -10,10 +12,12 @@
 #   6. tools/train/make_reference.py (tests/data/heads_reference.json),
 #      tools/train/eagle_chain_reference.py (tests/data/eagle_chain_reference.json) and
 #      models/heads/SHA256SUMS
-# Usage: tools/train/train_all.sh [--work DIR] [--prompt-source S] [--num-prompts N] [--max-new-tokens N]
-#          [--medusa-epochs N] [--eagle-epochs N] [--threads N] [--parallel] [--skip-build]
-#          [--skip-dump] [--tag YYYY-MM-DD]
-#   --work DIR          scratch space for prompts, the dump (~300 MB) and checkpoints
+# Usage: tools/train/train_all.sh [--work DIR] [--prompt-source S] [--num-prompts N]
+#          [--extra-templates N] [--max-new-tokens N] [--medusa-epochs N] [--eagle-epochs N]
+#          [--eagle-init GGUF] [--eagle-lr LR] [--max-minutes M] [--threads N] [--parallel]
+#          [--skip-build] [--skip-dump] [--tag T]
+#   --work DIR          scratch space for prompts, the dump (float16 hidden states: ~0.5 GB for
+#                       1,800 prompts of 96 new tokens), checkpoints and the new heads
 #                       (default ~/.cache/specserve/train)
 #   --prompt-source S   sharegpt (default) or templates (make_prompts.py --source)
 #   --num-prompts N     prompts in the corpus (default 640)
@@ -82,10 +86,12 @@ if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
     --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
 fi
 
-medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out models/heads/medusa-smollm2-135m.gguf
+mkdir -p "$work/heads"
+medusa_out="$work/heads/medusa-smollm2-135m.gguf" eagle_out="$work/heads/eagle-smollm2-135m.gguf"
+medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out "$medusa_out"
             --epochs "$medusa_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_medusa_$tag"
             --save-torch "$work/medusa.pt")
-eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out models/heads/eagle-smollm2-135m.gguf
+eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out "$eagle_out"
            --epochs "$eagle_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_eagle_$tag"
            --save-torch "$work/eagle.pt" ${eagle_extra[@]+"${eagle_extra[@]}"})
 if [ "$parallel" = 1 ]; then
@@ -105,10 +111,13 @@ else
 fi
 
 log "reference outputs and checksums"
-"$py" tools/train/make_reference.py --dump "$work/dump" --medusa models/heads/medusa-smollm2-135m.gguf \
-  --eagle models/heads/eagle-smollm2-135m.gguf --out tests/data/heads_reference.json --command "$cmdline"
-"$py" tools/train/eagle_chain_reference.py --dump "$work/dump" --eagle models/heads/eagle-smollm2-135m.gguf \
-  --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json \
+"$py" tools/train/make_reference.py --dump "$work/dump" --medusa "$medusa_out" \
+  --eagle "$eagle_out" --out "$work/heads/heads_reference.json" --command "$cmdline"
+"$py" tools/train/eagle_chain_reference.py --dump "$work/dump" --eagle "$eagle_out" \
+  --cases-only --cases 6 --window 6 --depth 4 --cases-out "$work/heads/eagle_chain_reference.json" \
   --command "$cmdline; tools/train/eagle_chain_reference.py --dump DUMP --eagle models/heads/eagle-smollm2-135m.gguf --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json (DUMP: train_all's dump; the first 6 held-out sequences whose chains have no near-tie)"
+log "installing the new heads over models/heads/ and their references over tests/data/"
+cp "$medusa_out" "$eagle_out" models/heads/
+cp "$work/heads/heads_reference.json" "$work/heads/eagle_chain_reference.json" tests/data/
 (cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf > SHA256SUMS && cat SHA256SUMS >&2)
 log "done: models/heads/, bench/results/train_{medusa,eagle}_$tag.{json,png}, tests/data/{heads,eagle_chain}_reference.json"
