@@ -96,9 +96,11 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
     const ScheduledSeq& e = plan.scheduled[i];
     Seq& s = *by_id.at(e.id);
-    // No draft budget: only a proposer that wants every hidden row is called, with k = 0, to
-    // take the rows it has not had yet (Proposer::needs_every_hidden_row).
-    if (e.num_draft_tokens == 0 && !(wants_every_hidden_row(s) && !s.hidden.empty())) continue;
+    // A decode without draft budget: only a proposer that wants every hidden row is called, with
+    // k = 0, to take the rows it has not had yet (Proposer::needs_every_hidden_row). A prefill
+    // chunk keeps its rows for the first decode step, as for any proposer.
+    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty();
+    if (e.num_draft_tokens == 0 && !hand_over_only) continue;
     SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
                                                        " draft tokens planned over its cap " + std::to_string(s.max_k));
     DraftRequest r;

@@ -71,8 +71,9 @@ class Proposer {
   /// the target computed, also where the engine would not ask it for drafts. The engine then
   /// also calls propose() with DraftRequest::num_tokens == 0 (a hand-over only; the answer
   /// should be empty drafts, anything else is ignored):
-  ///  - on each step the sequence is scheduled without a draft budget (chunked prefill, the last
-  ///    tokens before max_tokens or max_model_len) while it holds rows not yet handed over;
+  ///  - on each decode step the sequence is scheduled without a draft budget (the last tokens
+  ///    before max_tokens or max_model_len, a token budget with no room) while it holds rows not
+  ///    yet handed over (hidden_begin + n == tokens.size() - 1, as in any call);
   ///  - once after the sequence finished by a stop token, a stop string or its length (not after
   ///    an abort, an error or a preemption), with the rows of its last step: tokens then holds
   ///    the final output, and hidden covers every position whose token is in it and whose row

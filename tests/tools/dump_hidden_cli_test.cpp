@@ -16,13 +16,13 @@
 namespace specserve {
 namespace {
 
-struct Run {
+struct CliRun {
   int exit_code = -1;
   std::string output;  // stdout and stderr
 };
 
-Run run(const std::string& args) {
-  Run r;
+CliRun run(const std::string& args) {
+  CliRun r;
   const std::string cmd = std::string(SPECSERVE_BIN) + " dump-hidden " + args + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   if (!f) return r;
@@ -49,7 +49,7 @@ std::filesystem::path temp_dir(const std::string& name) {
 }
 
 TEST(DumpHiddenCli, HelpMarksRequiredFlagsAndShowsDefaults) {
-  const Run r = run("--help");
+  const CliRun r = run("--help");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(help_of(r.output, "--prompts").find("REQUIRED"), std::string::npos) << r.output;
   EXPECT_NE(help_of(r.output, "--out").find("REQUIRED"), std::string::npos) << r.output;
@@ -66,7 +66,7 @@ TEST(DumpHiddenCli, HelpMarksRequiredFlagsAndShowsDefaults) {
 TEST(DumpHiddenCli, BadInputExitsTwoNamingTheFlag) {
   const auto dir = temp_dir("bad");
   // --prompts naming a directory: found before the model loads (this model path does not exist).
-  Run r = run("--model " + (dir / "none.gguf").string() + " --prompts " + dir.string() + " --out " + (dir / "out").string());
+  CliRun r = run("--model " + (dir / "none.gguf").string() + " --prompts " + dir.string() + " --out " + (dir / "out").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--prompts " + dir.string() + " is a directory"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
@@ -88,7 +88,7 @@ TEST(DumpHiddenCli, BadInputExitsTwoNamingTheFlag) {
 TEST(DumpHiddenCli, SummaryReportsSkippedPrompts) {
   const auto dir = temp_dir("summary");
   std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"Hello there\"}\n{\"prompt\": \"\"}\n{\"prompt\": \"Good morning\"}\n";
-  const Run r = run("--model " + specserve::testing::default_model_path() + " --threads 1 --max-new-tokens 2 --no-weights --prompts " +
+  const CliRun r = run("--model " + specserve::testing::default_model_path() + " --threads 1 --max-new-tokens 2 --no-weights --prompts " +
                     (dir / "p.jsonl").string() + " --out " + (dir / "out").string());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("warning: skipped 1 empty prompt(s), the first at " + (dir / "p.jsonl").string() + ":2"), std::string::npos)

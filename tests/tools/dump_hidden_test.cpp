@@ -311,6 +311,7 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   }
   EXPECT_EQ(off, N);
   EXPECT_GE(num_by_length, 1) << "premise: a sequence reaches max_new_tokens";
+  EXPECT_LT(num_by_length, 3) << "premise: a sequence ends on EOS (\"12 times 7\" does, after 10 tokens)";
 
   std::vector<int64_t> shape;
   const auto hidden = load<uint16_t>((dir / "out" / "hidden.npy").string(), "<f2", &shape);
@@ -319,6 +320,12 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   ASSERT_EQ(shape, (std::vector<int64_t>{N}));
   const auto argmax = load<int32_t>((dir / "out" / "argmax.npy").string(), "<i4", &shape);
   ASSERT_EQ(shape, (std::vector<int64_t>{N}));
+  // After EOS the last position is recorded too, labelled with the end-of-generation token.
+  for (const auto& s : idx["sequences"]) {
+    if (s["finish"] != "stop") continue;
+    const int32_t last = argmax[s["offset"].get<int64_t>() + s["length"].get<int64_t>() - 1];
+    EXPECT_TRUE(lm->tokenizer->eog_ids().count(last)) << "last argmax " << last << " of " << s.dump();
+  }
   const auto head = load<float>((dir / "out" / "head.npy").string(), "<f4", &shape);
   ASSERT_EQ(shape, (std::vector<int64_t>{V, d}));
   const GgufTensorInfo* out_t = lm->file->find_tensor(lm->model->config().tied_output ? "token_embd.weight" : "output.weight");

@@ -24,6 +24,12 @@ struct DumpArgs {
   bool print_fingerprint = false;
 };
 
+/// A library message without its own "dump-hidden: " prefix (the CLI prints its own).
+std::string without_prefix(const std::string& m) {
+  const std::string p = "dump-hidden: ";
+  return m.rfind(p, 0) == 0 ? m.substr(p.size()) : m;
+}
+
 int run_dump_hidden(const DumpArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   if (a.print_fingerprint) {
@@ -37,7 +43,7 @@ int run_dump_hidden(const DumpArgs& a) {
   }
   // Bad input (exit 2) is found before the model loads where it can be.
   if (Status st = check_dump_options(a.opts); !st.ok()) {
-    std::fprintf(stderr, "specserve dump-hidden: %s\n", st.message().c_str());
+    std::fprintf(stderr, "specserve dump-hidden: %s\n", without_prefix(st.message()).c_str());
     return 2;
   }
   auto backend = make_cpu_backend(a.threads);
@@ -66,7 +72,7 @@ int run_dump_hidden(const DumpArgs& a) {
     // Bad input (a prompt line, --prompts, --out) exits 2 like the flag checks; the rest 1.
     const StatusCode c = sum.status().code();
     const bool bad_input = c == StatusCode::kInvalidArgument || c == StatusCode::kNotFound;
-    std::fprintf(stderr, "\nspecserve dump-hidden: %s\n", bad_input ? sum.status().message().c_str() : sum.status().to_string().c_str());
+    std::fprintf(stderr, "\nspecserve dump-hidden: %s\n", without_prefix(bad_input ? sum.status().message() : sum.status().to_string()).c_str());
     return bad_input ? 2 : 1;
   }
   std::string skipped = std::to_string(sum->num_prompts_skipped) + " prompts skipped (" +
