@@ -3,9 +3,9 @@
 // The target generates its own greedy continuation of every prompt (spec::Engine, continuous
 // batching, no speculation) and the final-norm hidden state of every position it computes
 // (prefill rows and decoded tokens; what the output head multiplies) is recorded as it goes:
-// the engine hands them to a proposer that asks for every computed hidden state and never drafts
-// (Proposer::needs_hidden, needs_every_hidden_row), so no second, teacher-forced pass is run. Per position it writes the
-// hidden state, the token id and the target's argmax next token. Medusa (Cai et al. 2024,
+// the engine hands them to a proposer that asks for every computed hidden state and never
+// drafts (Proposer::needs_hidden, needs_every_hidden_row), so no second, teacher-forced pass is
+// run. Per position it writes the hidden state, the token id and the target's argmax next token. Medusa (Cai et al. 2024,
 // "Medusa-1": heads on a frozen target) and EAGLE (Li et al. 2024) train on exactly these
 // features. tools/train/ reads the files. The backend is batch-invariant, so the rows equal a
 // teacher-forced forward pass over the same tokens (tests/tools/dump_hidden_test.cpp checks it).
