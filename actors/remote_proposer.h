@@ -58,6 +58,7 @@ class ProposerSlot final : public Proposer {
     if (inner_) inner_->release(seq_id);
   }
   bool needs_hidden() const override { return inner_ && inner_->needs_hidden(); }
+  bool needs_every_hidden_row() const override { return inner_ && inner_->needs_every_hidden_row(); }
 
  private:
   std::string method_;

@@ -273,7 +273,13 @@ void Engine::abort(int64_t seq_id) {
 void Engine::finish(Seq& s, FinishReason r) {
   s.finish = r;
   s.blocks.release_all(*pool_);
-  if (may_draft(s)) proposer_->release(s.id);
+  // NOTE: a stop or length finish happens inside step(), which hands the proposer the last
+  // step's rows first (Proposer::needs_every_hidden_row) and then releases the sequence.
+  if (wants_every_hidden_row(s) && (r == FinishReason::kStop || r == FinishReason::kLength)) {
+    s.release_after_handover = true;
+  } else if (may_draft(s)) {
+    proposer_->release(s.id);
+  }
   finished_stats_[s.id] = s.spec;
   stats_.spec.add(s.spec);
 }
@@ -289,6 +295,8 @@ std::optional<SpecStats> Engine::take_finished_stats(int64_t seq_id) {
 bool Engine::may_draft(const Seq& s) const { return proposer_ != nullptr && s.max_k > 0; }
 
 bool Engine::wants_hidden(const Seq& s) const { return may_draft(s) && proposer_->needs_hidden(); }
+
+bool Engine::wants_every_hidden_row(const Seq& s) const { return wants_hidden(s) && proposer_->needs_every_hidden_row(); }
 
 void Engine::cache_full_blocks(Seq& s) {
   if (!opts_.enable_prefix_caching) return;

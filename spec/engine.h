@@ -289,6 +289,9 @@ class Engine {
   /// True when s may draft with a proposer that needs the target's hidden states: the target
   /// returns them for s's rows and s keeps them until the next propose() (spec/proposer.h).
   bool wants_hidden(const Seq& s) const;
+  /// True when wants_hidden(s) and the proposer wants every computed row
+  /// (Proposer::needs_every_hidden_row): hand-overs without a draft budget and after finishing.
+  bool wants_every_hidden_row(const Seq& s) const;
   /// Prefix caching: hashes s's new full blocks and registers the blocks wholly within its
   /// valid KV (num_cached) in the pool. No-op when caching is off.
   void cache_full_blocks(Seq& s);

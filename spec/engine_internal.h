@@ -42,6 +42,9 @@ struct Engine::Seq {
   // to the proposer. While it runs, hidden_begin + n == num_cached.
   std::vector<float> hidden;
   int32_t hidden_begin = 0;
+  // Finished by a stop or its length with a proposer that wants every hidden row: the last
+  // step's rows are still to be handed over, and release() is due after that (Engine::step).
+  bool release_after_handover = false;
   FinishReason finish = FinishReason::kNone;
   SpecStats spec;
   // A migrated sequence waiting for admission with its KV outside the cache (add_migrated):

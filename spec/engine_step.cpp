@@ -22,6 +22,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     events->push_back(std::move(ev));
   }
   aborted_.clear();
+  // (A finished sequence's last hand-over happens in the step it finished; this only releases
+  // one that step() left early, as on a forward error.)
+  for (auto& r : running_) {
+    if (r->release_after_handover) {
+      r->release_after_handover = false;
+      proposer_->release(r->id);
+    }
+  }
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s->finish != FinishReason::kNone; }),
                  running_.end());
   if (running_.empty() && waiting_.empty()) return Status();
@@ -87,8 +95,12 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   const int32_t hidden_size = static_cast<int32_t>(target_.config().hidden_size);
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
     const ScheduledSeq& e = plan.scheduled[i];
-    if (e.num_draft_tokens == 0) continue;
     Seq& s = *by_id.at(e.id);
+    // A decode without draft budget: only a proposer that wants every hidden row is called, with
+    // k = 0, to take the rows it has not had yet (Proposer::needs_every_hidden_row). A prefill
+    // chunk keeps its rows for the first decode step, as for any proposer.
+    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty();
+    if (e.num_draft_tokens == 0 && !hand_over_only) continue;
     SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
                                                        " draft tokens planned over its cap " + std::to_string(s.max_k));
     DraftRequest r;
@@ -266,6 +278,15 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         s.k = accepted == k ? std::min(s.k + 2, s.max_k) : std::max(1, s.k - 1);
       }
     }
+    if (s.release_after_handover) {
+      // Finished by a stop or its length: the rows of this step whose token is in the output
+      // (the last known token(s), then the accepted drafts that were emitted) go to the
+      // proposer after this loop.
+      const int32_t d = static_cast<int32_t>(out.hidden_size);
+      int32_t room = static_cast<int32_t>(s.tokens.size()) - s.hidden_begin - static_cast<int32_t>(s.hidden.size() / static_cast<size_t>(d));
+      for (int32_t r = 0; r < (k == 0 ? pl.rows : 1) && room > 0; ++r, --room) keep_hidden_row(r);
+      for (int32_t a = 0; a < accepted && room > 0; ++a, --room) keep_hidden_row(tree_verified ? path[static_cast<size_t>(a)] + 1 : a + 1);
+    }
     if (s.finish == FinishReason::kNone) {
       if (keep_hidden) {
         // Positions base - rows + 1 .. base (a prefill's rows, or the last known token), then
@@ -285,6 +306,41 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     }
     ev.finish = s.finish;
     events->push_back(std::move(ev));
+  }
+
+  // ---- the last hand-over of the sequences that finished in this step (needs_every_hidden_row) ----
+  std::vector<DraftRequest> last;
+  std::vector<Seq*> last_seq;
+  for (const Planned& p : batch_plan) {
+    Seq& s = *p.seq;
+    if (!s.release_after_handover) continue;
+    last_seq.push_back(&s);
+    if (s.hidden.empty()) continue;
+    DraftRequest r;
+    r.seq_id = s.id;
+    r.tokens = std::span<const int32_t>(s.tokens);
+    r.prompt_len = s.prompt_len;
+    r.num_tokens = 0;
+    r.sampling = &s.params.sampling;
+    r.hidden_begin = s.hidden_begin;
+    r.hidden = std::span<const float>(s.hidden);
+    r.hidden_size = hidden_size;
+    last.push_back(r);
+  }
+  if (!last.empty()) {
+    std::vector<DraftTree> ignored(last.size());
+    const auto t1 = std::chrono::steady_clock::now();
+    Status st = proposer_->propose(last, &ignored);
+    stats_.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    // NOTE: the output is complete already: a failure here loses the proposer's copy of the
+    // rows only, so it is a warning, not an error of the step.
+    if (!st.ok()) get_logger("spec")->warn("proposer {} failed on the last hidden rows of finished sequences: {}", proposer_->name(), st.to_string());
+  }
+  for (Seq* s : last_seq) {
+    s->hidden.clear();
+    s->hidden_begin = 0;
+    s->release_after_handover = false;
+    proposer_->release(s->id);
   }
   return Status();
 }

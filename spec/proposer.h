@@ -67,6 +67,24 @@ class Proposer {
   /// True when propose() needs DraftRequest::hidden (Medusa, EAGLE: heads on the target's
   /// hidden states); the engine then asks the target for them (ForwardBatch::return_hidden).
   virtual bool needs_hidden() const { return false; }
+  /// Only with needs_hidden(): true when the proposer wants the hidden state of every position
+  /// the target computed, also where the engine would not ask it for drafts. The engine then
+  /// also calls propose() with DraftRequest::num_tokens == 0 (a hand-over only; the answer
+  /// should be empty drafts, anything else is ignored):
+  ///  - on each decode step the sequence is scheduled without a draft budget (the last tokens
+  ///    before max_tokens or max_model_len, a token budget with no room) while it holds rows not
+  ///    yet handed over (hidden_begin + n == tokens.size() - 1, as in any call);
+  ///  - once after the sequence finished by a stop token, a stop string or its length (not after
+  ///    an abort, an error or a preemption), with the rows of its last step: tokens then holds
+  ///    the final output, and hidden covers every position whose token is in it and whose row
+  ///    the target computed, so hidden_begin + n is tokens.size() - 1 (the last token came from
+  ///    a plain decode row: never computed) or tokens.size() (a stop token, not part of the
+  ///    output, followed the last token; or the last token was an accepted draft). release()
+  ///    follows that call.
+  /// Default false: Medusa and EAGLE are asked only when they may draft, as before.
+  /// NOTE: opt-in so that proposers which assume num_tokens >= 1 are untouched; `specserve
+  /// dump-hidden` (tools/cli/dump_hidden_lib.cpp) records every computed position this way.
+  virtual bool needs_every_hidden_row() const { return false; }
   /// The sequence finished: drop its state.
   virtual void release(int64_t seq_id) { (void)seq_id; }
 };

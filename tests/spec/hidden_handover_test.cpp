@@ -6,6 +6,8 @@
 // that do not ask, nor from a prefix-cache hit. Greedy output stays that of plain decoding.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "tests/spec/spec_engine_fixtures.h"
 #include "tests/spec/tree_test_util.h"
 
@@ -15,20 +17,27 @@ namespace {
 using namespace spec_engine_testing;
 using tree_testing::OracleTreeProposer;
 
-/// Drafts with an inner proposer and records, per sequence, the hidden rows handed over,
-/// checking the contract at each call.
+/// Drafts with an inner proposer (none: never drafts) and records, per sequence, the hidden rows
+/// handed over, checking the contract at each call. `every`: asks for every computed row
+/// (Proposer::needs_every_hidden_row).
 class HiddenRecorder final : public Proposer {
  public:
-  HiddenRecorder(Proposer* inner, bool needs) : inner_(inner), needs_(needs) {}
+  HiddenRecorder(Proposer* inner, bool needs, bool every = false) : inner_(inner), needs_(needs), every_(every) {}
   std::string name() const override { return "hidden_recorder"; }
   bool needs_hidden() const override { return needs_; }
+  bool needs_every_hidden_row() const override { return every_; }
   void release(int64_t seq_id) override {
-    inner_->release(seq_id);
+    if (inner_) inner_->release(seq_id);
     ++releases_;
+    released_.insert(seq_id);
   }
   Status propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) override {
     const int64_t d = target().config().hidden_size;
     for (const DraftRequest& r : reqs) {
+      if (released_.erase(r.seq_id))  // only a preempted sequence comes back, starting afresh
+        EXPECT_TRUE(!needs_ || r.hidden_begin == 0) << "seq " << r.seq_id << ": proposed after release() without a restart";
+      if (r.num_tokens == 0) ++calls_without_budget_;
+      if (!every_) EXPECT_GE(r.num_tokens, 1) << "only a proposer that wants every row is called without a draft budget";
       if (!needs_) {
         EXPECT_TRUE(r.hidden.empty());
         EXPECT_EQ(r.hidden_size, 0);
@@ -44,14 +53,31 @@ class HiddenRecorder final : public Proposer {
         seq.tokens.clear();
       }
       EXPECT_EQ(r.hidden_begin, static_cast<int32_t>(seq.hidden.size())) << "seq " << r.seq_id << ": rows skipped or repeated";
-      EXPECT_EQ(r.hidden_begin + n, static_cast<int32_t>(r.tokens.size()) - 1)
-          << "seq " << r.seq_id << ": hidden must cover every position but the last known token";
+      // The last hand-over of a finished sequence (every_ only) may include the last token's
+      // row, when a stop token (not in tokens) followed it.
+      const int32_t end = r.hidden_begin + n, known = static_cast<int32_t>(r.tokens.size());
+      if (every_) {
+        EXPECT_TRUE(end == known - 1 || (r.num_tokens == 0 && end == known)) << "seq " << r.seq_id << ": " << end << " of " << known;
+      } else {
+        EXPECT_EQ(end, known - 1) << "seq " << r.seq_id << ": hidden must cover every position but the last known token";
+      }
       for (int32_t j = 0; j < n; ++j) seq.hidden.emplace_back(r.hidden.begin() + j * d, r.hidden.begin() + (j + 1) * d);
       seq.tokens.assign(r.tokens.begin(), r.tokens.end());
       ++calls_with_hidden_;
       rows_ += n;
     }
-    return inner_->propose(reqs, out);
+    // Only requests with a budget go to the inner proposer; the others get no draft.
+    out->assign(reqs.size(), DraftTree{});
+    std::vector<DraftRequest> drafting;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i].num_tokens > 0 && inner_) drafting.push_back(reqs[i]), at.push_back(i);
+    }
+    if (drafting.empty()) return Status();
+    std::vector<DraftTree> got(drafting.size());
+    SPECSERVE_RETURN_IF_ERROR(inner_->propose(drafting, &got));
+    for (size_t j = 0; j < at.size(); ++j) (*out)[at[j]] = std::move(got[j]);
+    return Status();
   }
 
   struct Seq {
@@ -59,11 +85,13 @@ class HiddenRecorder final : public Proposer {
     Tokens tokens;                           // the known tokens at the last call
   };
   std::map<int64_t, Seq> seqs_;
-  int64_t calls_with_hidden_ = 0, rows_ = 0, restarts_ = 0, releases_ = 0;
+  std::set<int64_t> released_;
+  int64_t calls_with_hidden_ = 0, rows_ = 0, restarts_ = 0, releases_ = 0, calls_without_budget_ = 0;
 
  private:
   Proposer* inner_;
   bool needs_;
+  bool every_;
 };
 
 /// The target's final-norm hidden state at every position of `tokens` (one prefill).
@@ -120,6 +148,51 @@ TEST(HiddenHandover, ProposerGetsTheTargetsHiddenStatesOfEveryPosition) {
     EXPECT_GT(got.stats.spec.num_accepted_tokens, got.stats.spec.num_drafts) << where << ": tree paths were accepted";
     EXPECT_GT(rec.calls_with_hidden_, 300) << where;
     expect_hidden_matches(rec, where);
+  }
+}
+
+TEST(HiddenHandover, EveryRowProposerGetsEveryComputedPositionUpToTheEnd) {
+  // A proposer that wants every computed row (Proposer::needs_every_hidden_row; what `specserve
+  // dump-hidden` records) gets them also on steps without a draft budget (near max_tokens,
+  // during a chunked prefill) and after the sequence finished: every position of the output
+  // but the last token of a length-finished one (its row is never computed), and every one
+  // after a stop token. Greedy output stays that of plain decoding, drafting (k = 4) or not (an
+  // empty draft each step, as dump-hidden), also with preemptions.
+  struct Case { const char* name; bool drafts; int32_t batch; int64_t num_kv_blocks; };
+  for (const Case& c : {Case{"drafting", true, 4, 0}, Case{"never drafting", false, 4, 0},
+                        Case{"never drafting, small KV cache", false, 8, 40}}) {
+    std::unique_ptr<OracleTreeProposer> inner;
+    if (c.drafts) inner = oracle(default_medusa_tree(4), 35);
+    HiddenRecorder rec(inner.get(), true, /*every=*/true);
+    EngineOptions o = spec_options(c.drafts ? 4 : 1, c.batch);
+    if (c.num_kv_blocks > 0) o.num_kv_blocks = c.num_kv_blocks;
+    const RunResult got = run_engine(target(), tokenizer(), &rec, o, requests());
+    expect_same_outputs(got, reference(), c.name);
+    EXPECT_GT(rec.calls_without_budget_, static_cast<int64_t>(requests().size())) << c.name;
+    EXPECT_EQ(rec.released_.size(), requests().size()) << c.name << ": each sequence released at its end";
+    if (c.num_kv_blocks > 0) EXPECT_GT(rec.restarts_, 0) << c.name << ": no preemption, the case is vacuous";
+    // Every request's rows: matched by its final tokens (prompt + output).
+    for (size_t i = 0; i < requests().size(); ++i) {
+      Tokens all = requests()[i].prompt;
+      const RequestResult& want = reference().requests[i];
+      all.insert(all.end(), want.tokens.begin(), want.tokens.end());
+      const auto it = std::find_if(rec.seqs_.begin(), rec.seqs_.end(), [&](const auto& kv) { return kv.second.tokens == all; });
+      ASSERT_NE(it, rec.seqs_.end()) << c.name << ", request " << i << ": its last hand-over did not come with its final tokens";
+      // The last token's row exists after a stop token (it predicted the stop), or when the
+      // last token was an accepted draft; never for the token a plain decode step produced last.
+      const bool by_length = std::string(finish_reason_name(want.finish)) == "length";
+      const size_t n = it->second.hidden.size();
+      const std::string w = std::string(c.name) + ", request " + std::to_string(i) + " (" + finish_reason_name(want.finish) + ", " +
+                            std::to_string(want.tokens.size()) + " generated)";
+      if (!by_length) {
+        EXPECT_EQ(n, all.size()) << w;
+      } else if (!c.drafts) {
+        EXPECT_EQ(n, all.size() - 1) << w;
+      } else {
+        EXPECT_TRUE(n == all.size() - 1 || n == all.size()) << w << ": " << n << " rows of " << all.size();
+      }
+    }
+    expect_hidden_matches(rec, c.name);
   }
 }
 

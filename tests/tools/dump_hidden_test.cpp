@@ -12,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -90,12 +92,173 @@ TEST(DumpHidden, RejectsBadPromptLine) {
   EXPECT_NE(r.status().message().find("not a directory"), std::string::npos) << r.status().message();
   EXPECT_EQ(std::filesystem::file_size(dir / "file"), 4u);
 
-  // max_new_tokens < 2 records nothing: refused naming the field and value.
+  // max_new_tokens < 1: refused naming the field and value.
   o.out_dir = (dir / "out").string();
-  o.max_new_tokens = 1;
+  o.max_new_tokens = 0;
   r = dump_hidden(*lm, o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("max_new_tokens must be >= 2 (got 1)"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("max_new_tokens must be >= 1 (got 0)"), std::string::npos) << r.status().message();
+  o.max_new_tokens = 96;
+
+  // --prompts naming a directory: bad input naming the flag and the path.
+  o.prompts_path = dir.string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--prompts " + dir.string() + " is a directory"), std::string::npos) << r.status().message();
+  o.prompts_path = (dir / "p.jsonl").string();
+
+  // A line with both "messages" and "prompt" is ambiguous: refused with its line.
+  std::ofstream(dir / "both.jsonl") << "{\"prompt\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"b\"}]}\n";
+  o.prompts_path = (dir / "both.jsonl").string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("both.jsonl:1: has both"), std::string::npos) << r.status().message();
+  o.prompts_path = (dir / "p.jsonl").string();
+
+  // --out that cannot be created (/proc refuses new entries): bad input naming --out and the
+  // path, not an internal error.
+  o.out_dir = "/proc/specserve_dump_hidden_test/out";
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("--out /proc/specserve_dump_hidden_test/out"), std::string::npos) << r.status().message();
+
+  // A failed dump removes the parents of --out it created too (a/b/c where a did not exist),
+  // and leaves an --out that existed (empty here) as it was.
+  o.out_dir = (dir / "a" / "b" / "c").string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "a")) << "a failed dump left the parent directories it made";
+  std::filesystem::create_directories(dir / "existing");
+  o.out_dir = (dir / "existing").string();
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  ASSERT_TRUE(std::filesystem::is_directory(dir / "existing"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "existing")) << "a failed dump left files in a directory it did not make";
+  std::filesystem::remove_all(dir);
+}
+
+/// Rows of hidden.npy in `out` and num_positions of its index.json (-1 when absent).
+std::pair<int64_t, int64_t> rows_and_index(const std::filesystem::path& out) {
+  int64_t rows = -1, indexed = -1;
+  std::vector<int64_t> shape;
+  std::string descr;
+  std::vector<uint8_t> bytes;
+  if (read_npy((out / "hidden.npy").string(), &descr, &shape, &bytes).ok()) rows = shape.at(0);
+  if (std::filesystem::exists(out / "index.json")) {
+    std::ifstream jf(out / "index.json");
+    indexed = nlohmann::json::parse(jf)["num_positions"].get<int64_t>();
+  }
+  return {rows, indexed};
+}
+
+/// True when `out` holds a partial directory of a dump (.dump-hidden.partial-*).
+bool has_partial(const std::filesystem::path& out) {
+  for (const auto& e : std::filesystem::directory_iterator(out)) {
+    if (e.path().filename().string().rfind(".dump-hidden.partial-", 0) == 0) return true;
+  }
+  return false;
+}
+
+TEST(DumpHidden, OverwriteIsWholeOrHasNoIndex) {
+  // Replacing a dump: the new files are written aside and moved in only when complete, the old
+  // index.json removed first, so whatever happens a directory with an index.json holds one
+  // whole dump (its num_positions = hidden.npy's rows), and unrelated files stay.
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("overwrite");
+  std::ofstream(dir / "one.jsonl") << "{\"prompt\": \"The capital of France is\"}\n";
+  std::ofstream(dir / "two.jsonl") << "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"One, two, three,\"}\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "one.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 3;
+  o.write_weights = false;
+  ASSERT_TRUE(dump_hidden(*lm, o).ok());
+  const auto [rows1, indexed1] = rows_and_index(dir / "out");
+  ASSERT_GT(rows1, 0);
+  ASSERT_EQ(rows1, indexed1);
+  std::ofstream(dir / "out" / "notes.txt") << "mine";
+
+  // A failure while the files move in (argmax.npy is a directory there): never an index.json
+  // over files of another dump (the old in-place writer left the old index over new rows).
+  std::filesystem::remove(dir / "out" / "argmax.npy");
+  std::filesystem::create_directories(dir / "out" / "argmax.npy" / "x");
+  o.prompts_path = (dir / "two.jsonl").string();
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  auto [rows, indexed] = rows_and_index(dir / "out");
+  EXPECT_TRUE(indexed == -1 || indexed == rows) << "index.json says " << indexed << " positions, hidden.npy has " << rows;
+  EXPECT_FALSE(has_partial(dir / "out"));
+
+  // And without the obstacle: replaced whole, other files kept, nothing left aside.
+  std::filesystem::remove_all(dir / "out" / "argmax.npy");
+  auto ok = dump_hidden(*lm, o);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  std::tie(rows, indexed) = rows_and_index(dir / "out");
+  EXPECT_EQ(rows, indexed);
+  EXPECT_EQ(rows, ok->num_positions);
+  EXPECT_GT(rows, rows1);
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "argmax.npy"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "notes.txt"));
+  EXPECT_FALSE(has_partial(dir / "out"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
+  // Empty prompts are skipped and reported (count, first line); "task" is allowed; another key
+  // is ignored with one warning naming its line and key; max_new_tokens 1 still records every
+  // prompt position (their rows come with the sequence's last step).
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("empty");
+  std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"Hello there\", \"task\": \"qa\"}\n"
+                                    "{\"prompt\": \"\"}\n"
+                                    "\n"
+                                    "{\"messages\": [{\"role\": \"user\", \"content\": \"  \"}]}\n"
+                                    "{\"prompt\": \"Good morning\", \"id\": 7}\n"
+                                    "{\"prompt\": \"Good evening\", \"source\": \"x\"}\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 1;
+  o.write_weights = false;
+  std::vector<std::string> lines;
+  auto sum = dump_hidden(*lm, o, [&](const std::string& l, bool) { lines.push_back(l); });
+  ASSERT_TRUE(sum.ok()) << sum.status().to_string();
+  EXPECT_EQ(sum->num_sequences, 3);
+  EXPECT_EQ(sum->num_prompts_empty, 2);
+  EXPECT_EQ(sum->first_empty_prompt_line, 2);
+  EXPECT_EQ(sum->num_prompts_too_long, 0);
+  EXPECT_EQ(sum->num_prompts_skipped, 2);
+  ASSERT_EQ(sum->warnings.size(), 2u);
+  EXPECT_NE(sum->warnings[0].find("2 unknown key(s)"), std::string::npos) << sum->warnings[0];
+  EXPECT_NE(sum->warnings[0].find("p.jsonl:5: \"id\""), std::string::npos) << sum->warnings[0];
+  EXPECT_NE(sum->warnings[1].find("2 empty prompt(s), the first at " + o.prompts_path + ":2"), std::string::npos) << sum->warnings[1];
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("warning: ", 0) == 0; }), 2);
+  std::ifstream jf(dir / "out" / "index.json");
+  const auto idx = nlohmann::json::parse(jf);
+  EXPECT_EQ(idx["num_prompts_skipped"], 2);
+  EXPECT_EQ(idx["num_prompts_empty"], 2);
+  EXPECT_EQ(idx["first_empty_prompt_line"], 2);
+  for (const auto& s : idx["sequences"]) {
+    EXPECT_EQ(s["generated"], 1);
+    EXPECT_EQ(s["length"], s["prompt_length"]) << "max_new_tokens 1: every prompt position, no generated one";
+  }
+  EXPECT_EQ(sum->num_generated, 0);
+  EXPECT_EQ(sum->num_sequences_unrecorded, 0);
+
+  // Nothing usable: bad input naming the counts.
+  std::ofstream(dir / "empty.jsonl") << "{\"prompt\": \"\"}\n";
+  o.prompts_path = (dir / "empty.jsonl").string();
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("no usable prompt (0 over --max-prompt-tokens 384, 1 empty)"), std::string::npos)
+      << r.status().message();
   std::filesystem::remove_all(dir);
 }
 
@@ -130,15 +293,25 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   EXPECT_EQ(idx["hidden_size"], d);
   const int64_t N = idx["num_positions"];
   ASSERT_EQ(idx["sequences"].size(), 3u);
-  int64_t off = 0;
+  int64_t off = 0, num_by_length = 0;
   for (const auto& s : idx["sequences"]) {
     EXPECT_EQ(s["offset"], off);
-    // The last two generated tokens are not recorded (see dump_hidden_lib.h).
-    EXPECT_GT(s["length"].get<int64_t>(), s["prompt_length"].get<int64_t>());
-    EXPECT_LE(s["length"].get<int64_t>() - s["prompt_length"].get<int64_t>(), 12 - 2);
-    off += s["length"].get<int64_t>();
+    // Every generated token is recorded but the last of a sequence that reached max_new_tokens
+    // (its hidden state is never computed; see dump_hidden_lib.h).
+    const int64_t len = s["length"], pl = s["prompt_length"], gen = s["generated"];
+    if (s["finish"] == "length") {
+      ++num_by_length;
+      EXPECT_EQ(gen, 12);
+      EXPECT_EQ(len, pl + gen - 1) << s.dump();
+    } else {
+      EXPECT_EQ(s["finish"], "stop");
+      EXPECT_EQ(len, pl + gen) << s.dump();
+    }
+    off += len;
   }
   EXPECT_EQ(off, N);
+  EXPECT_GE(num_by_length, 1) << "premise: a sequence reaches max_new_tokens";
+  EXPECT_LT(num_by_length, 3) << "premise: a sequence ends on EOS (\"12 times 7\" does, after 10 tokens)";
 
   std::vector<int64_t> shape;
   const auto hidden = load<uint16_t>((dir / "out" / "hidden.npy").string(), "<f2", &shape);
@@ -147,6 +320,12 @@ TEST(DumpHidden, RealModelDumpMatchesOutputHead) {
   ASSERT_EQ(shape, (std::vector<int64_t>{N}));
   const auto argmax = load<int32_t>((dir / "out" / "argmax.npy").string(), "<i4", &shape);
   ASSERT_EQ(shape, (std::vector<int64_t>{N}));
+  // After EOS the last position is recorded too, labelled with the end-of-generation token.
+  for (const auto& s : idx["sequences"]) {
+    if (s["finish"] != "stop") continue;
+    const int32_t last = argmax[s["offset"].get<int64_t>() + s["length"].get<int64_t>() - 1];
+    EXPECT_TRUE(lm->tokenizer->eog_ids().count(last)) << "last argmax " << last << " of " << s.dump();
+  }
   const auto head = load<float>((dir / "out" / "head.npy").string(), "<f4", &shape);
   ASSERT_EQ(shape, (std::vector<int64_t>{V, d}));
   const GgufTensorInfo* out_t = lm->file->find_tensor(lm->model->config().tied_output ? "token_embd.weight" : "output.weight");

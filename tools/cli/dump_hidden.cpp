@@ -24,6 +24,12 @@ struct DumpArgs {
   bool print_fingerprint = false;
 };
 
+/// A library message without its own "dump-hidden: " prefix (the CLI prints its own).
+std::string without_prefix(const std::string& m) {
+  const std::string p = "dump-hidden: ";
+  return m.rfind(p, 0) == 0 ? m.substr(p.size()) : m;
+}
+
 int run_dump_hidden(const DumpArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   if (a.print_fingerprint) {
@@ -35,8 +41,9 @@ int run_dump_hidden(const DumpArgs& a) {
     std::printf("%s\n", fingerprint_hex(*f).c_str());
     return 0;
   }
-  if (a.opts.prompts_path.empty() || a.opts.out_dir.empty()) {
-    std::fprintf(stderr, "specserve dump-hidden: --prompts and --out are required\n");
+  // Bad input (exit 2) is found before the model loads where it can be.
+  if (Status st = check_dump_options(a.opts); !st.ok()) {
+    std::fprintf(stderr, "specserve dump-hidden: %s\n", without_prefix(st.message()).c_str());
     return 2;
   }
   auto backend = make_cpu_backend(a.threads);
@@ -62,15 +69,23 @@ int run_dump_hidden(const DumpArgs& a) {
   };
   auto sum = dump_hidden(*loaded, a.opts, progress);
   if (!sum.ok()) {
-    std::fprintf(stderr, "\nspecserve dump-hidden: %s\n", sum.status().to_string().c_str());
-    return 1;
+    // Bad input (a prompt line, --prompts, --out) exits 2 like the flag checks; the rest 1.
+    const StatusCode c = sum.status().code();
+    const bool bad_input = c == StatusCode::kInvalidArgument || c == StatusCode::kNotFound;
+    std::fprintf(stderr, "\nspecserve dump-hidden: %s\n", without_prefix(bad_input ? sum.status().message() : sum.status().to_string()).c_str());
+    return bad_input ? 2 : 1;
   }
+  std::string skipped = std::to_string(sum->num_prompts_skipped) + " prompts skipped (" +
+                        std::to_string(sum->num_prompts_too_long) + " over --max-prompt-tokens, " +
+                        std::to_string(sum->num_prompts_empty) + " empty";
+  if (sum->num_prompts_empty > 0) skipped += ", the first at line " + std::to_string(sum->first_empty_prompt_line);
+  skipped += ")";
   std::fprintf(stderr,
                "[dump-hidden] %lld sequences, %lld positions (%lld generated), argmax mismatches %lld of %lld checked; "
-               "generate %.1f s (output head %.1f s); %lld left out (no position recorded); fingerprint %s -> %s\n",
+               "%s; generate %.1f s (output head %.1f s); %lld left out (no position recorded); fingerprint %s -> %s\n",
                static_cast<long long>(sum->num_sequences), static_cast<long long>(sum->num_positions),
                static_cast<long long>(sum->num_generated), static_cast<long long>(sum->num_argmax_mismatches),
-               static_cast<long long>(sum->num_argmax_checked),
+               static_cast<long long>(sum->num_argmax_checked), skipped.c_str(),
                sum->generate_seconds, sum->head_seconds, static_cast<long long>(sum->num_sequences_unrecorded),
                sum->target_fingerprint.c_str(), a.opts.out_dir.c_str());
   return 0;
@@ -85,15 +100,22 @@ void add_dump_hidden(CLI::App& app) {
       "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, recording "
       "per position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  // NOTE: not ->required(): --print-fingerprint needs neither; "REQUIRED" is in the text instead.
   sub->add_option("--prompts", args->opts.prompts_path,
-                  "JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} or {\"prompt\": \"...\"} per line");
-  sub->add_option("--out", args->opts.out_dir, "Output directory (hidden.npy, tokens.npy, argmax.npy, head.npy, "
-                                               "embed.npy, index.json)");
-  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "Greedy continuation tokens per prompt (the last two or three generated are not recorded)")
-      ->check(CLI::Range(2, 1 << 16))->capture_default_str();
+                  "REQUIRED (unless --print-fingerprint). JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} "
+                  "or {\"prompt\": \"...\"} per line (\"task\" allowed; other keys ignored with a warning; empty "
+                  "prompts skipped and reported)");
+  sub->add_option("--out", args->opts.out_dir,
+                  "REQUIRED (unless --print-fingerprint). Output directory, created with its parents (hidden.npy, "
+                  "tokens.npy, argmax.npy, head.npy, embed.npy, index.json); a previous dump there is replaced "
+                  "when the new one is complete");
+  sub->add_option("--max-new-tokens", args->opts.max_new_tokens,
+                  "Greedy continuation tokens per prompt (every one is recorded but the last of a sequence that "
+                  "reaches this cap)")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
   sub->add_option("--max-num-seqs", args->opts.max_num_seqs, "Sequences generated at once")->check(CLI::Range(1, 1024))->capture_default_str();
-  sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N prompts (0: all)")
-      ->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--max-prompts", args->opts.max_prompts, "Use only the first N usable prompts (0: all)")
+      ->check(CLI::Range(0, 1 << 30))->capture_default_str();
   sub->add_option("--max-prompt-tokens", args->opts.max_prompt_tokens, "Skip prompts longer than this (tokens)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--check-every", args->opts.check_every,
@@ -101,10 +123,10 @@ void add_dump_hidden(CLI::App& app) {
                   "compared (1: all rows, slowest)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_flag("--no-weights", [args](int64_t) { args->opts.write_weights = false; },
-                "Do not write head.npy / embed.npy (the dequantized output head and embedding)");
+                "Do not write head.npy / embed.npy (the dequantized output head and embedding; default: written)");
   sub->add_flag("--print-fingerprint", args->print_fingerprint,
                 "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
-  sub->add_option("--threads", args->threads, "CPU threads (default: all cores)");
+  sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->capture_default_str();
   register_command("dump-hidden", [args] { return run_dump_hidden(*args); });
 }
 

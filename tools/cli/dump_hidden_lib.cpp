@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "model/chat_template.h"
 #include "model/dequant.h"
 #include "model/model_fingerprint.h"
@@ -32,17 +34,20 @@ struct DumpSeq {
   std::vector<int32_t> tokens;      ///< prompt, then the continuation
   int32_t prompt_length = 0;
   std::string finish;
+  int32_t generated = 0;            ///< output tokens (a stop token is not part of it), recorded or not
   std::vector<uint16_t> hidden;     ///< [recorded, d] float16: positions 0 .. recorded - 1
   std::vector<int32_t> argmax;      ///< [recorded] the target's argmax next token there
   int32_t recorded() const { return static_cast<int32_t>(argmax.size()); }
 };
 
 /// The proposer slot of the Engine used as a recorder: it never drafts (every step stays a
-/// plain decode step) but asks for the target's hidden states (Proposer::needs_hidden), which
-/// the engine hands over for every position it computed — prefill rows, then each decoded
-/// token — at the sequence's next propose(). Labels: a continuation row's argmax is the token
-/// generated after it (greedy); a prompt row's comes from the target's own output head on the
-/// recorded hidden state (the same weight and kernel as the engine's logits), as does every
+/// plain decode step) but asks for the target's hidden states of every position it computes
+/// (Proposer::needs_hidden, needs_every_hidden_row), which the engine hands over — prefill
+/// rows, then each decoded token — at the sequence's next step, and those of its last step once
+/// it finished. Labels: a continuation row's argmax is the token generated after it (greedy);
+/// a prompt row's comes from the target's own output head on the recorded hidden state (the
+/// same weight and kernel as the engine's logits), as does the last row of a sequence that
+/// stopped on a stop token (its argmax is that token, not in the output) and every
 /// check_every-th continuation row's, compared with the generated token.
 class HiddenRecorder final : public Proposer {
  public:
@@ -51,6 +56,7 @@ class HiddenRecorder final : public Proposer {
         d_(target.config().hidden_size), vocab_(target.config().vocab_size) {}
   std::string name() const override { return "dump-hidden"; }
   bool needs_hidden() const override { return true; }
+  bool needs_every_hidden_row() const override { return true; }
   void bind(int64_t seq_id, size_t index) { index_of_[seq_id] = index; }
   double head_seconds() const { return head_seconds_; }
 
@@ -69,8 +75,9 @@ class HiddenRecorder final : public Proposer {
       if (r.hidden_begin != 0 && r.hidden_begin != s.recorded())
         return internal_error("dump-hidden: sequence " + std::to_string(r.seq_id) + " hands position " +
                               std::to_string(r.hidden_begin) + " after " + std::to_string(s.recorded()) + " recorded");
-      if (r.hidden_begin + n > static_cast<int64_t>(r.tokens.size()) - 1)
-        return internal_error("dump-hidden: sequence " + std::to_string(r.seq_id) + " hands a position without a next token");
+      // (== tokens.size() only in the last hand-over after a stop token: see needs_every_hidden_row.)
+      if (r.hidden_begin + n > static_cast<int64_t>(r.tokens.size()))
+        return internal_error("dump-hidden: sequence " + std::to_string(r.seq_id) + " hands a position without a token");
     }
     // Rows whose logits are needed: (sequence index, position, row of the request's hidden).
     struct Pending { size_t seq; int32_t pos; const float* h; };
@@ -87,9 +94,11 @@ class HiddenRecorder final : public Proposer {
         const int32_t pos = r.hidden_begin + j;
         const float* h = r.hidden.data() + static_cast<int64_t>(j) * d_;
         for (int64_t c = 0; c < d_; ++c) s.hidden.push_back(float_to_half(h[c]));
-        const bool continuation = pos >= s.prompt_length - 1;
-        s.argmax.push_back(continuation ? r.tokens[static_cast<size_t>(pos) + 1] : -1);
-        if (!continuation || (pos - (s.prompt_length - 1)) % check_every_ == 0)
+        // A continuation row's label is the next generated token, when there is one (not after
+        // the last token of a sequence that stopped on a stop token: the head gives it).
+        const bool labelled = pos >= s.prompt_length - 1 && pos + 1 < static_cast<int32_t>(r.tokens.size());
+        s.argmax.push_back(labelled ? r.tokens[static_cast<size_t>(pos) + 1] : -1);
+        if (!labelled || (pos - (s.prompt_length - 1)) % check_every_ == 0)
           pending.push_back({index_of_.at(r.seq_id), pos, h});
       }
     }
@@ -115,7 +124,7 @@ class HiddenRecorder final : public Proposer {
         DumpSeq& s = seqs_[p.seq];
         int32_t& slot = s.argmax[static_cast<size_t>(p.pos)];
         if (slot < 0) {
-          slot = best;  // a prompt row
+          slot = best;  // a prompt row, or the last row of a sequence that stopped on a stop token
         } else {
           ++sum_->num_argmax_checked;
           if (best != slot) ++sum_->num_argmax_mismatches;
@@ -138,53 +147,96 @@ class HiddenRecorder final : public Proposer {
   double head_seconds_ = 0;
 };
 
-Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOptions& o, int64_t* num_skipped) {
+/// True when `t` has no character but white space.
+bool blank(const std::string& t) { return t.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+/// Reads and tokenizes the prompt file (format: DumpHiddenOptions::prompts_path). Skipped
+/// prompts are counted in *sum; warnings go to sum->warnings and `progress`.
+Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOptions& o, DumpHiddenSummary* sum,
+                                            const DumpProgress& progress) {
   std::ifstream in(o.prompts_path);
-  if (!in) return not_found("dump-hidden: cannot open prompt file " + o.prompts_path);
+  if (!in) return not_found("dump-hidden: --prompts " + o.prompts_path + ": cannot open the file");
   std::vector<DumpSeq> out;
   std::string line;
-  int64_t line_no = 0;
+  int64_t line_no = 0, num_unknown = 0;
+  std::string first_unknown;  // "LINE: KEY" of the first unknown key
+  auto note_unknown = [&](const std::string& where, const std::string& key) {
+    if (num_unknown++ == 0) first_unknown = where + ": \"" + key + "\"";
+  };
   while (std::getline(in, line)) {
     ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (blank(line)) continue;
     if (o.max_prompts > 0 && static_cast<int64_t>(out.size()) >= o.max_prompts) break;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = o.prompts_path + ":" + std::to_string(line_no);
     if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
+    for (const auto& [key, value] : j.items()) {
+      if (key != "messages" && key != "prompt" && key != "task") note_unknown(where, key);
+    }
+    if (j.contains("messages") && j.contains("prompt"))
+      return invalid_argument(where + ": has both \"messages\" and \"prompt\"; give one");
     DumpSeq s;
     s.line = line_no;
+    bool empty = false;
     if (j.contains("messages")) {
       if (!j["messages"].is_array() || j["messages"].empty())
         return invalid_argument(where + ": \"messages\" must be a non-empty array");
       std::vector<ChatMessage> msgs;
+      empty = true;
       for (const auto& m : j["messages"]) {
         if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
             !m["content"].is_string())
           return invalid_argument(where + ": each message needs string \"role\" and \"content\"");
+        for (const auto& [key, value] : m.items()) {
+          if (key != "role" && key != "content") note_unknown(where, "messages[]." + key);
+        }
         std::string role = m["role"].get<std::string>();
         if (role == "developer") role = "system";  // OpenAI's newer name, as the HTTP API accepts it
         if (role != "system" && role != "user" && role != "assistant")
           return invalid_argument(where + ": role \"" + m["role"].get<std::string>() +
                                   "\": must be system, developer, user or assistant");
         msgs.push_back({role, m["content"].get<std::string>()});
+        if (!blank(msgs.back().content)) empty = false;
       }
-      auto text = apply_chat_template(*lm.file, msgs, /*add_generation_prompt=*/true);
-      if (!text.ok()) return Status(text.status().code(), where + ": " + text.status().message());
-      s.tokens = lm.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
+      if (!empty) {
+        auto text = apply_chat_template(*lm.file, msgs, /*add_generation_prompt=*/true);
+        if (!text.ok()) return Status(text.status().code(), where + ": " + text.status().message());
+        s.tokens = lm.tokenizer->encode(*text, /*add_special=*/true, /*parse_special=*/true);
+      }
     } else if (j.contains("prompt") && j["prompt"].is_string()) {
-      s.tokens = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
+      empty = blank(j["prompt"].get<std::string>());
+      if (!empty) s.tokens = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
     } else {
       return invalid_argument(where + ": needs \"messages\" (chat) or \"prompt\" (string)");
     }
+    // NOTE: an empty prompt is most likely a mistake upstream (a lost field), but one bad row of
+    // thousands should not cost the run: it is skipped and reported (count, first line).
+    if (empty || s.tokens.empty()) {
+      if (sum->num_prompts_empty++ == 0) sum->first_empty_prompt_line = line_no;
+      continue;
+    }
     // NOTE: a cut prompt would lose its chat-template head (training on text the serving path
     // never sees), so long prompts are skipped and counted instead.
-    if (s.tokens.empty() || static_cast<int32_t>(s.tokens.size()) > o.max_prompt_tokens) {
-      ++*num_skipped;
+    if (static_cast<int32_t>(s.tokens.size()) > o.max_prompt_tokens) {
+      ++sum->num_prompts_too_long;
       continue;
     }
     s.prompt_length = static_cast<int32_t>(s.tokens.size());
     out.push_back(std::move(s));
   }
+  sum->num_prompts_skipped = sum->num_prompts_too_long + sum->num_prompts_empty;
+  auto warn = [&](const std::string& w) {
+    sum->warnings.push_back(w);
+    if (progress) progress("warning: " + w, true);
+  };
+  // NOTE: extra keys are allowed (make_prompts.py adds "task"; other tools add ids or sources),
+  // so an unknown key is a warning, once, not an error: a typo ("promt") still fails, as the
+  // line then has neither "messages" nor "prompt".
+  if (num_unknown > 0)
+    warn("ignored " + std::to_string(num_unknown) + " unknown key(s) in the prompt file, the first at " + first_unknown);
+  if (sum->num_prompts_empty > 0)
+    warn("skipped " + std::to_string(sum->num_prompts_empty) + " empty prompt(s), the first at " + o.prompts_path + ":" +
+         std::to_string(sum->first_empty_prompt_line));
   return out;
 }
 
@@ -379,40 +431,119 @@ Status read_npy(const std::string& path, std::string* descr, std::vector<int64_t
   return Status();
 }
 
+namespace fs = std::filesystem;
+
+Status check_dump_options(const DumpHiddenOptions& o) {
+  if (o.max_new_tokens < 1 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.check_every < 1 || o.max_prompts < 0)
+    return invalid_argument("dump-hidden: max_new_tokens must be >= 1 (got " + std::to_string(o.max_new_tokens) +
+                            "); max_num_seqs, max_prompt_tokens, check_every >= 1; max_prompts >= 0");
+  if (o.prompts_path.empty()) return invalid_argument("dump-hidden: --prompts is required");
+  if (o.out_dir.empty()) return invalid_argument("dump-hidden: --out is required");
+  std::error_code ec;
+  if (fs::is_directory(o.prompts_path, ec))
+    return invalid_argument("dump-hidden: --prompts " + o.prompts_path + " is a directory; expected a JSONL file");
+  if (!fs::exists(o.prompts_path, ec)) return not_found("dump-hidden: --prompts " + o.prompts_path + ": no such file");
+  if (fs::exists(o.out_dir, ec) && !fs::is_directory(o.out_dir, ec))
+    return invalid_argument("dump-hidden: --out " + o.out_dir + " exists and is not a directory");
+  // An ancestor that is a file: create_directories would fail later with a less clear message.
+  for (fs::path p = fs::path(o.out_dir).parent_path(); !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) {
+      if (!fs::is_directory(p, ec))
+        return invalid_argument("dump-hidden: --out " + o.out_dir + ": " + p.string() + " is not a directory");
+      break;
+    }
+  }
+  return Status();
+}
+
 namespace {
 
-Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress);
+Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const std::string& dir,
+                                      const DumpProgress& progress);
+
+/// The files of a dump, index.json last (DumpHiddenOptions::out_dir: it marks a whole dump).
+std::vector<std::string> dump_files(bool write_weights) {
+  std::vector<std::string> f = {"hidden.npy", "tokens.npy", "argmax.npy"};
+  if (write_weights) f.insert(f.end(), {"head.npy", "embed.npy"});
+  f.push_back("index.json");
+  return f;
+}
+
+/// Moves the files of the complete dump in `tmp` into `out`: removes out/index.json first, so a
+/// dump half-replaced by a failure here is never read as whole. Errors: kInternal naming the file.
+Status publish(const fs::path& tmp, const fs::path& out, bool write_weights) {
+  std::error_code ec;
+  fs::remove(out / "index.json", ec);
+  if (ec) return internal_error("dump-hidden: cannot remove the previous " + (out / "index.json").string() + ": " + ec.message());
+  for (const std::string& name : dump_files(write_weights)) {
+    fs::rename(tmp / name, out / name, ec);
+    if (ec) return internal_error("dump-hidden: cannot move " + (tmp / name).string() + " to " + (out / name).string() + ": " + ec.message());
+  }
+  return Status();
+}
 
 }  // namespace
 
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
+  SPECSERVE_RETURN_IF_ERROR(check_dump_options(o));
   std::error_code ec;
-  const bool existed = std::filesystem::exists(o.out_dir, ec);
-  if (existed && !std::filesystem::is_directory(o.out_dir, ec))
-    return invalid_argument("dump-hidden: --out " + o.out_dir + " exists and is not a directory");
-  auto r = dump_into(lm, o, progress);
-  // NOTE: a failed dump leaves no half-written directory behind when it made the directory
-  // itself (one that existed before is left as it was, apart from files already rewritten).
-  if (!r.ok() && !existed) std::filesystem::remove_all(o.out_dir, ec);
+  fs::path out = fs::absolute(fs::path(o.out_dir), ec).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "a/b/" -> "a/b"
+  // The topmost ancestor of --out (or itself) that does not exist yet: all that this dump
+  // creates, and so all that a failure removes.
+  fs::path created;
+  for (fs::path p = out; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created = p;
+    if (p == p.parent_path()) break;
+  }
+  auto cleanup = [&](const fs::path& tmp) {
+    std::error_code ignored;
+    if (!tmp.empty()) fs::remove_all(tmp, ignored);
+    if (!created.empty()) fs::remove_all(created, ignored);
+  };
+  fs::create_directories(out, ec);
+  if (ec) {
+    cleanup({});
+    return invalid_argument("dump-hidden: --out " + o.out_dir + ": cannot create the directory: " + ec.message());
+  }
+  // NOTE: inside the output directory, so that the final renames stay on one file system; the
+  // pid keeps two dumps into the same directory apart.
+  const fs::path tmp = out / (".dump-hidden.partial-" + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) {
+    cleanup({});
+    return invalid_argument("dump-hidden: --out " + o.out_dir + ": cannot write into the directory: " + ec.message());
+  }
+  auto r = dump_into(lm, o, tmp.string(), progress);
+  if (r.ok()) {
+    Status st = publish(tmp, out, o.write_weights);
+    if (!st.ok()) r = st;
+  }
+  // NOTE: a failed dump leaves nothing of itself: the temporary directory goes, and so do the
+  // output directory and its parents when it created them. A previous dump there stays whole
+  // unless the failure came while moving files into place (then it has no index.json).
+  if (!r.ok()) {
+    cleanup(tmp);
+  } else {
+    fs::remove_all(tmp, ec);
+  }
   return r;
 }
 
 namespace {
 
-Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
-  if (o.max_new_tokens < 2 || o.max_num_seqs < 1 || o.max_prompt_tokens < 1 || o.check_every < 1 || o.max_prompts < 0)
-    return invalid_argument("dump-hidden: max_new_tokens must be >= 2 (got " + std::to_string(o.max_new_tokens) +
-                            "); max_num_seqs, max_prompt_tokens, check_every >= 1; max_prompts >= 0");
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) return internal_error("dump-hidden: cannot create " + o.out_dir + ": " + ec.message());
+Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const std::string& out_dir,
+                                      const DumpProgress& progress) {
   DumpHiddenSummary sum;
   sum.target_fingerprint = fingerprint_hex(*lm.file);
-  int64_t skipped = 0;
-  auto seqs_or = read_prompts(lm, o, &skipped);
+  auto seqs_or = read_prompts(lm, o, &sum, progress);
   if (!seqs_or.ok()) return seqs_or.status();
   std::vector<DumpSeq> seqs = std::move(*seqs_or);
-  if (seqs.empty()) return invalid_argument("dump-hidden: no usable prompt in " + o.prompts_path);
+  if (seqs.empty())
+    return invalid_argument("dump-hidden: --prompts " + o.prompts_path + ": no usable prompt (" +
+                            std::to_string(sum.num_prompts_too_long) + " over --max-prompt-tokens " +
+                            std::to_string(o.max_prompt_tokens) + ", " + std::to_string(sum.num_prompts_empty) + " empty)");
 
   HiddenRecorder recorder(*lm.model, seqs, o.check_every, &sum);
   const auto t0 = Clock::now();
@@ -420,24 +551,32 @@ Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& 
   sum.generate_seconds = seconds_since(t0);
   sum.head_seconds = recorder.head_seconds();
 
-  // The rows of a sequence's last step are never handed over (it finished there), so a
-  // sequence keeps the positions recorded: its tokens up to them. One that finished at its first
-  // token has none and is left out.
+  // Every position the target computed is recorded: all tokens but the last generated one of a
+  // sequence that ended on its length (its hidden state was never computed); after a stop
+  // token every token, the last one labelled with the target's argmax there, which must be an
+  // end-of-generation token (checked). A sequence with no row (only if the engine could not
+  // hand them over) is left out.
   Transformer& model = *lm.model;
   const ModelConfig& cfg = model.config();
   const int64_t d = cfg.hidden_size, V = cfg.vocab_size;
   std::vector<DumpSeq> kept;
   for (DumpSeq& s : seqs) {
+    s.generated = static_cast<int32_t>(s.tokens.size()) - s.prompt_length;
     if (s.recorded() == 0) {
       ++sum.num_sequences_unrecorded;
       continue;
     }
-    SPECSERVE_CHECK(s.recorded() < static_cast<int32_t>(s.tokens.size()), "dump-hidden: more rows than tokens");
+    SPECSERVE_CHECK(s.recorded() <= static_cast<int32_t>(s.tokens.size()), "dump-hidden: more rows than tokens");
+    if (s.recorded() == static_cast<int32_t>(s.tokens.size()) && s.finish == "stop") {
+      // Stopped on a stop token: the last row's argmax (from the head) is that token.
+      ++sum.num_argmax_checked;
+      if (!lm.tokenizer->eog_ids().count(s.argmax.back())) ++sum.num_argmax_mismatches;
+    }
     s.tokens.resize(static_cast<size_t>(s.recorded()));
     kept.push_back(std::move(s));
   }
   seqs = std::move(kept);
-  if (seqs.empty()) return invalid_argument("dump-hidden: no sequence recorded a position (max_new_tokens too small?)");
+  if (seqs.empty()) return internal_error("dump-hidden: the engine handed over no hidden state of any sequence");
   int64_t total = 0;
   for (const auto& s : seqs) total += s.recorded();
   std::vector<uint16_t> hidden;
@@ -457,7 +596,7 @@ Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& 
   sum.num_positions = total;
   for (const auto& s : seqs) sum.num_generated += std::max(0, s.recorded() - s.prompt_length);
 
-  const std::string dir = o.out_dir + "/";
+  const std::string dir = out_dir + "/";
   if (Status st = write_npy(dir + "hidden.npy", "<f2", {total, d}, hidden.data(), hidden.size() * 2); !st.ok()) return st;
   if (Status st = write_npy(dir + "tokens.npy", "<i4", {total}, tokens.data(), tokens.size() * 4); !st.ok()) return st;
   if (Status st = write_npy(dir + "argmax.npy", "<i4", {total}, argmax.data(), argmax.size() * 4); !st.ok()) return st;
@@ -480,7 +619,11 @@ Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& 
   idx["num_positions"] = total;
   idx["max_new_tokens"] = o.max_new_tokens;
   idx["num_generated"] = sum.num_generated;
-  idx["num_prompts_skipped"] = skipped;
+  idx["num_prompts_skipped"] = sum.num_prompts_skipped;
+  idx["num_prompts_too_long"] = sum.num_prompts_too_long;
+  idx["num_prompts_empty"] = sum.num_prompts_empty;
+  idx["first_empty_prompt_line"] = sum.first_empty_prompt_line;
+  idx["warnings"] = sum.warnings;
   idx["num_argmax_mismatches"] = sum.num_argmax_mismatches;
   idx["num_argmax_checked"] = sum.num_argmax_checked;
   idx["check_every"] = o.check_every;
@@ -502,6 +645,7 @@ Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& 
     js.push_back({{"offset", offsets[i]},
                   {"length", seqs[i].tokens.size()},
                   {"prompt_length", seqs[i].prompt_length},
+                  {"generated", seqs[i].generated},
                   {"line", seqs[i].line},
                   {"finish", seqs[i].finish}});
   idx["sequences"] = js;
