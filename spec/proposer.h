@@ -67,6 +67,12 @@ class Proposer {
   /// True when propose() needs DraftRequest::hidden (Medusa, EAGLE: heads on the target's
   /// hidden states); the engine then asks the target for them (ForwardBatch::return_hidden).
   virtual bool needs_hidden() const { return false; }
+  /// True when drafts may branch (a tree); false: every draft is a chain.
+  virtual bool drafts_trees() const { return false; }
+  /// The deepest draft this proposer gives a sequence allowed `k` draft tokens: k for a chain;
+  /// for a tree, its depth within k nodes (SpecStats::accepted_per_pos has one meaningful entry
+  /// per depth, the rest stay 0).
+  virtual int32_t max_draft_depth(int32_t k) const { return k; }
   /// The sequence finished: drop its state.
   virtual void release(int64_t seq_id) { (void)seq_id; }
 };

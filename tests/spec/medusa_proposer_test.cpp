@@ -94,7 +94,7 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
   s.mutate = [](GgufWriter& w) { w.add_u32("medusa.num_heads", 4); };
   expect_error(s, {"medusa.3.weight", "missing"});
   s.mutate = [](GgufWriter& w) { w.add_u32("medusa.num_heads", 2); };
-  expect_error(s, {"medusa.2.weight", "not part of a medusa head"});
+  expect_error(s, {"medusa.2.weight", "not part of a Medusa head"});
   s = spec();
   s.num_heads = 1;
   s.mutate = [](GgufWriter& w) {
@@ -245,6 +245,35 @@ TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{ranked[0][0], ranked[0][1], ranked[1][0]}));
   EXPECT_EQ(out[0].parents, (std::vector<int32_t>{-1, -1, 0}));
   EXPECT_TRUE(out[0].probs.empty());
+}
+
+TEST_F(MedusaTest, TreeBeyondTheHeadsOrTheDraftVocabularyIsCutAtLoadOrRefused) {
+  // Deeper than the file's 3 heads: the 4th level is dropped once at load (with a warning), so
+  // the deepest draft is 3 and a chain stays a chain.
+  MedusaOptions deep;
+  deep.tree_paths = {{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}};
+  std::unique_ptr<MedusaProposer> m;
+  ASSERT_TRUE(load(spec(), &m, deep).ok());
+  EXPECT_EQ(m->max_draft_depth(10), 3);
+  EXPECT_FALSE(m->drafts_trees());
+  // Ranks past a 2-id draft vocabulary: (2,) and its child go; the rest is a tree of depth 2.
+  MedusaOptions wide;
+  wide.draft_vocab_size = 2;
+  wide.tree_paths = {{0}, {1}, {2}, {0, 0}, {2, 0}};
+  ASSERT_TRUE(load(spec(), &m, wide).ok());
+  EXPECT_TRUE(m->drafts_trees());
+  EXPECT_EQ(m->max_draft_depth(10), 2);
+  EXPECT_EQ(m->max_draft_depth(2), 1);  // k = 2 nodes: (0,), (1,)
+  // Nothing left: refused, saying how many nodes went and why.
+  MedusaOptions none;
+  none.draft_vocab_size = 2;
+  none.tree_paths = {{5}, {5, 0}};
+  Status st = load(spec(), nullptr, none);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  for (const char* w : {"speculative_token_tree", "no node can be drafted", "2 of 2 nodes", "draft vocabulary's 2 ids"}) {
+    EXPECT_NE(st.message().find(w), std::string::npos) << "'" << w << "' in " << st.message();
+  }
 }
 
 TEST_F(MedusaTest, ChainsKeepsHiddenAcrossCallsAndBatches) {

@@ -80,6 +80,82 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
   }
 }
 
+Expected<std::optional<SpeculativeSpec>> parse_with_flag(int k_flag, const std::string& json, EngineOptions* eo = nullptr) {
+  SpecArgs a;
+  a.num_speculative_tokens = k_flag;
+  a.speculative_config = json;
+  EngineOptions local;
+  return parse_spec_args(a, eo ? eo : &local);
+}
+
+TEST(SpecConfig, FlagAndJsonKMustAgree) {
+  // vLLM refuses a --num-speculative-tokens that differs from the JSON's; both values are named.
+  auto r = parse_with_flag(3, R"({"method": "ngram", "num_speculative_tokens": 5})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  for (const char* w : {"--num-speculative-tokens 3", "num_speculative_tokens = 5", "disagree"}) {
+    EXPECT_NE(r.status().message().find(w), std::string::npos) << "'" << w << "' in " << r.status().message();
+  }
+  // The same value twice is fine; the flag alone or the key alone too.
+  for (auto [flag, json] : {std::pair<int, const char*>{4, R"({"method": "ngram", "num_speculative_tokens": 4})"},
+                            {4, R"({"method": "ngram"})"},
+                            {-1, R"({"method": "ngram", "num_speculative_tokens": 4})"}}) {
+    auto ok = parse_with_flag(flag, json);
+    ASSERT_TRUE(ok.ok()) << json << ": " << ok.status().to_string();
+    EXPECT_EQ((*ok)->num_speculative_tokens, 4) << json;
+  }
+}
+
+TEST(SpecConfig, ZeroSpeculativeTokensEchoesTheValueAndItsSource) {
+  auto j = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 0})");
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("--speculative-config num_speculative_tokens = 0"), std::string::npos) << j.status().message();
+  EXPECT_NE(j.status().message().find("1..64"), std::string::npos) << j.status().message();
+  auto f = parse_with_flag(0, R"({"method": "ngram"})");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("--num-speculative-tokens = 0"), std::string::npos) << f.status().message();
+  // Not given at all: says that it is needed (there is no value to echo).
+  auto n = parse(R"({"method": "ngram"})");
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("needs num_speculative_tokens"), std::string::npos) << n.status().message();
+}
+
+TEST(SpecConfig, MaxModelLenIsTheDraftsNotTheTargets) {
+  // vLLM: speculative_config.max_model_len limits the draft; the target keeps --max-model-len.
+  EngineOptions eo;
+  eo.max_model_len = 1024;
+  auto r = parse(R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "max_model_len": 256})", &eo);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(eo.max_model_len, 1024);
+  EXPECT_EQ((*r)->max_model_len, 256);
+  auto none = parse(R"({"method": "ngram", "num_speculative_tokens": 4})", &eo);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)->max_model_len.has_value());
+  auto bad = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": 0})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("max_model_len = 0"), std::string::npos) << bad.status().message();
+}
+
+TEST(SpecConfig, ProposerErrorsNameTheFlagThatGaveTheFile) {
+  SpeculativeSpec spec;
+  spec.model = "/h/medusa.gguf";
+  SpecArgs json;  // the path came from --speculative-config's "model"
+  json.speculative_config = R"({"method": "medusa", "model": "/h/medusa.gguf"})";
+  const std::string about_file = "/h/medusa.gguf: general.architecture = 'eagle': expected 'medusa'";
+  EXPECT_EQ(proposer_error_prefix(json, spec, about_file), "--speculative-config \"model\" ");
+  SpecArgs flag;  // the path came from --speculative-model
+  flag.speculative_model = "/h/medusa.gguf";
+  EXPECT_EQ(proposer_error_prefix(flag, spec, about_file), "--speculative-model ");
+  // An error about something else (a tree, num_layers) is the JSON's.
+  EXPECT_EQ(proposer_error_prefix(flag, spec, "speculative_token_tree: ..."), "--speculative-config: ");
+}
+
+TEST(SpecConfig, AcceptedPerPositionLineHasOneColumnPerTreeDepth) {
+  const std::vector<int64_t> per_pos = {9, 5, 2, 0, 0, 0, 0, 0};  // k = 8, a tree of depth 3
+  EXPECT_EQ(accepted_per_position_line(per_pos, /*tree=*/true, 3), "accepted per tree depth: d1 9 | d2 5 | d3 2");
+  EXPECT_EQ(accepted_per_position_line({4, 3, 1}, /*tree=*/false, 3), "accepted per position: 4 3 1");
+}
+
 TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {
   const std::string f = "--gpu-memory-utilization";
   for (const char* ok : {"0.9", "1", "0.05", "1e-3"}) EXPECT_EQ(gpu_memory_utilization_error(f, ok), "") << ok;
