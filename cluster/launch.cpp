@@ -263,7 +263,8 @@ void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s,
 int run_up(const UpOptions& o) {
   install_stop_signals();
   auto topo = load_topology_file(o.config_path);
-  if (!topo.ok()) return fail("up", topo.status());
+  // The parser already lists every field it refuses; --dry-run exits 2 for bad input.
+  if (!topo.ok()) return o.dry_run ? (fail("up --dry-run", topo.status()), 2) : fail("up", topo.status());
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
   Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
   Status tp = check_tensor_parallel_size(*topo);

@@ -27,7 +27,8 @@ std::string head_path(const char* method) {
 }
 
 Expected<Topology> parse(const std::string& model, const std::string& device,
-                         const std::string& speculative = "{method: ngram, num_speculative_tokens: 3}") {
+                         const std::string& speculative = "{method: ngram, num_speculative_tokens: 3}",
+                         bool with_draft_worker = false) {
   // Two workers sharing one GPU must split it (their fractions sum to at most 1).
   const std::string dev = device + (device == "cpu" ? "" : ", gpu_memory_utilization: 0.4");
   const std::string yaml =
@@ -41,7 +42,7 @@ Expected<Topology> parse(const std::string& model, const std::string& device,
       "    workers:\n"
       "      - {role: target_shard, replica: 0, device: " + dev + "}\n"
       "      - {role: target_shard, replica: 1, device: " + dev + "}\n"
-      "      - {role: draft_worker, replica: 0, device: cpu}\n"
+      + std::string(with_draft_worker ? "      - {role: draft_worker, replica: 0, device: cpu}\n" : "") +
       "  - {name: far, host: 10.0.0.9, devices: [cuda:5], workers: [{role: target_shard, replica: 2, device: cuda:5}]}\n";
   return parse_topology(yaml, "plan.yaml", "");
 }
@@ -61,7 +62,7 @@ std::string problem_about(const std::vector<Status>& problems, const std::string
 }
 
 TEST(UpPlan, ValidCpuTopologyIsDescribed) {
-  auto t = parse(testing::default_model_path(), "cpu");
+  auto t = parse(testing::default_model_path(), "cpu", "{method: ngram, num_speculative_tokens: 3}", /*with_draft_worker=*/true);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   // The remote node's cuda:5 is not checked here: its own `specserve node` checks it.
   EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));

@@ -87,7 +87,7 @@ TEST(CliChecks, UpDryRunListsEveryProblemAndExitsTwo) {
   const std::string dir = temp_dir("specserve_cli_up_");
   const std::string yaml = dir + "/bad.yaml";
   std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
-                      << "head: {host: 127.0.0.1, actor_port: 0, http_port: 0}\n"
+                      << "head: {host: 127.0.0.1, actor_port: 47391, http_port: 47392}\n"
                       << "models:\n"
                       << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
                       << "  speculative: {method: medusa, model: " << head_path("eagle")
