@@ -5,6 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <numeric>
+
+#include "actors/proposer_factory.h"
+#include "tests/spec/spec_test_util.h"
+
 namespace specserve::cli {
 namespace {
 
@@ -134,6 +140,44 @@ TEST(SpecConfig, MaxModelLenIsTheDraftsNotTheTargets) {
   auto bad = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": 0})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("max_model_len = 0"), std::string::npos) << bad.status().message();
+}
+
+TEST(SpecConfig, DraftMaxModelLenStopsTheDraftNotTheTarget) {
+  // The parsed entry's max_model_len reaches the drafter built for it (actors/proposer_factory):
+  // a sequence near the draft's limit gets a shorter draft, one past it none, while the target's
+  // own limit (ProposerBuildOptions::max_model_len, --max-model-len) stays 0 (the model's).
+  const std::string path = spec_testing::temp_path("spec_config_draft_len");
+  ASSERT_TRUE(write_synthetic_llama(SyntheticModelSpec{}, path).ok());
+  auto loaded = load_model(path, spec_testing::backend(), /*quiet=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  LoadedModel& target = *loaded;
+  std::remove(path.c_str());  // mapped: the data stays until the test ends
+  EngineOptions eo;
+  auto spec = parse(R"({"method": "layer_skip", "num_layers": 1, "num_speculative_tokens": 4, "max_model_len": 12})", &eo);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(eo.max_model_len, 0);
+  ProposerBuildOptions bo;
+  auto p = build_proposer(**spec, target, spec_testing::backend(), bo);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto draft_len = [&](int32_t n) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    std::iota(tokens.begin(), tokens.end(), 1);
+    DraftRequest r;
+    r.seq_id = n;
+    r.tokens = tokens;
+    r.prompt_len = n;
+    r.num_tokens = 4;
+    r.sampling = &greedy;
+    std::vector<DraftTree> out;
+    EXPECT_TRUE((*p)->propose({r}, &out).ok());
+    (*p)->release(n);
+    return out.empty() ? -1 : static_cast<int32_t>(out[0].tokens.size());
+  };
+  EXPECT_EQ(draft_len(6), 4);   // far from the draft's 12
+  EXPECT_EQ(draft_len(10), 2);  // 10 + 2 = 12
+  EXPECT_EQ(draft_len(12), 0);  // at the draft's limit: plain decoding
 }
 
 TEST(SpecConfig, ProposerErrorsNameTheFlagThatGaveTheFile) {
