@@ -40,13 +40,18 @@ struct ServeArgs {
 // The files `serve` will load, checked as `up --dry-run` checks them (cluster/up_plan.h): the
 // target (model/model_loader.h check_model_file), then the speculative entry's files
 // (actors/proposer_factory.h check_speculative_files). Every problem, one per line, each
-// starting with the flag that gave the value; kInvalidArgument (or the first problem's code).
+// starting with the flag that gave the value; the status code is the first problem's.
 Status check_serve_files(const SpecArgs& args, const Topology& t) {
   std::vector<Status> problems;
   const std::string& path = t.models.target.path;
   auto target = GgufFile::open(path);
   if (!target.ok()) {
-    problems.push_back(target.status());
+    Status st = target.status();
+    // As load_model says it: the default model is fetched by a script.
+    if (st.code() == StatusCode::kNotFound && path.find("SmolLM2-135M-Instruct") != std::string::npos) {
+      st = Status(st.code(), st.message() + " (run scripts/fetch-model.sh to fetch the default model)");
+    }
+    problems.push_back(st);
   } else if (Status st = check_model_file(*target); !st.ok()) {
     problems.push_back(st);
   }
