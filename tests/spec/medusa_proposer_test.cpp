@@ -4,6 +4,9 @@
 #include "spec/medusa_proposer.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+
+#include "core/logging.h"
 
 #include "tests/spec/spec_test_util.h"
 #include "tests/spec/heads_test_util.h"
@@ -260,7 +263,18 @@ TEST_F(MedusaTest, TreeBeyondTheHeadsOrTheDraftVocabularyIsCutAtLoadOrRefused) {
   MedusaOptions wide;
   wide.draft_vocab_size = 2;
   wide.tree_paths = {{0}, {1}, {2}, {0, 0}, {2, 0}};
-  ASSERT_TRUE(load(spec(), &m, wide).ok());
+  // Said once, at load, as a warning naming the count and the reason (it used to be silent).
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  auto log = get_logger("spec");
+  log->sinks().push_back(sink);
+  const Status wide_st = load(spec(), &m, wide);
+  log->sinks().pop_back();
+  ASSERT_TRUE(wide_st.ok()) << wide_st.to_string();
+  const std::vector<std::string> lines = sink->last_formatted();
+  ASSERT_EQ(lines.size(), 1u);
+  for (const char* w : {"warning", "2 of 5 nodes of speculative_token_tree dropped", "rank >= the draft vocabulary's 2 ids"}) {
+    EXPECT_NE(lines[0].find(w), std::string::npos) << "'" << w << "' in " << lines[0];
+  }
   EXPECT_TRUE(m->drafts_trees());
   EXPECT_EQ(m->max_draft_depth(10), 2);
   EXPECT_EQ(m->max_draft_depth(2), 1);  // k = 2 nodes: (0,), (1,)
