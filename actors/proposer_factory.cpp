@@ -4,7 +4,10 @@
 #include <climits>
 #include <optional>
 
+#include "core/logging.h"
+#include "model/model_fingerprint.h"
 #include "spec/eagle_proposer.h"
+#include "spec/head_common.h"
 #include "spec/medusa_proposer.h"
 #include "spec/model_drafter.h"
 #include "spec/ngram_proposer.h"
@@ -38,6 +41,13 @@ Status plan_drafter_kv(DrafterOptions* o, const ModelConfig& model, int64_t num_
   return Status();
 }
 
+// The draft's maximum length: the target's (options.max_model_len; 0: the model's), capped by
+// the speculative entry's own max_model_len (vLLM's draft limit) when set.
+int32_t draft_max_model_len(const SpeculativeSpec& spec, const ProposerBuildOptions& b) {
+  if (!spec.max_model_len) return b.max_model_len;
+  return b.max_model_len > 0 ? std::min(b.max_model_len, *spec.max_model_len) : *spec.max_model_len;
+}
+
 void set_sparse(DrafterOptions* o, const ProposerBuildOptions& b) {
   if (b.sparse_keep_mass > 0) {
     o->sparse_keep_mass = b.sparse_keep_mass;
@@ -64,18 +74,27 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
     auto t = parse_token_tree(spec.speculative_token_tree, "speculative_token_tree");
     if (!t.ok()) return t.status();
     tree = std::move(*t);
+    // NOTE: num_speculative_tokens bounds the nodes drafted per step (vLLM's meaning of k for a
+    // tree); a longer tree is cut to its first k nodes every step, which the user should know.
+    if (tree->num_nodes() > spec.num_speculative_tokens) {
+      get_logger("spec")->warn("{}: speculative_token_tree has {} nodes; each step drafts only its first {} "
+                               "(num_speculative_tokens): {} node(s) never used",
+                               method, tree->num_nodes(), spec.num_speculative_tokens,
+                               tree->num_nodes() - spec.num_speculative_tokens);
+    }
   }
   if (medusa) {
     MedusaOptions o;
     // Medusa's default tree, mc_sim_7b_63, trimmed to num_speculative_tokens nodes.
     o.tree_paths = tree ? tree->paths : medusa_mc_sim_7b_63();
+    if (!tree) o.tree_name = "Medusa's default tree mc_sim_7b_63";
     o.draft_vocab_size = draft_vocab;
     auto m = MedusaProposer::load(spec.model, *target.model, *target.file, o);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Proposer>(std::move(*m));
   }
   EagleOptions o;
-  o.max_model_len = b.max_model_len;
+  o.max_model_len = draft_max_model_len(spec, b);
   if (b.plan_kv) {
     o.block_size = b.block_size;
     o.plan_kv = b.plan_kv;
@@ -94,6 +113,31 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
 
 }  // namespace
 
+std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpec& spec, const GgufFile* target_file) {
+  std::vector<SpeculativeFileProblem> problems;
+  const bool head = spec.method == SpeculativeMethod::kMedusa || spec.method == SpeculativeMethod::kEagle;
+  if (head && !spec.speculative_token_tree.empty()) {
+    auto t = parse_token_tree(spec.speculative_token_tree, "speculative_token_tree");
+    if (!t.ok()) problems.push_back({"speculative_token_tree", t.status()});
+  }
+  if ((head || spec.method == SpeculativeMethod::kDraftModel) && !spec.model.empty()) {
+    auto f = GgufFile::open(spec.model);
+    if (!f.ok()) {
+      problems.push_back({"model", f.status()});
+    } else if (head) {
+      if (target_file) {
+        Status st = check_head_identity(*f, speculative_method_name(spec.method), model_fingerprint(*target_file));
+        if (!st.ok()) problems.push_back({"model", st});
+      } else if (Status st = HeadFileChecker(*f, speculative_method_name(spec.method)).check_architecture(); !st.ok()) {
+        problems.push_back({"model", st});
+      }
+    } else if (Status st = check_model_file(*f); !st.ok()) {
+      problems.push_back({"model", st});
+    }
+  }
+  return problems;
+}
+
 Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
                                                    const ProposerBuildOptions& b) {
   switch (spec.method) {
@@ -109,7 +153,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       DrafterOptions o;
       o.name = "layer_skip";
       o.num_layers = n;
-      o.max_model_len = b.max_model_len;
+      o.max_model_len = draft_max_model_len(spec, b);
       set_sparse(&o, b);
       SPECSERVE_RETURN_IF_ERROR(plan_drafter_kv(&o, target.model->config(), n, b));
       auto d = ModelDrafter::create(*target.model, o);
@@ -126,7 +170,8 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       SPECSERVE_RETURN_IF_ERROR(check_draft_vocab(tt, dt));
       DrafterOptions o;
       o.name = "draft_model";
-      o.max_model_len = std::min<int32_t>(b.max_model_len > 0 ? b.max_model_len : INT32_MAX,
+      const int32_t draft_len = draft_max_model_len(spec, b);
+      o.max_model_len = std::min<int32_t>(draft_len > 0 ? draft_len : INT32_MAX,
                                           static_cast<int32_t>(draft->model->config().context_length));
       o.target_vocab_size = static_cast<int32_t>(target.model->config().vocab_size);
       set_sparse(&o, b);

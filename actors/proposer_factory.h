@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "actors/gpu_memory_plan.h"
 #include "config/topology.h"
@@ -28,6 +30,24 @@ struct ProposerBuildOptions {
   int32_t block_size = 16;              ///< the engine's block_size; used with plan_kv
   int32_t max_num_batched_tokens = 2048;  ///< rows of the draft's activations; used with plan_kv
 };
+
+/// One problem check_speculative_files() found: `field` is the SpeculativeSpec key it is about
+/// ("model", "speculative_token_tree"), `status` the error (kInvalidArgument, or the GGUF
+/// reader's kNotFound / kCorruptData), its message naming the file, key and value.
+struct SpeculativeFileProblem {
+  std::string field;
+  Status status;
+};
+
+/// What build_proposer() would refuse from the files alone, checked without loading any weight
+/// (`up --dry-run`, `serve` before it listens), every problem found: for medusa / eagle a
+/// speculative_token_tree that does not parse (spec/token_tree.h parse_token_tree), a head file
+/// at spec.model that does not open as GGUF, is not a head of that method or was trained on
+/// another target than `target_file` (spec/head_common.h check_head_identity); for draft_model a
+/// spec.model that does not open or is not a model load_model() accepts (check_model_file).
+/// ngram and layer_skip have no files: an empty result. `target_file`: the opened target GGUF,
+/// or nullptr when it could not be opened (then the fingerprint is not compared).
+std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpec& spec, const GgufFile* target_file);
 
 /// ngram -> NgramProposer(prompt_lookup_min, prompt_lookup_max); layer_skip -> the first
 /// num_layers (default half) layers of `target`; draft_model -> loads spec.model onto `backend`

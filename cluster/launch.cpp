@@ -263,17 +263,29 @@ void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s,
 int run_up(const UpOptions& o) {
   install_stop_signals();
   auto topo = load_topology_file(o.config_path);
-  if (!topo.ok()) return fail("up", topo.status());
+  // The parser already lists every field it refuses; --dry-run exits 2 for bad input.
+  if (!topo.ok()) return o.dry_run ? (fail("up --dry-run", topo.status()), 2) : fail("up", topo.status());
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
   Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
-  if (!ports.ok()) return fail("up", ports);
-  if (Status tp = check_tensor_parallel_size(*topo); !tp.ok()) return fail("up", tp);
+  Status tp = check_tensor_parallel_size(*topo);
   if (o.dry_run) {
-    if (Status st = check_up_plan(*topo); !st.ok()) return fail("up --dry-run", st);
+    // Every problem at once, each naming its field and value: a user fixes them in one pass.
+    std::vector<Status> problems;
+    for (const Status& st : {ports, tp})
+      if (!st.ok()) problems.push_back(st);
+    for (Status& st : check_up_plan(*topo)) problems.push_back(std::move(st));
+    if (!problems.empty()) {
+      for (const Status& st : problems) std::fprintf(stderr, "specserve up --dry-run: %s\n", st.message().c_str());
+      std::fprintf(stderr, "specserve up --dry-run: %zu problem(s) in %s; nothing was started\n", problems.size(),
+                   o.config_path.c_str());
+      return 2;
+    }
     std::fputs(describe_up_plan(*topo).c_str(), stdout);
     std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());
     return 0;
   }
+  if (!ports.ok()) return fail("up", ports);
+  if (!tp.ok()) return fail("up", tp);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,

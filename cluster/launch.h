@@ -37,7 +37,8 @@ struct UpOptions {
   std::string ready_file;          ///< non-empty: written with "HOST:PORT\n" when ready
   FrontEndStarter front_end;       ///< null: no HTTP front end (head.http_port unused)
   /// Check the topology (parse, ports free, tensor-parallel sizes, this host's devices, model
-  /// files: cluster/up_plan.h), print the plan to stdout and exit, starting nothing.
+  /// files: cluster/up_plan.h), print the plan to stdout and exit 0, starting nothing; with
+  /// problems, print every one to stderr (each naming its field and value) and exit 2.
   bool dry_run = false;
 };
 /// `specserve up`: returns the process exit code.

@@ -2,37 +2,57 @@
 #include "cluster/up_plan.h"
 
 #include <cstdio>
+#include <optional>
 
 #include "actors/backend_factory.h"
+#include "actors/proposer_factory.h"
 #include "model/gguf.h"
+#include "model/model_loader.h"
 
 namespace specserve {
 namespace {
 
 bool runs_here(const Topology& t, const NodeSpec& n) { return is_loopback_host(n.host) || n.host == t.head.host; }
 
-Status check_gguf(const Topology& t, const std::string& field, const std::string& path) {
-  auto f = GgufFile::open(path);
-  if (f.ok()) return Status();
-  return Status(f.status().code(), t.where(field) + ": " + field + " = " + path + ": " + f.status().message());
+// "<where>: <field> = <value>: <message>", the message's own leading "<value>: " (a file's path,
+// which the GGUF reader and the head checks put first) dropped as said already.
+Status field_error(const Topology& t, const std::string& field, const std::string& value, const Status& st) {
+  std::string msg = st.message();
+  if (!value.empty() && msg.rfind(value + ": ", 0) == 0) msg = msg.substr(value.size() + 2);
+  return Status(st.code(), t.where(field) + ": " + field + " = " + value + ": " + msg);
 }
 
 }  // namespace
 
-Status check_up_plan(const Topology& t) {
+std::vector<Status> check_up_plan(const Topology& t) {
+  std::vector<Status> problems;
   for (size_t i = 0; i < t.nodes.size(); ++i) {
     const NodeSpec& n = t.nodes[i];
     // NOTE: a remote node's devices are checked by its own `specserve node` (this machine cannot see them).
     if (!runs_here(t, n)) continue;
     for (size_t j = 0; j < n.workers.size(); ++j) {
       const std::string path = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "].device";
-      SPECSERVE_RETURN_IF_ERROR(check_device_available(t.where(path) + ": " + path, n.workers[j].device.to_string()));
+      Status st = check_device_available(t.where(path) + ": " + path, n.workers[j].device.to_string());
+      if (!st.ok()) problems.push_back(st);
     }
   }
-  SPECSERVE_RETURN_IF_ERROR(check_gguf(t, "models.target.path", t.models.target.path));
-  if (t.models.speculative && !t.models.speculative->model.empty())
-    SPECSERVE_RETURN_IF_ERROR(check_gguf(t, "models.speculative.model", t.models.speculative->model));
-  return Status();
+  const std::string& target_path = t.models.target.path;
+  std::optional<GgufFile> target;
+  if (auto f = GgufFile::open(target_path); !f.ok()) {
+    problems.push_back(field_error(t, "models.target.path", target_path, f.status()));
+  } else {
+    target.emplace(std::move(*f));
+    if (Status st = check_model_file(*target); !st.ok()) problems.push_back(field_error(t, "models.target.path", target_path, st));
+  }
+  if (t.models.speculative) {
+    const SpeculativeSpec& sp = *t.models.speculative;
+    for (const SpeculativeFileProblem& p : check_speculative_files(sp, target ? &*target : nullptr)) {
+      const std::string field = "models.speculative." + p.field;
+      const std::string value = p.field == "model" ? sp.model : "\"" + sp.speculative_token_tree + "\"";
+      problems.push_back(field_error(t, field, value, p.status));
+    }
+  }
+  return problems;
 }
 
 std::string describe_up_plan(const Topology& t) {
@@ -50,8 +70,9 @@ std::string describe_up_plan(const Topology& t) {
        t.models.target.tensor_parallel_size, max_len.c_str());
   if (t.models.speculative) {
     const SpeculativeSpec& sp = *t.models.speculative;
-    line("speculative: %s, num_speculative_tokens %d%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
-         sp.model.empty() ? "" : ", model ", sp.model.c_str());
+    const std::string draft_len = sp.max_model_len ? ", draft max_model_len " + std::to_string(*sp.max_model_len) : "";
+    line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
+         sp.model.empty() ? "" : ", model ", sp.model.c_str(), draft_len.c_str());
   } else {
     line("speculative: none (plain decoding)");
   }
@@ -63,7 +84,9 @@ std::string describe_up_plan(const Topology& t) {
     for (const WorkerSpec& w : n.workers) {
       std::string mem;
       if (w.device.kind == DeviceKind::kCuda) mem = ", gpu_memory_utilization " + std::to_string(w.gpu_memory_utilization).substr(0, 4);
-      line("  %s: replica %d, rank %d, device %s%s", worker_role_name(w.role), w.replica, w.rank,
+      // NOTE: a rank means something for a target shard only (its tensor-parallel slice).
+      const std::string rank = w.role == WorkerRole::kTargetShard ? ", rank " + std::to_string(w.rank) : "";
+      line("  %s: replica %d%s, device %s%s", worker_role_name(w.role), w.replica, rank.c_str(),
            w.device.to_string().c_str(), mem.c_str());
     }
   }

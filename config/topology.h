@@ -90,6 +90,11 @@ struct SpeculativeSpec {
   /// head: cheaper drafting, still exact after verification); unset: the proposer's default.
   std::optional<int32_t> draft_vocab_size;
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
+  /// vLLM's speculative_config max_model_len: the DRAFT's maximum length in tokens (draft_model,
+  /// layer_skip, eagle; medusa and ngram keep no draft context and ignore it). A sequence longer
+  /// than this gets no drafts (plain decoding); the target's own limit is
+  /// models.target.max_model_len (--max-model-len). Unset: the target's limit.
+  std::optional<int32_t> max_model_len;
   int32_t draft_tensor_parallel_size = 1;
   bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance
   /// Medusa's typical acceptance for sampled requests (EngineOptions::typical_acceptance):

@@ -284,7 +284,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
             "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
-            "eagle_depth", "draft_vocab_size", "typical_acceptance", "posterior_threshold", "posterior_alpha"});
+            "eagle_depth", "draft_vocab_size", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -320,6 +320,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
     }
     s.draft_tensor_parallel_size = static_cast<int32_t>(*d);
   }
+  if (auto v = read_int(f, "max_model_len", 1, INT32_MAX, false)) s.max_model_len = static_cast<int32_t>(*v);
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
   if (auto a = read_bool(f, "typical_acceptance")) s.typical_acceptance = *a;
   for (const char* key : {"posterior_threshold", "posterior_alpha"}) {

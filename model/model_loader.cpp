@@ -3,8 +3,26 @@
 #include <chrono>
 
 #include "core/logging.h"
+#include "model/model_config.h"
 
 namespace specserve {
+
+Status check_not_head_file(const GgufFile& file) {
+  const GgufValue* v = file.find("general.architecture");
+  const std::string* arch = v ? std::get_if<std::string>(&v->v) : nullptr;
+  if (!arch || (*arch != "medusa" && *arch != "eagle")) return Status();
+  const std::string& p = file.path();
+  return invalid_argument(p + ": this is a " + *arch + " head (general.architecture=" + *arch +
+                          "), not a target model; pass it in --speculative-config '{\"method\": \"" + *arch +
+                          "\", \"model\": \"" + p + "\", \"num_speculative_tokens\": K}' (YAML: models.speculative.model) "
+                          "and give the model it was trained on as the target");
+}
+
+Status check_model_file(const GgufFile& file) {
+  SPECSERVE_RETURN_IF_ERROR(check_not_head_file(file));
+  auto c = ModelConfig::from_gguf(file);
+  return c.ok() ? Status() : c.status();
+}
 
 Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool quiet, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -16,6 +34,9 @@ Expected<LoadedModel> load_model(const std::string& path, Backend& backend, bool
     }
     return f.status();
   }
+  // Before the tokenizer: a head file has none, and "tokenizer.ggml.model missing" would not
+  // tell the user that they passed a head where a model goes.
+  SPECSERVE_RETURN_IF_ERROR(check_not_head_file(*f));
   m.file = std::make_unique<GgufFile>(std::move(*f));
   auto tok = Tokenizer::from_gguf(*m.file);
   if (!tok.ok()) return tok.status();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/logging.h"
 #include "model/model_fingerprint.h"
 
 namespace specserve {
@@ -30,6 +31,18 @@ EagleProposer::EagleProposer(Transformer& t, EagleOptions o) : target_(t), opts_
 
 EagleProposer::~EagleProposer() {
   for (auto& [id, s] : seqs_) s->blocks.release_all(*pool_);
+}
+
+bool EagleProposer::drafts_trees() const {
+  if (opts_.mode == EagleOptions::Mode::kChain) return false;
+  if (opts_.mode == EagleOptions::Mode::kStatic) return !tree_.is_chain();
+  return opts_.topk > 1;
+}
+
+int32_t EagleProposer::max_draft_depth(int32_t k) const {
+  if (opts_.mode == EagleOptions::Mode::kDynamic) return std::min(opts_.depth, k);
+  if (opts_.mode == EagleOptions::Mode::kStatic) return trim_static_tree(tree_, k, 64).max_depth();
+  return k;
 }
 
 void EagleProposer::release(int64_t seq_id) {
@@ -119,6 +132,15 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
     e->draft_head_ = std::move(*w);
     e->head_ = e->draft_head_.get();
     e->vocab_ = op.draft_vocab_size;
+  }
+  if (op.mode == EagleOptions::Mode::kStatic) {
+    // Ranks past the draft vocabulary have no candidate: said once here, not cut silently per step.
+    StaticTreeFit fit = fit_static_tree(e->tree_, 64, e->vocab_);
+    const std::string why = fit.describe(e->tree_.num_nodes(), "speculative_token_tree", "64",
+                                         "the draft vocabulary's " + std::to_string(e->vocab_) + " ids (draft_vocab_size)");
+    if (fit.tree.num_nodes() == 0) return invalid_argument("speculative_token_tree: no node can be drafted: " + why);
+    if (fit.dropped() > 0) get_logger("spec")->warn("eagle: {}", why);
+    e->tree_ = std::move(fit.tree);
   }
   e->num_heads_ = *heads;
   e->num_kv_heads_ = *kv_heads;
@@ -362,7 +384,9 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
     w.req = i;
     w.st = &st;
     w.n = n;
-    const int32_t k = r.num_tokens;
+    // A draft never reaches past its own max_model_len (the speculative entry's, vLLM's draft
+    // limit): a sequence near it gets a shorter draft, then none (plain decoding).
+    const int32_t k = std::min(r.num_tokens, opts_.max_model_len - n);
     int32_t max_entries = 0;  // tree entries this step may write
     if (opts_.mode == Mode::kDynamic) {
       w.max_level = std::min(opts_.depth, k);

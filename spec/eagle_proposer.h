@@ -82,7 +82,7 @@ struct EagleOptions {
   int64_t draft_vocab_size = 0;
   int32_t block_size = 16;
   int64_t num_kv_blocks = 0;   ///< 0: enough for 4 sequences of max_model_len
-  int32_t max_model_len = 0;   ///< 0: the target's context length
+  int32_t max_model_len = 0;   ///< tokens; 0: the target's context length. Drafts never reach past it (none for longer sequences)
   /// Set (on a GPU, actors/gpu_memory_plan.h): called once the head's weights are on the device
   /// and before its KV is allocated, with the bytes of one of its KV blocks (K and V of its one
   /// layer, block_size fp32 slots) and of its activations (0: the head's scratch is a few rows of
@@ -106,6 +106,9 @@ class EagleProposer final : public Proposer {
 
   std::string name() const override { return "eagle"; }
   bool needs_hidden() const override { return true; }
+  bool drafts_trees() const override;
+  /// Dynamic: min(depth, k); static: the tree trimmed to k nodes; chain: k.
+  int32_t max_draft_depth(int32_t k) const override;
   /// Catches up on the handed-over features, then drafts (see the file comment). A sequence
   /// without the feature of position n-2, with fewer than 2 tokens or without KV room gets no
   /// draft. Errors: kInvalidArgument when hidden_size is not the target's; the backend's.

@@ -20,6 +20,13 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+// "a Medusa" / "an EAGLE" (the papers' spelling, with its article) for messages.
+std::string a_head(const std::string& arch) {
+  if (arch == "eagle") return "an EAGLE";
+  if (arch == "medusa") return "a Medusa";
+  return "a " + arch;
+}
+
 }  // namespace
 
 std::string fingerprint_hex(uint64_t fingerprint) {
@@ -30,11 +37,11 @@ std::string fingerprint_hex(uint64_t fingerprint) {
 
 Status HeadFileChecker::check_architecture() const {
   const GgufValue* v = file_.find("general.architecture");
-  if (!v) return invalid_argument(where("general.architecture") + " is missing: expected '" + arch_ + "' (a " + arch_ + " head file)");
+  if (!v) return invalid_argument(where("general.architecture") + " is missing: expected '" + arch_ + "' (" + a_head(arch_) + " head file)");
   const std::string* s = std::get_if<std::string>(&v->v);
   if (!s) return invalid_argument(where("general.architecture") + " is not a string: expected '" + arch_ + "'");
   if (*s != arch_) {
-    return invalid_argument(where("general.architecture") + " = '" + *s + "': expected '" + arch_ + "' (is this a " + arch_ +
+    return invalid_argument(where("general.architecture") + " = '" + *s + "': expected '" + arch_ + "' (is this " + a_head(arch_) +
                             " head file?)");
   }
   return Status();
@@ -98,6 +105,12 @@ Status HeadFileChecker::check_fingerprint(uint64_t target) const {
   return Status();
 }
 
+Status check_head_identity(const GgufFile& head, const std::string& arch, uint64_t target_fingerprint) {
+  HeadFileChecker c(head, arch);
+  SPECSERVE_RETURN_IF_ERROR(c.check_architecture());
+  return c.check_fingerprint(target_fingerprint);
+}
+
 Expected<const GgufTensorInfo*> HeadFileChecker::tensor(const std::string& name, std::initializer_list<int64_t> shape,
                                                         std::initializer_list<GgmlType> types) {
   seen_.insert(name);
@@ -117,7 +130,7 @@ Expected<const GgufTensorInfo*> HeadFileChecker::tensor(const std::string& name,
 
 Status HeadFileChecker::check_no_other_tensors() const {
   for (const GgufTensorInfo& t : file_.tensors()) {
-    if (!seen_.count(t.name)) return invalid_argument(where("tensor '" + t.name + "'") + " is not part of a " + arch_ + " head");
+    if (!seen_.count(t.name)) return invalid_argument(where("tensor '" + t.name + "'") + " is not part of " + a_head(arch_) + " head");
   }
   return Status();
 }
@@ -183,6 +196,40 @@ StaticTree trim_static_tree(const StaticTree& tree, int32_t max_nodes, int32_t m
     t.ranks.push_back(tree.ranks[u]);
   }
   return t;
+}
+
+StaticTreeFit fit_static_tree(const StaticTree& tree, int32_t max_depth, int64_t max_rank) {
+  StaticTreeFit fit;
+  // why[i]: 0 kept, 1 too deep, 2 rank too high (a descendant inherits its ancestor's reason).
+  std::vector<int32_t> new_index(tree.parents.size(), -1), why(tree.parents.size(), 0);
+  for (int32_t i = 0; i < tree.num_nodes(); ++i) {
+    const size_t u = static_cast<size_t>(i);
+    const int32_t p = tree.parents[u];
+    if (p >= 0 && why[static_cast<size_t>(p)] != 0) {
+      why[u] = why[static_cast<size_t>(p)];
+    } else if (tree.depths[u] > max_depth) {
+      why[u] = 1;
+    } else if (tree.ranks[u] >= max_rank) {
+      why[u] = 2;
+    }
+    if (why[u] == 1) ++fit.dropped_too_deep;
+    if (why[u] == 2) ++fit.dropped_rank;
+    if (why[u] != 0) continue;
+    new_index[u] = fit.tree.num_nodes();
+    fit.tree.parents.push_back(p < 0 ? -1 : new_index[static_cast<size_t>(p)]);
+    fit.tree.depths.push_back(tree.depths[u]);
+    fit.tree.ranks.push_back(tree.ranks[u]);
+  }
+  return fit;
+}
+
+std::string StaticTreeFit::describe(int32_t num_nodes, const std::string& what, const std::string& depth_limit,
+                                    const std::string& rank_limit) const {
+  if (dropped() == 0) return std::string();
+  std::string s = std::to_string(dropped()) + " of " + std::to_string(num_nodes) + " nodes of " + what + " dropped:";
+  if (dropped_too_deep > 0) s += " " + std::to_string(dropped_too_deep) + " deeper than " + depth_limit;
+  if (dropped_rank > 0) s += std::string(dropped_too_deep > 0 ? "," : "") + " " + std::to_string(dropped_rank) + " with a rank >= " + rank_limit;
+  return s + " (a node below a dropped one goes with it)";
 }
 
 void top_k(const float* row, int32_t n, int32_t k, std::vector<int32_t>* out) {

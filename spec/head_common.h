@@ -55,6 +55,14 @@ class HeadFileChecker {
   std::set<std::string> seen_;
 };
 
+/// Whether the head file `head` is a head of kind `arch` ("medusa", "eagle") trained on the target
+/// whose model_fingerprint() is `target_fingerprint`: general.architecture, then
+/// `<arch>.target_fingerprint` — HeadFileChecker's check_architecture and check_fingerprint, the
+/// checks MedusaProposer::load and EagleProposer::load make, here without loading any weight (for
+/// `up --dry-run` and `serve` before it listens). Errors: theirs (kInvalidArgument naming the
+/// file, the key and the value).
+Status check_head_identity(const GgufFile& head, const std::string& arch, uint64_t target_fingerprint);
+
 /// The first `rows` rows (token ids 0 .. rows-1) of the target's output head (output.weight, or
 /// token_embd.weight when tied), loaded onto `backend` as a [rows, d] weight: a draft head that
 /// scores only these ids (the draft vocabulary; see MedusaOptions::draft_vocab_size). The rows
@@ -87,6 +95,25 @@ StaticTree chain_tree(int32_t k);
 /// The first nodes of `tree`, in its order, that sit at depth <= max_depth, at most max_nodes
 /// of them. Still a valid tree: a node's ancestors come before it and are no deeper.
 StaticTree trim_static_tree(const StaticTree& tree, int32_t max_nodes, int32_t max_depth);
+
+/// fit_static_tree()'s result: the nodes a proposer can draft, and how many it dropped and why.
+struct StaticTreeFit {
+  StaticTree tree;
+  int32_t dropped_too_deep = 0;   ///< deeper than max_depth (with their descendants)
+  int32_t dropped_rank = 0;       ///< rank >= max_rank (with their descendants)
+  int32_t dropped() const { return dropped_too_deep + dropped_rank; }
+  /// "" when nothing was dropped, else e.g. "3 of 10 nodes of speculative_token_tree dropped:
+  /// 2 deeper than the 4 Medusa heads, 1 with a rank >= the draft vocabulary's 8 ids".
+  /// `what`: the tree's name; `depth_limit` / `rank_limit`: what bounds depth and rank.
+  std::string describe(int32_t num_nodes, const std::string& what, const std::string& depth_limit,
+                       const std::string& rank_limit) const;
+};
+
+/// The nodes of `tree` (in its order) at depth <= max_depth (Medusa: its number of heads) whose
+/// rank is < max_rank (the draft vocabulary's size: a top-k over it has no more candidates),
+/// with every descendant of a dropped node dropped too (it counts under its ancestor's reason),
+/// so the result is still a valid tree. An empty result: nothing of the tree can be drafted.
+StaticTreeFit fit_static_tree(const StaticTree& tree, int32_t max_depth, int64_t max_rank);
 
 /// The `k` largest entries of `row` [n], best first; ties go to the lower index. k <= n.
 void top_k(const float* row, int32_t n, int32_t k, std::vector<int32_t>* out);

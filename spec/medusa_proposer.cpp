@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/logging.h"
 #include "model/model_fingerprint.h"
 
 namespace specserve {
@@ -37,7 +38,7 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
   if (o.tree_paths.empty()) {
     tree = chain_tree(64);
   } else {
-    auto t = static_tree_from_paths(o.tree_paths, "speculative_token_tree");
+    auto t = static_tree_from_paths(o.tree_paths, o.tree_name);
     if (!t.ok()) return t.status();
     tree = std::move(*t);
   }
@@ -58,6 +59,16 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
     m->vocab_ = m->opts_.draft_vocab_size;
   }
   const int64_t use = m->opts_.max_heads > 0 ? std::min<int64_t>(m->opts_.max_heads, *num_heads) : *num_heads;
+  // NOTE: a tree deeper than the heads, or asking for ranks past the draft vocabulary, used to be
+  // cut silently each step; the user now hears once, at load, what is dropped and why.
+  if (!m->opts_.tree_paths.empty()) {
+    StaticTreeFit fit = fit_static_tree(m->tree_, static_cast<int32_t>(use), m->vocab_);
+    const std::string why = fit.describe(m->tree_.num_nodes(), m->opts_.tree_name, "the " + std::to_string(use) + " Medusa heads of " + path,
+                                         "the draft vocabulary's " + std::to_string(m->vocab_) + " ids (draft_vocab_size)");
+    if (fit.tree.num_nodes() == 0) return invalid_argument(m->opts_.tree_name + ": no node can be drafted: " + why);
+    if (fit.dropped() > 0) get_logger("spec")->warn("medusa: {}", why);
+    m->tree_ = std::move(fit.tree);
+  }
   Backend& B = target.backend();
   for (int64_t i = 0; i < use; ++i) {
     Head h;

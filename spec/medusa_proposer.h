@@ -40,8 +40,12 @@ namespace specserve {
 
 struct MedusaOptions {
   /// The static tree as paths (spec/token_tree.h's TokenTree::paths, each prefix before its
-  /// path). Empty: a chain. Trimmed per step to the request's k nodes and the heads' depth.
+  /// path). Empty: a chain. At load, nodes deeper than the heads or with a rank >= the draft
+  /// vocabulary are dropped (a warning says how many and why; none left: an error); per step the
+  /// tree is trimmed to the request's k nodes.
   std::vector<std::vector<int32_t>> tree_paths;
+  /// The tree's name in messages ("speculative_token_tree", or the default tree's name).
+  std::string tree_name = "speculative_token_tree";
   /// Use only the first N heads (0: all of the file's).
   int32_t max_heads = 0;
   /// > 0: the heads score only token ids 0 .. draft_vocab_size-1 (a prefix of the target's
@@ -64,6 +68,9 @@ class MedusaProposer final : public Proposer {
 
   std::string name() const override { return "medusa"; }
   bool needs_hidden() const override { return true; }
+  bool drafts_trees() const override { return !tree_.is_chain(); }
+  /// The depth of the tree trimmed to k nodes and the heads (as propose() trims it).
+  int32_t max_draft_depth(int32_t k) const override { return trim_static_tree(tree_, k, num_heads()).max_depth(); }
   /// Needs, per request, the hidden state of position tokens.size() - 2: in this call's
   /// DraftRequest::hidden or kept from an earlier call. Without it (or with < 2 tokens) the
   /// sequence gets no draft. Errors: kInvalidArgument when hidden_size is not the target's.

@@ -85,6 +85,12 @@ class Proposer {
   /// NOTE: opt-in so that proposers which assume num_tokens >= 1 are untouched; `specserve
   /// dump-hidden` (tools/cli/dump_hidden_lib.cpp) records every computed position this way.
   virtual bool needs_every_hidden_row() const { return false; }
+  /// True when drafts may branch (a tree); false: every draft is a chain.
+  virtual bool drafts_trees() const { return false; }
+  /// The deepest draft this proposer gives a sequence allowed `k` draft tokens: k for a chain;
+  /// for a tree, its depth within k nodes (SpecStats::accepted_per_pos has one meaningful entry
+  /// per depth, the rest stay 0).
+  virtual int32_t max_draft_depth(int32_t k) const { return k; }
   /// The sequence finished: drop its state.
   virtual void release(int64_t seq_id) { (void)seq_id; }
 };

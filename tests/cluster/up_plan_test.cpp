@@ -1,15 +1,20 @@
 // `specserve up --dry-run`'s checks and plan (cluster/up_plan.h): a valid CPU topology passes and
-// is described worker by worker; a device this machine lacks and a model file that is not GGUF
-// are refused naming the file position, the field path and the value.
+// is described worker by worker; a device this machine lacks, a model file that is not GGUF, a
+// target of an unsupported architecture or that is a head file, a head of the wrong method or
+// trained on another target, and a speculative_token_tree that does not parse are refused naming
+// the file position, the field path and the value — every one of them, not only the first.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "cluster/up_plan.h"
 #include "config/topology.h"
+#include "model/gguf_writer.h"
+#include "model/synthetic_model.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -17,45 +22,72 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Expected<Topology> parse(const std::string& model, const std::string& device) {
+std::string head_path(const char* method) {
+  return std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/" + method + "-smollm2-135m.gguf";
+}
+
+Expected<Topology> parse(const std::string& model, const std::string& device,
+                         const std::string& speculative = "{method: ngram, num_speculative_tokens: 3}",
+                         bool with_draft_worker = false) {
   // Two workers sharing one GPU must split it (their fractions sum to at most 1).
   const std::string dev = device + (device == "cpu" ? "" : ", gpu_memory_utilization: 0.4");
   const std::string yaml =
       "cluster: {name: plan}\n"
       "models:\n"
       "  target: {path: " + model + ", max_model_len: 512}\n"
-      "  speculative: {method: ngram, num_speculative_tokens: 3}\n"
+      "  speculative: " + speculative + "\n"
       "nodes:\n"
       "  - name: n0\n"
       "    devices: [" + device + "]\n"
       "    workers:\n"
       "      - {role: target_shard, replica: 0, device: " + dev + "}\n"
       "      - {role: target_shard, replica: 1, device: " + dev + "}\n"
+      + std::string(with_draft_worker ? "      - {role: draft_worker, replica: 0, device: cpu}\n" : "") +
       "  - {name: far, host: 10.0.0.9, devices: [cuda:5], workers: [{role: target_shard, replica: 2, device: cuda:5}]}\n";
   return parse_topology(yaml, "plan.yaml", "");
 }
 
+std::string joined(const std::vector<Status>& problems) {
+  std::string s;
+  for (const Status& st : problems) s += st.message() + "\n";
+  return s;
+}
+
+// The problem whose message names `field`; fails the test when there is none.
+std::string problem_about(const std::vector<Status>& problems, const std::string& field) {
+  for (const Status& st : problems)
+    if (st.message().find(field) != std::string::npos) return st.message();
+  ADD_FAILURE() << "no problem names " << field << " in:\n" << joined(problems);
+  return "";
+}
+
 TEST(UpPlan, ValidCpuTopologyIsDescribed) {
-  auto t = parse(testing::default_model_path(), "cpu");
+  auto t = parse(testing::default_model_path(), "cpu", "{method: ngram, num_speculative_tokens: 3}", /*with_draft_worker=*/true);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   // The remote node's cuda:5 is not checked here: its own `specserve node` checks it.
-  EXPECT_TRUE(check_up_plan(*t).ok()) << check_up_plan(*t).to_string();
+  EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
   const std::string plan = describe_up_plan(*t);
   for (const char* want : {"cluster 'plan'", "max_model_len 512", "speculative: ngram, num_speculative_tokens 3",
                            "node 'n0' on 127.0.0.1 (started here)", "target_shard: replica 1, rank 0, device cpu",
-                           "node 'far' on 10.0.0.9 (remote", "autoscale: off"}) {
+                           "draft_worker: replica 0, device cpu", "node 'far' on 10.0.0.9 (remote", "autoscale: off"}) {
     EXPECT_NE(plan.find(want), std::string::npos) << "'" << want << "' not in:\n" << plan;
   }
+  // A rank means nothing for a draft worker: the plan does not print one for it.
+  const size_t dw = plan.find("draft_worker:");
+  ASSERT_NE(dw, std::string::npos);
+  EXPECT_EQ(plan.substr(dw, plan.find('\n', dw) - dw).find("rank"), std::string::npos) << plan;
 }
 
 TEST(UpPlan, MissingGpuIsNamedWithItsField) {
   auto t = parse(testing::default_model_path(), "cuda:63");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
-  const Status st = check_up_plan(*t);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("plan.yaml:9:"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("nodes[0].workers[0].device"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("cuda:63"), std::string::npos) << st.message();
+  const std::vector<Status> problems = check_up_plan(*t);
+  ASSERT_FALSE(problems.empty());
+  const std::string m = problem_about(problems, "nodes[0].workers[0].device");
+  EXPECT_NE(m.find("plan.yaml:9:"), std::string::npos) << m;
+  EXPECT_NE(m.find("cuda:63"), std::string::npos) << m;
+  // The second worker on the same missing GPU is its own problem, not hidden behind the first.
+  problem_about(problems, "nodes[0].workers[1].device");
 }
 
 TEST(UpPlan, ModelFileThatIsNotGgufIsRefused) {
@@ -63,11 +95,78 @@ TEST(UpPlan, ModelFileThatIsNotGgufIsRefused) {
   std::ofstream(bad) << "this is not a GGUF file, only text that a user pointed at by mistake\n";
   auto t = parse(bad.string(), "cpu");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
-  const Status st = check_up_plan(*t);
+  const std::vector<Status> problems = check_up_plan(*t);
   fs::remove(bad);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("models.target.path"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find(bad.string()), std::string::npos) << st.message();
+  const std::string m = problem_about(problems, "models.target.path");
+  EXPECT_NE(m.find(bad.string()), std::string::npos) << m;
+}
+
+TEST(UpPlan, TargetOfAnUnsupportedArchitectureIsRefused) {
+  const fs::path f = fs::temp_directory_path() / ("up_plan_gemma_" + std::to_string(::getpid()) + ".gguf");
+  GgufWriter w;
+  w.add_string("general.architecture", "gemma3");
+  ASSERT_TRUE(w.write_file(f.string()).ok());
+  auto t = parse(f.string(), "cpu");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::vector<Status> problems = check_up_plan(*t);
+  fs::remove(f);
+  const std::string m = problem_about(problems, "models.target.path");
+  EXPECT_NE(m.find("gemma3"), std::string::npos) << m;
+  EXPECT_NE(m.find("not supported"), std::string::npos) << m;
+}
+
+TEST(UpPlan, HeadFileAsTargetIsRefused) {
+  if (!fs::exists(head_path("medusa"))) GTEST_SKIP() << "no " << head_path("medusa");
+  auto t = parse(head_path("medusa"), "cpu");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string m = problem_about(check_up_plan(*t), "models.target.path");
+  EXPECT_NE(m.find("medusa head"), std::string::npos) << m;
+  EXPECT_NE(m.find("--speculative-config"), std::string::npos) << m;
+}
+
+TEST(UpPlan, HeadsAreCheckedAgainstTheirMethodAndTarget) {
+  if (!fs::exists(head_path("medusa")) || !fs::exists(head_path("eagle"))) GTEST_SKIP() << "no head files under models/heads";
+  const std::string model = testing::default_model_path();
+  // The real heads, trained on the real target: sound.
+  for (const char* m : {"medusa", "eagle"}) {
+    auto t = parse(model, "cpu", std::string("{method: ") + m + ", model: " + head_path(m) + ", num_speculative_tokens: 4}");
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
+  }
+  // An EAGLE head under method medusa: its general.architecture is named with the value.
+  {
+    auto t = parse(model, "cpu", "{method: medusa, model: " + head_path("eagle") + ", num_speculative_tokens: 4}");
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    const std::string m = problem_about(check_up_plan(*t), "models.speculative.model");
+    EXPECT_NE(m.find(head_path("eagle")), std::string::npos) << m;
+    EXPECT_NE(m.find("general.architecture = 'eagle'"), std::string::npos) << m;
+    EXPECT_NE(m.find("expected 'medusa'"), std::string::npos) << m;
+  }
+  // The real Medusa head on a synthetic target it was not trained on: the fingerprints differ.
+  const fs::path other = fs::temp_directory_path() / ("up_plan_target_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_TRUE(write_synthetic_llama(SyntheticModelSpec{}, other.string()).ok());
+  auto t = parse(other.string(), "cpu", "{method: medusa, model: " + head_path("medusa") + ", num_speculative_tokens: 4}");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::vector<Status> problems = check_up_plan(*t);
+  fs::remove(other);
+  const std::string m = problem_about(problems, "models.speculative.model");
+  EXPECT_NE(m.find("medusa.target_fingerprint"), std::string::npos) << m;
+  EXPECT_NE(m.find("another model"), std::string::npos) << m;
+}
+
+TEST(UpPlan, EveryProblemIsReportedNotOnlyTheFirst) {
+  if (!fs::exists(head_path("eagle"))) GTEST_SKIP() << "no " << head_path("eagle");
+  // A missing GPU, a head of the wrong method and a tree that does not parse: three problems.
+  auto t = parse(testing::default_model_path(), "cuda:63",
+                 "{method: medusa, model: " + head_path("eagle") +
+                     ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::vector<Status> problems = check_up_plan(*t);
+  problem_about(problems, "nodes[0].workers[0].device");
+  problem_about(problems, "models.speculative.model");
+  const std::string tree = problem_about(problems, "models.speculative.speculative_token_tree");
+  EXPECT_NE(tree.find("plan.yaml:4:"), std::string::npos) << tree;
+  EXPECT_NE(tree.find("[(0,), (0, 0"), std::string::npos) << tree;
 }
 
 }  // namespace

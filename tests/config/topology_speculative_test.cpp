@@ -32,6 +32,25 @@ TEST(TopologyNgramDefaults, FollowVllm) {
   EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
+// models.speculative.max_model_len is the draft's limit (vLLM's meaning); the target keeps its own.
+TEST(TopologySpeculativeMaxModelLen, IsTheDraftsLimit) {
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf, max_model_len: 2048}\n  speculative: {method: ngram, num_speculative_tokens: 4" +
+           spec + "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto t = parse_topology(make(", max_model_len: 512"), "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->models.speculative->max_model_len, 512);
+  EXPECT_EQ(t->models.target.max_model_len, 2048);
+  auto none = parse_topology(make(""), "t.yaml");
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_FALSE(none->models.speculative->max_model_len.has_value());
+  auto zero = parse_topology(make(", max_model_len: 0"), "t.yaml");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("models.speculative.max_model_len"), std::string::npos) << zero.status().message();
+}
+
 // Medusa's typical acceptance (lossy, off by default) and its two parameters, range-checked.
 TEST(TopologyTypicalAcceptance, ParsesAndChecksRanges) {
   auto make = [&](const std::string& spec) {

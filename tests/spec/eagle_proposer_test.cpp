@@ -214,7 +214,7 @@ TEST_F(EagleTest, RejectsMismatchedAndCorruptFiles) {
   s.mutate = [](GgufWriter& w) { w.add_u32("eagle.feed_forward_length", 128); };
   expect_error(s, {"blk.0.ffn_gate.weight", "[64, 96]", "[64, 128]"});
   s.mutate = [](GgufWriter& w) { EXPECT_TRUE(w.add_tensor_f32("blk.0.attn_norm.weight", {64}, std::vector<float>(64, 1.0f)).ok()); };
-  expect_error(s, {"blk.0.attn_norm.weight", "not part of a eagle head"});
+  expect_error(s, {"blk.0.attn_norm.weight", "not part of an EAGLE head"});
   // Missing tensor: a file written without fc.bias.
   {
     GgufWriter w;

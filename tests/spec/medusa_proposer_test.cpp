@@ -4,6 +4,9 @@
 #include "spec/medusa_proposer.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+
+#include "core/logging.h"
 
 #include "tests/spec/spec_test_util.h"
 #include "tests/spec/heads_test_util.h"
@@ -94,7 +97,7 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
   s.mutate = [](GgufWriter& w) { w.add_u32("medusa.num_heads", 4); };
   expect_error(s, {"medusa.3.weight", "missing"});
   s.mutate = [](GgufWriter& w) { w.add_u32("medusa.num_heads", 2); };
-  expect_error(s, {"medusa.2.weight", "not part of a medusa head"});
+  expect_error(s, {"medusa.2.weight", "not part of a Medusa head"});
   s = spec();
   s.num_heads = 1;
   s.mutate = [](GgufWriter& w) {
@@ -245,6 +248,46 @@ TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{ranked[0][0], ranked[0][1], ranked[1][0]}));
   EXPECT_EQ(out[0].parents, (std::vector<int32_t>{-1, -1, 0}));
   EXPECT_TRUE(out[0].probs.empty());
+}
+
+TEST_F(MedusaTest, TreeBeyondTheHeadsOrTheDraftVocabularyIsCutAtLoadOrRefused) {
+  // Deeper than the file's 3 heads: the 4th level is dropped once at load (with a warning), so
+  // the deepest draft is 3 and a chain stays a chain.
+  MedusaOptions deep;
+  deep.tree_paths = {{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}};
+  std::unique_ptr<MedusaProposer> m;
+  ASSERT_TRUE(load(spec(), &m, deep).ok());
+  EXPECT_EQ(m->max_draft_depth(10), 3);
+  EXPECT_FALSE(m->drafts_trees());
+  // Ranks past a 2-id draft vocabulary: (2,) and its child go; the rest is a tree of depth 2.
+  MedusaOptions wide;
+  wide.draft_vocab_size = 2;
+  wide.tree_paths = {{0}, {1}, {2}, {0, 0}, {2, 0}};
+  // Said once, at load, as a warning naming the count and the reason (it used to be silent).
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  auto log = get_logger("spec");
+  log->sinks().push_back(sink);
+  const Status wide_st = load(spec(), &m, wide);
+  log->sinks().pop_back();
+  ASSERT_TRUE(wide_st.ok()) << wide_st.to_string();
+  const std::vector<std::string> lines = sink->last_formatted();
+  ASSERT_EQ(lines.size(), 1u);
+  for (const char* w : {"warning", "2 of 5 nodes of speculative_token_tree dropped", "rank >= the draft vocabulary's 2 ids"}) {
+    EXPECT_NE(lines[0].find(w), std::string::npos) << "'" << w << "' in " << lines[0];
+  }
+  EXPECT_TRUE(m->drafts_trees());
+  EXPECT_EQ(m->max_draft_depth(10), 2);
+  EXPECT_EQ(m->max_draft_depth(2), 1);  // k = 2 nodes: (0,), (1,)
+  // Nothing left: refused, saying how many nodes went and why.
+  MedusaOptions none;
+  none.draft_vocab_size = 2;
+  none.tree_paths = {{5}, {5, 0}};
+  Status st = load(spec(), nullptr, none);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  for (const char* w : {"speculative_token_tree", "no node can be drafted", "2 of 2 nodes", "draft vocabulary's 2 ids"}) {
+    EXPECT_NE(st.message().find(w), std::string::npos) << "'" << w << "' in " << st.message();
+  }
 }
 
 TEST_F(MedusaTest, ChainsKeepsHiddenAcrossCallsAndBatches) {

@@ -5,6 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <numeric>
+
+#include "actors/proposer_factory.h"
+#include "tests/spec/spec_test_util.h"
+
 namespace specserve::cli {
 namespace {
 
@@ -78,6 +84,120 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.json;
     for (const auto& w : c.want) EXPECT_NE(r.status().message().find(w), std::string::npos) << "'" << w << "' in " << r.status().message();
   }
+}
+
+Expected<std::optional<SpeculativeSpec>> parse_with_flag(int k_flag, const std::string& json, EngineOptions* eo = nullptr) {
+  SpecArgs a;
+  a.num_speculative_tokens = k_flag;
+  a.speculative_config = json;
+  EngineOptions local;
+  return parse_spec_args(a, eo ? eo : &local);
+}
+
+TEST(SpecConfig, FlagAndJsonKMustAgree) {
+  // vLLM refuses a --num-speculative-tokens that differs from the JSON's; both values are named.
+  auto r = parse_with_flag(3, R"({"method": "ngram", "num_speculative_tokens": 5})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  for (const char* w : {"--num-speculative-tokens 3", "num_speculative_tokens = 5", "disagree"}) {
+    EXPECT_NE(r.status().message().find(w), std::string::npos) << "'" << w << "' in " << r.status().message();
+  }
+  // The same value twice is fine; the flag alone or the key alone too.
+  for (auto [flag, json] : {std::pair<int, const char*>{4, R"({"method": "ngram", "num_speculative_tokens": 4})"},
+                            {4, R"({"method": "ngram"})"},
+                            {-1, R"({"method": "ngram", "num_speculative_tokens": 4})"}}) {
+    auto ok = parse_with_flag(flag, json);
+    ASSERT_TRUE(ok.ok()) << json << ": " << ok.status().to_string();
+    EXPECT_EQ((*ok)->num_speculative_tokens, 4) << json;
+  }
+}
+
+TEST(SpecConfig, ZeroSpeculativeTokensEchoesTheValueAndItsSource) {
+  auto j = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 0})");
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("--speculative-config num_speculative_tokens = 0"), std::string::npos) << j.status().message();
+  EXPECT_NE(j.status().message().find("1..64"), std::string::npos) << j.status().message();
+  auto f = parse_with_flag(0, R"({"method": "ngram"})");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("--num-speculative-tokens = 0"), std::string::npos) << f.status().message();
+  // Not given at all: says that it is needed (there is no value to echo).
+  auto n = parse(R"({"method": "ngram"})");
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("needs num_speculative_tokens"), std::string::npos) << n.status().message();
+}
+
+TEST(SpecConfig, MaxModelLenIsTheDraftsNotTheTargets) {
+  // vLLM: speculative_config.max_model_len limits the draft; the target keeps --max-model-len.
+  EngineOptions eo;
+  eo.max_model_len = 1024;
+  auto r = parse(R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "max_model_len": 256})", &eo);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(eo.max_model_len, 1024);
+  EXPECT_EQ((*r)->max_model_len, 256);
+  auto none = parse(R"({"method": "ngram", "num_speculative_tokens": 4})", &eo);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)->max_model_len.has_value());
+  auto bad = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": 0})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("max_model_len = 0"), std::string::npos) << bad.status().message();
+}
+
+TEST(SpecConfig, DraftMaxModelLenStopsTheDraftNotTheTarget) {
+  // The parsed entry's max_model_len reaches the drafter built for it (actors/proposer_factory):
+  // a sequence near the draft's limit gets a shorter draft, one past it none, while the target's
+  // own limit (ProposerBuildOptions::max_model_len, --max-model-len) stays 0 (the model's).
+  const std::string path = spec_testing::temp_path("spec_config_draft_len");
+  ASSERT_TRUE(write_synthetic_llama(SyntheticModelSpec{}, path).ok());
+  auto loaded = load_model(path, spec_testing::backend(), /*quiet=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  LoadedModel& target = *loaded;
+  std::remove(path.c_str());  // mapped: the data stays until the test ends
+  EngineOptions eo;
+  auto spec = parse(R"({"method": "layer_skip", "num_layers": 1, "num_speculative_tokens": 4, "max_model_len": 12})", &eo);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(eo.max_model_len, 0);
+  ProposerBuildOptions bo;
+  auto p = build_proposer(**spec, target, spec_testing::backend(), bo);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto draft_len = [&](int32_t n) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    std::iota(tokens.begin(), tokens.end(), 1);
+    DraftRequest r;
+    r.seq_id = n;
+    r.tokens = tokens;
+    r.prompt_len = n;
+    r.num_tokens = 4;
+    r.sampling = &greedy;
+    std::vector<DraftTree> out;
+    EXPECT_TRUE((*p)->propose({r}, &out).ok());
+    (*p)->release(n);
+    return out.empty() ? -1 : static_cast<int32_t>(out[0].tokens.size());
+  };
+  EXPECT_EQ(draft_len(6), 4);   // far from the draft's 12
+  EXPECT_EQ(draft_len(10), 2);  // 10 + 2 = 12
+  EXPECT_EQ(draft_len(12), 0);  // at the draft's limit: plain decoding
+}
+
+TEST(SpecConfig, ProposerErrorsNameTheFlagThatGaveTheFile) {
+  SpeculativeSpec spec;
+  spec.model = "/h/medusa.gguf";
+  SpecArgs json;  // the path came from --speculative-config's "model"
+  json.speculative_config = R"({"method": "medusa", "model": "/h/medusa.gguf"})";
+  const std::string about_file = "/h/medusa.gguf: general.architecture = 'eagle': expected 'medusa'";
+  EXPECT_EQ(proposer_error_prefix(json, spec, about_file), "--speculative-config \"model\" ");
+  SpecArgs flag;  // the path came from --speculative-model
+  flag.speculative_model = "/h/medusa.gguf";
+  EXPECT_EQ(proposer_error_prefix(flag, spec, about_file), "--speculative-model ");
+  // An error about something else (a tree, num_layers) is the JSON's.
+  EXPECT_EQ(proposer_error_prefix(flag, spec, "speculative_token_tree: ..."), "--speculative-config: ");
+}
+
+TEST(SpecConfig, AcceptedPerPositionLineHasOneColumnPerTreeDepth) {
+  const std::vector<int64_t> per_pos = {9, 5, 2, 0, 0, 0, 0, 0};  // k = 8, a tree of depth 3
+  EXPECT_EQ(accepted_per_position_line(per_pos, /*tree=*/true, 3), "accepted per tree depth: d1 9 | d2 5 | d3 2");
+  EXPECT_EQ(accepted_per_position_line({4, 3, 1}, /*tree=*/false, 3), "accepted per position: 4 3 1");
 }
 
 TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {

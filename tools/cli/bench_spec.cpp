@@ -59,6 +59,7 @@ struct TaskResult {
 struct RunResult {
   std::string name;
   int batch = 1;
+  int32_t max_depth = 0;  ///< the deepest draft (Proposer::max_draft_depth): a tree's depth, not k
   std::map<std::string, TaskResult> tasks;
   std::map<int, std::vector<int32_t>> outputs;
   TaskResult total;
@@ -80,6 +81,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
   RunResult rr;
   rr.name = name;
   rr.batch = batch;
+  rr.max_depth = *proposer ? (*proposer)->max_draft_depth(eo.num_speculative_tokens) : 0;
   // Questions go in groups of `batch` from the same task, so per-task timing stays clean.
   std::map<std::string, std::vector<const Question*>> by_task;
   for (const auto& q : qs) by_task[q.task].push_back(&q);
@@ -259,7 +261,8 @@ int run_bench(const BenchArgs& a) {
     // Acceptance by depth: the share of verification steps whose draft token at depth i (a
     // chain's i-th token; a tree's accepted node at depth i) was accepted.
     size_t max_depth = 0;
-    for (const auto& r : runs) max_depth = std::max(max_depth, r.total.spec.accepted_per_pos.size());
+    // A tree's columns stop at its depth (accepted_per_pos has k entries, those past it always 0).
+    for (const auto& r : runs) max_depth = std::max(max_depth, std::min(r.total.spec.accepted_per_pos.size(), static_cast<size_t>(r.max_depth)));
     if (max_depth > 0) {
       max_depth = std::min<size_t>(max_depth, 12);
       std::printf("\nAcceptance by depth (share of steps whose token at depth i was accepted):\n\n| method |");
@@ -271,7 +274,7 @@ int run_bench(const BenchArgs& a) {
         if (r.total.spec.num_drafts == 0) continue;
         std::printf("| %s |", r.name.c_str());
         for (size_t i = 0; i < max_depth; ++i) {
-          if (i < r.total.spec.accepted_per_pos.size()) {
+          if (i < r.total.spec.accepted_per_pos.size() && i < static_cast<size_t>(r.max_depth)) {
             std::printf(" %.3f |", static_cast<double>(r.total.spec.accepted_per_pos[i]) / static_cast<double>(r.total.spec.num_drafts));
           } else {
             std::printf(" - |");

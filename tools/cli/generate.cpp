@@ -40,8 +40,10 @@ int run_generate(const GenerateArgs& a) {
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
-    std::fprintf(stderr, "specserve generate: %s\n", loaded.status().to_string().c_str());
-    return 1;
+    // A message about the file starts with its path: "--model PATH: ..." says which flag gave it.
+    const std::string msg = loaded.status().message();
+    std::fprintf(stderr, "specserve generate: %s%s\n", msg.rfind(path, 0) == 0 ? "--model " : "", msg.c_str());
+    return loaded.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   LoadedModel& lm = (*loaded)->lm;
   Backend* backend = &(*loaded)->backend();
@@ -131,7 +133,7 @@ int run_generate(const GenerateArgs& a) {
                n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0, total);
   if (*proposer) {
     auto s = (*engine)->take_finished_stats(*id);
-    if (s) print_spec_stats(*s, (*proposer)->name(), (*engine)->stats());
+    if (s) print_spec_stats(*s, **proposer, eo.num_speculative_tokens, (*engine)->stats());
   }
   return 0;
 }
@@ -146,11 +148,11 @@ void add_generate(CLI::App& app) {
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
   prompt->excludes(chat);
   sub->add_option("--system", args->system, "System message for --chat");
-  sub->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
-  sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)");
-  sub->add_option("--top-p", args->top_p, "Nucleus filter in (0, 1]");
-  sub->add_option("--min-p", args->min_p, "Min-p filter in [0, 1]");
+  sub->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  sub->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)")->capture_default_str();
+  sub->add_option("--top-p", args->top_p, "Nucleus filter in (0, 1]")->capture_default_str();
+  sub->add_option("--min-p", args->min_p, "Min-p filter in [0, 1]")->capture_default_str();
   sub->add_option("--seed", args->seed, "Random seed (default: random)");
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
@@ -158,8 +160,9 @@ void add_generate(CLI::App& app) {
   sub->add_option("--tensor-parallel-size", args->tensor_parallel_size,
                   "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
                   "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
-      ->check(CLI::Range(1, 1024));
-  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (cuda needs tensor-parallel size 1)")->capture_default_str();
   add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");

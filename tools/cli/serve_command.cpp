@@ -2,10 +2,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/backend_factory.h"
+#include "actors/proposer_factory.h"
 #include "cluster/launch.h"
 #include "config/topology.h"
+#include "model/gguf.h"
+#include "model/model_loader.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
 #include "tools/cli/http_front_end.h"
@@ -33,6 +37,38 @@ struct ServeArgs {
   HttpArgs http;
 };
 
+// The files `serve` will load, checked as `up --dry-run` checks them (cluster/up_plan.h): the
+// target (model/model_loader.h check_model_file), then the speculative entry's files
+// (actors/proposer_factory.h check_speculative_files). Every problem, one per line, each
+// starting with the flag that gave the value; the status code is the first problem's.
+Status check_serve_files(const SpecArgs& args, const Topology& t) {
+  std::vector<Status> problems;
+  const std::string& path = t.models.target.path;
+  auto target = GgufFile::open(path);
+  if (!target.ok()) {
+    Status st = target.status();
+    // As load_model says it: the default model is fetched by a script.
+    if (st.code() == StatusCode::kNotFound && path.find("SmolLM2-135M-Instruct") != std::string::npos) {
+      st = Status(st.code(), st.message() + " (run scripts/fetch-model.sh to fetch the default model)");
+    }
+    problems.push_back(st);
+  } else if (Status st = check_model_file(*target); !st.ok()) {
+    problems.push_back(st);
+  }
+  for (Status& st : problems) st = Status(st.code(), (st.message().rfind(path, 0) == 0 ? "--model " : "--model " + path + ": ") + st.message());
+  if (t.models.speculative) {
+    for (const SpeculativeFileProblem& p : check_speculative_files(*t.models.speculative, target.ok() ? &*target : nullptr)) {
+      const std::string& msg = p.status.message();
+      problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(args, *t.models.speculative, msg) + msg
+                                                                     : "--speculative-config " + p.field + ": " + msg));
+    }
+  }
+  if (problems.empty()) return Status();
+  std::string all;
+  for (const Status& st : problems) all += (all.empty() ? "" : "\nspecserve serve: ") + st.message();
+  return Status(problems.front().code(), all);
+}
+
 int run_serve_cmd(const ServeArgs& a) {
   Topology t;
   t.source = "(serve flags)";
@@ -59,7 +95,6 @@ int run_serve_cmd(const ServeArgs& a) {
     t.models.speculative = **spec;
     t.models.speculative->disable_by_batch_size = eo.disable_by_batch_size;
     t.models.speculative->adaptive_k = eo.adaptive_k;
-    if (eo.max_model_len > 0) t.models.target.max_model_len = eo.max_model_len;
   }
   auto kv = parse_byte_size(a.kv_cache_bytes);
   if (!kv.ok()) return std::fprintf(stderr, "specserve serve: --kv-cache-bytes: %s\n", kv.status().message().c_str()), 2;
@@ -95,6 +130,11 @@ int run_serve_cmd(const ServeArgs& a) {
     n.workers.push_back(w);
   }
   t.nodes.push_back(n);
+  // Also before the banner: the target and the draft / head files, checked without loading any
+  // weight (a head passed as --model, a head of another method or trained on another target, a
+  // tree that does not parse) — bad input, named by its flag, not a worker failure after the
+  // HTTP front end has printed its address.
+  if (Status st = check_serve_files(a.spec, t); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
   ServeOptions o;
   o.topology = std::move(t);
   o.threads = a.threads;
@@ -112,13 +152,13 @@ void add_serve_command(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
     auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port, OpenAI-compatible HTTP API on --port) and one replica with its proposer");
     sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
-    sub->add_option("--host", a->host, "Address the actor port listens on (default 127.0.0.1)");
-    sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535));
-    sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)");
-    sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->check(CLI::Range(1, 4096));
-    sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20));
-    sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
-    sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 1GiB)");
+    sub->add_option("--host", a->host, "Address the actor port listens on")->capture_default_str();
+    sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
+    sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)")->capture_default_str();
+    sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->check(CLI::Range(1, 4096))->capture_default_str();
+    sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+    sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024))->capture_default_str();
+    sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 512MiB, 2GiB)")->capture_default_str();
     sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
                   "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
     sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
@@ -126,13 +166,14 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::Range(0, 1024));
     sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
                     "Split the target over N ranks (attention heads and MLP columns; Gloo all-reduce over loopback), "
-                    "each an actor with its own CPU threads; 1 <= N <= the model's kv heads (default 1)")
-        ->check(CLI::Range(1, 1024));
-    sub->add_option("--device", a->device, "Where the target runs: cpu or cuda:N (tensor-parallel rank r on cuda:N+r; default: cpu)");
+                    "each an actor with its own CPU threads; 1 <= N <= the model's kv heads")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    sub->add_option("--device", a->device, "Where the target runs: cpu or cuda:N (tensor-parallel rank r on cuda:N+r)")->capture_default_str();
     add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                       "cuda:N: fraction of each GPU's total memory this server may use for weights, activations "
                                       "and KV (vLLM's); the KV pool takes what the weights leave. Ignored on the CPU");
-    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM");
+    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")->capture_default_str();
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);
     add_http_flags(sub, &a->http, /*with_port=*/true);

@@ -1,6 +1,7 @@
 // See spec_config_lib.h.
 #include "tools/cli/spec_config_lib.h"
 
+#include <algorithm>
 #include <exception>
 #include <set>
 #include <string>
@@ -11,11 +12,15 @@ namespace specserve::cli {
 
 Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, EngineOptions* eo) {
   std::string method, model = a.speculative_model;
-  int k = a.num_speculative_tokens;
+  // -1: not given. The flag and the JSON key must agree when both are given (vLLM refuses too).
+  int k = a.num_speculative_tokens, k_json = -1;
+  const char* k_source = "--num-speculative-tokens";
+  bool k_given = k >= 0;
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
   int lookup_min = -1, lookup_max = -1, num_layers = -1, eagle_topk = -1, eagle_depth = -1, draft_vocab = -1;
   std::string token_tree;
   bool has_token_tree = false;
+  std::optional<int32_t> draft_max_len;
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -48,7 +53,16 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       if (!j["model"].is_string()) return invalid_argument("--speculative-config: model must be a string, got " + j["model"].dump());
       model = j["model"].get<std::string>();
     }
-    SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k));
+    SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k_json));
+    if (j.contains("num_speculative_tokens")) {
+      if (k_given && k != k_json) {
+        return invalid_argument("--num-speculative-tokens " + std::to_string(k) + " and --speculative-config num_speculative_tokens = " +
+                                std::to_string(k_json) + " disagree: give one of them (or the same value in both)");
+      }
+      k = k_json;
+      k_given = true;
+      k_source = "--speculative-config num_speculative_tokens";
+    }
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min));
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max));
     SPECSERVE_RETURN_IF_ERROR(get_int("num_layers", &num_layers));
@@ -82,19 +96,26 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       return invalid_argument("--speculative-config: posterior_threshold = " + std::to_string(eo->posterior_threshold) +
                               " must be in (0, 1] and posterior_alpha = " + std::to_string(eo->posterior_alpha) + " in [0, 1]");
     }
-    int dbs = 0, mml = eo->max_model_len, tp = 1;
+    int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
     SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml));
     SPECSERVE_RETURN_IF_ERROR(get_int("draft_tensor_parallel_size", &tp));
     if (tp != 1) return invalid_argument("--speculative-config: draft_tensor_parallel_size = " + std::to_string(tp) + ": only 1 is supported");
     if (dbs < 0) return invalid_argument("--speculative-config: disable_by_batch_size = " + std::to_string(dbs) + " must be >= 0");
     eo->disable_by_batch_size = dbs;
-    eo->max_model_len = mml;
+    // NOTE: as in vLLM, max_model_len here is the draft's limit, not the target's (--max-model-len):
+    // it used to cap the target's context, a surprise to anyone coming from vLLM.
+    if (j.contains("max_model_len")) {
+      if (mml < 1) return invalid_argument("--speculative-config: max_model_len = " + std::to_string(mml) + ": must be >= 1 (the draft's maximum length in tokens)");
+      draft_max_len = mml;
+    }
   }
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
   if (method.empty()) return std::optional<SpeculativeSpec>();
-  if (k == 0) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
-  if (k < 1 || k > 64) return invalid_argument("num_speculative_tokens = " + std::to_string(k) + ": must be in 1..64 when speculating");
+  if (!k_given) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
+  if (k < 1 || k > 64) {
+    return invalid_argument(std::string(k_source) + " = " + std::to_string(k) + ": must be in 1..64 when speculating (method " + method + ")");
+  }
   if (method != "ngram" && (lookup_min != -1 || lookup_max != -1)) {
     return invalid_argument("--speculative-config: prompt_lookup_min/max apply to method ngram only, not " + method);
   }
@@ -125,6 +146,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   spec.num_speculative_tokens = k;
   spec.model = model;
   spec.adaptive_k = eo->adaptive_k;
+  spec.max_model_len = draft_max_len;
   spec.typical_acceptance = eo->typical_acceptance;
   spec.posterior_threshold = eo->posterior_threshold;
   spec.posterior_alpha = eo->posterior_alpha;
@@ -163,6 +185,25 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
   }
   return std::optional<SpeculativeSpec>(spec);
+}
+
+std::string proposer_error_prefix(const SpecArgs& a, const SpeculativeSpec& spec, const std::string& message) {
+  // A message about the draft / head file starts with its path: name the flag that gave the path
+  // (the JSON "model" wins over --speculative-model, spec_config_lib.cpp).
+  if (!spec.model.empty() && message.rfind(spec.model, 0) == 0) {
+    return spec.model == a.speculative_model ? "--speculative-model " : "--speculative-config \"model\" ";
+  }
+  return "--speculative-config: ";
+}
+
+std::string accepted_per_position_line(const std::vector<int64_t>& accepted_per_pos, bool tree, int32_t max_depth) {
+  std::string s = tree ? "accepted per tree depth:" : "accepted per position:";
+  const size_t n = tree ? std::min(accepted_per_pos.size(), static_cast<size_t>(std::max(max_depth, 0))) : accepted_per_pos.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string v = std::to_string(accepted_per_pos[i]);
+    s += tree ? (i ? " | d" : " d") + std::to_string(i + 1) + " " + v : " " + v;
+  }
+  return s;
 }
 
 std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text) {

@@ -8,12 +8,14 @@ namespace specserve::cli {
 
 void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)");
-  sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k)")->check(CLI::Range(0, 64));
+  sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k), 1..64; the same as \"num_speculative_tokens\" in --speculative-config "
+                 "(both given: they must agree)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,
-                 R"(JSON, vLLM keys: {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
+                 R"(JSON, vLLM keys (a number shown is the key's default): {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
                  R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5, )"
-                 R"("disable_by_batch_size": N, "max_model_len": N, "draft_tensor_parallel_size": 1, "num_layers": N, )"
-                 R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 6, "draft_vocab_size": N, )"
+                 R"("disable_by_batch_size": N, "max_model_len": N (the DRAFT's max length, as in vLLM; the target's is --max-model-len), )"
+                 R"("draft_tensor_parallel_size": 1, "num_layers": N (layer_skip; default half the target's layers), )"
+                 R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 4, "draft_vocab_size": N (default 8192 for vocabularies over 16384, else all), )"
                  R"("typical_acceptance": false (lossy: Medusa's), "posterior_threshold": 0.09, "posterior_alpha": 0.3})");
 }
 
@@ -28,20 +30,17 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   bo.block_size = eo->block_size;
   bo.max_num_batched_tokens = eo->max_num_batched_tokens;
   auto p = build_proposer(**spec, target, backend, bo);
-  if (!p.ok()) {
-    const char* flag = (*spec)->method == SpeculativeMethod::kDraftModel ? "--speculative-model: " : "--speculative-config: ";
-    return Status(p.status().code(), flag + p.status().message());
-  }
+  if (!p.ok()) return Status(p.status().code(), proposer_error_prefix(a, **spec, p.status().message()) + p.status().message());
   return p;
 }
 
-void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals) {
+void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, const EngineStats& totals) {
+  const std::string method = proposer.name();
   std::fprintf(stderr, "--- speculative (%s): drafts %lld | draft tokens %lld | accepted %lld | acceptance rate %.3f | mean acceptance length %.2f\n",
                method.c_str(), static_cast<long long>(s.num_drafts), static_cast<long long>(s.num_draft_tokens),
                static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
-  std::fprintf(stderr, "--- accepted per position:");
-  for (size_t i = 0; i < s.accepted_per_pos.size(); ++i) std::fprintf(stderr, " %lld", static_cast<long long>(s.accepted_per_pos[i]));
-  std::fprintf(stderr, "\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", totals.draft_seconds, totals.forward_seconds);
+  const std::string per_pos = accepted_per_position_line(s.accepted_per_pos, proposer.drafts_trees(), proposer.max_draft_depth(k));
+  std::fprintf(stderr, "--- %s\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", per_pos.c_str(), totals.draft_seconds, totals.forward_seconds);
 }
 
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help) {

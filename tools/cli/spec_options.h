@@ -22,7 +22,8 @@ namespace specserve::cli {
 void add_spec_options(CLI::App& sub, SpecArgs* args);
 
 /// Builds the proposer the flags ask for (nullptr when none) and sets the engine's
-/// num_speculative_tokens / disable_by_batch_size / max_model_len. Errors name the flag or JSON
+/// num_speculative_tokens / disable_by_batch_size (the JSON max_model_len is the draft's limit,
+/// SpeculativeSpec::max_model_len; the engine's max_model_len is the target's). Errors name the flag or JSON
 /// key and value: malformed JSON, unknown key or method, k out of range, prompt_lookup_min >
 /// prompt_lookup_max, a method that needs a model without one. `plan_kv` (set on a GPU,
 /// EngineKvPlanner::draft_planner) sizes a draft's KV with engine_options' block_size; its
@@ -35,7 +36,9 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedMo
 /// `sub`, bound to *value. `help` describes what the fraction covers for this command.
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help);
 
-/// Prints a sequence's speculative counters (vLLM's meanings) to stderr.
-void print_spec_stats(const SpecStats& s, const std::string& method, const EngineStats& totals);
+/// Prints a sequence's speculative counters (vLLM's meanings) to stderr; accepted counts per
+/// position for a chain, per tree depth (up to proposer.max_draft_depth(k)) for a tree.
+/// `k`: the engine's num_speculative_tokens.
+void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, const EngineStats& totals);
 
 }  // namespace specserve::cli

@@ -1,0 +1,123 @@
+// Bad input the CLI refuses up front, through the real binary: a head file where the target
+// goes (generate, serve), a head that does not fit its method or target (serve: before the HTTP
+// banner), `up --dry-run` listing every problem of a topology (exit 2); and --help showing the
+// defaults of the flags that have one.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace specserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CmdResult {
+  int exit_code = -1;
+  std::string out;  ///< stdout and stderr together
+};
+
+CmdResult run(const std::string& args) {
+  CmdResult r;
+  FILE* f = ::popen((std::string(SPECSERVE_BIN) + " " + args + " 2>&1").c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(f);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string head_path(const char* method) {
+  return std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/" + method + "-smollm2-135m.gguf";
+}
+
+std::string temp_dir(const char* name) {
+  const std::string dir = ::testing::TempDir() + name + std::to_string(::getpid());
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The help line of `flag` (the line that names it first).
+std::string help_line(const std::string& help, const std::string& flag) {
+  const size_t at = help.find(flag + " ");
+  if (at == std::string::npos) return "";
+  const size_t begin = help.rfind('\n', at) + 1;
+  return help.substr(begin, help.find('\n', at) - begin);
+}
+
+TEST(CliChecks, HeadFileAsModelSaysWhereItGoes) {
+  if (!fs::exists(head_path("medusa"))) GTEST_SKIP() << "no " << head_path("medusa");
+  const CmdResult g = run("generate --model " + head_path("medusa") + " --prompt hi --max-tokens 1");
+  EXPECT_EQ(g.exit_code, 2) << g.out;
+  for (const std::string& w : {"--model " + head_path("medusa"), std::string("this is a medusa head"),
+                               std::string("general.architecture=medusa"), std::string("--speculative-config")}) {
+    EXPECT_NE(g.out.find(w), std::string::npos) << "'" << w << "' in " << g.out;
+  }
+  EXPECT_EQ(g.out.find("tokenizer.ggml.model"), std::string::npos) << g.out;
+  const std::string dir = temp_dir("specserve_cli_model_");
+  const CmdResult s = run("serve --model " + head_path("medusa") + " --port 0 --actor-port 0 --token-file " + dir + "/token");
+  fs::remove_all(dir);
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  EXPECT_NE(s.out.find("this is a medusa head"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.find("http://"), std::string::npos) << "the HTTP banner came before the error:\n" << s.out;
+}
+
+TEST(CliChecks, ServeWithAHeadOfAnotherMethodFailsBeforeTheBanner) {
+  if (!fs::exists(head_path("eagle"))) GTEST_SKIP() << "no " << head_path("eagle");
+  const std::string dir = temp_dir("specserve_cli_head_");
+  const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --speculative-config '{\"method\": \"medusa\", \"model\": \"" +
+                    head_path("eagle") + "\", \"num_speculative_tokens\": 4, \"speculative_token_tree\": \"[(0,), (0, 0\"}'");
+  fs::remove_all(dir);
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  // Both problems, each naming its source: the head's architecture and the tree.
+  for (const std::string& w : {"--speculative-config \"model\" " + head_path("eagle"), std::string("general.architecture = 'eagle'"),
+                               std::string("expected 'medusa'"), std::string("--speculative-config speculative_token_tree")}) {
+    EXPECT_NE(s.out.find(w), std::string::npos) << "'" << w << "' in " << s.out;
+  }
+  EXPECT_EQ(s.out.find("http://"), std::string::npos) << "the HTTP banner came before the error:\n" << s.out;
+}
+
+TEST(CliChecks, UpDryRunListsEveryProblemAndExitsTwo) {
+  const std::string dir = temp_dir("specserve_cli_up_");
+  const std::string yaml = dir + "/bad.yaml";
+  std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
+                      << "head: {host: 127.0.0.1, actor_port: 47391, http_port: 47392}\n"
+                      << "models:\n"
+                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+                      << "  speculative: {method: medusa, model: " << head_path("eagle")
+                      << ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}\n"
+                      << "nodes:\n"
+                      << "  - {name: n0, devices: [cuda:63], workers: [{role: target_shard, device: cuda:63}]}\n";
+  const CmdResult r = run("up --dry-run " + yaml);
+  fs::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  for (const char* w : {"nodes[0].workers[0].device", "cuda:63", "models.speculative.speculative_token_tree",
+                        "models.speculative.model", "problem(s)"}) {
+    EXPECT_NE(r.out.find(w), std::string::npos) << "'" << w << "' in " << r.out;
+  }
+}
+
+TEST(CliChecks, HelpShowsTheDefaults) {
+  const CmdResult g = run("generate --help");
+  EXPECT_NE(help_line(g.out, "--max-tokens").find("=128"), std::string::npos) << g.out;
+  EXPECT_NE(help_line(g.out, "--temperature").find("=0"), std::string::npos) << g.out;
+  EXPECT_NE(help_line(g.out, "--device").find("=cpu"), std::string::npos) << g.out;
+  // The example in --speculative-config's help is the real default (EagleOptions::depth).
+  EXPECT_NE(g.out.find("\"eagle_depth\": 4"), std::string::npos) << g.out;
+  const CmdResult s = run("serve --help");
+  EXPECT_NE(help_line(s.out, "--max-num-seqs").find("=64"), std::string::npos) << s.out;
+  EXPECT_NE(help_line(s.out, "--max-num-batched-tokens").find("=2048"), std::string::npos) << s.out;
+  EXPECT_NE(help_line(s.out, "--kv-cache-bytes").find("=1GiB"), std::string::npos) << s.out;
+  EXPECT_NE(help_line(s.out, "--drain-timeout").find("=60"), std::string::npos) << s.out;
+  const CmdResult u = run("up --help");
+  EXPECT_NE(help_line(u.out, "--drain-timeout").find("=60"), std::string::npos) << u.out;
+}
+
+}  // namespace
+}  // namespace specserve
