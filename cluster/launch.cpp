@@ -263,29 +263,28 @@ void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s,
 int run_up(const UpOptions& o) {
   install_stop_signals();
   auto topo = load_topology_file(o.config_path);
-  // The parser already lists every field it refuses; --dry-run exits 2 for bad input.
-  if (!topo.ok()) return o.dry_run ? (fail("up --dry-run", topo.status()), 2) : fail("up", topo.status());
+  // The parser already lists every field it refuses; bad input exits 2.
+  if (!topo.ok()) return (fail(o.dry_run ? "up --dry-run" : "up", topo.status()), 2);
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
-  Status ports = check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end));
-  Status tp = check_tensor_parallel_size(*topo);
+  // Every problem at once, each naming its field and value, before anything starts (with or
+  // without --dry-run): a user fixes them in one pass, and a bad head or tree is not found only
+  // by a worker after the cluster is up.
+  const char* who = o.dry_run ? "up --dry-run" : "up";
+  std::vector<Status> problems;
+  for (Status st : {check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end)), check_tensor_parallel_size(*topo)})
+    if (!st.ok()) problems.push_back(std::move(st));
+  for (Status& st : check_up_plan(*topo)) problems.push_back(std::move(st));
+  if (!problems.empty()) {
+    for (const Status& st : problems) std::fprintf(stderr, "specserve %s: %s\n", who, st.message().c_str());
+    std::fprintf(stderr, "specserve %s: %zu problem(s) in %s; nothing was started\n", who, problems.size(),
+                 o.config_path.c_str());
+    return 2;
+  }
   if (o.dry_run) {
-    // Every problem at once, each naming its field and value: a user fixes them in one pass.
-    std::vector<Status> problems;
-    for (const Status& st : {ports, tp})
-      if (!st.ok()) problems.push_back(st);
-    for (Status& st : check_up_plan(*topo)) problems.push_back(std::move(st));
-    if (!problems.empty()) {
-      for (const Status& st : problems) std::fprintf(stderr, "specserve up --dry-run: %s\n", st.message().c_str());
-      std::fprintf(stderr, "specserve up --dry-run: %zu problem(s) in %s; nothing was started\n", problems.size(),
-                   o.config_path.c_str());
-      return 2;
-    }
     std::fputs(describe_up_plan(*topo).c_str(), stdout);
     std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());
     return 0;
   }
-  if (!ports.ok()) return fail("up", ports);
-  if (!tp.ok()) return fail("up", tp);
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,

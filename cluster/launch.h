@@ -41,7 +41,9 @@ struct UpOptions {
   /// problems, print every one to stderr (each naming its field and value) and exit 2.
   bool dry_run = false;
 };
-/// `specserve up`: returns the process exit code.
+/// `specserve up`: returns the process exit code. With or without dry_run the same checks run
+/// first; a topology that fails to parse or any problem they find exits 2 before anything starts
+/// (no token file, no port bound, no process); 1 is a failure after the launch began.
 int run_up(const UpOptions& options);
 
 struct NodeOptions {

@@ -1,4 +1,5 @@
-// specserve cluster: `specserve up --dry-run` — what `up` would start, checked without starting it.
+// specserve cluster: what `specserve up` would start, checked without starting it (`up` runs the
+// checks before it starts anything; `up --dry-run` runs them and prints the plan).
 #pragma once
 
 #include <string>

@@ -21,9 +21,11 @@ struct CmdResult {
   std::string out;  ///< stdout and stderr together
 };
 
-CmdResult run(const std::string& args) {
+// `timeout_s` > 0: killed after that long (coreutils timeout: exit code 124).
+CmdResult run(const std::string& args, int timeout_s = 0) {
   CmdResult r;
-  FILE* f = ::popen((std::string(SPECSERVE_BIN) + " " + args + " 2>&1").c_str(), "r");
+  const std::string prefix = timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "";
+  FILE* f = ::popen((prefix + SPECSERVE_BIN + " " + args + " 2>&1").c_str(), "r");
   if (!f) return r;
   char buf[4096];
   size_t n;
@@ -101,6 +103,36 @@ TEST(CliChecks, UpDryRunListsEveryProblemAndExitsTwo) {
                         "models.speculative.model", "problem(s)"}) {
     EXPECT_NE(r.out.find(w), std::string::npos) << "'" << w << "' in " << r.out;
   }
+}
+
+TEST(CliChecks, UpWithoutDryRunRefusesTheSameProblemsBeforeStartingAnything) {
+  const std::string dir = temp_dir("specserve_cli_up_run_");
+  const std::string yaml = dir + "/bad.yaml";
+  std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
+                      << "head: {host: 127.0.0.1, actor_port: 47393, http_port: 47394}\n"
+                      << "models:\n"
+                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+                      << "  speculative: {method: medusa, model: " << head_path("eagle")
+                      << ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}\n"
+                      << "nodes:\n"
+                      << "  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  // A timeout: were the checks skipped, the cluster would start and serve until stopped.
+  const CmdResult r = run("up " + yaml, 60);
+  const bool token_written = fs::exists(dir + "/token");
+  fs::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  for (const char* w : {"specserve up: ", "models.speculative.speculative_token_tree", "models.speculative.model",
+                        "nothing was started"}) {
+    EXPECT_NE(r.out.find(w), std::string::npos) << "'" << w << "' in " << r.out;
+  }
+  EXPECT_FALSE(token_written) << "the cluster token was created before the checks failed";
+}
+
+TEST(CliChecks, GenerateExitsTwoForASpeculativeConfigNamingAMissingFile) {
+  const CmdResult g = run("generate --prompt hi --max-tokens 1 --speculative-config "
+                          "'{\"method\": \"eagle\", \"model\": \"/nonexistent/eagle.gguf\", \"num_speculative_tokens\": 2}'");
+  EXPECT_EQ(g.exit_code, 2) << g.out;
+  EXPECT_NE(g.out.find("/nonexistent/eagle.gguf"), std::string::npos) << g.out;
 }
 
 TEST(CliChecks, HelpShowsTheDefaults) {

@@ -403,11 +403,13 @@ TEST(Cluster, WorkerThatCannotLoadStopsUpWithItsError) {
 }
 
 TEST(Cluster, WorkerOnAGpuThatDoesNotExistStopsUp) {
-  // `device: cuda:63` reaches the worker's backend factory (actors/backend_factory.h), which
-  // fails on every machine (no CUDA build, no GPU, or no 64th GPU): `up` says why and exits 1.
+  // `device: cuda:63` fails on every machine (no CUDA build, no GPU, or no 64th GPU): `up`'s
+  // check before it starts anything (cluster/up_plan.h) names the field and exits 2 (bad input);
+  // no worker is started. (A remote node's `specserve node` finds it in the worker's backend
+  // factory instead: actors/backend_factory.h.)
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cuda:63], workers: [ { role: target_shard, replica: 0, device: cuda:63 } ] }\n",
                "");
-  EXPECT_EQ(up.wait_exit(180), 1);
+  EXPECT_EQ(up.wait_exit(180), 2);
 }
 
 // ---------------------------------------------------------------- KV data plane (migration)

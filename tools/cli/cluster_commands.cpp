@@ -454,7 +454,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once the cluster serves: every declared replica ready, or with "
                     "autoscale min_replicas ready");
     sub->add_flag("--dry-run", o->dry_run,
-                  "Check the topology (fields, ports free, this host's devices, model files), print the plan and exit "
+                  "Only check the topology (fields, ports free, this host's devices, model and head files, trees: every "
+                  "problem listed, exit 2; `up` runs the same checks before it starts), print the plan and exit "
                   "without starting anything");
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology

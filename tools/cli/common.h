@@ -19,6 +19,21 @@ namespace specserve::cli {
 /// exists, the first candidate (so the error names where it was looked for).
 std::string default_model_path();
 
+/// The process exit status for a failed command: 2 when `st` is bad input the user can fix
+/// (kInvalidArgument, kNotFound, kCorruptData, kOutOfRange: a flag, a JSON field, a missing or
+/// corrupt file, a prompt past the context), 1 otherwise (a failure of the run itself).
+inline int exit_status_for(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kCorruptData:
+    case StatusCode::kOutOfRange:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 using specserve::LoadedModel;
 using specserve::load_model;
 

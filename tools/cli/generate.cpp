@@ -43,7 +43,7 @@ int run_generate(const GenerateArgs& a) {
     // A message about the file starts with its path: "--model PATH: ..." says which flag gave it.
     const std::string msg = loaded.status().message();
     std::fprintf(stderr, "specserve generate: %s%s\n", msg.rfind(path, 0) == 0 ? "--model " : "", msg.c_str());
-    return loaded.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    return exit_status_for(loaded.status());
   }
   LoadedModel& lm = (*loaded)->lm;
   Backend* backend = &(*loaded)->backend();
@@ -57,7 +57,7 @@ int run_generate(const GenerateArgs& a) {
     auto rendered = apply_chat_template(*lm.file, msgs, true);
     if (!rendered.ok()) {
       std::fprintf(stderr, "specserve generate: --chat: %s\n", rendered.status().to_string().c_str());
-      return 1;
+      return exit_status_for(rendered.status());
     }
     text = *rendered;
     parse_special = true;
@@ -86,22 +86,22 @@ int run_generate(const GenerateArgs& a) {
   auto proposer = make_proposer(a.spec, lm, *backend, &eo, kv_plan.draft_planner());
   if (!proposer.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
-    return 1;
+    return exit_status_for(proposer.status());
   }
   if (Status plan = kv_plan.finish(); !plan.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", plan.to_string().c_str());
-    return 1;
+    return exit_status_for(plan);
   }
   if (!kv_plan.summary().empty()) log->info("{}", kv_plan.summary());
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), proposer->get(), eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", engine.status().to_string().c_str());
-    return 1;
+    return exit_status_for(engine.status());
   }
   auto id = (*engine)->add_request(p);
   if (!id.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", id.status().to_string().c_str());
-    return 1;
+    return exit_status_for(id.status());
   }
   const auto t0 = std::chrono::steady_clock::now();
   double ttft = -1;
