@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 namespace specserve {
 
 WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error) {
@@ -44,6 +46,26 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
   }
   SPECSERVE_RETURN_IF_ERROR(o.validate());
   return o;
+}
+
+Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, const ModelConfig& m) {
+  const int64_t max_len = o.max_model_len > 0 ? o.max_model_len : m.context_length;
+  if (max_len <= 0 || o.block_size <= 0) return Status();
+  const int64_t need = (max_len + o.block_size - 1) / o.block_size;
+  if (o.num_kv_blocks >= need) return Status();
+  const int64_t per_block = 2 * m.num_layers * m.kv_dim() * static_cast<int64_t>(sizeof(float)) * o.block_size;
+  const int64_t holds = o.num_kv_blocks * o.block_size;
+  const std::string len_src = t.where("models.target.max_model_len");
+  const std::string len_name = len_src.rfind("--", 0) == 0 ? len_src : std::string("models.target.max_model_len");
+  char mib[32];
+  std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(need * per_block) / (1 << 20));
+  return invalid_argument(
+      t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " + std::to_string(t.scheduler.kv_cache_bytes) +
+      " holds " + std::to_string(o.num_kv_blocks) + " KV blocks of " + std::to_string(o.block_size) + " tokens (" +
+      std::to_string(holds) + " tokens), fewer than one sequence of max_model_len " + std::to_string(max_len) +
+      (o.max_model_len > 0 ? "" : " (the model's context length)") + " needs (" + std::to_string(need) +
+      " blocks): raise it to at least " + std::to_string(need * per_block) + " (" + mib + ") or set " + len_name +
+      " to at most " + std::to_string(holds));
 }
 
 }  // namespace specserve

@@ -49,4 +49,15 @@ WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const 
 /// a cache too small for one block.
 Expected<EngineOptions> engine_options_for(const Topology& topology, const ModelConfig& model);
 
+/// The CPU KV pool of `options` (num_kv_blocks of block_size tokens, from engine_options_for)
+/// holds one sequence of the full context: options.max_model_len, or the model's
+/// context_length when that is 0. As vLLM refuses to start when the KV cache cannot hold one
+/// sequence of max_model_len, a replica whose pool is smaller does not start: the alternative
+/// is a request that fails halfway through its generation. Not for cuda:N, whose pool comes
+/// from gpu_memory_utilization (gpu/: EngineKvPlanner checks it there). Errors:
+/// kInvalidArgument naming scheduler.kv_cache_bytes (its source: the YAML position or
+/// --kv-cache-bytes) and max_model_len with their values, the blocks one sequence needs, the
+/// smallest kv_cache_bytes that holds them and the largest max_model_len this pool holds.
+Status check_kv_holds_one_sequence(const Topology& topology, const EngineOptions& options, const ModelConfig& model);
+
 }  // namespace specserve

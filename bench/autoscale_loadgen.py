@@ -118,8 +118,8 @@ def main():
     ap.add_argument("--idle-after", type=float, default=float(os.environ.get("IDLE_AFTER", 15)))
     ap.add_argument("--burst-timeout", type=float, default=float(os.environ.get("BURST_TIMEOUT", 240)))
     ap.add_argument("--threads-per-worker", type=int, default=1)
-    ap.add_argument("--kv-cache-bytes", default=os.environ.get("KV_CACHE_BYTES", "16MiB"),
-                    help="scheduler.kv_cache_bytes per replica (specserve's default is 1GiB)")
+    ap.add_argument("--kv-cache-bytes", default=os.environ.get("KV_CACHE_BYTES", "24MiB"),
+                    help="scheduler.kv_cache_bytes per replica (specserve's default is 1GiB; at least one sequence of --max-model-len: 24MiB holds 544 tokens of the default model)")
     ap.add_argument("--max-model-len", type=int, default=int(os.environ.get("MAX_MODEL_LEN", 512)),
                     help="models.target.max_model_len (0: the model's own, specserve's default)")
     ap.add_argument("--bursts", type=int, default=int(os.environ.get("BURSTS", 1)),

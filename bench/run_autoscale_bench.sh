@@ -9,7 +9,7 @@
 # Environment (defaults): NUM_REQUESTS (48) CONCURRENCY (12) MAX_TOKENS (32) IDLE_BEFORE (4 s)
 #   IDLE_AFTER (15 s) MAX_NUM_SEQS (2; each replica's batch, specserve's default is 64: a burst then
 #   runs on one replica and a promotion moves running sequences to the promoted one)
-#   BURSTS (1; burst + idle cycles, one promotion sample each) KV_CACHE_BYTES (16MiB; default 1GiB)
+#   BURSTS (1; burst + idle cycles, one promotion sample each) KV_CACHE_BYTES (24MiB: one sequence of 512 tokens; default 1GiB)
 #   MAX_MODEL_LEN (512; 0: the model's, the default)
 #   SPECSERVE_BUILD_DIR (build) SPECSERVE_NO_BUILD (0) OUT (bench/results/autoscale_<date>)
 set -euo pipefail

@@ -263,23 +263,34 @@ void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s,
 int run_up(const UpOptions& o) {
   install_stop_signals();
   auto topo = load_topology_file(o.config_path);
-  // The parser already lists every field it refuses; bad input exits 2.
-  if (!topo.ok()) return (fail(o.dry_run ? "up --dry-run" : "up", topo.status()), 2);
-  for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
   // Every problem at once, each naming its field and value, before anything starts (with or
   // without --dry-run): a user fixes them in one pass, and a bad head or tree is not found only
-  // by a worker after the cluster is up.
+  // by a worker after the cluster is up. Bad input exits 2.
   const char* who = o.dry_run ? "up --dry-run" : "up";
-  std::vector<Status> problems;
-  for (Status st : {check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end)), check_tensor_parallel_size(*topo)})
-    if (!st.ok()) problems.push_back(std::move(st));
-  for (Status& st : check_up_plan(*topo)) problems.push_back(std::move(st));
-  if (!problems.empty()) {
-    for (const Status& st : problems) std::fprintf(stderr, "specserve %s: %s\n", who, st.message().c_str());
+  std::vector<std::string> problems;
+  auto add = [&problems](const Status& st) {
+    // One line per problem (the parser and the port check put several in one status).
+    const std::string& m = st.message();
+    for (size_t b = 0, e; b < m.size(); b = e + 1) {
+      e = m.find('\n', b);
+      if (e == std::string::npos) e = m.size();
+      if (e > b) problems.push_back(m.substr(b, e - b));
+    }
+  };
+  auto refuse = [&] {
+    for (const std::string& p : problems) std::fprintf(stderr, "specserve %s: %s\n", who, p.c_str());
     std::fprintf(stderr, "specserve %s: %zu problem(s) in %s; nothing was started\n", who, problems.size(),
                  o.config_path.c_str());
     return 2;
-  }
+  };
+  // NOTE: the parser lists every field it refuses, but the checks below need a parsed topology:
+  // fixing those may reveal more.
+  if (!topo.ok()) return add(topo.status()), refuse();
+  for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
+  for (const Status& st : {check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end)), check_tensor_parallel_size(*topo)})
+    if (!st.ok()) add(st);
+  for (const Status& st : check_up_plan(*topo)) add(st);
+  if (!problems.empty()) return refuse();
   if (o.dry_run) {
     std::fputs(describe_up_plan(*topo).c_str(), stdout);
     std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());

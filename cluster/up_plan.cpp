@@ -6,6 +6,7 @@
 
 #include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
+#include "actors/worker_config.h"
 #include "model/gguf.h"
 #include "model/model_loader.h"
 
@@ -13,6 +14,16 @@ namespace specserve {
 namespace {
 
 bool runs_here(const Topology& t, const NodeSpec& n) { return is_loopback_host(n.host) || n.host == t.head.host; }
+
+// A target shard on this host whose KV pool is scheduler.kv_cache_bytes (the CPU's).
+bool cpu_target_here(const Topology& t) {
+  for (const NodeSpec& n : t.nodes) {
+    if (!runs_here(t, n)) continue;
+    for (const WorkerSpec& w : n.workers)
+      if (w.role == WorkerRole::kTargetShard && w.device.kind == DeviceKind::kCpu) return true;
+  }
+  return false;
+}
 
 // "<where>: <field> = <value>: <message>", the message's own leading "<value>: " (a file's path,
 // which the GGUF reader and the head checks put first) dropped as said already.
@@ -42,7 +53,23 @@ std::vector<Status> check_up_plan(const Topology& t) {
     problems.push_back(field_error(t, "models.target.path", target_path, f.status()));
   } else {
     target.emplace(std::move(*f));
-    if (Status st = check_model_file(*target); !st.ok()) problems.push_back(field_error(t, "models.target.path", target_path, st));
+    if (Status st = check_model_file(*target); !st.ok()) {
+      problems.push_back(field_error(t, "models.target.path", target_path, st));
+    } else if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
+      // What a worker would refuse after the cluster is up: a context past the model's, a CPU KV
+      // pool that cannot hold one sequence of it.
+      const auto& len = t.models.target.max_model_len;
+      if (len && cfg->context_length > 0 && *len > cfg->context_length) {
+        problems.push_back(invalid_argument(t.where("models.target.max_model_len") + ": models.target.max_model_len = " +
+                                            std::to_string(*len) + " exceeds the model's context length " +
+                                            std::to_string(cfg->context_length) + " (" + target_path + ")"));
+      } else if (t.models.target.tensor_parallel_size == 1 && cpu_target_here(t)) {
+        // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
+        auto eo = engine_options_for(t, *cfg);
+        Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
+        if (!st.ok()) problems.push_back(st);
+      }
+    }
   }
   if (t.models.speculative) {
     const SpeculativeSpec& sp = *t.models.speculative;

@@ -16,7 +16,10 @@ namespace specserve {
 ///  - every worker on a node this host runs (loopback, or the head's host) names a device this
 ///    machine has (actors/backend_factory.h check_device_available);
 ///  - models.target.path opens as GGUF and is a model load_model() accepts: not a Medusa / EAGLE
-///    head file, a supported architecture (model/model_loader.h check_model_file);
+///    head file, a supported architecture (model/model_loader.h check_model_file); its
+///    models.target.max_model_len within the model's context length; with tensor_parallel_size
+///    1 and a target shard on this host's CPU, scheduler.kv_cache_bytes holds one sequence of
+///    max_model_len (actors/worker_config.h check_kv_holds_one_sequence);
 ///  - models.speculative (actors/proposer_factory.h check_speculative_files): its
 ///    speculative_token_tree parses; its model opens as GGUF and, for medusa / eagle, is a head
 ///    of that method (general.architecture) trained on this target (`<arch>.target_fingerprint`

@@ -12,10 +12,11 @@ Status check_not_head_file(const GgufFile& file) {
   const std::string* arch = v ? std::get_if<std::string>(&v->v) : nullptr;
   if (!arch || (*arch != "medusa" && *arch != "eagle")) return Status();
   const std::string& p = file.path();
-  return invalid_argument(p + ": this is a " + *arch + " head (general.architecture=" + *arch +
-                          "), not a target model; pass it in --speculative-config '{\"method\": \"" + *arch +
+  // "an eagle", "a medusa"
+  return invalid_argument(p + ": this is " + (*arch == "eagle" ? "an " : "a ") + *arch + " head (general.architecture=" + *arch +
+                          "), not a model that runs on its own (a target or a draft model); pass it in --speculative-config '{\"method\": \"" + *arch +
                           "\", \"model\": \"" + p + "\", \"num_speculative_tokens\": K}' (YAML: models.speculative.model) "
-                          "and give the model it was trained on as the target");
+                          "with the model it was trained on as the target");
 }
 
 Status check_model_file(const GgufFile& file) {

@@ -14,7 +14,7 @@ using namespace elastic_testing;
 // there with exactly the tokens of the target alone, its stream uninterrupted.
 TEST(ElasticPromotionRealShards, HandedBackRequestFinishesOnThePromotedReplicaWithTheSameTokens) {
   RealShards c;
-  ASSERT_NO_FATAL_FAILURE(c.start(/*max_num_seqs=*/1, int64_t{16} << 20, /*upscale_delay_s=*/0));
+  ASSERT_NO_FATAL_FAILURE(c.start(/*max_num_seqs=*/1, int64_t{24} << 20, /*upscale_delay_s=*/0));
   const std::vector<std::string> texts = {"The history of the Roman Empire begins with", "A recipe for pancakes: first, take",
                                           "The three laws of motion state that"};
   constexpr int32_t kTokens = 24;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cluster/up_plan.h"
+#include "model/model_config.h"
 #include "config/topology.h"
 #include "model/gguf_writer.h"
 #include "model/synthetic_model.h"
@@ -99,6 +100,31 @@ TEST(UpPlan, ModelFileThatIsNotGgufIsRefused) {
   fs::remove(bad);
   const std::string m = problem_about(problems, "models.target.path");
   EXPECT_NE(m.find(bad.string()), std::string::npos) << m;
+}
+
+TEST(UpPlan, KvCacheThatCannotHoldOneSequenceIsRefused) {
+  auto t = parse(testing::default_model_path(), "cpu");  // max_model_len 512: 32 blocks of 16 tokens
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const ModelConfig cfg = ModelConfig::from_gguf(GgufFile::open(testing::default_model_path()).value()).value();
+  const int64_t per_block = 2 * cfg.num_layers * cfg.kv_dim() * 4 * 16;
+  t->scheduler.kv_cache_bytes = 31 * per_block;
+  const std::string m = problem_about(check_up_plan(*t), "scheduler.kv_cache_bytes");
+  for (const std::string& w : {std::to_string(31 * per_block), std::string("holds 31 KV blocks"), std::string("max_model_len 512"),
+                               "at least " + std::to_string(32 * per_block), std::string("at most 496")}) {
+    EXPECT_NE(m.find(w), std::string::npos) << "'" << w << "' in " << m;
+  }
+  // One more block holds it.
+  t->scheduler.kv_cache_bytes = 32 * per_block;
+  EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
+}
+
+TEST(UpPlan, MaxModelLenPastTheModelsContextIsRefused) {
+  auto t = parse(testing::default_model_path(), "cpu");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  t->models.target.max_model_len = 100000;
+  const std::string m = problem_about(check_up_plan(*t), "models.target.max_model_len");
+  EXPECT_NE(m.find("100000"), std::string::npos) << m;
+  EXPECT_NE(m.find("context length 8192"), std::string::npos) << m;
 }
 
 TEST(UpPlan, TargetOfAnUnsupportedArchitectureIsRefused) {

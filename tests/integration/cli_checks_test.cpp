@@ -135,6 +135,31 @@ TEST(CliChecks, GenerateExitsTwoForASpeculativeConfigNamingAMissingFile) {
   EXPECT_NE(g.out.find("/nonexistent/eagle.gguf"), std::string::npos) << g.out;
 }
 
+TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
+  const std::string dir = temp_dir("specserve_cli_kv_");
+  const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 60);
+  const CmdResult l = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-model-len 100000", 60);
+  fs::remove_all(dir);
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  for (const char* w : {"--kv-cache-bytes", "2097152", "max_model_len 8192", "--max-model-len to at most 32"}) {
+    EXPECT_NE(s.out.find(w), std::string::npos) << "'" << w << "' in " << s.out;
+  }
+  EXPECT_EQ(s.out.find("http://"), std::string::npos) << "the HTTP banner came before the error:\n" << s.out;
+  EXPECT_EQ(l.exit_code, 2) << l.out;
+  EXPECT_NE(l.out.find("--max-model-len = 100000 exceeds the model's context length 8192"), std::string::npos) << l.out;
+}
+
+TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {
+  const CmdResult bogus = run("bogus");
+  EXPECT_EQ(bogus.exit_code, 2) << bogus.out;
+  EXPECT_NE(bogus.out.find("unknown command 'bogus'"), std::string::npos) << bogus.out;
+  EXPECT_NE(bogus.out.find("generate"), std::string::npos) << bogus.out;
+  const CmdResult range = run("generate --prompt x --max-tokens 0");
+  EXPECT_EQ(range.exit_code, 2) << range.out;
+  EXPECT_NE(range.out.find("--max-tokens"), std::string::npos) << range.out;
+  EXPECT_EQ(run("generate --help").exit_code, 0);
+}
+
 TEST(CliChecks, HelpShowsTheDefaults) {
   const CmdResult g = run("generate --help");
   EXPECT_NE(help_line(g.out, "--max-tokens").find("=128"), std::string::npos) << g.out;

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "tools/cli/subcommands.h"
 
@@ -18,10 +19,27 @@ int main(int argc, char** argv) {
   specserve::cli::add_bench_migrate(app);
   specserve::cli::add_dump_hidden(app);
   specserve::cli::add_cluster_commands(app);
+  // CLI11 says only "A subcommand is required" for a mistyped command: name it and the commands.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == word;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "specserve: unknown command '%s'; the commands are: %s (specserve --help)\n", word.c_str(), names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error (a bad flag or value, CLI11's own codes
+    // 100-120) exits 2, as bad input does everywhere else in specserve.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   try {
     return specserve::cli::run_selected(app);

@@ -6,6 +6,7 @@
 
 #include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
+#include "actors/worker_config.h"
 #include "cluster/launch.h"
 #include "config/topology.h"
 #include "model/gguf.h"
@@ -56,6 +57,23 @@ Status check_serve_files(const SpecArgs& args, const Topology& t) {
     problems.push_back(st);
   }
   for (Status& st : problems) st = Status(st.code(), (st.message().rfind(path, 0) == 0 ? "--model " : "--model " + path + ": ") + st.message());
+  // The context and the CPU KV pool (tensor-parallel size 1; on cuda:N the pool comes from
+  // --gpu-memory-utilization and the worker plans it): a pool that cannot hold one sequence of
+  // max_model_len is refused here, as vLLM does, not found by a request halfway through.
+  if (problems.empty() && t.models.target.tensor_parallel_size == 1 && !t.nodes.empty() && !t.nodes[0].workers.empty() &&
+      t.nodes[0].workers[0].device.kind == DeviceKind::kCpu) {
+    if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
+      const auto& len = t.models.target.max_model_len;
+      if (len && cfg->context_length > 0 && *len > cfg->context_length) {
+        problems.push_back(invalid_argument("--max-model-len = " + std::to_string(*len) + " exceeds the model's context length " +
+                                            std::to_string(cfg->context_length) + " (" + path + ")"));
+      } else {
+        auto eo = engine_options_for(t, *cfg);
+        Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
+        if (!st.ok()) problems.push_back(st);
+      }
+    }
+  }
   if (t.models.speculative) {
     for (const SpeculativeFileProblem& p : check_speculative_files(*t.models.speculative, target.ok() ? &*target : nullptr)) {
       const std::string& msg = p.status.message();
@@ -82,6 +100,7 @@ int run_serve_cmd(const ServeArgs& a) {
   t.locations["models.target.path"] = "--model";
   t.locations["models.speculative.model"] = "--speculative-model";
   t.locations["scheduler.kv_cache_bytes"] = "--kv-cache-bytes";
+  t.locations["models.target.max_model_len"] = "--max-model-len";
   t.locations["head.actor_port"] = "--actor-port";
   t.locations["head.http_port"] = "--port";
   t.locations["head.host"] = "--host";
