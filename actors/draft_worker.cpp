@@ -194,7 +194,7 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
   self->monitor(s.cfg.scheduler);
   self->set_down_handler([self, log](caf::down_msg& m) {
     if (m.source == self->state.cfg.scheduler.address()) {
-      log->warn("replica {}: the scheduler went away; the draft worker stops", self->state.cfg.replica);
+      log->log(scheduler_down_level(m), "replica {}: the scheduler went away; the draft worker stops", self->state.cfg.replica);
       self->quit();
     }
   });

@@ -36,7 +36,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
   self->monitor(s.cfg.scheduler);
   self->set_down_handler([self, log](caf::down_msg& m) {
     if (m.source == self->state.cfg.scheduler.address()) {
-      log->warn("replica {}: the scheduler went away; the shard stops", self->state.cfg.replica);
+      log->log(scheduler_down_level(m), "replica {}: the scheduler went away; the shard stops", self->state.cfg.replica);
       self->quit();
     } else if (self->state.tp_peers && self->state.quit_when_empty) {
       // Retired: the scheduler told the other ranks to quit too.

@@ -93,7 +93,7 @@ caf::behavior tp_rank(Self self, WorkerConfig cfg) {
   self->set_down_handler([self, log](caf::down_msg& m) {
     auto& st = self->state;
     if (m.source == st.cfg.scheduler.address()) {
-      log->warn("replica {} rank {}: the scheduler went away; the rank stops", st.cfg.replica, st.cfg.rank);
+      log->log(scheduler_down_level(m), "replica {} rank {}: the scheduler went away; the rank stops", st.cfg.replica, st.cfg.rank);
       self->quit();
     } else if (st.rank0 && m.source == st.rank0.address()) {
       log->info("replica {} rank {}: rank 0 stopped; the rank stops", st.cfg.replica, st.cfg.rank);

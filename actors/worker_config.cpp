@@ -49,6 +49,13 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
 }
 
 Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, const ModelConfig& m) {
+  const int64_t pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && t.scheduler.kv_cache_bytes > pages * page) {
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(pages * page) / (1LL << 30));
+    return invalid_argument(t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " +
+                            std::to_string(t.scheduler.kv_cache_bytes) + " is more than this machine's memory (" + gib + ")");
+  }
   const int64_t max_len = o.max_model_len > 0 ? o.max_model_len : m.context_length;
   if (max_len <= 0 || o.block_size <= 0) return Status();
   const int64_t need = (max_len + o.block_size - 1) / o.block_size;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include <string>
 
@@ -44,6 +45,14 @@ struct WorkerConfig {
 /// "ready", "failed"), `error` and `self`. The caller adds its kind's fields.
 WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error);
 
+/// How loudly a worker logs that its scheduler is gone: info when the head shut it down
+/// (a normal stop: exit_reason normal or user_shutdown), warning for anything else (a crash,
+/// a lost connection).
+inline spdlog::level::level_enum scheduler_down_level(const caf::down_msg& m) {
+  return !m.reason || m.reason == caf::exit_reason::normal || m.reason == caf::exit_reason::user_shutdown ? spdlog::level::info
+                                                                                                            : spdlog::level::warn;
+}
+
 /// The engine limits a topology asks for, with the KV cache sized from
 /// scheduler.kv_cache_bytes for `model` (K and V, fp32, every layer). Errors name the field:
 /// a cache too small for one block.
@@ -54,7 +63,8 @@ Expected<EngineOptions> engine_options_for(const Topology& topology, const Model
 /// context_length when that is 0. As vLLM refuses to start when the KV cache cannot hold one
 /// sequence of max_model_len, a replica whose pool is smaller does not start: the alternative
 /// is a request that fails halfway through its generation. Not for cuda:N, whose pool comes
-/// from gpu_memory_utilization (gpu/: EngineKvPlanner checks it there). Errors:
+/// from gpu_memory_utilization (gpu/: EngineKvPlanner checks it there). Also refuses a
+/// kv_cache_bytes above this machine's physical memory (it could never be allocated). Errors:
 /// kInvalidArgument naming scheduler.kv_cache_bytes (its source: the YAML position or
 /// --kv-cache-bytes) and max_model_len with their values, the blocks one sequence needs, the
 /// smallest kv_cache_bytes that holds them and the largest max_model_len this pool holds.

@@ -139,6 +139,7 @@ TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   const std::string dir = temp_dir("specserve_cli_kv_");
   const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 60);
   const CmdResult l = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-model-len 100000", 60);
+  const CmdResult big = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 99TiB", 60);
   fs::remove_all(dir);
   EXPECT_EQ(s.exit_code, 2) << s.out;
   for (const char* w : {"--kv-cache-bytes", "2097152", "max_model_len 8192", "--max-model-len to at most 32"}) {
@@ -147,6 +148,10 @@ TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   EXPECT_EQ(s.out.find("http://"), std::string::npos) << "the HTTP banner came before the error:\n" << s.out;
   EXPECT_EQ(l.exit_code, 2) << l.out;
   EXPECT_NE(l.out.find("--max-model-len = 100000 exceeds the model's context length 8192"), std::string::npos) << l.out;
+  EXPECT_EQ(big.exit_code, 2) << big.out;
+  EXPECT_NE(big.out.find("--kv-cache-bytes: scheduler.kv_cache_bytes = 108851651149824 is more than this machine's memory"),
+            std::string::npos) << big.out;
+  EXPECT_EQ(big.out.find("http://"), std::string::npos) << big.out;
 }
 
 TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {

@@ -124,6 +124,10 @@ TEST(SpecConfig, ZeroSpeculativeTokensEchoesTheValueAndItsSource) {
   auto n = parse(R"({"method": "ngram"})");
   ASSERT_FALSE(n.ok());
   EXPECT_NE(n.status().message().find("needs num_speculative_tokens"), std::string::npos) << n.status().message();
+  // An unknown method is named before the missing k.
+  auto u = parse(R"({"method": "foo"})");
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.status().message().find("method 'foo' is not one of"), std::string::npos) << u.status().message();
 }
 
 TEST(SpecConfig, MaxModelLenIsTheDraftsNotTheTargets) {

@@ -112,6 +112,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   }
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
   if (method.empty()) return std::optional<SpeculativeSpec>();
+  // An unknown method first: it is the mistake to fix, whatever else is missing.
+  if (method != "ngram" && method != "draft_model" && method != "layer_skip" && method != "medusa" && method != "eagle") {
+    return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
+  }
   if (!k_given) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
   if (k < 1 || k > 64) {
     return invalid_argument(std::string(k_source) + " = " + std::to_string(k) + ": must be in 1..64 when speculating (method " + method + ")");
