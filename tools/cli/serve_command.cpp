@@ -178,8 +178,12 @@ void add_serve_command(CLI::App& app) {
     sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per forward pass")->check(CLI::Range(1, 1 << 20))->capture_default_str();
     sub->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024))->capture_default_str();
     sub->add_option("--kv-cache-bytes", a->kv_cache_bytes, "KV cache size (e.g. 512MiB, 2GiB)")->capture_default_str();
-    sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                  "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
+    // NOTE: two flags rather than CLI11's "--a,!--no-a", whose help line shows "{false}" (the
+    // negation's value), which read as if the default were off.
+    auto* apc_on = sub->add_flag("--enable-prefix-caching", a->enable_prefix_caching,
+                                 "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
+    sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = false; }, "Turn automatic prefix caching off")
+        ->excludes(apc_on);
     sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
     sub->add_option("--threads", a->threads, "CPU threads (default: all cores), split evenly between tensor-parallel ranks")
         ->check(CLI::Range(0, 1024));
