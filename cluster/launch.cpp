@@ -279,12 +279,12 @@ int run_up(const UpOptions& o) {
   };
   auto refuse = [&] {
     for (const std::string& p : problems) std::fprintf(stderr, "specserve %s: %s\n", who, p.c_str());
-    std::fprintf(stderr, "specserve %s: %zu problem(s) in %s; nothing was started\n", who, problems.size(),
-                 o.config_path.c_str());
+    std::fprintf(stderr, "specserve %s: %zu problem(s) in %s; nothing was started%s\n", who, problems.size(),
+                 o.config_path.c_str(),
+                 topo.ok() ? "" : " (ports, devices, head files and trees are checked once the topology parses)");
     return 2;
   };
-  // NOTE: the parser lists every field it refuses, but the checks below need a parsed topology:
-  // fixing those may reveal more.
+  // NOTE: the parser lists every field it refuses, but the checks below need a parsed topology.
   if (!topo.ok()) return add(topo.status()), refuse();
   for (const auto& n : topo->notes) get_logger("cluster")->warn("{}", n);
   for (const Status& st : {check_ports_free(*topo, /*include_http=*/static_cast<bool>(o.front_end)), check_tensor_parallel_size(*topo)})
