@@ -132,7 +132,7 @@ Status load_and_warm(Self self) {
     }
   }
   SPECSERVE_RETURN_IF_ERROR(kv_plan.finish());
-  if (!memory.active()) SPECSERVE_RETURN_IF_ERROR(check_kv_holds_one_sequence(t, s.engine_options, s.model.model->config()));
+  if (!memory.active()) SPECSERVE_RETURN_IF_ERROR(check_kv_fits_memory(t));
   if (!kv_plan.summary().empty()) get_logger("actors")->info("replica {} rank {}: {}", s.cfg.replica, s.cfg.rank, kv_plan.summary());
   SPECSERVE_RETURN_IF_ERROR(build_engine(s));
   self->send(s.cfg.scheduler, hello(self, "warming"));

@@ -48,7 +48,7 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
   return o;
 }
 
-Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, const ModelConfig& m) {
+Status check_kv_fits_memory(const Topology& t) {
   const int64_t pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0 && t.scheduler.kv_cache_bytes > pages * page) {
     char gib[32];
@@ -56,6 +56,10 @@ Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, co
     return invalid_argument(t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " +
                             std::to_string(t.scheduler.kv_cache_bytes) + " is more than this machine's memory (" + gib + ")");
   }
+  return Status();
+}
+
+Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, const ModelConfig& m) {
   const int64_t max_len = o.max_model_len > 0 ? o.max_model_len : m.context_length;
   if (max_len <= 0 || o.block_size <= 0) return Status();
   const int64_t need = (max_len + o.block_size - 1) / o.block_size;

@@ -61,13 +61,20 @@ Expected<EngineOptions> engine_options_for(const Topology& topology, const Model
 /// The CPU KV pool of `options` (num_kv_blocks of block_size tokens, from engine_options_for)
 /// holds one sequence of the full context: options.max_model_len, or the model's
 /// context_length when that is 0. As vLLM refuses to start when the KV cache cannot hold one
-/// sequence of max_model_len, a replica whose pool is smaller does not start: the alternative
-/// is a request that fails halfway through its generation. Not for cuda:N, whose pool comes
-/// from gpu_memory_utilization (gpu/: EngineKvPlanner checks it there). Also refuses a
-/// kv_cache_bytes above this machine's physical memory (it could never be allocated). Errors:
-/// kInvalidArgument naming scheduler.kv_cache_bytes (its source: the YAML position or
+/// sequence of max_model_len, `serve`, `up` and `up --dry-run` refuse such a topology before
+/// anything starts (the alternative: a request that fails halfway through its generation). The
+/// worker itself does not check it, so a program that builds a topology itself may run a small
+/// pool on purpose: a sequence that outgrows it then fails alone (spec/step_policy.cpp). Not
+/// for cuda:N, whose pool comes from gpu_memory_utilization (EngineKvPlanner checks it there).
+/// Errors: kInvalidArgument naming scheduler.kv_cache_bytes (its source: the YAML position or
 /// --kv-cache-bytes) and max_model_len with their values, the blocks one sequence needs, the
 /// smallest kv_cache_bytes that holds them and the largest max_model_len this pool holds.
 Status check_kv_holds_one_sequence(const Topology& topology, const EngineOptions& options, const ModelConfig& model);
+
+/// scheduler.kv_cache_bytes is at most this machine's physical memory (a CPU pool larger than
+/// that can never be allocated). Checked by `serve`, `up` (for the nodes on its host) and every
+/// CPU target shard when it starts. Errors: kInvalidArgument naming the field, its value and the
+/// machine's memory.
+Status check_kv_fits_memory(const Topology& topology);
 
 }  // namespace specserve

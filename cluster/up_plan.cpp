@@ -15,10 +15,10 @@ namespace {
 
 bool runs_here(const Topology& t, const NodeSpec& n) { return is_loopback_host(n.host) || n.host == t.head.host; }
 
-// A target shard on this host whose KV pool is scheduler.kv_cache_bytes (the CPU's).
-bool cpu_target_here(const Topology& t) {
+// A target shard (on this host: `here_only`) whose KV pool is scheduler.kv_cache_bytes (the CPU's).
+bool cpu_target(const Topology& t, bool here_only) {
   for (const NodeSpec& n : t.nodes) {
-    if (!runs_here(t, n)) continue;
+    if (here_only && !runs_here(t, n)) continue;
     for (const WorkerSpec& w : n.workers)
       if (w.role == WorkerRole::kTargetShard && w.device.kind == DeviceKind::kCpu) return true;
   }
@@ -63,10 +63,12 @@ std::vector<Status> check_up_plan(const Topology& t) {
         problems.push_back(invalid_argument(t.where("models.target.max_model_len") + ": models.target.max_model_len = " +
                                             std::to_string(*len) + " exceeds the model's context length " +
                                             std::to_string(cfg->context_length) + " (" + target_path + ")"));
-      } else if (t.models.target.tensor_parallel_size == 1 && cpu_target_here(t)) {
+      } else if (t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false)) {
         // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
+        // The block count is the same on every host; the memory is this host's.
         auto eo = engine_options_for(t, *cfg);
         Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
+        if (st.ok() && cpu_target(t, /*here_only=*/true)) st = check_kv_fits_memory(t);
         if (!st.ok()) problems.push_back(st);
       }
     }

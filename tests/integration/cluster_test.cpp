@@ -398,7 +398,8 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
 TEST(Cluster, WorkerThatCannotLoadStopsUpWithItsError) {
   // 1 KiB of KV cache holds no block: the target shard fails after loading, `up` says why and
   // exits 1. Tensor-parallel size 2: `up`'s own check before the launch sizes the KV pool only
-  // for size 1 (a rank's pool counts its share of the heads), so here the workers find it.
+  // for size 1 (a rank's pool counts its share of the heads), so here the workers find it
+  // (actors/worker_config.cpp engine_options_for).
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 0, device: cpu } ] }\n"
                "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 1, device: cpu } ] }\n",
                "", "1KiB", {}, ", tensor_parallel_size: 2");

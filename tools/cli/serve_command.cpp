@@ -70,6 +70,7 @@ Status check_serve_files(const SpecArgs& args, const Topology& t) {
       } else {
         auto eo = engine_options_for(t, *cfg);
         Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
+        if (st.ok()) st = check_kv_fits_memory(t);
         if (!st.ok()) problems.push_back(st);
       }
     }
