@@ -56,8 +56,8 @@ std::vector<Status> check_up_plan(const Topology& t) {
     if (Status st = check_model_file(*target); !st.ok()) {
       problems.push_back(field_error(t, "models.target.path", target_path, st));
     } else if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
-      // What a worker would refuse after the cluster is up: a context past the model's, a CPU KV
-      // pool that cannot hold one sequence of it.
+      // What would fail only after the cluster is up: a context past the model's (the worker
+      // refuses it), a CPU KV pool that cannot hold one sequence of it (requests fail halfway).
       const auto& len = t.models.target.max_model_len;
       if (len && cfg->context_length > 0 && *len > cfg->context_length) {
         problems.push_back(invalid_argument(t.where("models.target.max_model_len") + ": models.target.max_model_len = " +
