@@ -79,4 +79,20 @@ Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, co
       " to at most " + std::to_string(holds));
 }
 
+Status check_target_fits(const Topology& t, const ModelConfig& m, const std::string& model_path, bool cpu_pool,
+                         bool check_memory) {
+  const auto& len = t.models.target.max_model_len;
+  if (len && m.context_length > 0 && *len > m.context_length) {
+    const std::string where = t.where("models.target.max_model_len");
+    const std::string field = where.rfind("--", 0) == 0 ? where : where + ": models.target.max_model_len";
+    return invalid_argument(field + " = " + std::to_string(*len) + " exceeds the model's context length " +
+                            std::to_string(m.context_length) + " (" + model_path + ")");
+  }
+  if (!cpu_pool) return Status();
+  auto eo = engine_options_for(t, m);
+  if (!eo.ok()) return eo.status();
+  SPECSERVE_RETURN_IF_ERROR(check_kv_holds_one_sequence(t, *eo, m));
+  return check_memory ? check_kv_fits_memory(t) : Status();
+}
+
 }  // namespace specserve

@@ -77,4 +77,13 @@ Status check_kv_holds_one_sequence(const Topology& topology, const EngineOptions
 /// machine's memory.
 Status check_kv_fits_memory(const Topology& topology);
 
+/// The checks `serve` and `up` make before start that need the target's config `model` (read
+/// from `model_path`, named in the message): models.target.max_model_len within the model's
+/// context_length; then, when `cpu_pool` (tensor-parallel size 1 and a CPU target shard),
+/// engine_options_for and check_kv_holds_one_sequence; then, when `check_memory` too,
+/// check_kv_fits_memory. Returns the first problem (kInvalidArgument, naming the field by its
+/// source: "--max-model-len" for serve, the YAML position and path for up), or OK.
+Status check_target_fits(const Topology& topology, const ModelConfig& model, const std::string& model_path, bool cpu_pool,
+                         bool check_memory);
+
 }  // namespace specserve

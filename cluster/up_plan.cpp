@@ -58,18 +58,12 @@ std::vector<Status> check_up_plan(const Topology& t) {
     } else if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
       // What would fail only after the cluster is up: a context past the model's (the worker
       // refuses it), a CPU KV pool that cannot hold one sequence of it (requests fail halfway).
-      const auto& len = t.models.target.max_model_len;
-      if (len && cfg->context_length > 0 && *len > cfg->context_length) {
-        problems.push_back(invalid_argument(t.where("models.target.max_model_len") + ": models.target.max_model_len = " +
-                                            std::to_string(*len) + " exceeds the model's context length " +
-                                            std::to_string(cfg->context_length) + " (" + target_path + ")"));
-      } else if (t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false)) {
-        // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
-        // The block count is the same on every host; the memory is this host's.
-        auto eo = engine_options_for(t, *cfg);
-        Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
-        if (st.ok() && cpu_target(t, /*here_only=*/true)) st = check_kv_fits_memory(t);
-        if (!st.ok()) problems.push_back(st);
+      // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
+      // The block count is the same on every host; the memory is this host's.
+      const bool cpu_pool = t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false);
+      if (Status st = check_target_fits(t, *cfg, target_path, cpu_pool, /*check_memory=*/cpu_target(t, /*here_only=*/true));
+          !st.ok()) {
+        problems.push_back(st);
       }
     }
   }

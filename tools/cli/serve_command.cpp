@@ -63,16 +63,7 @@ Status check_serve_files(const SpecArgs& args, const Topology& t) {
   if (problems.empty() && t.models.target.tensor_parallel_size == 1 && !t.nodes.empty() && !t.nodes[0].workers.empty() &&
       t.nodes[0].workers[0].device.kind == DeviceKind::kCpu) {
     if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
-      const auto& len = t.models.target.max_model_len;
-      if (len && cfg->context_length > 0 && *len > cfg->context_length) {
-        problems.push_back(invalid_argument("--max-model-len = " + std::to_string(*len) + " exceeds the model's context length " +
-                                            std::to_string(cfg->context_length) + " (" + path + ")"));
-      } else {
-        auto eo = engine_options_for(t, *cfg);
-        Status st = eo.ok() ? check_kv_holds_one_sequence(t, *eo, *cfg) : eo.status();
-        if (st.ok()) st = check_kv_fits_memory(t);
-        if (!st.ok()) problems.push_back(st);
-      }
+      if (Status st = check_target_fits(t, *cfg, path, /*cpu_pool=*/true, /*check_memory=*/true); !st.ok()) problems.push_back(st);
     }
   }
   if (t.models.speculative) {
