@@ -53,6 +53,22 @@ std::string help_line(const std::string& help, const std::string& flag) {
   return help.substr(begin, help.find('\n', at) - begin);
 }
 
+// dir/bad.yaml: a topology whose speculative entry has two problems (an EAGLE head for method
+// medusa, a tree that does not parse); the head on `actor_port` and actor_port + 1, one target
+// shard on `device`. Returns its path.
+std::string write_bad_topology(const std::string& dir, int actor_port, const std::string& device) {
+  const std::string yaml = dir + "/bad.yaml";
+  std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
+                      << "head: {host: 127.0.0.1, actor_port: " << actor_port << ", http_port: " << actor_port + 1 << "}\n"
+                      << "models:\n"
+                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
+                      << "  speculative: {method: medusa, model: " << head_path("eagle")
+                      << ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}\n"
+                      << "nodes:\n"
+                      << "  - {name: n0, devices: [" << device << "], workers: [{role: target_shard, device: " << device << "}]}\n";
+  return yaml;
+}
+
 TEST(CliChecks, HeadFileAsModelSaysWhereItGoes) {
   if (!fs::exists(head_path("medusa"))) GTEST_SKIP() << "no " << head_path("medusa");
   const CmdResult g = run("generate --model " + head_path("medusa") + " --prompt hi --max-tokens 1");
@@ -87,15 +103,7 @@ TEST(CliChecks, ServeWithAHeadOfAnotherMethodFailsBeforeTheBanner) {
 
 TEST(CliChecks, UpDryRunListsEveryProblemAndExitsTwo) {
   const std::string dir = temp_dir("specserve_cli_up_");
-  const std::string yaml = dir + "/bad.yaml";
-  std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
-                      << "head: {host: 127.0.0.1, actor_port: 47391, http_port: 47392}\n"
-                      << "models:\n"
-                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
-                      << "  speculative: {method: medusa, model: " << head_path("eagle")
-                      << ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}\n"
-                      << "nodes:\n"
-                      << "  - {name: n0, devices: [cuda:63], workers: [{role: target_shard, device: cuda:63}]}\n";
+  const std::string yaml = write_bad_topology(dir, 47391, "cuda:63");
   const CmdResult r = run("up --dry-run " + yaml);
   fs::remove_all(dir);
   EXPECT_EQ(r.exit_code, 2) << r.out;
@@ -107,15 +115,7 @@ TEST(CliChecks, UpDryRunListsEveryProblemAndExitsTwo) {
 
 TEST(CliChecks, UpWithoutDryRunRefusesTheSameProblemsBeforeStartingAnything) {
   const std::string dir = temp_dir("specserve_cli_up_run_");
-  const std::string yaml = dir + "/bad.yaml";
-  std::ofstream(yaml) << "cluster: {name: bad, token_file: " << dir << "/token}\n"
-                      << "head: {host: 127.0.0.1, actor_port: 47393, http_port: 47394}\n"
-                      << "models:\n"
-                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n"
-                      << "  speculative: {method: medusa, model: " << head_path("eagle")
-                      << ", num_speculative_tokens: 4, speculative_token_tree: \"[(0,), (0, 0\"}\n"
-                      << "nodes:\n"
-                      << "  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  const std::string yaml = write_bad_topology(dir, 47393, "cpu");
   // A timeout: were the checks skipped, the cluster would start and serve until stopped.
   const CmdResult r = run("up " + yaml, 60);
   const bool token_written = fs::exists(dir + "/token");
