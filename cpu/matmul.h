@@ -1,16 +1,36 @@
 // specserve cpu: fp32 matrix multiply with a fixed per-element reduction order.
 //
 // y[n, R] = x[n, C] * W[R, C]^T. Every y element is the dot product of one x row and one W row
-// accumulated in 8 AVX2 lanes over k in ascending order, then summed lane by lane in a fixed
+// accumulated in SIMD lanes over k in ascending order, then summed lane by lane in a fixed
 // tree — whatever n is and however the rows are tiled or split over threads. This makes the
 // result of a row independent of the batch it is computed in (batch invariance), which the
 // speculative engine needs for token-identical greedy output. Checked against OpenBLAS sgemm
-// (tests/cpu/matmul_test.cpp).
+// (tests/cpu/backend_ops_test.cpp).
+//
+// Two lane widths: AVX2 (8 lanes) and AVX-512 (16 lanes, used when the CPU has avx512f and C is
+// a multiple of 16). They sum in different orders, so results differ in the last bits between
+// them; within one process the choice is fixed (per C), which is all batch invariance needs.
+// Multi-row products (speculative verification, batched decode) are compute-bound on few cores:
+// twice the lanes makes each extra row about half as expensive (bench-model --decode-batches).
+// SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel (for A/B runs); the default is the widest
+// the CPU has.
 #pragma once
 
 #include <cstdint>
 
 namespace specserve {
+
+/// The kernel lane width in use.
+enum class MatmulIsa { kAvx2, kAvx512 };
+
+/// The lane width matmul_f32 and dot_f32 use in this process: SPECSERVE_CPU_MATMUL=avx2, or
+/// else AVX-512 when CPUID reports avx512f.
+MatmulIsa matmul_isa();
+const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2" or "avx512"
+
+/// Switches the lane width for the whole process (tests compare both). Not thread-safe against
+/// running matmuls. Returns false (and changes nothing) for AVX-512 on a CPU without it.
+bool set_matmul_isa(MatmulIsa isa);
 
 /// See the file comment. C must be a multiple of 8 (every llama-family width is); x, W, y must
 /// not alias. Uses the OpenMP thread team.

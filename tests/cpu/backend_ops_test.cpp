@@ -7,6 +7,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -30,6 +31,23 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, float h
 }
 
 bool bit_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// The matmul lane widths this CPU runs (cpu/matmul.h): AVX2 always, AVX-512 where CPUID has it.
+std::vector<MatmulIsa> matmul_isas() {
+  std::vector<MatmulIsa> isas{MatmulIsa::kAvx2};
+  if (__builtin_cpu_supports("avx512f")) isas.push_back(MatmulIsa::kAvx512);
+  return isas;
+}
+
+// Runs the enclosing test body once per lane width, then restores the process's own.
+class IsaScope {
+ public:
+  explicit IsaScope(MatmulIsa isa) : saved_(matmul_isa()) { EXPECT_TRUE(set_matmul_isa(isa)); }
+  ~IsaScope() { set_matmul_isa(saved_); }
+
+ private:
+  MatmulIsa saved_;
+};
 
 // One test's backend (one thread: ctest runs test processes in parallel on few cores) plus
 // helpers that move host vectors through backend buffers, as the transformer does.
@@ -86,6 +104,9 @@ const MatmulShape kMatmulShapes[] = {{1, 1, 8},    {2, 3, 16},    {5, 13, 64},  
                                      {4, 6, 576},  {64, 11, 2048}, {250, 5, 576}, {3, 130, 96}};
 
 TEST_F(BackendOps, MatmulMatchesDoubleReferenceAndSgemm) {
+  for (const MatmulIsa isa : matmul_isas()) {
+  IsaScope scope(isa);
+  SCOPED_TRACE(std::string("isa=") + matmul_isa_name(isa));
   uint32_t seed = 1;
   for (const auto& s : kMatmulShapes) {
     SCOPED_TRACE("n=" + std::to_string(s.n) + " rows=" + std::to_string(s.rows) + " cols=" + std::to_string(s.cols));
@@ -121,7 +142,8 @@ TEST_F(BackendOps, MatmulMatchesDoubleReferenceAndSgemm) {
         worst = std::max(worst, std::fabs(got - ref) / (mag + 1e-30));
       }
     }
-    RecordProperty("worst_rel_err_" + std::to_string(s.cols), std::to_string(worst));
+    RecordProperty(std::string("worst_rel_err_") + matmul_isa_name(isa) + "_" + std::to_string(s.cols), std::to_string(worst));
+  }
   }
 }
 
@@ -144,7 +166,10 @@ TEST_F(BackendOps, MatmulAddsBias) {
 }
 
 TEST_F(BackendOps, MatmulRowIsBitIdenticalInAnyBatch) {
-  for (const int64_t cols : {576, 2048}) {
+  for (const MatmulIsa isa : matmul_isas()) {
+  IsaScope scope(isa);
+  SCOPED_TRACE(std::string("isa=") + matmul_isa_name(isa));
+  for (const int64_t cols : {576, 2048, 136}) {
     const int64_t rows = cols == 576 ? 37 : 11, total = 64;
     SCOPED_TRACE("cols=" + std::to_string(cols));
     const auto wh = random_vec(rows * cols, 21 + static_cast<uint32_t>(cols));
@@ -176,15 +201,52 @@ TEST_F(BackendOps, MatmulRowIsBitIdenticalInAnyBatch) {
       }
     }
   }
+  }
 }
 
 TEST_F(BackendOps, DotMatchesMatmulBitForBit) {
-  // Attention uses dot_f32; matmul.h promises the same reduction order.
-  const int64_t cols = 64;
-  const auto a = random_vec(cols, 31), b = random_vec(cols, 32);
-  auto w = weight(b, 1, cols);
-  const auto y = matmul(*w, a, 1);
-  EXPECT_EQ(dot_f32(a.data(), b.data(), cols), y[0]);
+  // Attention uses dot_f32; matmul.h promises the same reduction order, for either lane width
+  // and for widths that are and are not a multiple of 16.
+  for (const MatmulIsa isa : matmul_isas()) {
+    IsaScope scope(isa);
+    for (const int64_t cols : {64, 72, 576}) {
+      const auto a = random_vec(cols, 31), b = random_vec(cols, 32);
+      auto w = weight(b, 1, cols);
+      const auto y = matmul(*w, a, 1);
+      EXPECT_EQ(dot_f32(a.data(), b.data(), cols), y[0]) << matmul_isa_name(isa) << " cols " << cols;
+    }
+  }
+}
+
+TEST_F(BackendOps, MatmulLaneWidthsAgreeToRounding) {
+  // The two kernels sum in different orders (matmul.h): equal up to fp32 rounding, not bits.
+  if (matmul_isas().size() < 2) GTEST_SKIP() << "this CPU has no avx512f: only the AVX2 kernel runs here";
+  const int64_t n = 9, rows = 50, cols = 576;
+  const auto wh = random_vec(rows * cols, 51), xh = random_vec(n * cols, 52);
+  auto w = weight(wh, rows, cols);
+  std::vector<float> y2, y5;
+  {
+    IsaScope s(MatmulIsa::kAvx2);
+    y2 = matmul(*w, xh, n);
+  }
+  {
+    IsaScope s(MatmulIsa::kAvx512);
+    y5 = matmul(*w, xh, n);
+  }
+  int differ = 0;
+  for (size_t i = 0; i < y2.size(); ++i) {
+    EXPECT_NEAR(y2[i], y5[i], 1e-5f * (1.0f + std::fabs(y2[i]))) << i;
+    differ += y2[i] != y5[i];
+  }
+  RecordProperty("elements_differing_in_bits", differ);
+}
+
+TEST_F(BackendOps, MatmulUsesAvx512WhereTheCpuHasIt) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "this CPU has no avx512f: the AVX2 kernel is the only one";
+  const char* env = std::getenv("SPECSERVE_CPU_MATMUL");
+  if (env && std::string(env) == "avx2") GTEST_SKIP() << "SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel";
+  EXPECT_EQ(matmul_isa(), MatmulIsa::kAvx512);
+  EXPECT_TRUE(set_matmul_isa(MatmulIsa::kAvx512));
 }
 
 TEST_F(BackendOps, MatmulDoesNotDependOnThreadCount) {
