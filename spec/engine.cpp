@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/logging.h"
 #include "spec/engine_internal.h"
 
@@ -41,10 +43,10 @@ Status EngineOptions::validate() const {
   if (disable_by_batch_size < 0) return bad("disable_by_batch_size", disable_by_batch_size, "must be >= 0");
   if (priority_aging_steps < 0) return bad("priority_aging_steps", priority_aging_steps, "must be >= 0");
   if (!(posterior_threshold > 0.0f && posterior_threshold <= 1.0f)) {
-    return invalid_argument("posterior_threshold = " + std::to_string(posterior_threshold) + ": must be in (0, 1]");
+    return invalid_argument("posterior_threshold = " + fmt::format("{}", posterior_threshold) + ": must be in (0, 1]");
   }
   if (!(posterior_alpha >= 0.0f && posterior_alpha <= 1.0f)) {
-    return invalid_argument("posterior_alpha = " + std::to_string(posterior_alpha) + ": must be in [0, 1]");
+    return invalid_argument("posterior_alpha = " + fmt::format("{}", posterior_alpha) + ": must be in [0, 1]");
   }
   return Status();
 }

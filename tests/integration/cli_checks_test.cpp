@@ -135,6 +135,25 @@ TEST(CliChecks, GenerateExitsTwoForASpeculativeConfigNamingAMissingFile) {
   EXPECT_NE(g.out.find("/nonexistent/eagle.gguf"), std::string::npos) << g.out;
 }
 
+TEST(CliChecks, GenerateChecksTheSpeculativeFilesBeforeLoadingTheTarget) {
+  if (!fs::exists(head_path("eagle"))) GTEST_SKIP() << "no " << head_path("eagle");
+  // The target does not exist: had generate loaded it first, the error would be about it.
+  const CmdResult g = run("generate --model /nonexistent/target.gguf --prompt hi --max-tokens 1 --speculative-config "
+                          "'{\"method\": \"medusa\", \"model\": \"" + head_path("eagle") +
+                          "\", \"num_speculative_tokens\": 4, \"speculative_token_tree\": \"[(0,), (0, 0\"}'");
+  EXPECT_EQ(g.exit_code, 2) << g.out;
+  for (const std::string w : {std::string("--speculative-config \"model\" ") + head_path("eagle"), std::string("speculative_token_tree")}) {
+    EXPECT_NE(g.out.find(w), std::string::npos) << "'" << w << "' in " << g.out;
+  }
+  EXPECT_EQ(g.out.find("/nonexistent/target.gguf"), std::string::npos) << g.out;
+  // The k conflict is found by the flag parser, also before the load.
+  const CmdResult k = run("generate --model /nonexistent/target.gguf --prompt hi --num-speculative-tokens 3 --speculative-config "
+                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}'");
+  EXPECT_EQ(k.exit_code, 2) << k.out;
+  EXPECT_NE(k.out.find("num_speculative_tokens"), std::string::npos) << k.out;
+  EXPECT_EQ(k.out.find("/nonexistent/target.gguf"), std::string::npos) << k.out;
+}
+
 TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   const std::string dir = temp_dir("specserve_cli_kv_");
   const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 60);

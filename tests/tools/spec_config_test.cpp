@@ -77,6 +77,10 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
+      // Only the bad one is named, with the value as written (not std::to_string's 0.000000).
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 0, "posterior_alpha": 0.3})",
+       {"posterior_threshold = 0 must be in (0, 1]"}},
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1.5})", {"posterior_alpha = 1.5 must be in [0, 1]"}},
   };
   for (const Case& c : cases) {
     auto r = parse(c.json);

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/backend_factory.h"
+#include "cpu/matmul.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "gpu/cuda_backend.h"
 #endif
@@ -250,6 +251,7 @@ int run(const Args& a) {
   out["model"] = path;
   out["device"] = backend->name();
   out["threads"] = a.threads;
+  out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2 or avx512 (SPECSERVE_CPU_MATMUL)
   out["tensor_parallel_size"] = a.tensor_parallel_size;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;

@@ -16,6 +16,7 @@
 #include "actors/backend_factory.h"
 #include "actors/gpu_memory_plan.h"
 #include "core/logging.h"
+#include "cpu/matmul.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
@@ -193,6 +194,7 @@ int run_bench(const BenchArgs& a) {
   report["questions_per_task"] = a.per_task;
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
+  report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2 or avx512 (SPECSERVE_CPU_MATMUL)
   report["device"] = backend->name();
   report["runs"] = nlohmann::json::array();
   for (int batch : a.batch_sizes) {

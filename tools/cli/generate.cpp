@@ -38,6 +38,11 @@ int run_generate(const GenerateArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   // cuda:N: the KV pools are sized from --gpu-memory-utilization once the weights are loaded (actors/gpu_memory_plan.h).
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
+  // Bad speculative flags or files are reported before the target loads, not after.
+  if (Status st = check_spec_args_before_load(a.spec, a.max_model_len, path, "specserve generate"); !st.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", st.message().c_str());
+    return exit_status_for(st);
+  }
   auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
   if (!loaded.ok()) {
     // A message about the file starts with its path: "--model PATH: ..." says which flag gave it.

@@ -90,11 +90,14 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     for (const char* key : {"posterior_threshold", "posterior_alpha"}) {
       if (!j.contains(key)) continue;
       if (!j[key].is_number()) return invalid_argument(std::string("--speculative-config: ") + key + " must be a number, got " + j[key].dump());
-      (std::string(key) == "posterior_threshold" ? eo->posterior_threshold : eo->posterior_alpha) = j[key].get<float>();
-    }
-    if (!(eo->posterior_threshold > 0 && eo->posterior_threshold <= 1) || !(eo->posterior_alpha >= 0 && eo->posterior_alpha <= 1)) {
-      return invalid_argument("--speculative-config: posterior_threshold = " + std::to_string(eo->posterior_threshold) +
-                              " must be in (0, 1] and posterior_alpha = " + std::to_string(eo->posterior_alpha) + " in [0, 1]");
+      const bool threshold = std::string(key) == "posterior_threshold";
+      const double v = j[key].get<double>();
+      // threshold in (0, 1], alpha in [0, 1] (Medusa's typical acceptance, engine.h)
+      if (threshold ? !(v > 0 && v <= 1) : !(v >= 0 && v <= 1)) {
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " must be in " +
+                                (threshold ? "(0, 1]" : "[0, 1]"));
+      }
+      (threshold ? eo->posterior_threshold : eo->posterior_alpha) = static_cast<float>(v);
     }
     int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));

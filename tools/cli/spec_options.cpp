@@ -34,6 +34,26 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   return p;
 }
 
+Status check_spec_args_before_load(const SpecArgs& a, int max_model_len, const std::string& target_path,
+                                   const std::string& command) {
+  EngineOptions scratch;
+  scratch.max_model_len = max_model_len;
+  auto spec = parse_spec_args(a, &scratch);
+  if (!spec.ok()) return spec.status();
+  if (!spec->has_value()) return Status();
+  auto target = GgufFile::open(target_path);
+  std::vector<Status> problems;
+  for (const SpeculativeFileProblem& p : check_speculative_files(**spec, target.ok() ? &*target : nullptr)) {
+    const std::string& msg = p.status.message();
+    problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(a, **spec, msg) + msg
+                                                                   : "--speculative-config " + p.field + ": " + msg));
+  }
+  if (problems.empty()) return Status();
+  std::string all;
+  for (const Status& st : problems) all += (all.empty() ? "" : "\n" + command + ": ") + st.message();
+  return Status(problems.front().code(), all);
+}
+
 void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, const EngineStats& totals) {
   const std::string method = proposer.name();
   std::fprintf(stderr, "--- speculative (%s): drafts %lld | draft tokens %lld | accepted %lld | acceptance rate %.3f | mean acceptance length %.2f\n",

@@ -31,6 +31,15 @@ void add_spec_options(CLI::App& sub, SpecArgs* args);
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedModel& target, Backend& backend,
                                                  EngineOptions* engine_options, DraftKvPlanner plan_kv = {});
 
+/// What make_proposer() would refuse that can be found before the target loads (seconds of
+/// work saved on a CPU, minutes on a big model): the flags (parse_spec_args) and the files they
+/// name (actors/proposer_factory.h check_speculative_files; the fingerprint against the target
+/// at `target_path` when it opens, else left to the load, which reports the target itself).
+/// Every problem, joined by "\n<command>: ", each starting with the flag that gave the value;
+/// the status code is the first problem's. OK also when no speculation is asked for.
+Status check_spec_args_before_load(const SpecArgs& args, int max_model_len, const std::string& target_path,
+                                   const std::string& command);
+
 /// Registers --gpu-memory-utilization (vLLM's flag: the fraction of each GPU's total memory the
 /// process may use, in (0, 1]; NaN, 0 and text are refused naming the flag and the value) on
 /// `sub`, bound to *value. `help` describes what the fraction covers for this command.
