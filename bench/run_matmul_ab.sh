@@ -48,11 +48,14 @@ import matplotlib.pyplot as plt
 tmp, out, threads, repeats = sys.argv[1:]
 isas = ["avx2", "avx512"]
 rows = ["1", "3", "5", "9", "16"]
-step = {i: {r: statistics.median(json.load(open(f"{tmp}/model_{i}_{k}.json"))["decode"][r]["ms_per_step"] for k in (1, 2))
+step = {i: {r: statistics.mean(json.load(open(f"{tmp}/model_{i}_{k}.json"))["decode"][r]["ms_per_step"] for k in (1, 2))
             for r in rows} for i in isas}
 spec = {i: json.load(open(f"{tmp}/spec_{i}.json")) for i in isas}
 for i in isas:
     assert spec[i]["cpu_matmul"] == i, (i, spec[i]["cpu_matmul"])
+    for k in (1, 2):
+        got = json.load(open(f"{tmp}/model_{i}_{k}.json"))["cpu_matmul"]
+        assert got == i, (i, k, got)
 def label(name):
     if not name.startswith("{"):
         return name

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
+#include "core/logging.h"
 #include "cpu/matmul.h"
 #include "model/dequant.h"
 
@@ -79,6 +81,13 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int num_threads) {
     threads_ = num_threads > 0 ? num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     omp_set_num_threads(threads_);
+    // Once per process: the kernel decides the last bits of every result (cpu/matmul.h), so a
+    // sequence moved between processes continues bit for bit only where both run the same one.
+    static std::once_flag said;
+    std::call_once(said, [] {
+      get_logger("cpu")->info("matmul kernel {} (SPECSERVE_CPU_MATMUL=avx2 forces AVX2; every process of a cluster should use the same)",
+                              matmul_isa_name(matmul_isa()));
+    });
   }
 
   std::string name() const override { return "cpu"; }

@@ -4,10 +4,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#include <spdlog/spdlog.h>
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace specserve {
 namespace {
@@ -16,9 +19,12 @@ namespace {
 // AVX2: 8 lanes, k steps of 8.
 
 inline float reduce8(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+  // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) in lanes l: the halves lane by lane, then
+  // (t0 + t1) + (t2 + t3) by a horizontal add (fp32 addition is commutative, so this is the
+  // same sum bit for bit as written out in scalars).
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
 // Tile of NX x rows by NW weight rows: NX*NW accumulators, k ascending.
@@ -72,6 +78,11 @@ void tile_avx2(const float* x, const float* w, float* y, int64_t nx, int64_t nw,
 // only after the CPUID check in the dispatcher below.
 
 #define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
+// NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for the
+// 512 -> 256 casts (they start from _mm256_undefined_ps); the upper lanes are never read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // Software prefetch of the weight tile this many tiles ahead (same k): the hardware prefetcher
 // alone leaves multi-row tiles waiting on DRAM between tiles.
@@ -79,12 +90,9 @@ constexpr int kPrefetchTiles = 1;
 
 
 SPECSERVE_AVX512 inline float reduce16(__m512 v) {
-  // Fixed tree: the two 256-bit halves lane by lane, then reduce8's order.
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  float s[8];
-  for (int i = 0; i < 8; ++i) s[i] = l[i] + l[i + 8];
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  // Fixed tree: the two 256-bit halves lane by lane (l[i] + l[i + 8]), then reduce8's order.
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, 0x4E);  // 256-bit halves exchanged
+  return reduce8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(swapped)));
 }
 
 template <int NX, int NW>
@@ -98,7 +106,12 @@ SPECSERVE_AVX512 inline void tile16(const float* x, const float* w, float* y, in
     __m512 wv[NW];
 #pragma GCC unroll 4
     for (int j = 0; j < NW; ++j) {
-      if constexpr (kPrefetchTiles > 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + kPrefetchTiles * NW) * cols + k), _MM_HINT_T0);
+      if constexpr (kPrefetchTiles > 0) {
+        // The address may lie past W's end on the last tile: PREFETCHT0 never faults, and the
+        // address is formed as an integer, not as an out-of-range pointer.
+        const uintptr_t ahead = reinterpret_cast<uintptr_t>(w + j * cols + k) + sizeof(float) * kPrefetchTiles * NW * cols;
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+      }
       wv[j] = _mm512_loadu_ps(w + j * cols + k);
     }
 #pragma GCC unroll 8
@@ -128,6 +141,8 @@ SPECSERVE_AVX512 inline void group16(const float* x, const float* w, float* y, i
   if constexpr (M >= 1) {
     if (m == M) return tile16<M, NW>(x, w, y, cols, ldy);
     return group16<NW, M - 1>(x, w, y, m, cols, ldy);
+  } else {
+    SPECSERVE_CHECK(false, "matmul: x row group outside 1..kMaxGroup");
   }
 }
 
@@ -157,6 +172,7 @@ SPECSERVE_AVX512 __attribute__((noinline)) float dot_avx512(const float* a, cons
   return reduce16(acc);
 }
 
+#pragma GCC diagnostic pop
 #undef SPECSERVE_AVX512
 
 // ---------------------------------------------------------------------------------------------
@@ -167,16 +183,16 @@ MatmulIsa detect_isa() {
   if (env && *env) {
     if (std::strcmp(env, "avx2") == 0) return MatmulIsa::kAvx2;
     if (std::strcmp(env, "avx512") == 0) {
-      if (!has512) spdlog::warn("SPECSERVE_CPU_MATMUL = 'avx512': this CPU has no avx512f; using avx2");
+      if (!has512) get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'avx512': this CPU has no avx512f; using avx2");
       return has512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
     }
-    spdlog::warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512; using the widest the CPU has", env);
+    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512; using the widest the CPU has", env);
   }
   return has512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
 }
 
-MatmulIsa& active_isa() {
-  static MatmulIsa isa = detect_isa();
+std::atomic<MatmulIsa>& active_isa() {
+  static std::atomic<MatmulIsa> isa{detect_isa()};
   return isa;
 }
 
@@ -196,17 +212,17 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const float* w, fl
   }
 }
 
-bool use_avx512(int64_t cols) { return active_isa() == MatmulIsa::kAvx512 && cols % 16 == 0; }
+bool use_avx512(int64_t cols) { return active_isa().load(std::memory_order_relaxed) == MatmulIsa::kAvx512 && cols % 16 == 0; }
 
 }  // namespace
 
-MatmulIsa matmul_isa() { return active_isa(); }
+MatmulIsa matmul_isa() { return active_isa().load(std::memory_order_relaxed); }
 
 const char* matmul_isa_name(MatmulIsa isa) { return isa == MatmulIsa::kAvx512 ? "avx512" : "avx2"; }
 
 bool set_matmul_isa(MatmulIsa isa) {
   if (isa == MatmulIsa::kAvx512 && !__builtin_cpu_supports("avx512f")) return false;
-  active_isa() = isa;
+  active_isa().store(isa, std::memory_order_relaxed);
   return true;
 }
 

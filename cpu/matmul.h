@@ -7,11 +7,20 @@
 // speculative engine needs for token-identical greedy output. Checked against OpenBLAS sgemm
 // (tests/cpu/backend_ops_test.cpp).
 //
-// Two lane widths: AVX2 (8 lanes) and AVX-512 (16 lanes, used when the CPU has avx512f and C is
-// a multiple of 16). They sum in different orders, so results differ in the last bits between
+// The order, exactly (tests/cpu/backend_ops_test.cpp MatmulSumsInTheDocumentedOrderBitForBit):
+// lane l accumulates x[k] * W[r, k] for k = l, l + L, l + 2L, ... by fused multiply-adds, k
+// ascending; with L = 16 lanes are then folded to 8 as l[i] + l[i + 8]; the result is
+// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
+//
+// Two lane widths: AVX2 (L = 8) and AVX-512 (L = 16, used when the CPU has avx512f and C is a
+// multiple of 16). They sum in different orders, so results differ in the last bits between
 // them; within one process the choice is fixed (per C), which is all batch invariance needs.
+// Processes that continue each other's sequences (migration, disaggregated prefill) match bit
+// for bit only when they run the same kernel: set SPECSERVE_CPU_MATMUL=avx2 on every host of a
+// cluster that mixes CPUs with and without AVX-512.
 // Multi-row products (speculative verification, batched decode) are compute-bound on few cores:
-// twice the lanes makes each extra row about half as expensive (bench-model --decode-batches).
+// the AVX-512 kernel makes a step of 3 to 16 rows about 0.72-0.77x as long as the AVX2 one on
+// the 2-core development VM (bench/results/cpu_matmul_ab_2026-12-03.md).
 // SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel (for A/B runs); the default is the widest
 // the CPU has.
 #pragma once

@@ -7,6 +7,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -33,9 +34,16 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, float h
 bool bit_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 // The matmul lane widths this CPU runs (cpu/matmul.h): AVX2 always, AVX-512 where CPUID has it.
+// Says once per process which kernels the looped tests cover, so a log from a CPU without
+// AVX-512 shows that only AVX2 ran.
 std::vector<MatmulIsa> matmul_isas() {
   std::vector<MatmulIsa> isas{MatmulIsa::kAvx2};
   if (__builtin_cpu_supports("avx512f")) isas.push_back(MatmulIsa::kAvx512);
+  static const bool said = [&] {
+    std::printf("[matmul kernels tested here: %s]\n", isas.size() == 2 ? "avx2 and avx512" : "avx2 only (this CPU has no avx512f)");
+    return true;
+  }();
+  (void)said;
   return isas;
 }
 
@@ -98,8 +106,10 @@ struct MatmulShape {
   int64_t n, rows, cols;
 };
 
-// Rows not a multiple of the 4-row weight tile, batch sizes not a multiple of the 3-row x tile,
-// and widths whose x chunk (256 KiB / row bytes) splits the batch (cols 2048 -> 30-row chunks).
+// Rows not a multiple of the weight tile (AVX2: 4 rows, AVX-512: 3), batch sizes not a multiple
+// of the x tile (AVX2: 3 rows; AVX-512: groups of up to 8, split near-equally), widths that are
+// not a multiple of 16 (the AVX2 kernel even where AVX-512 runs), and widths whose x chunk
+// (256 KiB / row bytes) splits the batch (cols 2048 -> 30-row chunks).
 const MatmulShape kMatmulShapes[] = {{1, 1, 8},    {2, 3, 16},    {5, 13, 64},  {7, 37, 136},
                                      {4, 6, 576},  {64, 11, 2048}, {250, 5, 576}, {3, 130, 96}};
 
@@ -182,10 +192,10 @@ TEST_F(BackendOps, MatmulRowIsBitIdenticalInAnyBatch) {
       const auto yi = matmul(*w, xi, 1);
       std::copy(yi.begin(), yi.end(), alone.begin() + i * rows);
     }
-    // The same rows inside batches of 2, 5, 17 and 64, starting at different offsets and in a
+    // The same rows inside batches of 2, 3, 5, 9, 17 and 64, starting at different offsets and in a
     // shuffled order, so a row sits at every position of the 3-row tile and the x chunk.
     std::mt19937 rng(5);
-    for (const int64_t bsz : {2, 5, 17, 64}) {
+    for (const int64_t bsz : {2, 3, 5, 9, 17, 64}) {
       for (int rep = 0; rep < 3; ++rep) {
         std::vector<int64_t> pick(static_cast<size_t>(total));
         std::iota(pick.begin(), pick.end(), 0);
@@ -214,6 +224,38 @@ TEST_F(BackendOps, DotMatchesMatmulBitForBit) {
       auto w = weight(b, 1, cols);
       const auto y = matmul(*w, a, 1);
       EXPECT_EQ(dot_f32(a.data(), b.data(), cols), y[0]) << matmul_isa_name(isa) << " cols " << cols;
+    }
+  }
+}
+
+// The reduction order matmul.h documents, written out in scalars: lane l of `lanes` accumulates
+// x[k] * w[k] for k = l, l + lanes, ... with one fused multiply-add each, k ascending; 16 lanes
+// are first folded to 8 (l[i] + l[i + 8]); then ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
+float documented_dot(const float* x, const float* w, int64_t cols, int lanes) {
+  float l[16] = {};
+  for (int64_t k = 0; k < cols; ++k) l[k % lanes] = std::fma(x[k], w[k], l[k % lanes]);
+  if (lanes == 16)
+    for (int i = 0; i < 8; ++i) l[i] = l[i] + l[i + 8];
+  return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+TEST_F(BackendOps, MatmulSumsInTheDocumentedOrderBitForBit) {
+  for (const MatmulIsa isa : matmul_isas()) {
+    IsaScope scope(isa);
+    for (const int64_t cols : {64, 136, 576}) {
+      const int64_t n = 9, rows = 7;
+      const auto wh = random_vec(rows * cols, 61 + static_cast<uint32_t>(cols)), xh = random_vec(n * cols, 62);
+      auto w = weight(wh, rows, cols);
+      const auto y = matmul(*w, xh, n);
+      const int lanes = isa == MatmulIsa::kAvx512 && cols % 16 == 0 ? 16 : 8;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+          const float want = documented_dot(&xh[i * cols], &wh[r * cols], cols, lanes);
+          ASSERT_TRUE(bit_equal(&y[i * rows + r], &want, 1))
+              << matmul_isa_name(isa) << " cols " << cols << " row " << i << " out " << r << ": " << y[i * rows + r] << " vs " << want;
+          const float d = dot_f32(&xh[i * cols], &wh[r * cols], cols);
+          ASSERT_TRUE(bit_equal(&d, &want, 1)) << "dot_f32, " << matmul_isa_name(isa) << " cols " << cols;
+        }
     }
   }
 }
@@ -252,13 +294,17 @@ TEST_F(BackendOps, MatmulUsesAvx512WhereTheCpuHasIt) {
 TEST_F(BackendOps, MatmulDoesNotDependOnThreadCount) {
   const int64_t n = 7, rows = 64, cols = 576;  // large enough for the parallel loop
   const auto wh = random_vec(rows * cols, 41), xh = random_vec(n * cols, 42);
-  auto w = weight(wh, rows, cols);
-  const auto one = matmul(*w, xh, n);
-  auto be2 = make_cpu_backend(2);  // thread counts are process-wide: the last backend sets them
-  const auto two = matmul(*w, xh, n);
-  be2.reset();
-  be_ = make_cpu_backend(1);  // back to one thread for the rest of the process
-  EXPECT_TRUE(bit_equal(one.data(), two.data(), one.size()));
+  for (const MatmulIsa isa : matmul_isas()) {
+    IsaScope scope(isa);
+    be_ = make_cpu_backend(1);
+    auto w = weight(wh, rows, cols);
+    const auto one = matmul(*w, xh, n);
+    auto be2 = make_cpu_backend(2);  // thread counts are process-wide: the last backend sets them
+    const auto two = matmul(*w, xh, n);
+    be2.reset();
+    be_ = make_cpu_backend(1);  // back to one thread for the rest of the process
+    EXPECT_TRUE(bit_equal(one.data(), two.data(), one.size())) << matmul_isa_name(isa);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

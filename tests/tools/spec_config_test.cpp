@@ -81,6 +81,7 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 0, "posterior_alpha": 0.3})",
        {"posterior_threshold = 0 must be in (0, 1]"}},
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1.5})", {"posterior_alpha = 1.5 must be in [0, 1]"}},
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 1e-50})", {"posterior_threshold = 1e-50 must be in (0, 1]"}},
   };
   for (const Case& c : cases) {
     auto r = parse(c.json);

@@ -39,7 +39,7 @@ int run_generate(const GenerateArgs& a) {
   // cuda:N: the KV pools are sized from --gpu-memory-utilization once the weights are loaded (actors/gpu_memory_plan.h).
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   // Bad speculative flags or files are reported before the target loads, not after.
-  if (Status st = check_spec_args_before_load(a.spec, a.max_model_len, path, "specserve generate"); !st.ok()) {
+  if (Status st = check_spec_args_before_load(a.spec, path, "specserve generate"); !st.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", st.message().c_str());
     return exit_status_for(st);
   }

@@ -91,13 +91,15 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       if (!j.contains(key)) continue;
       if (!j[key].is_number()) return invalid_argument(std::string("--speculative-config: ") + key + " must be a number, got " + j[key].dump());
       const bool threshold = std::string(key) == "posterior_threshold";
-      const double v = j[key].get<double>();
-      // threshold in (0, 1], alpha in [0, 1] (Medusa's typical acceptance, engine.h)
+      const double d = j[key].get<double>();
+      // threshold in (0, 1], alpha in [0, 1] (Medusa's typical acceptance, engine.h), checked on
+      // the float the engine will hold (a threshold of 1e-50 would become 0).
+      const float v = d >= 0 && d <= 1 ? static_cast<float>(d) : -1.0f;
       if (threshold ? !(v > 0 && v <= 1) : !(v >= 0 && v <= 1)) {
         return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " must be in " +
                                 (threshold ? "(0, 1]" : "[0, 1]"));
       }
-      (threshold ? eo->posterior_threshold : eo->posterior_alpha) = static_cast<float>(v);
+      (threshold ? eo->posterior_threshold : eo->posterior_alpha) = v;
     }
     int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));

@@ -34,10 +34,8 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   return p;
 }
 
-Status check_spec_args_before_load(const SpecArgs& a, int max_model_len, const std::string& target_path,
-                                   const std::string& command) {
+Status check_spec_args_before_load(const SpecArgs& a, const std::string& target_path, const std::string& command) {
   EngineOptions scratch;
-  scratch.max_model_len = max_model_len;
   auto spec = parse_spec_args(a, &scratch);
   if (!spec.ok()) return spec.status();
   if (!spec->has_value()) return Status();

@@ -37,7 +37,7 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedMo
 /// at `target_path` when it opens, else left to the load, which reports the target itself).
 /// Every problem, joined by "\n<command>: ", each starting with the flag that gave the value;
 /// the status code is the first problem's. OK also when no speculation is asked for.
-Status check_spec_args_before_load(const SpecArgs& args, int max_model_len, const std::string& target_path,
+Status check_spec_args_before_load(const SpecArgs& args, const std::string& target_path,
                                    const std::string& command);
 
 /// Registers --gpu-memory-utilization (vLLM's flag: the fraction of each GPU's total memory the
