@@ -19,7 +19,7 @@
 // for bit only when they run the same kernel: set SPECSERVE_CPU_MATMUL=avx2 on every host of a
 // cluster that mixes CPUs with and without AVX-512.
 // Multi-row products (speculative verification, batched decode) are compute-bound on few cores:
-// the AVX-512 kernel makes a step of 3 to 16 rows about 0.72-0.77x as long as the AVX2 one on
+// the AVX-512 kernel makes a decode step of 1 to 16 rows 0.71-0.83x as long as the AVX2 one on
 // the 2-core development VM (bench/results/cpu_matmul_ab_2026-12-03.md).
 // SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel (for A/B runs); the default is the widest
 // the CPU has.
