@@ -331,6 +331,10 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
       error(*f.get(key), f.path(key), quote(f.get(key)->Scalar()) + " must be in " + (is_threshold ? "(0, 1]" : "[0, 1]"));
       continue;
     }
+    if (is_threshold && static_cast<float>(*v) == 0.0f) {  // the engine holds a 32-bit float
+      error(*f.get(key), f.path(key), quote(f.get(key)->Scalar()) + " is 0 as a 32-bit float (the engine's type); must be in (0, 1]");
+      continue;
+    }
     (is_threshold ? s.posterior_threshold : s.posterior_alpha) = static_cast<float>(*v);
   }
   // vLLM's defaults: both 5 when neither is given; one given sets the other.

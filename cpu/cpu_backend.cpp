@@ -85,8 +85,9 @@ class CpuBackend final : public Backend {
     // sequence moved between processes continues bit for bit only where both run the same one.
     static std::once_flag said;
     std::call_once(said, [] {
-      get_logger("cpu")->info("matmul kernel {} (SPECSERVE_CPU_MATMUL=avx2 forces AVX2; every process of a cluster should use the same)",
-                              matmul_isa_name(matmul_isa()));
+      get_logger("cpu")->info("matmul kernel {} ({}); processes that continue each other's sequences should use the same one "
+                              "(SPECSERVE_CPU_MATMUL=avx2|avx512)",
+                              matmul_isa_name(matmul_isa()), matmul_isa_source());
     });
   }
 

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
+#include <string>
 
 #include "core/logging.h"
 #include "core/status.h"
@@ -177,16 +179,27 @@ SPECSERVE_AVX512 __attribute__((noinline)) float dot_avx512(const float* a, cons
 
 // ---------------------------------------------------------------------------------------------
 
+// SPECSERVE_CPU_MATMUL, trimmed and lower-cased ("" when unset).
+std::string env_kernel() {
+  const char* env = std::getenv("SPECSERVE_CPU_MATMUL");
+  std::string v = env ? env : "";
+  const auto b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t");
+  v = b == std::string::npos ? "" : v.substr(b, e - b + 1);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
+
 MatmulIsa detect_isa() {
   const bool has512 = __builtin_cpu_supports("avx512f");
-  const char* env = std::getenv("SPECSERVE_CPU_MATMUL");
-  if (env && *env) {
-    if (std::strcmp(env, "avx2") == 0) return MatmulIsa::kAvx2;
-    if (std::strcmp(env, "avx512") == 0) {
-      if (!has512) get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'avx512': this CPU has no avx512f; using avx2");
-      return has512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
-    }
-    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512; using the widest the CPU has", env);
+  const std::string env = env_kernel();
+  if (env == "avx2") return MatmulIsa::kAvx2;
+  if (env == "avx512") {
+    if (!has512) get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'avx512': this CPU has no avx512f; using avx2");
+    return has512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
+  }
+  if (!env.empty()) {
+    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512; using the widest the CPU has ({})",
+                            std::getenv("SPECSERVE_CPU_MATMUL"), has512 ? "avx512" : "avx2");
   }
   return has512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
 }
@@ -219,6 +232,12 @@ bool use_avx512(int64_t cols) { return active_isa().load(std::memory_order_relax
 MatmulIsa matmul_isa() { return active_isa().load(std::memory_order_relaxed); }
 
 const char* matmul_isa_name(MatmulIsa isa) { return isa == MatmulIsa::kAvx512 ? "avx512" : "avx2"; }
+
+std::string matmul_isa_source() {
+  const std::string env = env_kernel();
+  if (env == "avx2" || env == "avx512") return "set by SPECSERVE_CPU_MATMUL=" + env;
+  return __builtin_cpu_supports("avx512f") ? "this CPU has avx512f" : "this CPU has no avx512f";
+}
 
 bool set_matmul_isa(MatmulIsa isa) {
   if (isa == MatmulIsa::kAvx512 && !__builtin_cpu_supports("avx512f")) return false;

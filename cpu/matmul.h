@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace specserve {
 
@@ -36,6 +37,11 @@ enum class MatmulIsa { kAvx2, kAvx512 };
 /// else AVX-512 when CPUID reports avx512f.
 MatmulIsa matmul_isa();
 const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2" or "avx512"
+
+/// Why the process runs its kernel, for the log: "set by SPECSERVE_CPU_MATMUL=avx2" or "this CPU
+/// has avx512f" / "... has no avx512f". The variable is read trimmed and in any case; another
+/// value is warned about once and ignored.
+std::string matmul_isa_source();
 
 /// Switches the lane width for the whole process (tests compare both). Not thread-safe against
 /// running matmuls. Returns false (and changes nothing) for AVX-512 on a CPU without it.

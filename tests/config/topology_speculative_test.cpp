@@ -76,6 +76,10 @@ TEST(TopologyTypicalAcceptance, ParsesAndChecksRanges) {
   ASSERT_FALSE(big.ok());
   EXPECT_NE(big.status().message().find("models.speculative.posterior_alpha: '1.5' must be in [0, 1]"), std::string::npos)
       << big.status().message();
+  auto tiny = parse_topology(make(", posterior_threshold: 1e-50"), "t.yaml");  // > 0 as a double, 0 as a float
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("models.speculative.posterior_threshold: '1e-50' is 0 as a 32-bit float"), std::string::npos)
+      << tiny.status().message();
 }
 
 TEST(TopologyDraftWorkers, NeedASpeculativeMethodAndOnePerReplica) {

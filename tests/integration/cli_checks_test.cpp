@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -152,6 +153,21 @@ TEST(CliChecks, GenerateChecksTheSpeculativeFilesBeforeLoadingTheTarget) {
   EXPECT_EQ(k.exit_code, 2) << k.out;
   EXPECT_NE(k.out.find("num_speculative_tokens"), std::string::npos) << k.out;
   EXPECT_EQ(k.out.find("/nonexistent/target.gguf"), std::string::npos) << k.out;
+}
+
+TEST(CliChecks, CpuMatmulKernelVariableIsReadInAnyCaseAndLogged) {
+  // Trimmed and case-insensitive; the log line says where the choice came from. The child
+  // processes inherit this process's environment.
+  ::setenv("SPECSERVE_CPU_MATMUL", " AVX2 ", 1);
+  const CmdResult g = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  // Another value is named in a warning and ignored.
+  ::setenv("SPECSERVE_CPU_MATMUL", "avx1024", 1);
+  const CmdResult b = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::unsetenv("SPECSERVE_CPU_MATMUL");
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_NE(g.out.find("matmul kernel avx2 (set by SPECSERVE_CPU_MATMUL=avx2)"), std::string::npos) << g.out;
+  EXPECT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_NE(b.out.find("SPECSERVE_CPU_MATMUL = 'avx1024' is not one of avx2, avx512"), std::string::npos) << b.out;
 }
 
 TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {

@@ -81,7 +81,7 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 0, "posterior_alpha": 0.3})",
        {"posterior_threshold = 0 must be in (0, 1]"}},
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1.5})", {"posterior_alpha = 1.5 must be in [0, 1]"}},
-      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 1e-50})", {"posterior_threshold = 1e-50 must be in (0, 1]"}},
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 1e-50})", {"posterior_threshold = 1e-50 is 0 as a 32-bit float"}},
   };
   for (const Case& c : cases) {
     auto r = parse(c.json);
@@ -97,6 +97,11 @@ Expected<std::optional<SpeculativeSpec>> parse_with_flag(int k_flag, const std::
   a.speculative_config = json;
   EngineOptions local;
   return parse_spec_args(a, eo ? eo : &local);
+}
+
+TEST(SpecConfig, WithFieldNamesTheFieldOnce) {
+  EXPECT_EQ(with_field("speculative_token_tree", "speculative_token_tree: expected ','"), "speculative_token_tree: expected ','");
+  EXPECT_EQ(with_field("model", "/x.gguf: not found"), "model: /x.gguf: not found");
 }
 
 TEST(SpecConfig, FlagAndJsonKMustAgree) {

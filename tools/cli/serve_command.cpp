@@ -70,7 +70,7 @@ Status check_serve_files(const SpecArgs& args, const Topology& t) {
     for (const SpeculativeFileProblem& p : check_speculative_files(*t.models.speculative, target.ok() ? &*target : nullptr)) {
       const std::string& msg = p.status.message();
       problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(args, *t.models.speculative, msg) + msg
-                                                                     : "--speculative-config " + p.field + ": " + msg));
+                                                                     : "--speculative-config " + with_field(p.field, msg)));
     }
   }
   if (problems.empty()) return Status();

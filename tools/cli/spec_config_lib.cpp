@@ -95,6 +95,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       // threshold in (0, 1], alpha in [0, 1] (Medusa's typical acceptance, engine.h), checked on
       // the float the engine will hold (a threshold of 1e-50 would become 0).
       const float v = d >= 0 && d <= 1 ? static_cast<float>(d) : -1.0f;
+      if (threshold && d > 0 && v == 0) {
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() +
+                                " is 0 as a 32-bit float (the engine's type); must be in (0, 1]");
+      }
       if (threshold ? !(v > 0 && v <= 1) : !(v >= 0 && v <= 1)) {
         return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " must be in " +
                                 (threshold ? "(0, 1]" : "[0, 1]"));
@@ -194,6 +198,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
   }
   return std::optional<SpeculativeSpec>(spec);
+}
+
+std::string with_field(const std::string& field, const std::string& message) {
+  return message.rfind(field + ":", 0) == 0 ? message : field + ": " + message;
 }
 
 std::string proposer_error_prefix(const SpecArgs& a, const SpeculativeSpec& spec, const std::string& message) {

@@ -42,6 +42,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, E
 /// "--speculative-model " or "--speculative-config \"model\" "; else "--speculative-config: ".
 std::string proposer_error_prefix(const SpecArgs& args, const SpeculativeSpec& spec, const std::string& message);
 
+/// "field: message", or `message` alone when it already starts with "field:" (the tree parser's
+/// errors do), so a problem reads "--speculative-config speculative_token_tree: expected ..." once.
+std::string with_field(const std::string& field, const std::string& message);
+
 /// The "accepted per position" line of generate's speculative summary, without its "--- "
 /// prefix: a chain prints one count per position ("accepted per position: 10 7 3"); a tree
 /// (`tree`) one per depth up to `max_depth` (the proposer's Proposer::max_draft_depth(k)),

@@ -44,7 +44,7 @@ Status check_spec_args_before_load(const SpecArgs& a, const std::string& target_
   for (const SpeculativeFileProblem& p : check_speculative_files(**spec, target.ok() ? &*target : nullptr)) {
     const std::string& msg = p.status.message();
     problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(a, **spec, msg) + msg
-                                                                   : "--speculative-config " + p.field + ": " + msg));
+                                                                   : "--speculative-config " + with_field(p.field, msg)));
   }
   if (problems.empty()) return Status();
   std::string all;
