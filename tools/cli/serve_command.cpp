@@ -67,11 +67,7 @@ Status check_serve_files(const SpecArgs& args, const Topology& t) {
     }
   }
   if (t.models.speculative) {
-    for (const SpeculativeFileProblem& p : check_speculative_files(*t.models.speculative, target.ok() ? &*target : nullptr)) {
-      const std::string& msg = p.status.message();
-      problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(args, *t.models.speculative, msg) + msg
-                                                                     : "--speculative-config " + with_field(p.field, msg)));
-    }
+    for (Status& st : speculative_file_problems(args, *t.models.speculative, target.ok() ? &*target : nullptr)) problems.push_back(std::move(st));
   }
   if (problems.empty()) return Status();
   std::string all;

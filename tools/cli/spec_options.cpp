@@ -34,18 +34,23 @@ Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel
   return p;
 }
 
+std::vector<Status> speculative_file_problems(const SpecArgs& a, const SpeculativeSpec& spec, const GgufFile* target_file) {
+  std::vector<Status> problems;
+  for (const SpeculativeFileProblem& p : check_speculative_files(spec, target_file)) {
+    const std::string& msg = p.status.message();
+    problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(a, spec, msg) + msg
+                                                                   : "--speculative-config " + with_field(p.field, msg)));
+  }
+  return problems;
+}
+
 Status check_spec_args_before_load(const SpecArgs& a, const std::string& target_path, const std::string& command) {
   EngineOptions scratch;
   auto spec = parse_spec_args(a, &scratch);
   if (!spec.ok()) return spec.status();
   if (!spec->has_value()) return Status();
   auto target = GgufFile::open(target_path);
-  std::vector<Status> problems;
-  for (const SpeculativeFileProblem& p : check_speculative_files(**spec, target.ok() ? &*target : nullptr)) {
-    const std::string& msg = p.status.message();
-    problems.push_back(Status(p.status.code(), p.field == "model" ? proposer_error_prefix(a, **spec, msg) + msg
-                                                                   : "--speculative-config " + with_field(p.field, msg)));
-  }
+  const std::vector<Status> problems = speculative_file_problems(a, **spec, target.ok() ? &*target : nullptr);
   if (problems.empty()) return Status();
   std::string all;
   for (const Status& st : problems) all += (all.empty() ? "" : "\n" + command + ": ") + st.message();

@@ -6,11 +6,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/gpu_memory_plan.h"
 #include "config/topology.h"
 #include "core/status.h"
 #include "model/backend.h"
+#include "model/gguf.h"
 #include "spec/engine.h"
 #include "spec/proposer.h"
 #include "tools/cli/common.h"
@@ -31,14 +33,18 @@ void add_spec_options(CLI::App& sub, SpecArgs* args);
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& args, LoadedModel& target, Backend& backend,
                                                  EngineOptions* engine_options, DraftKvPlanner plan_kv = {});
 
+/// The problems actors/proposer_factory.h check_speculative_files() finds in `spec`'s files, each
+/// message starting with the flag that gave the value ("--speculative-model PATH: ...",
+/// "--speculative-config \"model\" PATH: ...", "--speculative-config speculative_token_tree: ...").
+/// `target_file`: the opened target, or nullptr (then the fingerprint is not compared).
+std::vector<Status> speculative_file_problems(const SpecArgs& args, const SpeculativeSpec& spec, const GgufFile* target_file);
+
 /// What make_proposer() would refuse that can be found before the target loads (seconds of
 /// work saved on a CPU, minutes on a big model): the flags (parse_spec_args) and the files they
-/// name (actors/proposer_factory.h check_speculative_files; the fingerprint against the target
-/// at `target_path` when it opens, else left to the load, which reports the target itself).
-/// Every problem, joined by "\n<command>: ", each starting with the flag that gave the value;
-/// the status code is the first problem's. OK also when no speculation is asked for.
-Status check_spec_args_before_load(const SpecArgs& args, const std::string& target_path,
-                                   const std::string& command);
+/// name (speculative_file_problems; the fingerprint against the target at `target_path` when it
+/// opens, else left to the load, which reports the target itself). Every problem, joined by
+/// "\n<command>: "; the status code is the first problem's. OK also when no speculation is asked for.
+Status check_spec_args_before_load(const SpecArgs& args, const std::string& target_path, const std::string& command);
 
 /// Registers --gpu-memory-utilization (vLLM's flag: the fraction of each GPU's total memory the
 /// process may use, in (0, 1]; NaN, 0 and text are refused naming the flag and the value) on
