@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/logging.h"
 #include "core/status.h"
@@ -79,7 +80,7 @@ void tile_avx2(const float* x, const float* w, float* y, int64_t nx, int64_t nw,
 // templates of the standard library) is built with instructions an older CPU lacks; it runs
 // only after the CPUID check in the dispatcher below.
 
-#define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 // NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for the
 // 512 -> 256 casts (they start from _mm256_undefined_ps); the upper lanes are never read.
 #pragma GCC diagnostic push
@@ -97,7 +98,8 @@ SPECSERVE_AVX512 inline float reduce16(__m512 v) {
   return reduce8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(swapped)));
 }
 
-template <int NX, int NW>
+// Prefetch: false for a tile the caller dequantised into a small buffer (no next tile behind it).
+template <int NX, int NW, bool Prefetch>
 SPECSERVE_AVX512 inline void tile16(const float* x, const float* w, float* y, int64_t cols, int64_t ldy) {
   __m512 acc[NX][NW];
 #pragma GCC unroll 8
@@ -108,7 +110,7 @@ SPECSERVE_AVX512 inline void tile16(const float* x, const float* w, float* y, in
     __m512 wv[NW];
 #pragma GCC unroll 4
     for (int j = 0; j < NW; ++j) {
-      if constexpr (kPrefetchTiles > 0) {
+      if constexpr (Prefetch && kPrefetchTiles > 0) {
         // The address may lie past W's end on the last tile: PREFETCHT0 never faults, and the
         // address is formed as an integer, not as an out-of-range pointer.
         const uintptr_t ahead = reinterpret_cast<uintptr_t>(w + j * cols + k) + sizeof(float) * kPrefetchTiles * NW * cols;
@@ -138,33 +140,34 @@ SPECSERVE_AVX512 inline void tile16(const float* x, const float* w, float* y, in
 constexpr int kMaxGroup = 8;
 constexpr int kW16 = 3;
 
-template <int NW, int M>
+template <int NW, int M, bool Prefetch>
 SPECSERVE_AVX512 inline void group16(const float* x, const float* w, float* y, int64_t m, int64_t cols, int64_t ldy) {
   if constexpr (M >= 1) {
-    if (m == M) return tile16<M, NW>(x, w, y, cols, ldy);
-    return group16<NW, M - 1>(x, w, y, m, cols, ldy);
+    if (m == M) return tile16<M, NW, Prefetch>(x, w, y, cols, ldy);
+    return group16<NW, M - 1, Prefetch>(x, w, y, m, cols, ldy);
   } else {
     SPECSERVE_CHECK(false, "matmul: x row group outside 1..kMaxGroup");
   }
 }
 
-template <int NW>
+template <int NW, bool Prefetch>
 SPECSERVE_AVX512 inline void rows16(const float* x, const float* w, float* y, int64_t nx, int64_t cols, int64_t ldy) {
   const int64_t groups = (nx + kMaxGroup - 1) / kMaxGroup;
   int64_t i = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t m = (nx - i) / (groups - g);  // near-equal split; sums to nx
-    group16<NW, kMaxGroup>(x + i * cols, w, y + i * ldy, m, cols, ldy);
+    group16<NW, kMaxGroup, Prefetch>(x + i * cols, w, y + i * ldy, m, cols, ldy);
     i += m;
   }
 }
 
+template <bool Prefetch>
 SPECSERVE_AVX512 __attribute__((noinline)) void tile_avx512(const float* x, const float* w, float* y, int64_t nx,
                                                              int64_t nw, int64_t cols, int64_t ldy) {
   switch (nw) {
-    case 3: rows16<3>(x, w, y, nx, cols, ldy); break;
-    case 2: rows16<2>(x, w, y, nx, cols, ldy); break;
-    default: rows16<1>(x, w, y, nx, cols, ldy); break;
+    case 3: rows16<3, Prefetch>(x, w, y, nx, cols, ldy); break;
+    case 2: rows16<2, Prefetch>(x, w, y, nx, cols, ldy); break;
+    default: rows16<1, Prefetch>(x, w, y, nx, cols, ldy); break;
   }
 }
 
@@ -174,20 +177,40 @@ SPECSERVE_AVX512 __attribute__((noinline)) float dot_avx512(const float* a, cons
   return reduce16(acc);
 }
 
+// The block formats 16 values at a time: the same per-value arithmetic as the AVX2 functions
+// below, half the instructions.
+SPECSERVE_AVX512 __attribute__((noinline)) void dequant_row_q4_1_avx512(const uint8_t* b, int64_t cols, float* y) {
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for (int64_t c = 0; c < cols; c += 32, b += 20, y += 32) {
+    uint16_t hd, hm;
+    std::memcpy(&hd, b, 2);
+    std::memcpy(&hm, b + 2, 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(hd)), m = _mm512_set1_ps(_cvtsh_ss(hm));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+    const __m128i lo = _mm_and_si128(qs, low4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+    _mm512_storeu_ps(y, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m));
+    _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m));
+  }
+}
+
+SPECSERVE_AVX512 __attribute__((noinline)) void dequant_row_q8_0_avx512(const uint8_t* b, int64_t cols, float* y) {
+  for (int64_t c = 0; c < cols; c += 32, b += 34, y += 32) {
+    uint16_t hd;
+    std::memcpy(&hd, b, 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(hd));
+    for (int i = 0; i < 2; ++i) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * i));
+      _mm512_storeu_ps(y + 16 * i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 #undef SPECSERVE_AVX512
 
 // ---------------------------------------------------------------------------------------------
 
-// SPECSERVE_CPU_MATMUL, trimmed and lower-cased ("" when unset).
-std::string env_kernel() {
-  const char* env = std::getenv("SPECSERVE_CPU_MATMUL");
-  std::string v = env ? env : "";
-  const auto b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t");
-  v = b == std::string::npos ? "" : v.substr(b, e - b + 1);
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return v;
-}
+std::string env_kernel() { return cpu_kernel_env("SPECSERVE_CPU_MATMUL"); }
 
 MatmulIsa detect_isa() {
   const bool has512 = __builtin_cpu_supports("avx512f");
@@ -211,16 +234,86 @@ std::atomic<MatmulIsa>& active_isa() {
 
 using TileFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
 
-void matmul_with(TileFn tile, int64_t w_tile, const float* x, const float* w, float* y, int64_t n, int64_t rows, int64_t cols) {
-  // x is processed in chunks that stay in L2 while every weight row streams past them.
+// ---------------------------------------------------------------------------------------------
+// Block formats, dequantised 8 values at a time (AVX2, F16C for the scales), to the floats
+// model/dequant.cpp's scalar loop gives. d is an fp16 (11 significant bits) and q an integer of 4
+// or 8 bits, so d * q is exact in fp32: Q4_1's d * q + m rounds once whether fused or not, and
+// Q8_0's d * q not at all.
+
+// NOTE: F16C by function attribute: the file's baseline flags (SPECSERVE_CPU_FLAGS) may omit
+// -mf16c; every x86 CPU with AVX2 has it.
+__attribute__((target("f16c"))) inline float fp16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 8 unsigned bytes -> 8 floats.
+inline __m256 u8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+
+void dequant_row_q4_1(const uint8_t* b, int64_t cols, float* y) {
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for (int64_t c = 0; c < cols; c += 32, b += 20, y += 32) {
+    const __m256 d = _mm256_set1_ps(fp16_at(b)), m = _mm256_set1_ps(fp16_at(b + 2));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+    const __m128i lo = _mm_and_si128(qs, low4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+    // Element j < 16 is the low nibble of byte j, element j + 16 its high nibble.
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(d, u8_to_ps(lo), m));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(d, u8_to_ps(_mm_srli_si128(lo, 8)), m));
+    _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(d, u8_to_ps(hi), m));
+    _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(d, u8_to_ps(_mm_srli_si128(hi, 8)), m));
+  }
+}
+
+void dequant_row_q8_0(const uint8_t* b, int64_t cols, float* y) {
+  for (int64_t c = 0; c < cols; c += 32, b += 34, y += 32) {
+    const __m256 d = _mm256_set1_ps(fp16_at(b));
+    for (int i = 0; i < 4; ++i) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
+      _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+
+// Weight tiles ahead whose blocks are prefetched before a tile is dequantised.
+constexpr int64_t kPrefetchBlockTiles = 4;
+
+// x is processed in chunks that stay in L2 while every weight row streams past them. A
+// block-format weight tile is dequantised into this thread's buffer first (once per x chunk:
+// a prefill longer than one chunk dequantises each tile several times, a few percent of its time).
+void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight& w, float* y, int64_t n) {
+  const int64_t rows = w.rows, cols = w.cols;
   const int64_t x_chunk = std::max<int64_t>(3, (256 * 1024 / (cols * 4)) / 3 * 3);
   const int64_t num_wt = (rows + w_tile - 1) / w_tile;
+  const float* wf = static_cast<const float*>(w.data);
+  const int64_t row_bytes = weight_row_bytes(w.format, cols);
   for (int64_t x0 = 0; x0 < n; x0 += x_chunk) {
     const int64_t nx = std::min(x_chunk, n - x0);
-#pragma omp parallel for schedule(static) if (num_wt * nx * cols > 32768)
-    for (int64_t t = 0; t < num_wt; ++t) {
-      const int64_t r0 = t * w_tile;
-      tile(x + x0 * cols, w + r0 * cols, y + x0 * rows + r0, nx, std::min(w_tile, rows - r0), cols, rows);
+#pragma omp parallel if (num_wt * nx * cols > 32768)
+    {
+      // NOTE: a buffer per thread and call rather than thread_local: the OpenMP team's threads
+      // live on, and a 3 x 1536 tile is 18 KiB.
+      std::vector<float> tile_w(w.format == WeightFormat::kF32 ? 0 : static_cast<size_t>(w_tile * cols));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < num_wt; ++t) {
+        const int64_t r0 = t * w_tile, nw = std::min(w_tile, rows - r0);
+        const float* wt = nullptr;
+        if (w.format == WeightFormat::kF32) {
+          wt = wf + r0 * cols;
+        } else {
+          // The blocks of the tile kPrefetchBlockTiles ahead (this thread's, under the static
+          // schedule): the dequantisation otherwise stalls on DRAM at the start of every tile.
+          const int64_t ahead = r0 + kPrefetchBlockTiles * w_tile;
+          if (ahead < rows) {
+            const uint8_t* p = static_cast<const uint8_t*>(w.data) + ahead * row_bytes;
+            const int64_t bytes = std::min(w_tile, rows - ahead) * row_bytes;
+            for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+          }
+          dequantize_rows(w, r0, nw, tile_w.data());
+          wt = tile_w.data();
+        }
+        tile(x + x0 * cols, wt, y + x0 * rows + r0, nx, nw, cols, rows);
+      }
     }
   }
 }
@@ -228,6 +321,15 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const float* w, fl
 bool use_avx512(int64_t cols) { return active_isa().load(std::memory_order_relaxed) == MatmulIsa::kAvx512 && cols % 16 == 0; }
 
 }  // namespace
+
+std::string cpu_kernel_env(const char* name) {
+  const char* env = std::getenv(name);
+  std::string v = env ? env : "";
+  const auto b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t");
+  v = b == std::string::npos ? "" : v.substr(b, e - b + 1);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
 
 MatmulIsa matmul_isa() { return active_isa().load(std::memory_order_relaxed); }
 
@@ -252,12 +354,45 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return reduce8(acc);
 }
 
-void matmul_f32(const float* x, const float* w, float* y, int64_t n, int64_t rows, int64_t cols) {
-  if (use_avx512(cols)) {
-    matmul_with(tile_avx512, kW16, x, w, y, n, rows, cols);
-  } else {
-    matmul_with(tile_avx2, 4, x, w, y, n, rows, cols);
+int64_t weight_row_bytes(WeightFormat format, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kQ4_1: return cols / 32 * 20;
+    case WeightFormat::kQ8_0: return cols / 32 * 34;
+    default: return cols * static_cast<int64_t>(sizeof(float));
   }
+}
+
+void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out) {
+  SPECSERVE_CHECK(r0 >= 0 && n >= 0 && r0 + n <= w.rows, "dequantize_rows: rows outside the weight");
+  const int64_t rb = weight_row_bytes(w.format, w.cols);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data) + r0 * rb;
+  const bool wide = matmul_isa() == MatmulIsa::kAvx512;  // same floats either way
+  for (int64_t i = 0; i < n; ++i) {
+    float* y = out + i * w.cols;
+    switch (w.format) {
+      case WeightFormat::kQ4_1:
+        if (wide) dequant_row_q4_1_avx512(base + i * rb, w.cols, y); else dequant_row_q4_1(base + i * rb, w.cols, y);
+        break;
+      case WeightFormat::kQ8_0:
+        if (wide) dequant_row_q8_0_avx512(base + i * rb, w.cols, y); else dequant_row_q8_0(base + i * rb, w.cols, y);
+        break;
+      default: std::memcpy(y, base + i * rb, static_cast<size_t>(rb)); break;
+    }
+  }
+}
+
+void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n) {
+  SPECSERVE_CHECK(w.cols % 8 == 0 && (w.format == WeightFormat::kF32 || w.cols % 32 == 0),
+                  "matmul width " + std::to_string(w.cols) + " is not a multiple of the format's block");
+  if (use_avx512(w.cols)) {
+    matmul_with(w.format == WeightFormat::kF32 ? tile_avx512<true> : tile_avx512<false>, kW16, x, w, y, n);
+  } else {
+    matmul_with(tile_avx2, 4, x, w, y, n);
+  }
+}
+
+void matmul_f32(const float* x, const float* w, float* y, int64_t n, int64_t rows, int64_t cols) {
+  matmul_weight(x, MatmulWeight{WeightFormat::kF32, w, rows, cols}, y, n);
 }
 
 }  // namespace specserve

@@ -5,9 +5,9 @@
 // tree — whatever n is and however the rows are tiled or split over threads. This makes the
 // result of a row independent of the batch it is computed in (batch invariance), which the
 // speculative engine needs for token-identical greedy output. Checked against OpenBLAS sgemm
-// (tests/cpu/backend_ops_test.cpp).
+// (tests/cpu/matmul_test.cpp).
 //
-// The order, exactly (tests/cpu/backend_ops_test.cpp MatmulSumsInTheDocumentedOrderBitForBit):
+// The order, exactly (tests/cpu/matmul_test.cpp MatmulSumsInTheDocumentedOrderBitForBit):
 // lane l accumulates x[k] * W[r, k] for k = l, l + L, l + 2L, ... by fused multiply-adds, k
 // ascending; with L = 16 lanes are then folded to 8 as l[i] + l[i + 8]; the result is
 // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
@@ -47,9 +47,39 @@ std::string matmul_isa_source();
 /// running matmuls. Returns false (and changes nothing) for AVX-512 on a CPU without it.
 bool set_matmul_isa(MatmulIsa isa);
 
+/// A kernel-choice environment variable (SPECSERVE_CPU_MATMUL, SPECSERVE_CPU_ATTENTION), trimmed
+/// of spaces and tabs and lower-cased; "" when unset.
+std::string cpu_kernel_env(const char* name);
+
 /// See the file comment. C must be a multiple of 8 (every llama-family width is); x, W, y must
 /// not alias. Uses the OpenMP thread team.
 void matmul_f32(const float* x, const float* w, float* y, int64_t n, int64_t rows, int64_t cols);
+
+/// How a matmul weight is stored. kF32: rows of cols floats. kQ4_1 / kQ8_0: GGUF blocks of 32
+/// (ggml's block_q4_1: fp16 d, fp16 m, 16 bytes of nibbles, y = d * q + m; block_q8_0: fp16 d,
+/// 32 int8, y = d * q), row after row, cols / 32 blocks per row.
+enum class WeightFormat { kF32, kQ4_1, kQ8_0 };
+
+/// A weight [rows, cols] as matmul_weight reads it. `data` is not owned.
+struct MatmulWeight {
+  WeightFormat format = WeightFormat::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+/// Bytes of one row in `format` (cols a multiple of 32 for the block formats).
+int64_t weight_row_bytes(WeightFormat format, int64_t cols);
+
+/// Rows [r0, r0 + n) of w as floats, into out [n, cols]: exactly the values model/dequant.h's
+/// dequantize gives for the same blocks (tests/cpu/matmul_test.cpp checks it bit for bit).
+void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
+
+/// y[n, rows] = x[n, cols] * W^T for any WeightFormat. A block-format weight is dequantised
+/// one weight tile at a time (3 or 4 rows, into a per-thread buffer that stays in L1) just
+/// before matmul_f32's tile kernel reads it, so the result is bit-identical to matmul_f32 on
+/// the dequantised weight, while a decode step reads 20 (Q4_1) or 34 (Q8_0) bytes per 32
+/// weights instead of 128. Same threading and reduction order as matmul_f32.
+void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
 /// One dot product in the same order as matmul_f32 (for attention and tests).
 float dot_f32(const float* a, const float* b, int64_t n);

@@ -4,8 +4,8 @@
 // CPU reference (cpu/) and the CUDA backend (gpu/) run the same model code. Activations are
 // fp32, row-major, in buffers the backend allocates (host memory on the CPU, device memory on
 // a GPU). Weights keep whatever storage the backend chooses: `load_weight` sees the GGUF
-// tensor (its quantised blocks) and may dequantise at load (the CPU reference does) or keep
-// the blocks and dequantise inside its matmul (capability: `keeps_quantized`).
+// tensor (its quantised blocks) and may dequantise at load (CUDA does) or keep the blocks and
+// dequantise inside its matmul (the CPU does for Q4_1 / Q8_0, to the same floats).
 //
 // Determinism contract (the speculative engine relies on it): every op computes each output
 // row from that row's inputs alone, with a fixed reduction order, so a row's result does not
@@ -111,7 +111,9 @@ class Backend {
 
   /// Capability: whether load_weight accepts this GGUF storage type.
   virtual bool supports_weight_type(GgmlType type) const = 0;
-  /// Capability: true when weights stay quantised in memory (dequantised inside matmul).
+  /// Capability: true when weights stay quantised in memory (dequantised inside matmul) in the
+  /// bytes `load_weight` was given, which the caller must then keep alive; a backend that copies
+  /// the blocks it keeps (the CPU's) says false.
   virtual bool keeps_quantized() const = 0;
   /// Bytes of device memory held now by the weights loaded on this backend (destroyed ones no
   /// longer count): what a worker's weights take, for GPU memory planning

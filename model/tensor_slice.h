@@ -8,7 +8,8 @@
 //  - a column slice (input features: row-parallel layers) copies, per row, the whole blocks
 //    covering [begin, end), kept in the storage type when begin and end fall on block boundaries;
 //    otherwise the rows are dequantised (model/dequant.h) and the slice is F32. The backends
-//    dequantise at load (CPU: fp32; CUDA: bf16 from fp32), so both ways load the same values.
+//    compute with the dequantised values (CPU: fp32, Q4_1 / Q8_0 dequantised inside matmul to
+//    the same floats; CUDA: bf16 from fp32), so both ways load the same values.
 // Thread-safety: pure functions.
 #pragma once
 

@@ -155,7 +155,7 @@ TEST(CliChecks, GenerateChecksTheSpeculativeFilesBeforeLoadingTheTarget) {
   EXPECT_EQ(k.out.find("/nonexistent/target.gguf"), std::string::npos) << k.out;
 }
 
-TEST(CliChecks, CpuMatmulKernelVariableIsReadInAnyCaseAndLogged) {
+TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   // Trimmed and case-insensitive; the log line says where the choice came from. The child
   // processes inherit this process's environment.
   ::setenv("SPECSERVE_CPU_MATMUL", " AVX2 ", 1);
@@ -164,6 +164,30 @@ TEST(CliChecks, CpuMatmulKernelVariableIsReadInAnyCaseAndLogged) {
   ::setenv("SPECSERVE_CPU_MATMUL", "avx1024", 1);
   const CmdResult b = run("generate --prompt hi --max-tokens 1 --temperature 0");
   ::unsetenv("SPECSERVE_CPU_MATMUL");
+  // The attention kernel choice likewise (both kernels give the same bits).
+  ::setenv("SPECSERVE_CPU_ATTENTION", " RowWise\t", 1);
+  const CmdResult a = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::setenv("SPECSERVE_CPU_ATTENTION", "flash", 1);
+  const CmdResult af = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::unsetenv("SPECSERVE_CPU_ATTENTION");
+  // And the weight storage.
+  ::setenv("SPECSERVE_CPU_WEIGHTS", " F32 ", 1);
+  const CmdResult w = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::setenv("SPECSERVE_CPU_WEIGHTS", "q4", 1);
+  const CmdResult wq = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::unsetenv("SPECSERVE_CPU_WEIGHTS");
+  const CmdResult d = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  EXPECT_EQ(w.exit_code, 0) << w.out;
+  EXPECT_NE(w.out.find("Q4_1/Q8_0 weights dequantised at load"), std::string::npos) << w.out;
+  EXPECT_EQ(wq.exit_code, 0) << wq.out;
+  EXPECT_NE(wq.out.find("SPECSERVE_CPU_WEIGHTS = 'q4' is not one of blocks, f32"), std::string::npos) << wq.out;
+  EXPECT_NE(wq.out.find("Q4_1/Q8_0 weights kept as blocks"), std::string::npos) << wq.out;
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  EXPECT_NE(d.out.find("Q4_1/Q8_0 weights kept as blocks"), std::string::npos) << d.out;
+  EXPECT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_NE(a.out.find("attention rowwise (SPECSERVE_CPU_ATTENTION"), std::string::npos) << a.out;
+  EXPECT_EQ(af.exit_code, 0) << af.out;
+  EXPECT_NE(af.out.find("SPECSERVE_CPU_ATTENTION = 'flash' is not one of tiled, rowwise"), std::string::npos) << af.out;
   EXPECT_EQ(g.exit_code, 0) << g.out;
   EXPECT_NE(g.out.find("matmul kernel avx2 (set by SPECSERVE_CPU_MATMUL=avx2)"), std::string::npos) << g.out;
   EXPECT_EQ(b.exit_code, 0) << b.out;

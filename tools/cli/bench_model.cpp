@@ -19,10 +19,13 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/backend_factory.h"
+#include "cpu/attention.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/matmul.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "gpu/cuda_backend.h"
 #endif
+#include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/sampling.h"
 #include "tools/cli/common.h"
@@ -252,6 +255,8 @@ int run(const Args& a) {
   out["device"] = backend->name();
   out["threads"] = a.threads;
   out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2 or avx512 (SPECSERVE_CPU_MATMUL)
+  out["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
+  out["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   out["tensor_parallel_size"] = a.tensor_parallel_size;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;
@@ -269,14 +274,27 @@ int run(const Args& a) {
     std::fprintf(stderr, "[bench-model] prefill %d tokens: %.1f tokens/s\n", len, tps);
     out["prefill"][std::to_string(len)] = tps;
   }
-  // Bytes one decode step reads: every matmul weight in the backend's storage (fp32 on the CPU
-  // reference, bf16 or fp16 on CUDA unless SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the
+  // Bytes one decode step reads: every matmul weight in the backend's storage (fp32 or GGUF blocks
+  // on the CPU, bf16 or fp16 on CUDA unless SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the
   // cached tokens (prompt + half the decode).
   const char* cuda_weights = std::getenv("SPECSERVE_CUDA_WEIGHTS");  // actors/backend_factory.h
   const double wbytes = on_gpu && !(cuda_weights && std::string(cuda_weights) == "fp32") ? 2.0 : 4.0;
   const double d = static_cast<double>(c.hidden_size), ff = static_cast<double>(c.ffn_size);
   const double per_layer = d * c.q_dim() * 2 + d * c.kv_dim() * 2 + 3 * d * ff;
-  const double weight_bytes = wbytes * (c.num_layers * per_layer + d * c.vocab_size);
+  double weight_bytes = wbytes * (c.num_layers * per_layer + d * c.vocab_size);
+  if (!on_gpu && a.synthetic.empty() && std::string(cpu_weight_storage()) == "blocks") {
+    // Q4_1 / Q8_0 matmul weights stay in their blocks on the CPU (cpu/cpu_backend.h): count the
+    // GGUF's own bytes for them. The token embedding counts only where it is also the output head.
+    if (auto f = GgufFile::open(path); f.ok()) {
+      const bool tied = f->find_tensor("output.weight") == nullptr;
+      weight_bytes = 0;
+      for (const GgufTensorInfo& t : f->tensors()) {
+        if (t.shape.size() != 2 || (t.name == "token_embd.weight" && !tied)) continue;
+        const bool blocks = (t.type() == GgmlType::Q4_1 || t.type() == GgmlType::Q8_0) && t.shape[0] % 32 == 0;
+        weight_bytes += blocks ? static_cast<double>(t.num_bytes) : 4.0 * static_cast<double>(t.num_elements);
+      }
+    }
+  }
   const double kv_bytes_per_seq = 4.0 * 2 * c.num_layers * c.kv_dim() * (prompt + a.decode_tokens / 2.0);
   double peak_gb_s = 0;
   std::string peak_source;

@@ -16,6 +16,8 @@
 #include "actors/backend_factory.h"
 #include "actors/gpu_memory_plan.h"
 #include "core/logging.h"
+#include "cpu/attention.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/matmul.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
@@ -195,6 +197,8 @@ int run_bench(const BenchArgs& a) {
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
   report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2 or avx512 (SPECSERVE_CPU_MATMUL)
+  report["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
+  report["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   report["device"] = backend->name();
   report["runs"] = nlohmann::json::array();
   for (int batch : a.batch_sizes) {

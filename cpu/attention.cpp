@@ -1,0 +1,438 @@
+#include "cpu/attention.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cmath>
+#include <string>
+
+#include "core/logging.h"
+#include "core/status.h"
+#include "cpu/matmul.h"
+
+namespace specserve {
+namespace {
+
+// Slot of every logical position of each sequence: [num_cached + num_rows] per sequence.
+std::vector<std::vector<int32_t>> logical_slots(const std::vector<AttentionSeq>& seqs, int64_t block_size) {
+  std::vector<std::vector<int32_t>> out(seqs.size());
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const AttentionSeq& sq = seqs[si];
+    auto& v = out[si];
+    v.resize(static_cast<size_t>(sq.num_cached + sq.num_rows));
+    for (int64_t p = 0; p < static_cast<int64_t>(v.size()); ++p)
+      v[static_cast<size_t>(p)] = static_cast<int32_t>(sq.block_table[p / block_size] * block_size + p % block_size);
+  }
+  return out;
+}
+
+// exp(x) in 8 lanes for x <= 0 (softmax arguments s_t - max): Cephes' expf (x = n ln2 + r,
+// |r| <= ln2 / 2, a degree-7 polynomial for e^r, then 2^n through the exponent bits); relative
+// error about 1e-7. x below -87.3365 (where e^x < FLT_MIN), -inf included, gives 0; NaN stays NaN.
+// Lane-wise arithmetic only, so the result of a lane never depends on its neighbours.
+inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.33654f);
+  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(lowest, x);  // NOTE: operand order: max_ps returns its second operand for NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts (Cephes)
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(two_n)));
+}
+
+// Softmax numerator in place over s[0, n): p_t = exp(s_t - max), by exp_nonpositive8; returns
+// Z = sum of p_t: lane l of 8 sums t = l, l + 8, ... ascending, then reduce8's tree
+// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)). Both implementations call this one function,
+// so their bits agree, whatever the lane width of the matmul kernel.
+// NOTE: vectorised rather than std::exp and a running sum: on Spec-Bench's prompts a tree step
+// computes about 0.7 M exponentials, and the scalar loop was a large share of attention's time.
+float softmax_numerator(float* s, int64_t n) {
+  const int64_t whole = n / 8 * 8;
+  const __m256i tail_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - whole)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < whole; t += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + t));
+  if (whole < n) mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, _mm256_maskload_ps(s + whole, tail_mask), _mm256_castsi256_ps(tail_mask)));
+  // Horizontal max (exact in any order).
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
+  __m256 z = _mm256_setzero_ps();
+  for (int64_t t = 0; t < whole; t += 8) {
+    const __m256 p = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+    _mm256_storeu_ps(s + t, p);
+    z = _mm256_add_ps(z, p);
+  }
+  if (whole < n) {
+    const __m256 p = _mm256_and_ps(exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(s + whole, tail_mask), m)), _mm256_castsi256_ps(tail_mask));
+    _mm256_maskstore_ps(s + whole, tail_mask, p);
+    z = _mm256_add_ps(z, p);
+  }
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+  const __m128 h = _mm_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+void check_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  SPECSERVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
+                  "attention: " + std::to_string(num_heads) + " query heads over " + std::to_string(num_kv_heads) +
+                      " kv heads of width " + std::to_string(head_dim));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled AVX-512 kernel. Compiled for avx512f by function attribute only, like cpu/matmul.cpp,
+// and reached only when matmul_isa() is AVX-512 (which implies the CPUID check).
+
+#define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
+// NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for shuffles
+// and permutes (their pass-through operand is _mm512_undefined_ps, under a full mask).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Keys scored together: one accumulator each, reduced by one shuffle tree.
+constexpr int kKeyBlock = 16;
+// Keys whose values are accumulated per pass over a chunk of query vectors (their V rows stay
+// in L1 while every chunk passes).
+constexpr int kValueBlock = 64;
+// Rows of one sequence per work item at most: bounds the score scratch, and shares each key
+// block among up to 16 * group query vectors.
+constexpr int64_t kMaxTileRows = 16;
+
+// a[k] holds the 16 lane partials of key k's dot product. Returns the 16 sums, lane k = key k,
+// each summed in reduce16's tree (cpu/matmul.cpp): l[i] + l[i + 8], then t[i] + t[i + 4], then
+// (u0 + u1) + (u2 + u3). fp32 addition is commutative, so pairing the same lanes in another
+// operand order gives the same bits.
+SPECSERVE_AVX512 inline __m512 reduce_16x16(const __m512 (&a)[kKeyBlock]) {
+  __m512 b[8], c[4], d[2];
+  // 256-bit halves: b[i] = [t of key 2i | t of key 2i + 1].
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  // 128-bit quarters: 128-bit lane L of c[i] = u of key 4i + L.
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  // Within 128-bit lanes: adjacent pairs, twice.
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x88), _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xDD));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  // Lane 4L + m of e holds key L + 4m.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, e);
+}
+
+// dst[t] = dot(q, key[t]) * scale for t < n (n in 1..16), q and each key HC * 16 floats, summed
+// in dot_f32's AVX-512 order. Unused key pointers must still point at readable keys.
+template <int HC>
+SPECSERVE_AVX512 inline void score_block(const float* q, const float* const* key, float scale, float* dst, int n) {
+  __m512 qv[HC];
+#pragma GCC unroll 8
+  for (int c = 0; c < HC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  __m512 acc[kKeyBlock];
+#pragma GCC unroll 16
+  for (int t = 0; t < kKeyBlock; ++t) {
+    acc[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < HC; ++c) acc[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key[t] + 16 * c), acc[t]);
+  }
+  const __m512 s = _mm512_mul_ps(reduce_16x16(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << n) - 1), s);
+}
+
+// acc[i] += w[i * ldw + t] * value[t], t ascending over [0, n), for NQ query vectors i; acc rows
+// are HC * 16 floats, contiguous.
+template <int HC, int NQ>
+SPECSERVE_AVX512 inline void value_block(const float* const* value, int64_t n, const float* w, int64_t ldw, float* acc_mem) {
+  __m512 acc[NQ][HC];
+#pragma GCC unroll 8
+  for (int i = 0; i < NQ; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < HC; ++c) acc[i][c] = _mm512_loadu_ps(acc_mem + (i * HC + c) * 16);
+  for (int64_t t = 0; t < n; ++t) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 wb = _mm512_set1_ps(w[i * ldw + t]);
+#pragma GCC unroll 8
+      for (int c = 0; c < HC; ++c) acc[i][c] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(value[t] + 16 * c), acc[i][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NQ; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < HC; ++c) _mm512_storeu_ps(acc_mem + (i * HC + c) * 16, acc[i][c]);
+}
+
+// Query vectors whose accumulators fit in registers with the value vectors: <= 24 zmm.
+template <int HC>
+constexpr int max_nq() { return std::min(8, 24 / HC); }
+
+template <int HC, int NQ>
+SPECSERVE_AVX512 inline void value_block_n(int nq, const float* const* value, int64_t n, const float* w, int64_t ldw,
+                                           float* acc_mem) {
+  if constexpr (NQ >= 1) {
+    if (nq == NQ) return value_block<HC, NQ>(value, n, w, ldw, acc_mem);
+    return value_block_n<HC, NQ - 1>(nq, value, n, w, ldw, acc_mem);
+  } else {
+    SPECSERVE_CHECK(false, "attention: query chunk outside 1..max_nq");
+  }
+}
+
+// Values of keys [0, n) (pointers) into the accumulators of query vectors [0, nq_total), in
+// chunks that fit in registers.
+template <int HC>
+SPECSERVE_AVX512 void accumulate_values(const float* const* value, int64_t n, const float* w, int64_t ldw, int64_t nq_total,
+                                        float* acc_mem) {
+  constexpr int kNq = max_nq<HC>();
+  for (int64_t q0 = 0; q0 < nq_total; q0 += kNq) {
+    const int nq = static_cast<int>(std::min<int64_t>(kNq, nq_total - q0));
+    value_block_n<HC, kNq>(nq, value, n, w + q0 * ldw, ldw, acc_mem + q0 * HC * 16);
+  }
+}
+
+struct TileItem {
+  int32_t seq, kv_head, row0, num_rows;
+};
+
+// Per-thread scratch of the tiled kernel.
+struct TileScratch {
+  std::vector<int32_t> own_slots;        // each row's own keys, concatenated
+  std::vector<int64_t> own_begin, own_n;  // [rows]
+  std::vector<float> scores;             // [query vectors, ld]
+  std::vector<float> acc;                // [query vectors, head_dim]
+  std::vector<float> z;                  // [query vectors]
+  std::vector<const float*> ptrs;        // key or value pointers of one block
+};
+
+template <int HC>
+SPECSERVE_AVX512 void attend_tile(const AttentionCache& cache, const float* q, const AttentionSeq& sq,
+                                  const std::vector<int32_t>& all, const TileItem& it, int64_t num_heads, int64_t group,
+                                  float scale, float* out, TileScratch& s) {
+  constexpr int64_t hd = HC * 16;
+  const int64_t num_q = it.num_rows * group;
+  const int64_t cached = sq.num_cached;
+  // Keys every row of the tile sees: the prefix, and in a chain also the rows up to the first.
+  const int64_t num_shared = sq.parents ? cached : cached + it.row0 + 1;
+  s.own_slots.clear();
+  s.own_begin.resize(static_cast<size_t>(it.num_rows));
+  s.own_n.resize(static_cast<size_t>(it.num_rows));
+  int64_t max_own = 0;
+  for (int32_t r = 0; r < it.num_rows; ++r) {
+    const int32_t j = it.row0 + r;
+    const size_t begin = s.own_slots.size();
+    if (sq.parents) {
+      for (int32_t a = j; a >= 0; a = sq.parents[a]) s.own_slots.push_back(all[static_cast<size_t>(cached + a)]);
+      std::reverse(s.own_slots.begin() + static_cast<std::ptrdiff_t>(begin), s.own_slots.end());
+    } else {
+      for (int64_t p = num_shared; p <= cached + j; ++p) s.own_slots.push_back(all[static_cast<size_t>(p)]);
+    }
+    s.own_begin[static_cast<size_t>(r)] = static_cast<int64_t>(begin);
+    s.own_n[static_cast<size_t>(r)] = static_cast<int64_t>(s.own_slots.size() - begin);
+    max_own = std::max(max_own, s.own_n[static_cast<size_t>(r)]);
+  }
+  const int64_t ld = num_shared + max_own;
+  s.scores.resize(static_cast<size_t>(num_q * ld));
+  s.acc.assign(static_cast<size_t>(num_q * hd), 0.0f);
+  s.z.resize(static_cast<size_t>(num_q));
+  s.ptrs.resize(kValueBlock);
+  const float* kbase = cache.k + it.kv_head * hd;
+  const float* vbase = cache.v + it.kv_head * hd;
+  auto query = [&](int64_t i) {
+    return q + ((sq.row_begin + it.row0 + i / group) * num_heads + it.kv_head * group + i % group) * hd;
+  };
+  // Pointers to rows of `base` for slots[0, n), padded to a whole key block with the last one.
+  auto point = [&](const float* base, const int32_t* slots, int64_t n) {
+    const int64_t padded = std::max<int64_t>(kKeyBlock, n);
+    for (int64_t i = 0; i < padded; ++i) s.ptrs[static_cast<size_t>(i)] = base + static_cast<int64_t>(slots[std::min(i, n - 1)]) * cache.kv_stride;
+  };
+
+  // 1. Scores of the shared keys: each block of 16 keys serves every query vector of the tile.
+  for (int64_t t0 = 0; t0 < num_shared; t0 += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_shared - t0));
+    point(kbase, all.data() + t0, n);
+    for (int64_t i = 0; i < num_q; ++i) score_block<HC>(query(i), s.ptrs.data(), scale, s.scores.data() + i * ld + t0, n);
+  }
+  // 2. Each row's own keys, for the query heads of its group.
+  for (int32_t r = 0; r < it.num_rows; ++r) {
+    const int32_t* own = s.own_slots.data() + s.own_begin[static_cast<size_t>(r)];
+    const int64_t num_own = s.own_n[static_cast<size_t>(r)];
+    for (int64_t t0 = 0; t0 < num_own; t0 += kKeyBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_own - t0));
+      point(kbase, own + t0, n);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = r * group + g;
+        score_block<HC>(query(i), s.ptrs.data(), scale, s.scores.data() + i * ld + num_shared + t0, n);
+      }
+    }
+  }
+  // 3. Softmax numerators over each query vector's visible keys, in logical order.
+  for (int64_t i = 0; i < num_q; ++i)
+    s.z[static_cast<size_t>(i)] = softmax_numerator(s.scores.data() + i * ld, num_shared + s.own_n[static_cast<size_t>(i / group)]);
+  // 4. Values, t ascending per query vector: the shared keys in blocks, then each row's own.
+  for (int64_t t0 = 0; t0 < num_shared; t0 += kValueBlock) {
+    const int64_t n = std::min<int64_t>(kValueBlock, num_shared - t0);
+    point(vbase, all.data() + t0, n);
+    accumulate_values<HC>(s.ptrs.data(), n, s.scores.data() + t0, ld, num_q, s.acc.data());
+  }
+  for (int32_t r = 0; r < it.num_rows; ++r) {
+    const int32_t* own = s.own_slots.data() + s.own_begin[static_cast<size_t>(r)];
+    const int64_t num_own = s.own_n[static_cast<size_t>(r)];
+    for (int64_t t0 = 0; t0 < num_own; t0 += kValueBlock) {
+      const int64_t n = std::min<int64_t>(kValueBlock, num_own - t0);
+      point(vbase, own + t0, n);
+      accumulate_values<HC>(s.ptrs.data(), n, s.scores.data() + r * group * ld + num_shared + t0, ld, group,
+                            s.acc.data() + r * group * hd);
+    }
+  }
+  // 5. Normalise.
+  for (int64_t i = 0; i < num_q; ++i) {
+    const float inv = 1.0f / s.z[static_cast<size_t>(i)];
+    const int64_t row = sq.row_begin + it.row0 + i / group;
+    float* o = out + (row * num_heads + it.kv_head * group + i % group) * hd;
+    const float* a = s.acc.data() + i * hd;
+    for (int64_t e = 0; e < hd; ++e) o[e] = a[e] * inv;
+  }
+}
+
+template <int HC>
+void attention_tiled(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
+                     int64_t num_kv_heads, float* out) {
+  const int64_t group = num_heads / num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HC * 16));
+  const auto seq_slots = logical_slots(seqs, cache.block_size);
+  // NOTE: rows are split into more tiles than the 16-row cap only while there are fewer items
+  // than two per thread: a verification step of one sequence then still uses every core, at the
+  // cost of reading its prefix once per tile instead of once.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t base_items = static_cast<int64_t>(seqs.size()) * num_kv_heads;
+  const int64_t split = base_items > 0 ? std::max<int64_t>(1, (2 * threads + base_items - 1) / base_items) : 1;
+  std::vector<TileItem> items;
+  for (int32_t si = 0; si < static_cast<int32_t>(seqs.size()); ++si) {
+    const int64_t rows = seqs[si].num_rows;
+    const int64_t tile = std::clamp<int64_t>((rows + split - 1) / split, 1, kMaxTileRows);
+    for (int32_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t r0 = 0; r0 < rows; r0 += tile)
+        items.push_back({si, h, static_cast<int32_t>(r0), static_cast<int32_t>(std::min(tile, rows - r0))});
+  }
+  const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel
+  {
+    TileScratch scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_items; ++i) {
+      const TileItem& it = items[static_cast<size_t>(i)];
+      attend_tile<HC>(cache, q, seqs[it.seq], seq_slots[it.seq], it, num_heads, group, scale, out, scratch);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#undef SPECSERVE_AVX512
+
+AttentionKernel attention_kernel_from_env() {
+  const std::string v = cpu_kernel_env("SPECSERVE_CPU_ATTENTION");
+  if (v == "rowwise") return AttentionKernel::kRowwise;
+  if (!v.empty() && v != "tiled") {
+    get_logger("cpu")->warn("SPECSERVE_CPU_ATTENTION = '{}' is not one of tiled, rowwise; using tiled where it applies",
+                            std::getenv("SPECSERVE_CPU_ATTENTION"));
+  }
+  return AttentionKernel::kTiled;
+}
+
+std::atomic<AttentionKernel>& active_kernel() {
+  static std::atomic<AttentionKernel> k{attention_kernel_from_env()};
+  return k;
+}
+
+}  // namespace
+
+AttentionKernel attention_kernel() { return active_kernel().load(std::memory_order_relaxed); }
+void set_attention_kernel(AttentionKernel k) { active_kernel().store(k, std::memory_order_relaxed); }
+
+bool attention_tiled_applies(int64_t head_dim) {
+  return attention_kernel() == AttentionKernel::kTiled && matmul_isa() == MatmulIsa::kAvx512 &&
+         (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
+
+const char* attention_kernel_name() { return attention_tiled_applies(64) ? "tiled" : "rowwise"; }
+
+void attention_f32(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t head_dim, float* out) {
+  check_heads(num_heads, num_kv_heads, head_dim);
+  if (!attention_tiled_applies(head_dim)) return attention_f32_rowwise(cache, q, seqs, num_heads, num_kv_heads, head_dim, out);
+  switch (head_dim) {
+    case 16: return attention_tiled<1>(cache, q, seqs, num_heads, num_kv_heads, out);
+    case 32: return attention_tiled<2>(cache, q, seqs, num_heads, num_kv_heads, out);
+    case 64: return attention_tiled<4>(cache, q, seqs, num_heads, num_kv_heads, out);
+    default: return attention_tiled<8>(cache, q, seqs, num_heads, num_kv_heads, out);
+  }
+}
+
+void attention_f32_rowwise(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs,
+                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float* out) {
+  check_heads(num_heads, num_kv_heads, head_dim);
+  const int64_t group = num_heads / num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const auto seq_slots = logical_slots(seqs, cache.block_size);
+  struct Item { int32_t seq, row; };
+  std::vector<Item> items;
+  for (int32_t si = 0; si < static_cast<int32_t>(seqs.size()); ++si)
+    for (int32_t r = 0; r < seqs[si].num_rows; ++r) items.push_back({si, r});
+  const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel
+  {
+    std::vector<int32_t> tree_slots;
+    std::vector<float> scores;
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < num_items; ++it) {
+      const AttentionSeq& sq = seqs[items[it].seq];
+      const std::vector<int32_t>& all = seq_slots[items[it].seq];
+      const int32_t j = items[it].row;
+      // Visible keys, in logical order: the cached prefix, then ancestors (and self).
+      const int32_t* keys = all.data();
+      int64_t nk = sq.num_cached + j + 1;
+      if (sq.parents) {
+        tree_slots.assign(all.begin(), all.begin() + sq.num_cached);
+        const size_t mark = tree_slots.size();
+        for (int32_t a = j; a >= 0; a = sq.parents[a]) tree_slots.push_back(all[static_cast<size_t>(sq.num_cached + a)]);
+        std::reverse(tree_slots.begin() + static_cast<std::ptrdiff_t>(mark), tree_slots.end());
+        keys = tree_slots.data();
+        nk = static_cast<int64_t>(tree_slots.size());
+      }
+      scores.resize(static_cast<size_t>(nk));
+      const int64_t row = sq.row_begin + j;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t off = (h / group) * head_dim;
+        const float* qh = q + (row * num_heads + h) * head_dim;
+        for (int64_t t = 0; t < nk; ++t) scores[static_cast<size_t>(t)] = dot_f32(qh, cache.k + keys[t] * cache.kv_stride + off, head_dim) * scale;
+        const float z = softmax_numerator(scores.data(), nk);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t < nk; ++t) {
+          const float* vh = cache.v + keys[t] * cache.kv_stride + off;
+          const float w = scores[static_cast<size_t>(t)];
+          for (int64_t e = 0; e < head_dim; ++e) acc[static_cast<size_t>(e)] = std::fma(w, vh[e], acc[static_cast<size_t>(e)]);
+        }
+        float* oh = out + (row * num_heads + h) * head_dim;
+        const float inv = 1.0f / z;
+        for (int64_t e = 0; e < head_dim; ++e) oh[e] = acc[static_cast<size_t>(e)] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace specserve
