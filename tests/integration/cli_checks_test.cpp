@@ -194,6 +194,16 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   EXPECT_NE(b.out.find("SPECSERVE_CPU_MATMUL = 'avx1024' is not one of avx2, avx512"), std::string::npos) << b.out;
 }
 
+TEST(CliChecks, GenerateWithNoTokenSaysTimeToFirstTokenIsNotApplicable) {
+  // The default model's first greedy token for this raw prompt ends the sequence (found by a
+  // fresh-user try; the report said "-1000.0 ms").
+  const CmdResult g = run("generate --prompt 'Explain why the sky is blue in two sentences.' --max-tokens 5 --temperature 0");
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  ASSERT_NE(g.out.find("generated tokens: 0"), std::string::npos) << "the model now generates here; pick another prompt:\n" << g.out;
+  EXPECT_NE(g.out.find("time to first token: n/a"), std::string::npos) << g.out;
+  EXPECT_EQ(g.out.find("-1000"), std::string::npos) << g.out;
+}
+
 TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   const std::string dir = temp_dir("specserve_cli_kv_");
   const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 60);

@@ -383,7 +383,7 @@ void add_bench_model(CLI::App& app) {
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");
   sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
-  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time");
+  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time (decode always follows a 64-token prompt)");
   sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time")->check(CLI::Range(1, 4096));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-model", [a] { return run(*a); });

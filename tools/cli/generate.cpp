@@ -134,8 +134,11 @@ int run_generate(const GenerateArgs& a) {
   const double decode_s = total - ttft;
   std::fprintf(stderr, "\n--- prompt tokens: %zu | generated tokens: %lld | finish: %s\n", p.prompt.size(),
                static_cast<long long>(n_gen), finish_reason_name(fr));
-  std::fprintf(stderr, "--- time to first token: %.1f ms | decode: %.2f tokens/s | total %.2f s\n", ttft * 1e3,
-               n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0, total);
+  // No token at all (the first greedy token ended the sequence): no time to first token.
+  char ttft_text[32] = "n/a";
+  if (ttft >= 0) std::snprintf(ttft_text, sizeof ttft_text, "%.1f ms", ttft * 1e3);
+  std::fprintf(stderr, "--- time to first token: %s | decode: %.2f tokens/s | total %.2f s\n", ttft_text,
+               ttft >= 0 && n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0, total);
   if (*proposer) {
     auto s = (*engine)->take_finished_stats(*id);
     if (s) print_spec_stats(*s, **proposer, eo.num_speculative_tokens, (*engine)->stats());
