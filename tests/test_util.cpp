@@ -8,11 +8,23 @@
 #include "actors/messages.h"
 #include "cpu/cpu_backend.h"
 #include "model/gguf.h"
+#include "model/gguf.h"
 #include "model/model_loader.h"
 #include "model/tokenizer.h"
 #include "spec/engine.h"
 
 namespace specserve::testing {
+
+GgufTensorInfo f32_tensor(const std::vector<float>& data, int64_t rows, int64_t cols) {
+  GgufTensorInfo t;
+  t.name = "test.weight";
+  t.shape = rows == 0 ? std::vector<int64_t>{cols} : std::vector<int64_t>{cols, rows};
+  t.raw_type = static_cast<uint32_t>(GgmlType::F32);
+  t.num_elements = static_cast<int64_t>(data.size());
+  t.num_bytes = data.size() * sizeof(float);
+  t.data = reinterpret_cast<const uint8_t*>(data.data());
+  return t;
+}
 
 std::string data_path(const std::string& rel) { return std::string(SPECSERVE_SOURCE_DIR) + "/tests/data/" + rel; }
 

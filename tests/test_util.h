@@ -6,12 +6,17 @@
 #include <vector>
 
 namespace specserve {
+struct GgufTensorInfo;
 class GgufFile;
 class Tokenizer;
 struct GenerateRequest;
 }  // namespace specserve
 
 namespace specserve::testing {
+
+/// A GGUF F32 tensor "test.weight" over `data` (not copied: it must outlive the result) for
+/// Backend::load_weight: [rows, cols] (GGUF shape {cols, rows}), or a vector of cols when rows == 0.
+GgufTensorInfo f32_tensor(const std::vector<float>& data, int64_t rows, int64_t cols);
 
 /// Absolute path of the source tree's tests/data/<rel>.
 std::string data_path(const std::string& rel);

@@ -16,6 +16,7 @@
 #include "cpu/matmul.h"
 #include "model/backend.h"
 #include "model/gguf.h"
+#include "tests/test_util.h"
 
 namespace specserve::testing {
 
@@ -75,14 +76,7 @@ class BackendOps : public ::testing::Test {
 
   // A weight [rows, cols] from fp32 host data (a GGUF F32 tensor; a vector when rows == 0).
   std::unique_ptr<Weight> weight(const std::vector<float>& data, int64_t rows, int64_t cols) {
-    GgufTensorInfo t;
-    t.name = "test.weight";
-    t.shape = rows == 0 ? std::vector<int64_t>{cols} : std::vector<int64_t>{cols, rows};
-    t.raw_type = static_cast<uint32_t>(GgmlType::F32);
-    t.num_elements = static_cast<int64_t>(data.size());
-    t.num_bytes = data.size() * sizeof(float);
-    t.data = reinterpret_cast<const uint8_t*>(data.data());
-    auto w = be_->load_weight(t);
+    auto w = be_->load_weight(f32_tensor(data, rows, cols));
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     return std::move(*w);
   }

@@ -163,14 +163,7 @@ class CudaOps : public ::testing::Test {
 
   // A weight [rows, cols] from fp32 host data (a vector when rows == 0).
   static std::unique_ptr<Weight> weight(Backend& be, const std::vector<float>& data, int64_t rows, int64_t cols) {
-    GgufTensorInfo t;
-    t.name = "test.weight";
-    t.shape = rows == 0 ? std::vector<int64_t>{cols} : std::vector<int64_t>{cols, rows};
-    t.raw_type = static_cast<uint32_t>(GgmlType::F32);
-    t.num_elements = static_cast<int64_t>(data.size());
-    t.num_bytes = data.size() * sizeof(float);
-    t.data = reinterpret_cast<const uint8_t*>(data.data());
-    auto w = be.load_weight(t);
+    auto w = be.load_weight(testing::f32_tensor(data, rows, cols));
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     return std::move(*w);
   }
