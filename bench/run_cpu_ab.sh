@@ -2,14 +2,14 @@
 # A/B of two settings of one CPU kernel variable, in one session, interleaved, on the default
 # model: SPECSERVE_CPU_WEIGHTS (f32 | blocks: Q4_1/Q8_0 weights dequantised at load or kept as
 # blocks, cpu/cpu_backend.h), SPECSERVE_CPU_ATTENTION (rowwise | tiled, cpu/attention.h) or
-# SPECSERVE_CPU_MATMUL (avx2 | avx512, cpu/matmul.h); A and B are two of those settings. The
-# first two variables give the same bits both ways.
+# SPECSERVE_CPU_MATMUL (avx2 | avx512 | amx, cpu/matmul.h); A and B are two of those settings.
+# The first two variables give the same bits both ways.
 #   1. bench-model decode step time (after its fixed 64-token prompt) at 1, 3, 5, 9 and 16 rows per step, REPEATS runs each, ROUNDS
 #      times per setting in the order A, B, A, B...; the mean over rounds is reported;
 #   2. bench-spec on Spec-Bench, batch 1, greedy (PER_TASK questions per task, 64 tokens):
 #      baseline, n-gram, the committed EAGLE head as tree and chain, the Medusa heads; ROUNDS times
 #      per setting, interleaved.
-# Writes bench/results/cpu_<variable>_ab_<date>.{json,md,png} (variable lower-cased, without the
+# Writes bench/results/cpu_<variable>_<A>_vs_<B>_<date>.{json,md,png} (variable lower-cased, without the
 # SPECSERVE_CPU_ prefix).
 # Usage: bench/run_cpu_ab.sh VARIABLE A B [THREADS] [REPEATS] [PER_TASK] [ROUNDS]   (--help: this text)
 set -euo pipefail
@@ -27,7 +27,7 @@ esac
 case "$key" in
   cpu_weights) allowed="f32 blocks" ;;
   cpu_attention) allowed="rowwise tiled" ;;
-  cpu_matmul) allowed="avx2 avx512" ;;
+  cpu_matmul) allowed="avx2 avx512 amx" ;;
 esac
 for v in "$va" "$vb"; do
   case " $allowed " in
@@ -39,6 +39,9 @@ done
 if [ "$key" != cpu_weights ] && ! grep -q avx512f /proc/cpuinfo; then
   echo "bench/run_cpu_ab.sh: this CPU has no avx512f: $var has only one setting here" >&2; exit 2
 fi
+if [ "$va" = amx ] || [ "$vb" = amx ]; then
+  grep -q amx_bf16 /proc/cpuinfo || { echo "bench/run_cpu_ab.sh: this CPU has no amx_bf16: SPECSERVE_CPU_MATMUL=amx cannot run here" >&2; exit 2; }
+fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${4:-$(nproc)}"
 repeats="${5:-3}"
@@ -49,7 +52,7 @@ model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 py="$("$here/scripts/venv.sh" --with-plot)"
 day="$(date +%Y-%m-%d)"
 name="$(echo "${var#SPECSERVE_CPU_}" | tr '[:upper:]' '[:lower:]')"
-out="$here/bench/results/cpu_${name}_ab_$day"
+out="$here/bench/results/cpu_${name}_${va}_vs_${vb}_$day"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 eagle="$here/models/heads/eagle-smollm2-135m.gguf"

@@ -94,7 +94,7 @@ void check_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
 
 // ---------------------------------------------------------------------------------------------
 // Tiled AVX-512 kernel. Compiled for avx512f by function attribute only, like cpu/matmul.cpp,
-// and reached only when matmul_isa() is AVX-512 (which implies the CPUID check).
+// and reached only when matmul_isa() is AVX-512 or AMX (which imply the CPUID check).
 
 #define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
 // NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for shuffles
@@ -364,7 +364,7 @@ AttentionKernel attention_kernel() { return active_kernel().load(std::memory_ord
 void set_attention_kernel(AttentionKernel k) { active_kernel().store(k, std::memory_order_relaxed); }
 
 bool attention_tiled_applies(int64_t head_dim) {
-  return attention_kernel() == AttentionKernel::kTiled && matmul_isa() == MatmulIsa::kAvx512 &&
+  return attention_kernel() == AttentionKernel::kTiled && matmul_isa() != MatmulIsa::kAvx2 &&
          (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 

@@ -1,6 +1,7 @@
-// specserve cpu: fp32 matrix multiply with a fixed per-element reduction order.
+// specserve cpu: matrix multiply with a fixed per-element reduction order.
 //
-// y[n, R] = x[n, C] * W[R, C]^T. Every y element is the dot product of one x row and one W row
+// y[n, R] = x[n, C] * W[R, C]^T. Under the fp32 kernels (avx2, avx512; the AMX kernel is
+// described at the end of this comment) every y element is the dot product of one x row and one W row
 // accumulated in SIMD lanes over k in ascending order, then summed lane by lane in a fixed
 // tree — whatever n is and however the rows are tiled or split over threads. This makes the
 // result of a row independent of the batch it is computed in (batch invariance), which the
@@ -23,6 +24,21 @@
 // the 2-core development VM (bench/results/cpu_matmul_ab_2026-12-03.md).
 // SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel (for A/B runs); the default is the widest
 // the CPU has.
+//
+// SPECSERVE_CPU_MATMUL=amx (opt-in; Intel AMX, Sapphire Rapids and later, Linux >= 5.16) runs
+// matmul_weight on the tile unit in bf16: x and W are rounded to bf16 (round to nearest even,
+// W from the same fp32 values dequantize_rows gives) and TDPBF16PS accumulates in fp32 (Intel
+// SDM vol. 2, "TDPBF16PS"). Its results differ from the fp32 kernels by bf16 rounding (both
+// operands rounded: relative error up to about 2^-8 of sum |x w|; tests/cpu/matmul_amx_test.cpp
+// allows 2.5 * 2^-9), as llama.cpp's AMX and q8_1 paths differ from fp32. The tile unit's
+// internal summation order is not documented, so there is no scalar statement of it; what holds,
+// and is tested, is that each output element depends only on its own x row and weight row:
+// batch invariance, thread-count invariance and blocks = their dequantised weight, bit for bit.
+// The gain is for several rows per step: on the 2-core development VM a 16-row decode step
+// costs 2.0x its 1-row step against 3.6x with AVX-512, a 9-row step 1.7x against 2.2x; the
+// 1-row step is within the VM's noise of AVX-512's (bench/results/
+// cpu_matmul_avx512_vs_amx_2026-12-03.md). dot_f32 and attention keep the AVX-512 order.
+// Widths that are not a multiple of 32 fall back to the fp32 kernel the CPU has.
 #pragma once
 
 #include <cstdint>
@@ -30,21 +46,23 @@
 
 namespace specserve {
 
-/// The kernel lane width in use.
-enum class MatmulIsa { kAvx2, kAvx512 };
+/// The matmul kernel in use: fp32 with 8 or 16 lanes, or bf16 AMX tiles (see the file comment).
+enum class MatmulIsa { kAvx2, kAvx512, kAmx };
 
-/// The lane width matmul_f32 and dot_f32 use in this process: SPECSERVE_CPU_MATMUL=avx2, or
-/// else AVX-512 when CPUID reports avx512f.
+/// The kernel matmul_f32 and matmul_weight use in this process: SPECSERVE_CPU_MATMUL=avx2 or
+/// amx (when CPUID has amx-tile, amx-bf16 and avx512bf16 and Linux grants the tile state), or
+/// else AVX-512 when CPUID reports avx512f. dot_f32 uses AVX-512 under amx.
 MatmulIsa matmul_isa();
-const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2" or "avx512"
+const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2", "avx512" or "amx"
 
 /// Why the process runs its kernel, for the log: "set by SPECSERVE_CPU_MATMUL=avx2" or "this CPU
 /// has avx512f" / "... has no avx512f". The variable is read trimmed and in any case; another
-/// value is warned about once and ignored.
+/// value is warned about once and ignored; amx where it cannot run is warned about and falls
+/// back to the widest fp32 kernel.
 std::string matmul_isa_source();
 
-/// Switches the lane width for the whole process (tests compare both). Not thread-safe against
-/// running matmuls. Returns false (and changes nothing) for AVX-512 on a CPU without it.
+/// Switches the kernel for the whole process (tests compare them). Not thread-safe against
+/// running matmuls. Returns false (and changes nothing) for AVX-512 or AMX where it cannot run.
 bool set_matmul_isa(MatmulIsa isa);
 
 /// A kernel-choice environment variable (SPECSERVE_CPU_MATMUL, SPECSERVE_CPU_ATTENTION), trimmed
@@ -78,7 +96,10 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
 /// one weight tile at a time (3 or 4 rows, into a per-thread buffer that stays in L1) just
 /// before matmul_f32's tile kernel reads it, so the result is bit-identical to matmul_f32 on
 /// the dequantised weight, while a decode step reads 20 (Q4_1) or 34 (Q8_0) bytes per 32
-/// weights instead of 128. Same threading and reduction order as matmul_f32.
+/// weights instead of 128. Same threading and reduction order as matmul_f32. Under amx, 32
+/// weight rows at a time are dequantised to bf16 one 32-wide k step (up to 16 x rows: decode,
+/// verification) or one 256-wide k chunk (more rows: prefill) at a time, overlapping the tile
+/// unit's work on the previous step.
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
 /// One dot product in the same order as matmul_f32 (for attention and tests).

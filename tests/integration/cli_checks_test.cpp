@@ -12,6 +12,8 @@
 #include <fstream>
 #include <string>
 
+#include "cpu/matmul.h"
+
 namespace specserve {
 namespace {
 
@@ -163,6 +165,9 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   // Another value is named in a warning and ignored.
   ::setenv("SPECSERVE_CPU_MATMUL", "avx1024", 1);
   const CmdResult b = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  // amx runs where the CPU and kernel allow it, else falls back with a warning that says so.
+  ::setenv("SPECSERVE_CPU_MATMUL", "Amx", 1);
+  const CmdResult x = run("generate --prompt hi --max-tokens 1 --temperature 0");
   ::unsetenv("SPECSERVE_CPU_MATMUL");
   // The attention kernel choice likewise (both kernels give the same bits).
   ::setenv("SPECSERVE_CPU_ATTENTION", " RowWise\t", 1);
@@ -191,7 +196,15 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   EXPECT_EQ(g.exit_code, 0) << g.out;
   EXPECT_NE(g.out.find("matmul kernel avx2 (set by SPECSERVE_CPU_MATMUL=avx2)"), std::string::npos) << g.out;
   EXPECT_EQ(b.exit_code, 0) << b.out;
-  EXPECT_NE(b.out.find("SPECSERVE_CPU_MATMUL = 'avx1024' is not one of avx2, avx512"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("SPECSERVE_CPU_MATMUL = 'avx1024' is not one of avx2, avx512, amx"), std::string::npos) << b.out;
+  EXPECT_EQ(x.exit_code, 0) << x.out;
+  const MatmulIsa saved = matmul_isa();
+  if (set_matmul_isa(MatmulIsa::kAmx)) {  // can this process run it?
+    set_matmul_isa(saved);
+    EXPECT_NE(x.out.find("matmul kernel amx (set by SPECSERVE_CPU_MATMUL=amx)"), std::string::npos) << x.out;
+  } else {
+    EXPECT_NE(x.out.find("SPECSERVE_CPU_MATMUL = 'amx': this CPU or kernel offers no amx-bf16 tiles"), std::string::npos) << x.out;
+  }
 }
 
 TEST(CliChecks, GenerateWithNoTokenSaysTimeToFirstTokenIsNotApplicable) {

@@ -196,7 +196,7 @@ int run_bench(const BenchArgs& a) {
   report["questions_per_task"] = a.per_task;
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
-  report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2 or avx512 (SPECSERVE_CPU_MATMUL)
+  report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
   report["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   report["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   report["device"] = backend->name();
