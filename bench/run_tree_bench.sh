@@ -8,16 +8,19 @@
 #   batch 8: the first 8 questions of each task, 32 tokens, batches of 8 questions of one task.
 # draft_model has no smaller model with SmolLM2's vocabulary to use here: it runs the target itself
 # as its draft (acceptance ceiling, cost about 2x), stated as such in the results.
-# Writes bench/results/spec_trees_b1_<date>.{json,md,png} and spec_trees_b8_<date>.*.
+# Writes bench/results/spec_trees_b1_<date>.{json,md,png} and spec_trees_b8_<date>.*; with
+# SPECSERVE_CPU_MATMUL set (e.g. amx, cpu/matmul.h) the names end in -<kernel>.
 # Usage: bench/run_tree_bench.sh [THREADS]     (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,12p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,13p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
 py="$("$here/scripts/venv.sh" --with-plot)"
 day="$(date +%Y-%m-%d)"
+kernel="$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
+[ -z "$kernel" ] || day="$day-$kernel"
 medusa="$here/models/heads/medusa-smollm2-135m.gguf"
 eagle="$here/models/heads/eagle-smollm2-135m.gguf"
 specs=(
