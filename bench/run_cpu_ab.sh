@@ -50,6 +50,14 @@ rounds="${7:-1}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
 py="$("$here/scripts/venv.sh" --with-plot)"
+# The binary may refuse a setting (amx where the kernel refuses the tile state): check before the
+# runs, from its start-up log line, rather than after them.
+if [ "$key" = cpu_matmul ]; then
+  for v in "$va" "$vb"; do
+    env "$var=$v" "$here/build/bin/specserve" generate --model "$model" --prompt hi --max-tokens 1 --threads 1 2>&1 \
+      | grep -q "matmul kernel $v " || { echo "bench/run_cpu_ab.sh: $var=$v: the binary runs another kernel here (see its start-up log line)" >&2; exit 2; }
+  done
+fi
 day="$(date +%Y-%m-%d)"
 name="$(echo "${var#SPECSERVE_CPU_}" | tr '[:upper:]' '[:lower:]')"
 out="$here/bench/results/cpu_${name}_${va}_vs_${vb}_$day"

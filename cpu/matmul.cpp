@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -216,15 +217,20 @@ std::string env_kernel() { return cpu_kernel_env("SPECSERVE_CPU_MATMUL"); }
 
 // AMX needs the CPU's amx-tile, amx-bf16 and avx512bf16, and Linux's permission for the tile
 // data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA; once per process).
-bool amx_usable() {
-  static const bool ok = [] {
+// Why AMX cannot run here ("" when it can), for the warnings.
+const std::string& amx_refusal() {
+  static const std::string why = []() -> std::string {
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16"))
-      return false;
+      return "this CPU lacks amx-tile, amx-bf16 or avx512bf16";
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
+      return std::string("the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM: ") + std::strerror(errno) + ")";
+    return "";
   }();
-  return ok;
+  return why;
 }
+
+bool amx_usable() { return amx_refusal().empty(); }
 
 MatmulIsa detect_isa() {
   const bool has512 = __builtin_cpu_supports("avx512f");
@@ -237,8 +243,7 @@ MatmulIsa detect_isa() {
   }
   if (env == "amx") {
     if (amx_usable()) return MatmulIsa::kAmx;
-    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'amx': this CPU or kernel offers no amx-bf16 tiles; using {}",
-                            matmul_isa_name(widest));
+    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'amx': {}; using {}", amx_refusal(), matmul_isa_name(widest));
     return widest;
   }
   if (!env.empty()) {
@@ -665,7 +670,7 @@ const char* matmul_isa_name(MatmulIsa isa) {
 std::string matmul_isa_source() {
   const std::string env = env_kernel();
   if (env == "avx2" || env == "avx512") return "set by SPECSERVE_CPU_MATMUL=" + env;
-  if (env == "amx") return amx_usable() ? "set by SPECSERVE_CPU_MATMUL=amx" : "SPECSERVE_CPU_MATMUL=amx, but this CPU or kernel has no amx-bf16";
+  if (env == "amx") return amx_usable() ? "set by SPECSERVE_CPU_MATMUL=amx" : "SPECSERVE_CPU_MATMUL=amx, but " + amx_refusal();
   return __builtin_cpu_supports("avx512f") ? "this CPU has avx512f" : "this CPU has no avx512f";
 }
 

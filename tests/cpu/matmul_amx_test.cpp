@@ -19,8 +19,10 @@ namespace {
 
 using namespace specserve::testing;  // NOLINT: the shared CPU test helpers
 
-#define SKIP_WITHOUT_AMX(scope) \
-  if (!(scope).ok()) GTEST_SKIP() << "this CPU or kernel has no amx-bf16 tiles: the AMX kernel cannot run here"
+#define SKIP_WITHOUT_AMX(scope)                                                                                 \
+  if (!(scope).ok())                                                                                            \
+  GTEST_SKIP() << "the AMX kernel cannot run here: this CPU lacks amx-tile, amx-bf16 or avx512bf16, or the kernel " \
+                  "refused the tile state"
 
 std::vector<uint8_t> random_q_blocks(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
   // Moderate fp16 scales (exponent 8..15) and random quants: a usable weight.

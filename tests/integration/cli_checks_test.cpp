@@ -203,7 +203,8 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
     set_matmul_isa(saved);
     EXPECT_NE(x.out.find("matmul kernel amx (set by SPECSERVE_CPU_MATMUL=amx)"), std::string::npos) << x.out;
   } else {
-    EXPECT_NE(x.out.find("SPECSERVE_CPU_MATMUL = 'amx': this CPU or kernel offers no amx-bf16 tiles"), std::string::npos) << x.out;
+    EXPECT_NE(x.out.find("SPECSERVE_CPU_MATMUL = 'amx': "), std::string::npos) << x.out;
+    EXPECT_NE(x.out.find("; using avx"), std::string::npos) << x.out;
   }
 }
 

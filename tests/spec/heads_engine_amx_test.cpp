@@ -13,7 +13,7 @@ namespace {
 
 TEST_F(HeadsEngineTest, AmxKernelKeepsGreedyIdentityForTreesAndBatches) {
   const MatmulIsa saved = matmul_isa();
-  if (!set_matmul_isa(MatmulIsa::kAmx)) GTEST_SKIP() << "this CPU or kernel has no amx-bf16 tiles: the AMX kernel cannot run here";
+  if (!set_matmul_isa(MatmulIsa::kAmx)) GTEST_SKIP() << "the AMX kernel cannot run here: this CPU lacks amx-tile, amx-bf16 or avx512bf16, or the kernel refused the tile state";
   struct Restore {
     MatmulIsa isa;
     ~Restore() { set_matmul_isa(isa); }
