@@ -25,7 +25,7 @@
 // SPECSERVE_CPU_MATMUL=avx2 forces the AVX2 kernel (for A/B runs); the default is the widest
 // the CPU has.
 //
-// SPECSERVE_CPU_MATMUL=amx (opt-in; Intel AMX, Sapphire Rapids and later, Linux >= 5.16) runs
+// SPECSERVE_CPU_MATMUL=amx (opt-in; Intel AMX, Sapphire Rapids and later, Linux >= 5.16; cpu/matmul_amx.cpp) runs
 // matmul_weight on the tile unit in bf16: x and W are rounded to bf16 (round to nearest even,
 // W from the same fp32 values dequantize_rows gives) and TDPBF16PS accumulates in fp32 (Intel
 // SDM vol. 2, "TDPBF16PS"). Its results differ from the fp32 kernels by bf16 rounding (both
