@@ -21,16 +21,10 @@ TEST_F(HeadsEngineTest, AmxKernelKeepsGreedyIdentityForTreesAndBatches) {
   const int32_t kTokens = 12;
   const EngineRun alone = run(nullptr, 0, 1, kTokens, 4);  // four prompts, one at a time
   const EngineRun plain = run(nullptr, 0, 4, kTokens, 4);  // the same four in one batch
-  auto m = medusa("", 8192);
-  ASSERT_TRUE(m);
-  const EngineRun med = run(m.get(), 6, 4, kTokens, 4);
-  EagleOptions o;
-  o.topk = 3;
-  o.depth = 4;
-  o.draft_vocab_size = 8192;
-  auto e = eagle(o);
-  ASSERT_TRUE(e);
-  const EngineRun eag = run(e.get(), 6, 4, kTokens, 4);
+  const HeadsBatch4 heads = run_heads_batch4(kTokens);
+  ASSERT_TRUE(heads.ok);
+  const EngineRun& med = heads.medusa;
+  const EngineRun& eag = heads.eagle;
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_EQ(alone.tokens[i].size(), static_cast<size_t>(kTokens));
     EXPECT_EQ(plain.tokens[i], alone.tokens[i]) << "plain batch of 4, prompt " << i;

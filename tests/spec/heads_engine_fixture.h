@@ -121,6 +121,28 @@ class HeadsEngineTest : public ::testing::Test {
     return r;
   }
 
+  /// The default batch-4 head runs both greedy-identity tests compare: Medusa (mc_sim_7b_63
+  /// trimmed to k = 6) and EAGLE (topk 3, depth 4, k = 6), 8192-id draft vocabulary, the first 4
+  /// prompts, `max_tokens` each. `ok` is false (after a failed EXPECT) when a head did not load.
+  struct HeadsBatch4 {
+    bool ok = false;
+    EngineRun medusa, eagle;
+  };
+  static HeadsBatch4 run_heads_batch4(int32_t max_tokens) {
+    HeadsBatch4 r;
+    auto m = medusa("", 8192);
+    EagleOptions o;
+    o.topk = 3;
+    o.depth = 4;
+    o.draft_vocab_size = 8192;
+    auto e = eagle(o);
+    if (!m || !e) return r;
+    r.medusa = run(m.get(), 6, 4, max_tokens, 4);
+    r.eagle = run(e.get(), 6, 4, max_tokens, 4);
+    r.ok = true;
+    return r;
+  }
+
   static Backend* backend_;
   static GgufFile* file_;
   static Transformer* model_;

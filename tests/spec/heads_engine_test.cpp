@@ -12,16 +12,10 @@ namespace {
 TEST_F(HeadsEngineTest, GreedyIdentityAtBatch4) {
   const int32_t kTokens = 12;
   const EngineRun plain = run(nullptr, 0, 4, kTokens, 4);
-  auto m = medusa("", 8192);  // mc_sim_7b_63 trimmed to k
-  ASSERT_TRUE(m);
-  const EngineRun med = run(m.get(), 6, 4, kTokens, 4);
-  EagleOptions o;
-  o.topk = 3;
-  o.depth = 4;
-  o.draft_vocab_size = 8192;
-  auto e = eagle(o);
-  ASSERT_TRUE(e);
-  const EngineRun eag = run(e.get(), 6, 4, kTokens, 4);
+  const HeadsBatch4 heads = run_heads_batch4(kTokens);
+  ASSERT_TRUE(heads.ok);
+  const EngineRun& med = heads.medusa;
+  const EngineRun& eag = heads.eagle;
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(kTokens));
     EXPECT_EQ(med.tokens[i], plain.tokens[i]) << "medusa, prompt " << i;
