@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "model/backend.h"
 #include "model/model_config.h"
@@ -23,6 +24,29 @@ namespace specserve {
 /// present.
 Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& flag, const std::string& device,
                                                            int threads);
+
+/// Applies a compute dtype (vLLM's --dtype; core/dtype.h) to this process, for models that run
+/// on `device`; call it before the first backend is made. `field` names where the value came
+/// from ("--dtype", "models.target.dtype") in errors and in the kernel log line.
+/// - cpu: auto keeps the default kernel (or SPECSERVE_CPU_MATMUL's); float32 runs the fp32
+///   kernel (avx512, or avx2 where the CPU lacks avx512f or SPECSERVE_CPU_MATMUL=avx2 asks for
+///   it) even when SPECSERVE_CPU_MATMUL=amx; bfloat16 runs the AMX bf16 kernel (cpu/matmul.h).
+///   The CPU backend is process-wide, so every model of the process (target and draft) follows.
+/// - cuda:N: the weights' storage of every CudaBackend made afterwards in this process
+///   (bfloat16, float16, float32; auto: $SPECSERVE_CUDA_WEIGHTS or bf16).
+/// Errors (kInvalidArgument, naming `field`, the value and the reason): bfloat16 on a CPU or
+/// kernel that refuses AMX (which one refused: cpu/matmul_amx.h amx_refusal()); float16 on the
+/// CPU (no fp16 kernel); a malformed device.
+Status apply_compute_dtype(ComputeDtype dtype, const std::string& device, const std::string& field);
+
+/// The errors apply_compute_dtype would give, changing nothing (for `up --dry-run`).
+Status check_compute_dtype(ComputeDtype dtype, const std::string& device, const std::string& field);
+
+/// The matmul arithmetic a backend made now for `device` runs, for logs and `specserve status`:
+/// "avx512 fp32", "avx2 fp32" or "amx bf16" on the CPU (cpu/matmul.h matmul_isa()); "cuda bf16
+/// weights", "cuda fp16 weights" or "cuda fp32 weights" on a GPU; "cuda" in a build without it;
+/// "?" for a malformed device.
+std::string compute_description(const std::string& device);
 
 /// Whether make_backend_for_device could make `device` here, without making it (no CUDA context,
 /// no allocation): for checking a topology before a worker loads its model. Same errors.

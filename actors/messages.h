@@ -213,6 +213,9 @@ struct WorkerHello {
   bool kv_nccl = false;      ///< with kv_address: it joins NCCL KV channels (KvPeer::nccl)
   std::string kv_machine;    ///< with kv_address: its machine's hostname (KvPeer::machine)
   bool prefill_only = false; ///< a prefill_worker: runs prompts to their first token, then hands them over
+  /// Its matmul arithmetic (actors/backend_factory.h compute_description: "avx512 fp32",
+  /// "amx bf16", "cuda bf16 weights"): shards that continue each other's sequences should agree.
+  std::string compute;
 };
 
 /// Scheduler -> shard: the replica's draft worker is ready (in-process handle, or host:port);
@@ -275,6 +278,7 @@ struct WorkerStatus {
   std::string error;
   double load_seconds = 0;
   double warmup_seconds = 0;
+  std::string compute;  ///< WorkerHello::compute
 };
 
 struct ReplicaStatus {
@@ -419,7 +423,7 @@ typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
   return f(caf::meta::type_name("WorkerHello"), x.token, x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
            x.load_seconds, x.warmup_seconds, x.draft_host, x.draft_port, x.total_kv_blocks, x.block_size, x.max_num_seqs,
            x.max_model_len, x.self, x.kv_address, x.prefill_only, x.kv_process, x.kv_cuda_device,
-           x.kv_nccl, x.kv_machine);
+           x.kv_nccl, x.kv_machine, x.compute);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AttachDraftMsg& x) {
@@ -452,7 +456,7 @@ typename Inspector::result_type inspect(Inspector& f, StatusQuery& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerStatus& x) {
   return f(caf::meta::type_name("WorkerStatus"), x.node, x.role, x.replica, x.rank, x.pid, x.state, x.error,
-           x.load_seconds, x.warmup_seconds);
+           x.load_seconds, x.warmup_seconds, x.compute);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {

@@ -268,8 +268,25 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.draft_settled = h.state == "ready" || h.state == "failed";
         }
         log->info("worker {} of replica {} on node {} (pid {}): {}{}", h.role, h.replica, h.node, h.pid, h.state,
-                  h.state == "ready" ? fmt::format(" (load {:.2f} s, warm-up {:.2f} s)", h.load_seconds, h.warmup_seconds)
+                  h.state == "ready" ? fmt::format(" (load {:.2f} s, warm-up {:.2f} s, {})", h.load_seconds,
+                                                   h.warmup_seconds, h.compute.empty() ? "?" : h.compute)
                                      : (h.error.empty() ? "" : ": " + h.error));
+        // Sequences move between target-side workers (migration, disaggregated prefill) and
+        // continue bit for bit only under the same arithmetic: say so when a ready one differs.
+        if (h.state == "ready" && h.role != worker_role_name(WorkerRole::kDraftWorker) && !h.compute.empty()) {
+          for (const auto& [addr, other] : s.workers) {
+            const WorkerHello& o = other.hello;
+            if (addr == h.self.address() || o.state != "ready" || o.role == worker_role_name(WorkerRole::kDraftWorker) ||
+                o.compute.empty() || o.compute == h.compute) {
+              continue;
+            }
+            log->warn("{} of replica {} (pid {}) computes in {}, {} of replica {} (pid {}) in {}: sequences moved between "
+                      "them continue under other arithmetic (greedy output may differ from an unmoved run); give every "
+                      "host one models.target.dtype (float32 or bfloat16) or SPECSERVE_CPU_MATMUL",
+                      h.role, h.replica, h.pid, h.compute, o.role, o.replica, o.pid, o.compute);
+            break;
+          }
+        }
         // A replica whose target shard cannot load is not restarted in a loop.
         if (h.role == worker_role_name(WorkerRole::kTargetShard)) r.not_startable = h.state == "failed";
         attach_draft_if_ready(self, r);

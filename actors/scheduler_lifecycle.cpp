@@ -387,6 +387,7 @@ ClusterStatus make_status(SchedSelf self) {
     ws.error = w.hello.error;
     ws.load_seconds = w.hello.load_seconds;
     ws.warmup_seconds = w.hello.warmup_seconds;
+    ws.compute = w.hello.compute;
     c.workers.push_back(ws);
   }
   std::sort(c.workers.begin(), c.workers.end(), [](const WorkerStatus& a, const WorkerStatus& b) {

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "actors/backend_factory.h"
+
 namespace specserve {
 
 WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error) {
@@ -17,6 +19,7 @@ WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const 
   h.state = state;
   h.error = error;
   h.self = self;
+  h.compute = compute_description(cfg.device.to_string());
   return h;
 }
 

@@ -239,8 +239,9 @@ void print_status_line(Client& client) {
   auto st = client.status(std::chrono::seconds(5));
   if (!st.ok()) return;
   for (const auto& w : st->workers) {
-    std::fprintf(stderr, "  %-13s replica %d rank %d on %-8s pid %-7d %-8s load %.2f s  warm-up %.2f s\n", w.role.c_str(),
-                 w.replica, w.rank, w.node.c_str(), w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds);
+    std::fprintf(stderr, "  %-13s replica %d rank %d on %-8s pid %-7d %-8s load %.2f s  warm-up %.2f s  %s\n", w.role.c_str(),
+                 w.replica, w.rank, w.node.c_str(), w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds,
+                 w.compute.c_str());
   }
 }
 
@@ -448,6 +449,11 @@ int run_worker(const WorkerOptions& o) {
   if (Status st = check_device_available(topo->where(device_path) + ": " + device_path, spec.device.to_string()); !st.ok()) {
     return fail("worker", st);
   }
+  // Before the model loads: every worker of the topology computes in its one dtype.
+  if (Status st = apply_compute_dtype(topo->models.target.dtype, spec.device.to_string(), "models.target.dtype");
+      !st.ok()) {
+    return fail("worker", Status(st.code(), topo->where("models.target.dtype") + ": " + st.message()));
+  }
   auto token = read_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("worker", token.status());
   auto hp = parse_host_port(o.join, "--join");
@@ -542,6 +548,20 @@ int run_serve(const ServeOptions& o) {
   install_stop_signals();
   const Topology& t = o.topology;
   if (Status tp = check_tensor_parallel_size(t); !tp.ok()) return fail("serve", tp);
+  {
+    // The target's device (its first shard's; cpu when none is declared) decides what the dtype
+    // means; before anything listens, so a dtype this machine cannot run is plain bad input.
+    std::string device = "cpu";
+    for (const NodeSpec& n : t.nodes)
+      for (const WorkerSpec& w : n.workers)
+        if (w.role == WorkerRole::kTargetShard && w.rank == 0) device = w.device.to_string();
+    // `serve` maps the field to its flag (--dtype); a topology file to file:line:column.
+    const std::string where = t.where("models.target.dtype");
+    const std::string field = where.rfind("--", 0) == 0 ? where : "models.target.dtype";
+    if (Status st = apply_compute_dtype(t.models.target.dtype, device, field); !st.ok()) {
+      return fail("serve", field == where ? st : Status(st.code(), where + ": " + st.message()));
+    }
+  }
   Status ports = check_ports_free(t, /*include_http=*/static_cast<bool>(o.front_end));
   if (!ports.ok()) return fail("serve", ports);
   auto token = ensure_cluster_token(t.cluster.token_file);

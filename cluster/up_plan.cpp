@@ -37,6 +37,7 @@ Status field_error(const Topology& t, const std::string& field, const std::strin
 
 std::vector<Status> check_up_plan(const Topology& t) {
   std::vector<Status> problems;
+  bool dtype_checked_on_cpu = false;
   for (size_t i = 0; i < t.nodes.size(); ++i) {
     const NodeSpec& n = t.nodes[i];
     // NOTE: a remote node's devices are checked by its own `specserve node` (this machine cannot see them).
@@ -45,6 +46,14 @@ std::vector<Status> check_up_plan(const Topology& t) {
       const std::string path = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "].device";
       Status st = check_device_available(t.where(path) + ": " + path, n.workers[j].device.to_string());
       if (!st.ok()) problems.push_back(st);
+      // models.target.dtype on this machine's CPU (bfloat16 needs AMX; no float16 kernel): once.
+      if (n.workers[j].device.kind == DeviceKind::kCpu && !dtype_checked_on_cpu) {
+        dtype_checked_on_cpu = true;
+        const std::string field = "models.target.dtype";
+        if (Status d = check_compute_dtype(t.models.target.dtype, "cpu", field); !d.ok()) {
+          problems.push_back(Status(d.code(), t.where(field) + ": " + d.message() + " (" + path + " is cpu)"));
+        }
+      }
     }
   }
   const std::string& target_path = t.models.target.path;
@@ -89,8 +98,8 @@ std::string describe_up_plan(const Topology& t) {
   line("cluster '%s' (token file %s)", t.cluster.name.c_str(), t.cluster.token_file.c_str());
   line("head: actor port %s:%d, HTTP port %d", t.head.host.c_str(), t.head.actor_port, t.head.http_port);
   std::string max_len = t.models.target.max_model_len ? std::to_string(*t.models.target.max_model_len) : "the model's";
-  line("target: %s (tensor_parallel_size %d, max_model_len %s)", t.models.target.path.c_str(),
-       t.models.target.tensor_parallel_size, max_len.c_str());
+  line("target: %s (tensor_parallel_size %d, max_model_len %s, dtype %s)", t.models.target.path.c_str(),
+       t.models.target.tensor_parallel_size, max_len.c_str(), compute_dtype_name(t.models.target.dtype));
   if (t.models.speculative) {
     const SpeculativeSpec& sp = *t.models.speculative;
     const std::string draft_len = sp.max_model_len ? ", draft max_model_len " + std::to_string(*sp.max_model_len) : "";

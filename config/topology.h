@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace specserve {
@@ -70,6 +71,11 @@ struct TargetModelSpec {
   std::string path;                      ///< absolute path of a readable GGUF file
   int32_t tensor_parallel_size = 1;      ///< target_shard workers per replica (ranks 0..tp-1)
   std::optional<int32_t> max_model_len;  ///< tokens; unset: the model's context length
+  /// vLLM's dtype (core/dtype.h): the matmul arithmetic of every worker process of the cluster
+  /// (target shards, prefill and draft workers; each applies it for its own device when it
+  /// starts, actors/backend_factory.h apply_compute_dtype). One value per topology, so workers
+  /// that continue each other's sequences compute alike.
+  ComputeDtype dtype = ComputeDtype::kAuto;
 };
 
 /// `models.speculative:` — the proposer (vLLM's speculative_config keys).

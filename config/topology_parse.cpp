@@ -267,7 +267,7 @@ void TopologyParser::parse_models(const YAML::Node& n) {
 }
 
 void TopologyParser::parse_target(const YAML::Node& n) {
-  Fields f(*this, n, "models.target", {"path", "tensor_parallel_size", "max_model_len"});
+  Fields f(*this, n, "models.target", {"path", "tensor_parallel_size", "max_model_len", "dtype"});
   if (!f.is_map()) return;
   if (auto p = read_model_path(f, "path", true)) topo_.models.target.path = *p;
   if (auto tp = read_int(f, "tensor_parallel_size", 1, 1024, false)) {
@@ -277,6 +277,14 @@ void TopologyParser::parse_target(const YAML::Node& n) {
   }
   if (auto m = read_int(f, "max_model_len", 1, INT32_MAX, false)) {
     topo_.models.target.max_model_len = static_cast<int32_t>(*m);
+  }
+  if (const YAML::Node* d = scalar(f, "dtype", "a string", false)) {
+    auto dtype = parse_compute_dtype(d->Scalar(), "dtype");
+    if (dtype.ok()) {
+      topo_.models.target.dtype = *dtype;
+    } else {
+      error(*d, f.path("dtype"), quote(d->Scalar()) + " is not one of auto, float32, float, bfloat16, float16, half");
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <cstdlib>
 #include <cctype>
@@ -353,17 +354,34 @@ const char* matmul_isa_name(MatmulIsa isa) {
   return "?";
 }
 
+static std::mutex& isa_source_mutex() {
+  static std::mutex m;
+  return m;
+}
+static std::string& isa_source_override() {
+  static std::string s;
+  return s;
+}
+
 std::string matmul_isa_source() {
+  {
+    std::lock_guard<std::mutex> lock(isa_source_mutex());
+    if (!isa_source_override().empty()) return isa_source_override();
+  }
   const std::string env = env_kernel();
   if (env == "avx2" || env == "avx512") return "set by SPECSERVE_CPU_MATMUL=" + env;
   if (env == "amx") return amx_usable() ? "set by SPECSERVE_CPU_MATMUL=amx" : "SPECSERVE_CPU_MATMUL=amx, but " + amx_refusal();
   return __builtin_cpu_supports("avx512f") ? "this CPU has avx512f" : "this CPU has no avx512f";
 }
 
-bool set_matmul_isa(MatmulIsa isa) {
+bool set_matmul_isa(MatmulIsa isa, const std::string& source) {
   if (isa == MatmulIsa::kAvx512 && !__builtin_cpu_supports("avx512f")) return false;
   if (isa == MatmulIsa::kAmx && !amx_usable()) return false;
   active_isa().store(isa, std::memory_order_relaxed);
+  if (!source.empty()) {
+    std::lock_guard<std::mutex> lock(isa_source_mutex());
+    isa_source_override() = source;
+  }
   return true;
 }
 

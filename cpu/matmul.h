@@ -61,9 +61,11 @@ const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2", "avx512" or "amx"
 /// back to the widest fp32 kernel.
 std::string matmul_isa_source();
 
-/// Switches the kernel for the whole process (tests compare them). Not thread-safe against
-/// running matmuls. Returns false (and changes nothing) for AVX-512 or AMX where it cannot run.
-bool set_matmul_isa(MatmulIsa isa);
+/// Switches the kernel for the whole process (tests compare them; `--dtype`, actors/
+/// backend_factory.h). Not thread-safe against running matmuls. Returns false (and changes
+/// nothing) for AVX-512 or AMX where it cannot run. A non-empty `source` is what
+/// matmul_isa_source() says from then on (e.g. "set by --dtype bfloat16").
+bool set_matmul_isa(MatmulIsa isa, const std::string& source = "");
 
 /// A kernel-choice environment variable (SPECSERVE_CPU_MATMUL, SPECSERVE_CPU_ATTENTION), trimmed
 /// of spaces and tabs and lower-cased; "" when unset.

@@ -6,6 +6,9 @@
 
 #include <string>
 
+#include "cpu/matmul.h"
+#include "cpu/matmul_amx.h"
+
 namespace specserve {
 namespace {
 
@@ -64,6 +67,56 @@ TEST(BackendFactory, DeviceMemoryIsForCudaOnly) {
   } else {
     EXPECT_EQ(gpu.status().code(), StatusCode::kUnavailable) << gpu.status().to_string();
   }
+}
+
+// --dtype on the CPU (core/dtype.h): float32 runs the fp32 kernel, bfloat16 the AMX kernel or
+// a clear error where AMX cannot run, float16 an error; the log's source names the flag.
+TEST(BackendFactory, DtypeChoosesTheCpuKernelOrSaysWhyNot) {
+  const MatmulIsa saved = matmul_isa();
+  const MatmulIsa fp32 = __builtin_cpu_supports("avx512f") ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
+
+  ASSERT_TRUE(apply_compute_dtype(ComputeDtype::kFloat32, "cpu", "--dtype").ok());
+  EXPECT_EQ(matmul_isa(), fp32);
+  EXPECT_EQ(matmul_isa_source(), "set by --dtype float32");
+
+  const Status check = check_compute_dtype(ComputeDtype::kBFloat16, "cpu", "models.target.dtype");
+  const Status bf16 = apply_compute_dtype(ComputeDtype::kBFloat16, "cpu", "models.target.dtype");
+  EXPECT_EQ(check.ok(), bf16.ok());
+  if (amx_usable()) {
+    ASSERT_TRUE(bf16.ok()) << bf16.to_string();
+    EXPECT_EQ(matmul_isa(), MatmulIsa::kAmx);
+    EXPECT_EQ(matmul_isa_source(), "set by models.target.dtype bfloat16");
+  } else {
+    EXPECT_EQ(bf16.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bf16.message().find("models.target.dtype = 'bfloat16'"), std::string::npos) << bf16.message();
+    EXPECT_NE(bf16.message().find(amx_refusal()), std::string::npos) << bf16.message();
+    EXPECT_EQ(matmul_isa(), fp32);  // unchanged
+  }
+
+  // auto keeps whatever the process runs; float16 has no CPU kernel and changes nothing.
+  const MatmulIsa before = matmul_isa();
+  EXPECT_TRUE(apply_compute_dtype(ComputeDtype::kAuto, "cpu", "--dtype").ok());
+  EXPECT_EQ(matmul_isa(), before);
+  for (const Status& st : {apply_compute_dtype(ComputeDtype::kFloat16, "cpu", "--dtype"),
+                           check_compute_dtype(ComputeDtype::kFloat16, "cpu", "--dtype")}) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("--dtype = 'float16': the CPU backend has no float16 kernel"), std::string::npos)
+        << st.message();
+  }
+  EXPECT_EQ(matmul_isa(), before);
+
+  // Back to fp32 (from amx where it ran); a float16 for CUDA is only recorded, the CPU untouched.
+  ASSERT_TRUE(apply_compute_dtype(ComputeDtype::kFloat32, "cpu", "--dtype").ok());
+  EXPECT_EQ(matmul_isa(), fp32);
+  EXPECT_TRUE(check_compute_dtype(ComputeDtype::kFloat16, "cuda:0", "--dtype").ok());
+  EXPECT_TRUE(apply_compute_dtype(ComputeDtype::kFloat16, "cuda:0", "--dtype").ok());
+  EXPECT_EQ(matmul_isa(), fp32);
+  EXPECT_TRUE(apply_compute_dtype(ComputeDtype::kAuto, "cuda:0", "--dtype").ok());
+
+  const Status bad = apply_compute_dtype(ComputeDtype::kFloat32, "gpu0", "--dtype");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'gpu0'"), std::string::npos) << bad.message();
+  set_matmul_isa(saved);
 }
 
 }  // namespace

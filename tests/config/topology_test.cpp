@@ -139,6 +139,8 @@ const BadCase kBadCases[] = {
   {"model_file_missing", "path: MODEL", "path: no-such-model.gguf", {"t.yaml:4:43:", "models.target.path", "'no-such-model.gguf'", "No such file"}, StatusCode::kNotFound},
   {"model_path_is_folder", "path: MODEL", "path: .", {"t.yaml:4:43:", "models.target.path", "'.'", "not a regular file"}, StatusCode::kNotFound},
   {"max_model_len_zero", "tensor_parallel_size: 1,", "tensor_parallel_size: 1, max_model_len: 0,", {"t.yaml:4:52:", "models.target.max_model_len", "'0'"}},
+  {"dtype_unknown", "tensor_parallel_size: 1,", "tensor_parallel_size: 1, dtype: bf16,", {"t.yaml:4:44:", "models.target.dtype", "'bf16'", "auto, float32, float, bfloat16, float16, half"}},
+  {"dtype_not_a_string", "tensor_parallel_size: 1,", "tensor_parallel_size: 1, dtype: [float32],", {"t.yaml:4:44:", "models.target.dtype", "expected a string"}},
   {"port_too_large", "http_port: 8000", "http_port: 70000", {"t.yaml:2:54:", "head.http_port", "'70000'", "1..65535"}},
   {"port_zero", "actor_port: 7420", "actor_port: 0", {"t.yaml:2:37:", "head.actor_port", "'0'", "1..65535"}},
   {"ports_equal", "http_port: 8000", "http_port: 7420", {"t.yaml:2:54:", "head.http_port", "'7420'", "head.actor_port"}},
@@ -173,6 +175,25 @@ TEST_P(BadTopology, IsRejectedWithLocationPathAndValue) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, BadTopology, ::testing::ValuesIn(kBadCases),
                          [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+// vLLM's dtype names (core/dtype.h), with its aliases; unset is auto.
+TEST(Topology, TargetDtypeTakesVllmNames) {
+  auto unset = parse(base_yaml());
+  ASSERT_TRUE(unset.ok()) << unset.status().to_string();
+  EXPECT_EQ(unset->models.target.dtype, ComputeDtype::kAuto);
+  const std::pair<const char*, ComputeDtype> cases[] = {{"auto", ComputeDtype::kAuto},
+                                                        {"float32", ComputeDtype::kFloat32},
+                                                        {"float", ComputeDtype::kFloat32},
+                                                        {"bfloat16", ComputeDtype::kBFloat16},
+                                                        {"float16", ComputeDtype::kFloat16},
+                                                        {"half", ComputeDtype::kFloat16}};
+  for (const auto& [name, want] : cases) {
+    auto t = parse(replace_once(base_yaml(), "tensor_parallel_size: 1,", std::string("tensor_parallel_size: 1, dtype: ") + name + ","));
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status().to_string();
+    EXPECT_EQ(t->models.target.dtype, want) << name;
+    EXPECT_EQ(t->where("models.target.dtype"), "t.yaml:4:44") << name;
+  }
+}
 
 TEST(Topology, PrefixCachingCanBeTurnedOff) {
   auto t = parse(replace_once(base_yaml(), "kv_cache_bytes: 1GiB}", "kv_cache_bytes: 1GiB, enable_prefix_caching: false}"));

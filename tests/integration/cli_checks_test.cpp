@@ -208,6 +208,57 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   }
 }
 
+// vLLM's --dtype: float32 wins over SPECSERVE_CPU_MATMUL=amx, bfloat16 runs the AMX kernel or
+// is refused (exit 2) saying why, float16 has no CPU kernel; serve and `up --dry-run` refuse the
+// same before anything starts.
+TEST(CliChecks, DtypeChoosesTheCpuKernelOrIsRefusedSayingWhy) {
+  const std::string gen = "generate --prompt hi --max-tokens 1 --temperature 0 --dtype ";
+  ::setenv("SPECSERVE_CPU_MATMUL", "amx", 1);
+  const CmdResult f32 = run(gen + "float32");
+  ::unsetenv("SPECSERVE_CPU_MATMUL");
+  const CmdResult bf16 = run(gen + "bfloat16");
+  const CmdResult half = run(gen + "half");
+  const CmdResult typo = run(gen + "bf16");
+  const std::string dir = temp_dir("specserve_cli_dtype_");
+  const CmdResult serve = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --dtype float16", 60);
+  const std::string yaml = dir + "/f16.yaml";
+  std::ofstream(yaml) << "cluster: {name: f16, token_file: " << dir << "/token}\n"
+                      << "head: {host: 127.0.0.1, actor_port: 7491, http_port: 7492}\n"
+                      << "models:\n"
+                      << "  target: {path: " << SPECSERVE_SOURCE_DIR << "/models/SmolLM2-135M-Instruct.Q4_1.gguf, dtype: float16}\n"
+                      << "nodes:\n"
+                      << "  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  const CmdResult up = run("up " + yaml + " --dry-run", 60);
+  fs::remove_all(dir);
+
+  const bool has512 = __builtin_cpu_supports("avx512f");
+  EXPECT_EQ(f32.exit_code, 0) << f32.out;
+  EXPECT_NE(f32.out.find(std::string("matmul kernel ") + (has512 ? "avx512" : "avx2") + " (set by --dtype float32)"),
+            std::string::npos) << f32.out;
+  const MatmulIsa saved = matmul_isa();
+  if (set_matmul_isa(MatmulIsa::kAmx)) {  // can this process run it?
+    set_matmul_isa(saved);
+    EXPECT_EQ(bf16.exit_code, 0) << bf16.out;
+    EXPECT_NE(bf16.out.find("matmul kernel amx (set by --dtype bfloat16)"), std::string::npos) << bf16.out;
+  } else {
+    EXPECT_EQ(bf16.exit_code, 2) << bf16.out;
+    EXPECT_NE(bf16.out.find("--dtype = 'bfloat16': the CPU backend's bf16 matmul needs Intel AMX"), std::string::npos)
+        << bf16.out;
+  }
+  EXPECT_EQ(half.exit_code, 2) << half.out;
+  EXPECT_NE(half.out.find("--dtype = 'float16': the CPU backend has no float16 kernel"), std::string::npos) << half.out;
+  EXPECT_EQ(typo.exit_code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("--dtype: 'bf16' is not one of auto, float32, float, bfloat16, float16, half"), std::string::npos)
+      << typo.out;
+  EXPECT_EQ(serve.exit_code, 2) << serve.out;
+  EXPECT_NE(serve.out.find("--dtype = 'float16': the CPU backend has no float16 kernel"), std::string::npos) << serve.out;
+  EXPECT_EQ(serve.out.find("http://"), std::string::npos) << "the HTTP banner came before the error:\n" << serve.out;
+  EXPECT_EQ(up.exit_code, 2) << up.out;
+  EXPECT_NE(up.out.find("f16.yaml:4:"), std::string::npos) << up.out;
+  EXPECT_NE(up.out.find("models.target.dtype = 'float16': the CPU backend has no float16 kernel"), std::string::npos)
+      << up.out;
+}
+
 TEST(CliChecks, GenerateWithNoTokenSaysTimeToFirstTokenIsNotApplicable) {
   // The default model's first greedy token for this raw prompt ends the sequence (found by a
   // fresh-user try; the report said "-1000.0 ms").

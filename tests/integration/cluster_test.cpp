@@ -20,6 +20,8 @@
 #include "actors/client.h"
 #include "cluster/process.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/matmul.h"
+#include "cpu/matmul_amx.h"
 #include "model/model_loader.h"
 #include "spec/engine.h"
 #include "spec/ngram_proposer.h"
@@ -414,6 +416,41 @@ TEST(Cluster, WorkerOnAGpuThatDoesNotExistStopsUp) {
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cuda:63], workers: [ { role: target_shard, replica: 0, device: cuda:63 } ] }\n",
                "");
   EXPECT_EQ(up.wait_exit(180), 2);
+}
+
+// models.target.dtype reaches every worker process (each applies it when it starts: bf16 AMX
+// tiles where this CPU has them, else fp32), `status` shows each worker's arithmetic, and the
+// greedy output is what this process computes under the same kernel. float16, which the CPU
+// cannot run, stops `up` before any worker starts (exit 2, bad input).
+TEST(Cluster, TargetDtypeReachesEveryWorkerAndStatusShowsIt) {
+  const bool amx = amx_usable();  // the workers run on this machine's CPU
+  const std::string want = amx ? "amx bf16" : (__builtin_cpu_supports("avx512f") ? "avx512 fp32" : "avx2 fp32");
+  const MatmulIsa saved = matmul_isa();
+  ASSERT_TRUE(set_matmul_isa(amx ? MatmulIsa::kAmx : saved));
+  const std::vector<int32_t> prompt = prompt_ids()[1];
+  const std::vector<int32_t> expected = testing::greedy_reference(prompt, 24);
+  set_matmul_isa(saved);
+
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu }, "
+               "{ role: draft_worker, replica: 0, device: cpu } ] }\n",
+               "  speculative: { method: ngram, num_speculative_tokens: 3, prompt_lookup_min: 1, prompt_lookup_max: 3 }\n",
+               "64MiB", {}, amx ? ", dtype: bfloat16" : ", dtype: float32");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  auto st = c->status();
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  ASSERT_EQ(st->workers.size(), 2u);
+  for (const auto& w : st->workers) EXPECT_EQ(w.compute, want) << w.role;
+  auto h = c->submit(greedy(prompt, 24));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  auto result = (*h)->wait();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_EQ(result->tokens, expected);
+  EXPECT_EQ(up.terminate(60), 0);
+
+  UpProcess f16("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
+                "", "64MiB", {}, ", dtype: float16");
+  EXPECT_EQ(f16.wait_exit(60), 2);
 }
 
 // ---------------------------------------------------------------- KV data plane (migration)

@@ -29,6 +29,7 @@
 #include "model/gguf_writer.h"
 #include "model/sampling.h"
 #include "tools/cli/common.h"
+#include "tools/cli/spec_options.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/subcommands.h"
 
@@ -38,6 +39,7 @@ namespace {
 struct Args {
   std::string model, output;
   std::string device = "cpu";
+  std::string dtype = "auto";
   std::string synthetic;  ///< "", "llama-1b" or "llama-8b"
   std::vector<int> decode_batches = {1};
   int threads = 0;
@@ -142,6 +144,10 @@ Status write_synthetic_gguf(const SyntheticShape& sh, const std::string& path) {
 
 int run(const Args& a) {
   std::string path = a.model.empty() ? default_model_path() : a.model;
+  if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
+    std::fprintf(stderr, "specserve bench-model: %s\n", st.message().c_str());
+    return exit_status_for(st);
+  }
   // The model: a file on --device (with its tokenizer; tensor-parallel ranks on the CPU) or a
   // synthetic image. Declared so that models go before their backends.
   std::unique_ptr<Backend> synthetic_backend;
@@ -254,6 +260,7 @@ int run(const Args& a) {
   out["model"] = path;
   out["device"] = backend->name();
   out["threads"] = a.threads;
+  out["dtype"] = a.dtype;
   out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
   out["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   out["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
@@ -275,10 +282,12 @@ int run(const Args& a) {
     out["prefill"][std::to_string(len)] = tps;
   }
   // Bytes one decode step reads: every matmul weight in the backend's storage (fp32 or GGUF blocks
-  // on the CPU, bf16 or fp16 on CUDA unless SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the
-  // cached tokens (prompt + half the decode).
+  // on the CPU, bf16 or fp16 on CUDA unless --dtype float32 or, under --dtype auto,
+  // SPECSERVE_CUDA_WEIGHTS=fp32), and the fp32 KV of the cached tokens (prompt + half the decode).
   const char* cuda_weights = std::getenv("SPECSERVE_CUDA_WEIGHTS");  // actors/backend_factory.h
-  const double wbytes = on_gpu && !(cuda_weights && std::string(cuda_weights) == "fp32") ? 2.0 : 4.0;
+  const bool cuda_fp32 = a.dtype == "float32" || a.dtype == "float" ||
+                         (a.dtype == "auto" && cuda_weights && std::string(cuda_weights) == "fp32");
+  const double wbytes = on_gpu && !cuda_fp32 ? 2.0 : 4.0;
   const double d = static_cast<double>(c.hidden_size), ff = static_cast<double>(c.ffn_size);
   const double per_layer = d * c.q_dim() * 2 + d * c.kv_dim() * 2 + 3 * d * ff;
   double weight_bytes = wbytes * (c.num_layers * per_layer + d * c.vocab_size);
@@ -379,6 +388,7 @@ void add_bench_model(CLI::App& app) {
                   "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
+  add_dtype_option(*sub, &a->dtype);
   sub->add_option("--synthetic", a->synthetic,
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");

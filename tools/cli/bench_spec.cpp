@@ -36,6 +36,7 @@ struct BenchArgs {
   int max_tokens = 64;
   int threads = 0;
   std::string device = "cpu";
+  std::string dtype = "auto";
   double gpu_memory_utilization = 0.9;
   std::vector<int> batch_sizes = {1};
   std::vector<std::string> specs = {R"({"method":"ngram","num_speculative_tokens":4})"};
@@ -144,6 +145,10 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
 
 int run_bench(const BenchArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
+  if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
+    std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
+    return exit_status_for(st);
+  }
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto made = make_backend_for_device("--device", a.device, a.threads);
   if (!made.ok()) {
@@ -196,6 +201,7 @@ int run_bench(const BenchArgs& a) {
   report["questions_per_task"] = a.per_task;
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
+  report["dtype"] = a.dtype;
   report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
   report["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   report["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
@@ -312,6 +318,7 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
+  add_dtype_option(*sub, &a->dtype);
   add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");

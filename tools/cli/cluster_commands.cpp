@@ -302,9 +302,9 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     for (size_t i = 0; i < s.workers.size(); ++i) {
       const auto& w = s.workers[i];
       std::printf("%s{\"node\": \"%s\", \"role\": \"%s\", \"replica\": %d, \"rank\": %d, \"pid\": %d, \"state\": \"%s\", "
-                  "\"error\": \"%s\", \"load_seconds\": %.3f, \"warmup_seconds\": %.3f}",
+                  "\"error\": \"%s\", \"load_seconds\": %.3f, \"warmup_seconds\": %.3f, \"compute\": \"%s\"}",
                   i ? ", " : "", json_escape(w.node).c_str(), w.role.c_str(), w.replica, w.rank, w.pid, w.state.c_str(),
-                  json_escape(w.error).c_str(), w.load_seconds, w.warmup_seconds);
+                  json_escape(w.error).c_str(), w.load_seconds, w.warmup_seconds, json_escape(w.compute).c_str());
     }
     std::printf("], \"replicas\": [");
     for (size_t i = 0; i < s.replicas.size(); ++i) {
@@ -368,10 +368,12 @@ int run_status(const std::string& connect, const std::string& token_file, const 
               s.queued, s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
               static_cast<long long>(s.migrated), static_cast<long long>(s.kv_migrated_tokens),
               static_cast<long long>(s.kv_recomputed_tokens), s.draining ? " | draining" : "");
-  std::printf("%-14s %-8s %-7s %-5s %-8s %-9s %-9s %-9s\n", "WORKER", "NODE", "REPLICA", "RANK", "PID", "STATE", "LOAD_S", "WARMUP_S");
+  std::printf("%-14s %-8s %-7s %-5s %-8s %-9s %-9s %-9s %-17s\n", "WORKER", "NODE", "REPLICA", "RANK", "PID", "STATE", "LOAD_S",
+              "WARMUP_S", "COMPUTE");
   for (const auto& w : s.workers) {
-    std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank, w.pid,
-                w.state.c_str(), w.load_seconds, w.warmup_seconds, w.error.empty() ? "" : "  ", w.error.c_str());
+    std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f %-17s%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank,
+                w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds, w.compute.empty() ? "-" : w.compute.c_str(),
+                w.error.empty() ? "" : "  ", w.error.c_str());
   }
   std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
               "READY", "ASSIGNED", "RUNNING", "WAITING", "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN", "PREFIX_HIT",

@@ -12,6 +12,7 @@
 #include "tools/cli/common.h"
 #include "tools/cli/dump_hidden_lib.h"
 #include "tools/cli/registry.h"
+#include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
 
 namespace specserve::cli {
@@ -21,6 +22,7 @@ struct DumpArgs {
   std::string model;
   DumpHiddenOptions opts;
   int threads = 0;
+  std::string dtype = "auto";
   bool print_fingerprint = false;
 };
 
@@ -45,6 +47,10 @@ int run_dump_hidden(const DumpArgs& a) {
   if (Status st = check_dump_options(a.opts); !st.ok()) {
     std::fprintf(stderr, "specserve dump-hidden: %s\n", without_prefix(st.message()).c_str());
     return 2;
+  }
+  if (Status st = apply_dtype_option(a.dtype, "cpu"); !st.ok()) {
+    std::fprintf(stderr, "specserve dump-hidden: %s\n", st.message().c_str());
+    return exit_status_for(st);
   }
   auto backend = make_cpu_backend(a.threads);
   auto loaded = load_model(path, *backend);
@@ -127,6 +133,7 @@ void add_dump_hidden(CLI::App& app) {
   sub->add_flag("--print-fingerprint", args->print_fingerprint,
                 "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
   sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->capture_default_str();
+  add_dtype_option(*sub, &args->dtype);
   register_command("dump-hidden", [args] { return run_dump_hidden(*args); });
 }
 

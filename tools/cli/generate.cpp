@@ -25,6 +25,7 @@ struct GenerateArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string device = "cpu";
+  std::string dtype = "auto";
   double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
   int max_model_len = 0;
@@ -38,6 +39,10 @@ int run_generate(const GenerateArgs& a) {
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   // cuda:N: the KV pools are sized from --gpu-memory-utilization once the weights are loaded (actors/gpu_memory_plan.h).
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
+  if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
+    std::fprintf(stderr, "specserve generate: %s\n", st.message().c_str());
+    return exit_status_for(st);
+  }
   // Bad speculative flags or files are reported before the target loads, not after.
   if (Status st = check_spec_args_before_load(a.spec, path, "specserve generate"); !st.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", st.message().c_str());
@@ -171,6 +176,7 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (cuda needs tensor-parallel size 1)")->capture_default_str();
+  add_dtype_option(*sub, &args->dtype);
   add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");

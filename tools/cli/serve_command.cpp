@@ -30,6 +30,7 @@ struct ServeArgs {
   int actor_port = 7420, max_num_seqs = 64, max_num_batched_tokens = 2048, block_size = 16, max_model_len = 0, threads = 0;
   int tensor_parallel_size = 1;
   std::string device = "cpu";
+  std::string dtype = "auto";
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_bytes = "1GiB";
   bool enable_prefix_caching = true;
@@ -93,6 +94,16 @@ int run_serve_cmd(const ServeArgs& a) {
   t.locations["head.http_port"] = "--port";
   t.locations["head.host"] = "--host";
   t.models.target.path = a.model.empty() ? default_model_path() : a.model;
+  t.locations["models.target.dtype"] = "--dtype";
+  if (auto d = parse_compute_dtype(a.dtype, "--dtype"); d.ok()) {
+    t.models.target.dtype = *d;
+  } else {
+    return std::fprintf(stderr, "specserve serve: %s\n", d.status().message().c_str()), 2;
+  }
+  // Bad input before anything listens: bfloat16 where this CPU cannot run it, float16 on the CPU.
+  if (Status st = check_compute_dtype(t.models.target.dtype, a.device, "--dtype"); !st.ok()) {
+    return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), exit_status_for(st);
+  }
   if (a.max_model_len > 0) t.models.target.max_model_len = a.max_model_len;
   EngineOptions eo;
   eo.max_model_len = a.max_model_len;
@@ -181,6 +192,7 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::Range(1, 1024))
         ->capture_default_str();
     sub->add_option("--device", a->device, "Where the target runs: cpu or cuda:N (tensor-parallel rank r on cuda:N+r)")->capture_default_str();
+    add_dtype_option(*sub, &a->dtype);
     add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                       "cuda:N: fraction of each GPU's total memory this server may use for weights, activations "
                                       "and KV (vLLM's); the KV pool takes what the weights leave. Ignored on the CPU");

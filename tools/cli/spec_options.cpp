@@ -2,7 +2,9 @@
 
 #include <cstdio>
 
+#include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
+#include "core/dtype.h"
 
 namespace specserve::cli {
 
@@ -71,6 +73,30 @@ CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, con
       [](std::string& text) { return gpu_memory_utilization_error("--gpu-memory-utilization", text); },
       "FRACTION in (0, 1]");
   return sub.add_option("--gpu-memory-utilization", *value, help)->check(fraction)->capture_default_str();
+}
+
+CLI::Option* add_dtype_option(CLI::App& sub, std::string* value) {
+  CLI::Validator names(
+      [](std::string& text) {
+        return parse_compute_dtype(text, "--dtype").ok()
+                   ? std::string()
+                   : "'" + text + "' is not one of auto, float32, float, bfloat16, float16, half";
+      },
+      "auto|float32|bfloat16|float16");
+  return sub
+      .add_option("--dtype", *value,
+                  "Matmul arithmetic (vLLM's --dtype): auto (CPU: fp32, or SPECSERVE_CPU_MATMUL's kernel; CUDA: bf16 "
+                  "weights), float32 (fp32; float), bfloat16 (CPU: Intel AMX bf16 tiles with fp32 sums, an error where "
+                  "the CPU lacks AMX; CUDA: bf16 weights), float16 (CUDA only; half). Norms, attention, sampling and "
+                  "the KV cache stay fp32")
+      ->check(names)
+      ->capture_default_str();
+}
+
+Status apply_dtype_option(const std::string& value, const std::string& device) {
+  auto d = parse_compute_dtype(value, "--dtype");
+  if (!d.ok()) return d.status();
+  return apply_compute_dtype(*d, device, "--dtype");
 }
 
 }  // namespace specserve::cli

@@ -51,6 +51,15 @@ Status check_spec_args_before_load(const SpecArgs& args, const std::string& targ
 /// `sub`, bound to *value. `help` describes what the fraction covers for this command.
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help);
 
+/// Registers vLLM's --dtype on `sub` (core/dtype.h: auto, float32, float, bfloat16, float16,
+/// half; default auto), bound to *value; another name is refused naming the flag and the value.
+CLI::Option* add_dtype_option(CLI::App& sub, std::string* value);
+
+/// Applies --dtype `value` for models on `device` ("cpu", "cuda:N") before anything loads
+/// (actors/backend_factory.h apply_compute_dtype). Errors: kInvalidArgument naming --dtype, the
+/// value and why (bfloat16 where the CPU or Linux refuses AMX, float16 on the CPU).
+Status apply_dtype_option(const std::string& value, const std::string& device);
+
 /// Prints a sequence's speculative counters (vLLM's meanings) to stderr; accepted counts per
 /// position for a chain, per tree depth (up to proposer.max_draft_depth(k)) for a tree.
 /// `k`: the engine's num_speculative_tokens.
