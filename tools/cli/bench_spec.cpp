@@ -22,6 +22,7 @@
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -143,6 +144,12 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
 }
 
 int run_bench(const BenchArgs& a) {
+  if (!a.output.empty()) {
+    if (Status st = check_output_file("--output", a.output); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
+      return 2;
+    }
+  }
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   DeviceMemoryBudget memory(a.device, a.gpu_memory_utilization, "--gpu-memory-utilization");
   auto made = make_backend_for_device("--device", a.device, a.threads);
@@ -292,8 +299,10 @@ int run_bench(const BenchArgs& a) {
     std::fflush(stdout);
   }
   if (!a.output.empty()) {
-    std::ofstream o(a.output);
-    o << report.dump(1) << "\n";
+    if (Status st = write_output_file("--output", a.output, report.dump(1) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
+      return 1;
+    }
     std::fprintf(stderr, "[bench-spec] wrote %s\n", a.output.c_str());
   }
   return 0;
