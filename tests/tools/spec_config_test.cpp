@@ -240,5 +240,21 @@ TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {
   }
 }
 
+// Bug: --drain-timeout took -5 and nan ("draining in-flight requests (up to nan s)"; a NaN cast
+// to milliseconds is undefined behaviour).
+TEST(SpecConfig, SecondsAreFiniteAndNotNegative) {
+  const std::string f = "--drain-timeout";
+  for (const char* ok : {"0", "60", "0.5", "1e6"}) EXPECT_EQ(seconds_error(f, ok), "") << ok;
+  for (const char* bad : {"-5", "-0.1", "nan", "inf", "1e7"}) {
+    const std::string e = seconds_error(f, bad);
+    EXPECT_NE(e.find(f + " = " + bad), std::string::npos) << e;
+    EXPECT_NE(e.find("[0, 1e6]"), std::string::npos) << e;
+  }
+  for (const char* bad : {"abc", "", "5s"}) {
+    const std::string e = seconds_error(f, bad);
+    EXPECT_NE(e.find("'" + std::string(bad) + "': not a number"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace specserve::cli

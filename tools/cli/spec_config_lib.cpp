@@ -244,4 +244,17 @@ std::string gpu_memory_utilization_error(const std::string& flag, const std::str
   return std::string();
 }
 
+std::string seconds_error(const std::string& flag, const std::string& text) {
+  double v = 0;
+  size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number of seconds";
+  if (!(v >= 0.0 && v <= 1e6)) return flag + " = " + text + ": must be a number of seconds in [0, 1e6]";
+  return std::string();
+}
+
 }  // namespace specserve::cli

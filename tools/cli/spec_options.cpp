@@ -73,4 +73,8 @@ CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, con
   return sub.add_option("--gpu-memory-utilization", *value, help)->check(fraction)->capture_default_str();
 }
 
+CLI::Validator seconds_validator(const std::string& flag) {
+  return CLI::Validator([flag](std::string& text) { return seconds_error(flag, text); }, "SECONDS in [0, 1e6]");
+}
+
 }  // namespace specserve::cli

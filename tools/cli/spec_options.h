@@ -51,6 +51,9 @@ Status check_spec_args_before_load(const SpecArgs& args, const std::string& targ
 /// `sub`, bound to *value. `help` describes what the fraction covers for this command.
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help);
 
+/// A CLI11 validator for a number of seconds in [0, 1e6] named `flag` (seconds_error).
+CLI::Validator seconds_validator(const std::string& flag);
+
 /// Prints a sequence's speculative counters (vLLM's meanings) to stderr; accepted counts per
 /// position for a chain, per tree depth (up to proposer.max_draft_depth(k)) for a tree.
 /// `k`: the engine's num_speculative_tokens.
