@@ -262,8 +262,11 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
     GenerateRequest r;
     for (size_t i = 0; i < a.size(); ++i) {
       if (!a[i].is_number_integer()) return wrong_type(where + "[" + std::to_string(i) + "]", a[i], "a token id (integer)");
+      // NOTE: shown as written: get<int64_t> wraps 2^64 - 1 to -1.
+      if (a[i].is_number_unsigned() ? a[i].get<uint64_t>() > INT32_MAX : (a[i].get<int64_t>() < 0 || a[i].get<int64_t>() > INT32_MAX)) {
+        return bad(where, where + "[" + std::to_string(i) + "] = " + shown(a[i]) + ": not a token id");
+      }
       const int64_t v = a[i].get<int64_t>();
-      if (v < 0 || v > INT32_MAX) return bad(where, where + "[" + std::to_string(i) + "] = " + std::to_string(v) + ": not a token id");
       r.prompt_token_ids.push_back(static_cast<int32_t>(v));
     }
     if (r.prompt_token_ids.empty()) return bad(where, where + ": an empty list of token ids");

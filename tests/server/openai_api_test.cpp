@@ -217,6 +217,13 @@ TEST_F(OpenAiApi, HugeUnsignedIntegersAreOutOfRangeNotWrapped) {
     EXPECT_EQ(e->param, field);
     EXPECT_NE(e->message.find("18446744073709551615"), std::string::npos) << e->message;
   }
+  // A token id of 2^64 - 1 was reported as "prompt[0] = -1".
+  for (const char* body : {R"({"prompt": [18446744073709551615]})", R"({"prompt": [[5, 18446744073709551615]]})"}) {
+    auto t = parse(body, ApiKind::kCompletion);
+    ASSERT_TRUE(t) << body;
+    EXPECT_EQ(t->http_status, 400);
+    EXPECT_NE(t->message.find("= 18446744073709551615: not a token id"), std::string::npos) << t->message;
+  }
   auto e = parse(R"({"prompt": "x", "max_tokens": 9223372036854775808})", ApiKind::kCompletion);
   ASSERT_TRUE(e);
   EXPECT_NE(e->message.find("9223372036854775808"), std::string::npos) << e->message;
