@@ -464,6 +464,8 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
       return bad(prompt_field, toks.status().message(), size ? 413 : 400);
     }
     pp.tokens = std::move(*toks);
+    // echo of a prompt given as token ids: its text (it echoed nothing, as vLLM echoes the prompt).
+    if (r.echo && pp.text.empty()) pp.text = model.tokenizer->decode(pp.tokens, /*special=*/true);
     const int64_t len = static_cast<int64_t>(pp.tokens.size());
     if (model.max_model_len > 0) {
       const int64_t room = model.max_model_len - len;
