@@ -283,6 +283,11 @@ void apply_top_p(float top_p, float max_logit, float inv_t, Workspace* ws) {
   });
   size_t keep = 0;
   while (keep < boundary.size() && cum < target) cum += s.prob[boundary[keep++]];
+  // NOTE: the most likely token always survives. With top_p below kTopPSlack the target is
+  // <= 0, so the loop above kept nothing of the first bucket and every token was dropped: a
+  // request with top_p = 1e-9 aborted the process (renormalise's check) and took the server
+  // down with it.
+  if (cut == 0 && keep == 0 && !boundary.empty()) keep = 1;
   // The bucket's tail is dropped: mark it past the cut.
   for (size_t t = keep; t < boundary.size(); ++t) ws->bucket[boundary[t]] = kBuckets;
   const uint16_t* bucket = ws->bucket.data();

@@ -262,8 +262,11 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
     GenerateRequest r;
     for (size_t i = 0; i < a.size(); ++i) {
       if (!a[i].is_number_integer()) return wrong_type(where + "[" + std::to_string(i) + "]", a[i], "a token id (integer)");
+      // NOTE: shown as written: get<int64_t> wraps 2^64 - 1 to -1.
+      if (a[i].is_number_unsigned() ? a[i].get<uint64_t>() > INT32_MAX : (a[i].get<int64_t>() < 0 || a[i].get<int64_t>() > INT32_MAX)) {
+        return bad(where, where + "[" + std::to_string(i) + "] = " + shown(a[i]) + ": not a token id");
+      }
       const int64_t v = a[i].get<int64_t>();
-      if (v < 0 || v > INT32_MAX) return bad(where, where + "[" + std::to_string(i) + "] = " + std::to_string(v) + ": not a token id");
       r.prompt_token_ids.push_back(static_cast<int32_t>(v));
     }
     if (r.prompt_token_ids.empty()) return bad(where, where + ": an empty list of token ids");
@@ -461,6 +464,8 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
       return bad(prompt_field, toks.status().message(), size ? 413 : 400);
     }
     pp.tokens = std::move(*toks);
+    // echo of a prompt given as token ids: its text (it echoed nothing, as vLLM echoes the prompt).
+    if (r.echo && pp.text.empty()) pp.text = model.tokenizer->decode(pp.tokens, /*special=*/true);
     const int64_t len = static_cast<int64_t>(pp.tokens.size());
     if (model.max_model_len > 0) {
       const int64_t room = model.max_model_len - len;

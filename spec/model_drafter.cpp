@@ -117,12 +117,31 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
   ForwardOutput fo;
   std::vector<float> probs, masked;
   const bool sparse = opts_.sparse_keep_mass < 1.0 || opts_.sparse_max_entries > 0;
+  // NOTE: a draft model whose logits are NaN or +inf (NaN weights, an fp16 overflow) made the
+  // sampler's checks abort the process (a whole `serve`) on the first sampled request; it is a
+  // failing proposer instead, which the engine turns into a step without drafts. Greedy drafts
+  // need no check: argmax of such a row is a valid (if useless) token the target rejects.
+  Status bad_logits;
   auto draw = [&](const Work& w, const float* row) -> int32_t {
     const DraftRequest& r = reqs[w.req];
     masked.assign(row, row + vocab);
     for (int32_t t = usable_vocab; t < vocab; ++t) masked[static_cast<size_t>(t)] = -INFINITY;
     DraftTree& d = (*out)[w.req];
     if (!w.st->sampler) return Sampler::argmax(masked.data(), vocab);
+    bool any_finite = false;
+    for (int32_t t = 0; t < usable_vocab; ++t) {
+      const float x = masked[static_cast<size_t>(t)];
+      if (std::isnan(x) || x == INFINITY) {
+        bad_logits = internal_error("draft model: logit of token " + std::to_string(t) + " is " + std::to_string(x) +
+                                    " (seq " + std::to_string(r.seq_id) + "): no drafts this step");
+        return 0;
+      }
+      any_finite = any_finite || x > -INFINITY;
+    }
+    if (!any_finite) {
+      bad_logits = internal_error("draft model: no finite logit (seq " + std::to_string(r.seq_id) + "): no drafts this step");
+      return 0;
+    }
     std::span<const int32_t> prompt(r.tokens.data(), static_cast<size_t>(r.prompt_len));
     std::vector<int32_t> output(r.tokens.begin() + r.prompt_len, r.tokens.end());
     output.insert(output.end(), d.tokens.begin(), d.tokens.end());
@@ -166,6 +185,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       st.blocks.set_num_tokens(static_cast<int32_t>(st.cached.size()));
       if (step == 0) cache_confirmed(w);
       const int32_t t = draw(w, fo.row(static_cast<int32_t>(j), 0));
+      if (!bad_logits.ok()) return bad_logits;
       DraftTree& d = (*out)[w.req];
       d.tokens.push_back(t);
       if (static_cast<int32_t>(d.tokens.size()) < w.k) {

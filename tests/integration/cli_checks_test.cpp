@@ -157,6 +157,28 @@ TEST(CliChecks, GenerateChecksTheSpeculativeFilesBeforeLoadingTheTarget) {
   EXPECT_EQ(k.out.find("/nonexistent/target.gguf"), std::string::npos) << k.out;
 }
 
+// Bugs: bench-spec with --output in a missing directory ran, said "wrote" and exited 0 with no
+// file; an empty questions file ran over nothing ("-nanx" speedups, exit 0); a number where a
+// string belongs escaped as "specserve: error: [json.exception.type_error.302] ...".
+TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
+  const std::string dir = temp_dir("bench_spec_checks");
+  const std::string empty = dir + "/empty.jsonl", typed = dir + "/typed.jsonl";
+  std::ofstream(empty) << "";
+  std::ofstream(typed) << "{\"question_id\": 1, \"category\": \"writing\", \"turns\": [\"Hi\"]}\n"
+                       << "{\"question_id\": 2, \"category\": 5, \"turns\": [\"Hi\"]}\n";
+  const CmdResult o = run("bench-spec --model /nonexistent/target.gguf --questions " + empty + " --output " + dir + "/no/such/r.json");
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_NE(o.out.find("--output " + dir + "/no/such/r.json"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("wrote"), std::string::npos) << o.out;
+  const CmdResult e = run("bench-spec --threads 1 --questions " + empty + " --max-tokens 2 --batch-sizes 1");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_NE(e.out.find("holds no question"), std::string::npos) << e.out;
+  const CmdResult t = run("bench-spec --threads 1 --questions " + typed + " --max-tokens 2 --batch-sizes 1");
+  EXPECT_EQ(t.exit_code, 1) << t.out;
+  EXPECT_NE(t.out.find(typed + ":2: needs a string 'category'"), std::string::npos) << t.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   // Trimmed and case-insensitive; the log line says where the choice came from. The child
   // processes inherit this process's environment.

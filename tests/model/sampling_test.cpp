@@ -206,6 +206,21 @@ TEST(Sampling, TopPKeepsSmallestNucleus) {
   expect_probs(probs_of(p, l), {0.1 / 0.95, 0.5 / 0.95, 0.05 / 0.95, 0.3 / 0.95, 0});
 }
 
+// Bug: a top_p below the nucleus slack (1e-6), e.g. 1e-9 from an HTTP request, kept no token at
+// all and aborted the process ("sampling: all probabilities filtered out"): one request took the
+// whole server down. The most likely token must survive, as for any small top_p.
+TEST(Sampling, TopPBelowTheSlackKeepsTheMostLikelyToken) {
+  std::vector<float> l = log_of({0.1, 0.5, 0.05, 0.3, 0.05});
+  for (float top_p : {1e-6f, 1e-9f, 1e-30f, std::numeric_limits<float>::denorm_min()}) {
+    SamplingParams p = seeded();
+    p.top_p = top_p;
+    ASSERT_TRUE(p.validate().ok()) << top_p;
+    expect_probs(probs_of(p, l), {0, 1, 0, 0, 0});
+    Sampler s(p);
+    EXPECT_EQ(s.sample(l.data(), static_cast<int32_t>(l.size()), {}, {}).token, 1) << top_p;
+  }
+}
+
 TEST(Sampling, TopPAppliesAfterTemperatureAndTopK) {
   std::vector<float> l = log_of({0.4, 0.3, 0.2, 0.1});
   SamplingParams p = seeded();

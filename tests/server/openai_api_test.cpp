@@ -83,6 +83,15 @@ TEST_F(OpenAiApi, PromptListsAndTokenIds) {
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(r.prompts[0].max_tokens, 16);  // OpenAI's default for completions
+  // Bug: echo of a prompt given as token ids echoed nothing; it is the prompt's text.
+  const std::vector<int32_t> ids = tok_->encode("The capital of France is", /*add_special=*/false, /*parse_special=*/false);
+  ASSERT_FALSE(parse(json{{"prompt", json::array({ids, json::array({ids[0]})})}, {"echo", true}}.dump(), ApiKind::kCompletion, &r));
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0].text, "The capital of France is");
+  EXPECT_EQ(r.prompts[1].text, tok_->decode({ids[0]}, true));
+  std::vector<ChoiceOutput> choices(2);
+  choices[0].text = " Paris";
+  EXPECT_EQ(completion_response(r, model(), "cmpl-1", 0, choices)["choices"][0]["text"], "The capital of France is Paris");
 }
 
 TEST_F(OpenAiApi, ChatUsesTheChatTemplateAndDefaultsToTheRoomLeft) {
@@ -216,6 +225,13 @@ TEST_F(OpenAiApi, HugeUnsignedIntegersAreOutOfRangeNotWrapped) {
     ASSERT_TRUE(e) << field;
     EXPECT_EQ(e->param, field);
     EXPECT_NE(e->message.find("18446744073709551615"), std::string::npos) << e->message;
+  }
+  // A token id of 2^64 - 1 was reported as "prompt[0] = -1".
+  for (const char* body : {R"({"prompt": [18446744073709551615]})", R"({"prompt": [[5, 18446744073709551615]]})"}) {
+    auto t = parse(body, ApiKind::kCompletion);
+    ASSERT_TRUE(t) << body;
+    EXPECT_EQ(t->http_status, 400);
+    EXPECT_NE(t->message.find("= 18446744073709551615: not a token id"), std::string::npos) << t->message;
   }
   auto e = parse(R"({"prompt": "x", "max_tokens": 9223372036854775808})", ApiKind::kCompletion);
   ASSERT_TRUE(e);

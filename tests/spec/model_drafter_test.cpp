@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -171,6 +173,60 @@ TEST(ModelDrafterSparse, OffByDefaultAndGreedyUnaffected) {
   const std::vector<DraftTree> g1 = propose(*make_drafter(1.0, 0), greedy, 4), g2 = propose(*sparse, greedy, 4);
   EXPECT_EQ(g1[0].tokens, g2[0].tokens);
   EXPECT_TRUE(g2[0].probs.empty());
+}
+
+// The draft above with `output_norm.weight` set to NaN: every logit it gives is NaN.
+Transformer& nan_draft_model() {
+  static LoadedModel* m = [] {
+    const std::string path = temp_path("drafter_test_nan_draft");
+    SyntheticDraftSpec d;
+    d.num_layers = 1;
+    EXPECT_TRUE(write_synthetic_draft(target_spec(), d, path).ok());
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto g = GgufFile::from_memory(bytes.data(), bytes.size(), path);
+    EXPECT_TRUE(g.ok());
+    const GgufTensorInfo* t = g->find_tensor("output_norm.weight");
+    EXPECT_TRUE(t != nullptr && t->type() == GgmlType::F32);
+    const size_t at = static_cast<size_t>(t->data - bytes.data());
+    const float nan = std::nanf("");
+    for (int64_t i = 0; i < t->num_elements; ++i) std::memcpy(&bytes[at + 4 * static_cast<size_t>(i)], &nan, 4);
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()),
+                                                                   static_cast<std::streamsize>(bytes.size()));
+    return new LoadedModel(load_file(path));
+  }();
+  return *m->model;
+}
+
+// Bug: a draft model whose logits were NaN aborted the process (the sampler's "no finite logit"
+// check) on the first sampled request: `generate --speculative-model BAD.gguf --temperature 1`
+// and a whole `serve` died. The proposer fails instead (the engine then decodes without drafts).
+TEST(ModelDrafterSparse, NanDraftLogitsFailTheProposalInsteadOfAborting) {
+  for (double keep_mass : {1.0, 0.999}) {
+    DrafterOptions o;
+    o.sparse_keep_mass = keep_mass;
+    auto d = ModelDrafter::create(nan_draft_model(), o);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    DraftRequest r;
+    const SamplingParams sp = sampling(3);
+    const Tokens tokens = {5, 6, 7, 8};
+    r.seq_id = 1;
+    r.tokens = tokens;
+    r.prompt_len = 4;
+    r.num_tokens = 3;
+    r.sampling = &sp;
+    std::vector<DraftTree> out;
+    Status st = (*d)->propose({r}, &out);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("draft model"), std::string::npos) << st.message();
+    // The next step of the same sequence fails the same way, and greedy drafting still works.
+    EXPECT_FALSE((*d)->propose({r}, &out).ok());
+    const SamplingParams greedy = sampling(0, 0.0f);
+    r.seq_id = 2;
+    r.sampling = &greedy;
+    ASSERT_TRUE((*d)->propose({r}, &out).ok());
+    EXPECT_EQ(out[0].tokens.size(), 3u);
+  }
 }
 
 TEST(ModelDrafterSparse, CreateRejectsBadOptions) {

@@ -77,6 +77,18 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
+      // Bug: -1 is the parser's "not given", so these were silently taken as absent (the defaults
+      // ran), and 2^64 - 1 wrapped to -1 the same way.
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -1})", {"draft_vocab_size = -1", ">= 0"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_topk": -1})", {"eagle_topk = -1"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_depth": 18446744073709551615})",
+       {"eagle_depth = 18446744073709551615", "out of range"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -1})", {"prompt_lookup_min = -1"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "prompt_lookup_max": -1})", {"prompt_lookup_max = -1"}},
+      {R"({"method": "layer_skip", "num_speculative_tokens": 4, "num_layers": -1})", {"num_layers = -1"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": -1})", {"max_model_len = -1", ">= 1"}},
+      // Bug: a number beyond a double escaped the parser (exit 1, "[json.exception.out_of_range.406]").
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1e400})", {"--speculative-config", "1e400"}},
       // Only the bad one is named, with the value as written (not std::to_string's 0.000000).
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 0, "posterior_alpha": 0.3})",
        {"posterior_threshold = 0 must be in (0, 1]"}},
@@ -224,6 +236,22 @@ TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {
   }
   for (const char* bad : {"abc", "", "0.5x", "60%"}) {
     const std::string e = gpu_memory_utilization_error(f, bad);
+    EXPECT_NE(e.find("'" + std::string(bad) + "': not a number"), std::string::npos) << e;
+  }
+}
+
+// Bug: --drain-timeout took -5 and nan ("draining in-flight requests (up to nan s)"; a NaN cast
+// to milliseconds is undefined behaviour).
+TEST(SpecConfig, SecondsAreFiniteAndNotNegative) {
+  const std::string f = "--drain-timeout";
+  for (const char* ok : {"0", "60", "0.5", "1e6"}) EXPECT_EQ(seconds_error(f, ok), "") << ok;
+  for (const char* bad : {"-5", "-0.1", "nan", "inf", "1e7"}) {
+    const std::string e = seconds_error(f, bad);
+    EXPECT_NE(e.find(f + " = " + bad), std::string::npos) << e;
+    EXPECT_NE(e.find("[0, 1e6]"), std::string::npos) << e;
+  }
+  for (const char* bad : {"abc", "", "5s"}) {
+    const std::string e = seconds_error(f, bad);
     EXPECT_NE(e.find("'" + std::string(bad) + "': not a number"), std::string::npos) << e;
   }
 }

@@ -47,6 +47,7 @@
 #include "tools/cli/bench_actors_lib.h"
 #include "tools/cli/bench_actors_paths.h"
 #include "tools/cli/common.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -485,6 +486,9 @@ int run_bench(const BenchArgs& a) {
   if (a.mode != "overhead" && a.mode != "concurrency" && a.mode != "all") {
     return fail(invalid_argument("--mode " + a.mode + ": one of overhead, concurrency, all"));
   }
+  if (!a.out.empty()) {
+    if (Status st = check_output_file("--out", a.out); !st.ok()) return fail(st);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGINT, stop_up_and_exit);
   ::signal(SIGTERM, stop_up_and_exit);
@@ -612,8 +616,7 @@ int run_bench(const BenchArgs& a) {
   std::printf("%s", md.c_str());
   std::fflush(stdout);
   if (!a.out.empty()) {
-    std::ofstream o(a.out);
-    o << report.dump(1) << "\n";
+    if (Status st = write_output_file("--out", a.out, report.dump(1) + "\n"); !st.ok()) return fail(st);
     std::fprintf(stderr, "[bench-actors] wrote %s (%.0f s)\n", a.out.c_str(), report["seconds"].get<double>());
   }
   return 0;

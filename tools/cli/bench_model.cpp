@@ -29,6 +29,7 @@
 #include "model/gguf_writer.h"
 #include "model/sampling.h"
 #include "tools/cli/common.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/subcommands.h"
@@ -143,6 +144,12 @@ Status write_synthetic_gguf(const SyntheticShape& sh, const std::string& path) {
 }
 
 int run(const Args& a) {
+  if (!a.output.empty()) {
+    if (Status st = check_output_file("--output", a.output); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-model: %s\n", st.message().c_str());
+      return 2;
+    }
+  }
   std::string path = a.model.empty() ? default_model_path() : a.model;
   if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
     std::fprintf(stderr, "specserve bench-model: %s\n", st.message().c_str());
@@ -373,7 +380,12 @@ int run(const Args& a) {
     }
   }
   std::printf("%s\n", out.dump(1).c_str());
-  if (!a.output.empty()) std::ofstream(a.output) << out.dump(1) << "\n";
+  if (!a.output.empty()) {
+    if (Status st = write_output_file("--output", a.output, out.dump(1) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-model: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
   return 0;
 }
 

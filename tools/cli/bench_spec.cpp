@@ -22,6 +22,7 @@
 #include "model/chat_template.h"
 #include "spec/engine.h"
 #include "tools/cli/common.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -144,6 +145,12 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
 }
 
 int run_bench(const BenchArgs& a) {
+  if (!a.output.empty()) {
+    if (Status st = check_output_file("--output", a.output); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
+      return 2;
+    }
+  }
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
@@ -181,8 +188,12 @@ int run_bench(const BenchArgs& a) {
       std::fprintf(stderr, "specserve bench-spec: %s:%d: malformed JSON: %s\n", a.questions.c_str(), lineno, e.what());
       return 1;
     }
-    if (!j.contains("turns") || !j["turns"].is_array() || j["turns"].empty() || !j.contains("category")) {
-      std::fprintf(stderr, "specserve bench-spec: %s:%d: needs 'category' and a non-empty 'turns'\n", a.questions.c_str(), lineno);
+    // NOTE: the types too: a number where a string belongs escaped as an uncaught json
+    // type_error ("specserve: error: [json.exception.type_error.302] ...", no file or line).
+    if (!j.is_object() || !j.contains("turns") || !j["turns"].is_array() || j["turns"].empty() || !j["turns"][0].is_string() ||
+        !j.contains("category") || !j["category"].is_string() || (j.contains("question_id") && !j["question_id"].is_number_integer())) {
+      std::fprintf(stderr, "specserve bench-spec: %s:%d: needs a string 'category', a non-empty 'turns' of strings and an integer "
+                   "'question_id' if any\n", a.questions.c_str(), lineno);
       return 1;
     }
     const std::string task = task_of(j["category"].get<std::string>());
@@ -195,6 +206,11 @@ int run_bench(const BenchArgs& a) {
       return 1;
     }
     qs.push_back({j.value("question_id", lineno), task, loaded->tokenizer->encode(*text, true, true)});
+  }
+  if (qs.empty()) {
+    // An empty file ran every configuration over nothing and printed "-nanx" speedups (exit 0).
+    std::fprintf(stderr, "specserve bench-spec: --questions %s holds no question\n", a.questions.c_str());
+    return 2;
   }
   nlohmann::json report;
   report["model"] = path;
@@ -298,8 +314,10 @@ int run_bench(const BenchArgs& a) {
     std::fflush(stdout);
   }
   if (!a.output.empty()) {
-    std::ofstream o(a.output);
-    o << report.dump(1) << "\n";
+    if (Status st = write_output_file("--output", a.output, report.dump(1) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
+      return 1;
+    }
     std::fprintf(stderr, "[bench-spec] wrote %s\n", a.output.c_str());
   }
   return 0;

@@ -452,6 +452,7 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("config", o->config_path, "Topology file (see examples/cluster-local.yaml)")->required();
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
+        ->check(seconds_validator("--drain-timeout"))
         ->capture_default_str();
     sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once the cluster serves: every declared replica ready, or with "
                     "autoscale min_replicas ready");

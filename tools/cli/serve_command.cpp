@@ -196,7 +196,9 @@ void add_serve_command(CLI::App& app) {
     add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                       "cuda:N: fraction of each GPU's total memory this server may use for weights, activations "
                                       "and KV (vLLM's); the KV pool takes what the weights leave. Ignored on the CPU");
-    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")->capture_default_str();
+    sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
+        ->check(seconds_validator("--drain-timeout"))
+        ->capture_default_str();
     sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
     add_spec_options(*sub, &a->spec);
     add_http_flags(sub, &a->http, /*with_port=*/true);

@@ -25,7 +25,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(a.speculative_config);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
+      // parse_error, and out_of_range for a number beyond a double (1e400), which used to escape
+      // to main as "specserve: error: [json.exception.out_of_range.406] ..." with exit status 1.
       return invalid_argument(std::string("--speculative-config: malformed JSON: ") + e.what());
     }
     if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
@@ -37,11 +39,17 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
-    auto get_int = [&](const char* key, int* dst) -> Status {
+    // NOTE: -1 means "not given" in the variables below, so a key given as -1 (or as 2^64 - 1,
+    // which get<int64_t> wrapped to -1) was silently taken as absent: no key here takes a
+    // negative value, so a negative one is refused with the key and the value as written.
+    auto get_int = [&](const char* key, int* dst, int64_t min = 0) -> Status {
       if (!j.contains(key)) return Status();
       if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
+      if (j[key].is_number_unsigned() ? j[key].get<uint64_t>() > 1000000 : j[key].get<int64_t>() > 1000000) {
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range");
+      }
       const int64_t v = j[key].get<int64_t>();
-      if (v < -1000000 || v > 1000000) return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range");
+      if (v < min) return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + ": must be >= " + std::to_string(min));
       *dst = static_cast<int>(v);
       return Status();
     };
@@ -107,7 +115,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     }
     int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
-    SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml));
+    SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml, 1));
     SPECSERVE_RETURN_IF_ERROR(get_int("draft_tensor_parallel_size", &tp));
     if (tp != 1) return invalid_argument("--speculative-config: draft_tensor_parallel_size = " + std::to_string(tp) + ": only 1 is supported");
     if (dbs < 0) return invalid_argument("--speculative-config: disable_by_batch_size = " + std::to_string(dbs) + " must be >= 0");
@@ -233,6 +241,19 @@ std::string gpu_memory_utilization_error(const std::string& flag, const std::str
   }
   if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number";
   if (!(v > 0.0 && v <= 1.0)) return flag + " = " + text + ": must be in (0, 1] (a fraction of the GPU's total memory)";
+  return std::string();
+}
+
+std::string seconds_error(const std::string& flag, const std::string& text) {
+  double v = 0;
+  size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number of seconds";
+  if (!(v >= 0.0 && v <= 1e6)) return flag + " = " + text + ": must be a number of seconds in [0, 1e6]";
   return std::string();
 }
 

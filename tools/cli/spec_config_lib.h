@@ -58,4 +58,9 @@ std::string accepted_per_position_line(const std::vector<int64_t>& accepted_per_
 /// naming `flag` and the value ("not a number"; "must be in (0, 1]" for 0, negatives, > 1, NaN).
 std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text);
 
+/// Checks a number of seconds as typed (--drain-timeout). Returns "" for a finite number in
+/// [0, 1e6], else the error naming `flag` and the value. NOTE: CLI11's Range lets NaN through,
+/// and --drain-timeout nan / -5 were taken ("draining in-flight requests (up to nan s)").
+std::string seconds_error(const std::string& flag, const std::string& text);
+
 }  // namespace specserve::cli

@@ -99,4 +99,8 @@ Status apply_dtype_option(const std::string& value, const std::string& device) {
   return apply_compute_dtype(*d, device, "--dtype");
 }
 
+CLI::Validator seconds_validator(const std::string& flag) {
+  return CLI::Validator([flag](std::string& text) { return seconds_error(flag, text); }, "SECONDS in [0, 1e6]");
+}
+
 }  // namespace specserve::cli

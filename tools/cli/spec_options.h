@@ -60,6 +60,9 @@ CLI::Option* add_dtype_option(CLI::App& sub, std::string* value);
 /// value and why (bfloat16 where the CPU or Linux refuses AMX, float16 on the CPU).
 Status apply_dtype_option(const std::string& value, const std::string& device);
 
+/// A CLI11 validator for a number of seconds in [0, 1e6] named `flag` (seconds_error).
+CLI::Validator seconds_validator(const std::string& flag);
+
 /// Prints a sequence's speculative counters (vLLM's meanings) to stderr; accepted counts per
 /// position for a chain, per tree depth (up to proposer.max_draft_depth(k)) for a tree.
 /// `k`: the engine's num_speculative_tokens.

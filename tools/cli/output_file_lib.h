@@ -1,0 +1,21 @@
+// specserve CLI: the result files benchmarks write (--output / --out).
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+
+namespace specserve::cli {
+
+/// Checks, before a run, that `path` can be written: an existing regular file that is writable,
+/// or a new name in an existing, writable directory. Nothing is created. `flag` names the option
+/// in the error (kInvalidArgument: "--output /x/y.json: directory /x does not exist").
+/// NOTE: benchmarks run for minutes; a results path that cannot be written used to be found
+/// only at the end (and bench-spec, bench-actors and bench-model then said "wrote" anyway).
+Status check_output_file(const std::string& flag, const std::string& path);
+
+/// Writes `text` to `path` (truncating it); kUnavailable naming `flag`, the path and errno's
+/// text when the file cannot be opened or the write fails (a full disk included).
+Status write_output_file(const std::string& flag, const std::string& path, const std::string& text);
+
+}  // namespace specserve::cli
