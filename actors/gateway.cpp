@@ -5,6 +5,7 @@
 #include "core/logging.h"
 #include "actors/messages.h"
 #include "actors/runtime.h"
+#include "actors/token_gate.h"
 
 namespace specserve {
 namespace {
@@ -37,19 +38,23 @@ caf::behavior gateway(caf::event_based_actor* self, caf::actor target, std::stri
 // a monitor: the keeper must notice even when the exit message races with the publish.
 struct KeeperState {
   caf::actor gateway;
-  uint16_t port = 0;
+  uint16_t port = 0;  // CAF's own port, on 127.0.0.1 (the public one is the token gate's)
   int64_t reopened = 0;
+  std::shared_ptr<TokenGate> gate;
 };
 
 caf::behavior gateway_keeper(caf::stateful_actor<KeeperState>* self, caf::actor target, caf::actor gateway,
-                             std::string token, std::string host, uint16_t port, std::string what) {
+                             std::shared_ptr<TokenGate> gate, std::string token, std::string host, uint16_t port,
+                             std::string what) {
   self->state.gateway = std::move(gateway);
   self->state.port = port;
+  self->state.gate = std::move(gate);
   self->set_exit_handler([](caf::exit_msg&) {});
   self->monitor(target);
   self->set_down_handler([self, addr = target.address()](caf::down_msg& m) {
     if (m.source != addr) return;
     // The target is gone: close the port for good.
+    self->state.gate.reset();  // the public port closes first
     self->system().middleman().unpublish(self->state.gateway, self->state.port);
     self->quit();
   });
@@ -87,7 +92,11 @@ caf::actor spawn_gateway(caf::actor_system& sys, caf::actor target, std::string 
 
 Expected<caf::actor> connect_through_gateway(caf::actor_system& sys, const std::string& host, uint16_t port,
                                              const std::string& token, std::chrono::milliseconds timeout) {
-  auto g = sys.middleman().remote_actor(host, port);
+  // The token first, on the connection itself (actors/token_gate.h); CAF then talks through a
+  // forwarder on 127.0.0.1 spliced to the authenticated connection.
+  auto local = connect_token_gate(host, port, token, timeout);
+  if (!local.ok()) return local.status();
+  auto g = sys.middleman().remote_actor("127.0.0.1", *local);
   if (!g) return unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " + sys.render(g.error()));
   caf::scoped_actor self{sys};
   Expected<caf::actor> out = unavailable("no answer from " + host + ":" + std::to_string(port));
@@ -103,15 +112,24 @@ Expected<caf::actor> connect_through_gateway(caf::actor_system& sys, const std::
 
 Expected<uint16_t> publish_with_gateway(caf::actor_system& sys, caf::actor target, const std::string& token,
                                         const std::string& host, uint16_t port, const std::string& what) {
+  // CAF listens on loopback only; the public host:port is the token gate's (actors/token_gate.h).
   auto g = spawn_gateway(sys, target, token, what);
-  auto p = sys.middleman().publish(g, port, host.c_str(), true);
+  auto p = sys.middleman().publish(g, 0, "127.0.0.1", true);
   if (!p) {
     caf::anon_send_exit(g, caf::exit_reason::kill);
     return unavailable(sys.render(p.error()));
   }
+  auto gate = TokenGate::start(host, port, *p, token, what);
+  if (!gate.ok()) {
+    sys.middleman().unpublish(g, *p);
+    caf::anon_send_exit(g, caf::exit_reason::kill);
+    return gate.status();
+  }
+  const uint16_t public_port = (*gate)->port();
   // Detached: the keeper calls the middleman's blocking publish API.
-  sys.spawn<caf::detached>(gateway_keeper, target, g, token, host, *p, what);
-  return *p;
+  sys.spawn<caf::detached>(gateway_keeper, target, g, std::shared_ptr<TokenGate>(std::move(*gate)), token,
+                           std::string("127.0.0.1"), *p, what);
+  return public_port;
 }
 
 }  // namespace specserve

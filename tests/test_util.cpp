@@ -1,5 +1,12 @@
 #include "tests/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -95,6 +102,30 @@ GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_t
   r.sampling.temperature = 0;
   r.sampling.ignore_eos = true;
   return r;
+}
+
+bool raw_connection_is_closed(const std::string& host, uint16_t port, const std::string& bytes, double timeout_s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return false;
+  }
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) == 1) {
+      char buf[256];
+      closed = ::recv(fd, buf, sizeof buf, 0) <= 0;
+    }
+  }
+  ::close(fd);
+  return closed;
 }
 
 }  // namespace specserve::testing

@@ -44,4 +44,9 @@ GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_t
 /// Reads a whole file; aborts the test with a message when it cannot.
 std::string read_file(const std::string& path);
 
+/// Connects to 127.0.0.1-style `host`:`port`, sends `bytes`, and waits up to `timeout_s` for the
+/// peer to close the connection (EOF or reset; whatever it answers first is read and dropped).
+/// False when it could not connect or the connection stayed open.
+bool raw_connection_is_closed(const std::string& host, uint16_t port, const std::string& bytes, double timeout_s = 10);
+
 }  // namespace specserve::testing

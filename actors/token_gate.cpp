@@ -1,0 +1,323 @@
+#include "actors/token_gate.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "actors/runtime.h"
+#include "core/logging.h"
+
+namespace specserve {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'S', 'G', 'A', 'T', 'E', '0', '1'};
+constexpr uint32_t kMaxToken = 4096;
+constexpr int kMaxPending = 64;
+constexpr int kHandshakeMs = 5000;
+
+using Clock = std::chrono::steady_clock;
+
+std::string errno_text() { return std::strerror(errno); }
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// Reads exactly n bytes before `deadline`; false on EOF, error or timeout.
+bool read_full(int fd, void* buf, size_t n, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int r = ::poll(&pfd, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    const ssize_t got = ::recv(fd, p, n, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* buf, size_t n) {
+  const auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t put = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+// Copies bytes both ways until either side closes or fails; closes both.
+void splice(int a, int b) {
+  std::vector<char> buf(1 << 16);
+  pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+  bool open = true;
+  while (open) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2 && open; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t got = ::recv(fds[i].fd, buf.data(), buf.size(), 0);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got <= 0 || !write_full(fds[1 - i].fd, buf.data(), static_cast<size_t>(got))) open = false;
+    }
+  }
+  ::close(a);
+  ::close(b);
+}
+
+// A connected TCP socket to host:port, or an error naming them.
+Expected<int> tcp_connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string where = host + ":" + std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return unavailable("cannot resolve " + where + ": " + ::gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) continue;
+    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc < 0 && errno == EINPROGRESS) {
+      pollfd pfd{fd, POLLOUT, 0};
+      rc = ::poll(&pfd, 1, static_cast<int>(timeout.count())) == 1 ? 0 : -1;
+      int err = rc == 0 ? 0 : ETIMEDOUT;
+      socklen_t len = sizeof err;
+      if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        errno = err;
+        rc = -1;
+      }
+    }
+    if (rc == 0) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      set_nodelay(fd);
+      ::freeaddrinfo(res);
+      return fd;
+    }
+    last = errno_text();
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return unavailable("cannot connect to " + where + ": " + last);
+}
+
+// A listening socket on host:port (host "" or "0.0.0.0": any IPv4 address); the bound port.
+Expected<std::pair<int, uint16_t>> tcp_listen(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string where = host + ":" + std::to_string(port);
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return unavailable("cannot resolve " + where + ": " + ::gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      const uint16_t bound = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      ::freeaddrinfo(res);
+      return std::make_pair(fd, bound);
+    }
+    last = errno_text();
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return unavailable("cannot listen on " + where + ": " + last);
+}
+
+}  // namespace
+
+static void gate_handshake(TokenGate::Shared& sh, int fd);
+static void warn_refused(TokenGate::Shared& sh, const char* why);
+
+std::string token_gate_preamble(const std::string& token) {
+  std::string p(kMagic, sizeof kMagic);
+  const uint32_t n = static_cast<uint32_t>(token.size());
+  for (int i = 0; i < 4; ++i) p.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  return p + token;
+}
+
+Expected<std::unique_ptr<TokenGate>> TokenGate::start(const std::string& host, uint16_t port, uint16_t inner_port,
+                                                      std::string token, std::string what) {
+  auto l = tcp_listen(host, port);
+  if (!l.ok()) return l.status();
+  std::unique_ptr<TokenGate> g(new TokenGate());
+  g->listen_fd_ = l->first;
+  g->port_ = l->second;
+  g->shared_ = std::make_shared<Shared>();
+  g->shared_->inner_port = inner_port;
+  g->shared_->token = std::move(token);
+  g->shared_->what = std::move(what);
+  if (::pipe2(g->wake_, O_CLOEXEC) != 0) return unavailable("pipe: " + errno_text());
+  g->acceptor_ = std::thread([gp = g.get()] { gp->accept_loop(); });
+  return g;
+}
+
+TokenGate::~TokenGate() {
+  if (wake_[1] >= 0) {
+    const char c = 'x';
+    (void)!::write(wake_[1], &c, 1);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void TokenGate::accept_loop() {
+  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents) return;  // stopping
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    if (shared_->pending.fetch_add(1) >= kMaxPending) {
+      shared_->pending.fetch_sub(1);
+      warn_refused(*shared_, "closed a connection: 64 others are in their token handshake");
+      ::close(fd);
+      continue;
+    }
+    // Detached: the handshake ends within kHandshakeMs; a splice ends when either side closes.
+    std::thread([sh = shared_, fd] { gate_handshake(*sh, fd); }).detach();
+  }
+}
+
+int64_t TokenGate::refused() const { return shared_->refused.load(); }
+
+// A refused connection, logged at most once a second (a flood must not flood the log).
+static void warn_refused(TokenGate::Shared& sh, const char* why) {
+  ++sh.refused;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  int64_t last = sh.last_warn_ms.load();
+  if (now - last < 1000 || !sh.last_warn_ms.compare_exchange_strong(last, now)) {
+    ++sh.unwarned;
+    return;
+  }
+  const int64_t more = sh.unwarned.exchange(0);
+  get_logger("actors")->warn("{} actor port: {}{}", sh.what, why,
+                             more ? " (and " + std::to_string(more) + " more refused since the last warning)" : "");
+}
+
+static void gate_handshake(TokenGate::Shared& sh, int fd) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(kHandshakeMs);
+  char head[12];
+  bool ok = read_full(fd, head, sizeof head, deadline) && std::memcmp(head, kMagic, sizeof kMagic) == 0;
+  uint32_t n = 0;
+  if (ok) {
+    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<unsigned char>(head[8 + i])) << (8 * i);
+    ok = n >= 1 && n <= kMaxToken;
+  }
+  std::string presented(ok ? n : 0, '\0');
+  if (ok) ok = read_full(fd, presented.data(), n, deadline);
+  const auto log = get_logger("actors");
+  if (!ok) {
+    warn_refused(sh, "closed a connection that did not start with the cluster token preamble");
+    sh.pending.fetch_sub(1);
+    ::close(fd);
+    return;
+  }
+  if (!token_matches(presented, sh.token)) {
+    warn_refused(sh, "refused a peer: wrong cluster token");
+    write_full(fd, "N", 1);
+    sh.pending.fetch_sub(1);
+    ::close(fd);
+    return;
+  }
+  auto inner = tcp_connect("127.0.0.1", sh.inner_port, std::chrono::milliseconds(kHandshakeMs));
+  const std::string& what = sh.what;
+  sh.pending.fetch_sub(1);
+  if (!inner.ok()) {
+    log->warn("{} actor port: cannot reach its actor system: {}", what, inner.status().message());
+    ::close(fd);
+    return;
+  }
+  set_nodelay(fd);
+  if (!write_full(fd, "Y", 1)) {
+    ::close(fd);
+    ::close(*inner);
+    return;
+  }
+  splice(fd, *inner);
+}
+
+Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, const std::string& token,
+                                      std::chrono::milliseconds timeout) {
+  const std::string where = host + ":" + std::to_string(port);
+  auto remote = tcp_connect(host, port, timeout);
+  if (!remote.ok()) return remote.status();
+  const int fd = *remote;
+  const std::string pre = token_gate_preamble(token);
+  char verdict = 0;
+  if (!write_full(fd, pre.data(), pre.size()) ||
+      !read_full(fd, &verdict, 1, Clock::now() + timeout)) {
+    ::close(fd);
+    return unavailable(where + ": no answer to the token preamble (not a specserve actor port, or it is stopping)");
+  }
+  if (verdict != 'Y') {
+    ::close(fd);
+    return verdict == 'N' ? invalid_argument(where + ": refused: wrong cluster token")
+                          : unavailable(where + ": not a specserve actor port");
+  }
+  auto local = tcp_listen("127.0.0.1", 0);
+  if (!local.ok()) {
+    ::close(fd);
+    return local.status();
+  }
+  const int lfd = local->first;
+  const auto deadline_ms = static_cast<int>(timeout.count());
+  std::thread([fd, lfd, deadline_ms] {
+    pollfd pfd{lfd, POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&pfd, 1, deadline_ms);
+    } while (r < 0 && errno == EINTR);
+    const int c = r == 1 ? ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+    ::close(lfd);
+    if (c < 0) {
+      ::close(fd);
+      return;
+    }
+    set_nodelay(c);
+    splice(c, fd);
+  }).detach();
+  return local->second;
+}
+
+}  // namespace specserve

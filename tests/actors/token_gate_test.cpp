@@ -1,0 +1,115 @@
+// actors/token_gate.h through actors/gateway.h: an actor port takes the cluster token on the
+// connection before any byte reaches CAF. The right token gets the actor; a wrong one a clear
+// error; the bytes that crash CAF 0.17's BASP reader, a silent peer and a flood of half-open
+// connections only get closed, and the port keeps serving.
+#include "actors/token_gate.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/gateway.h"
+#include "actors/runtime.h"
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+using namespace std::chrono_literals;
+
+caf::behavior doubler() {
+  return {[](int32_t x) { return x * 2; }};
+}
+
+// The actor behind host:port, asked to double 21; -1 on any error.
+int32_t ask(caf::actor_system& sys, uint16_t port, const std::string& token, Status* st = nullptr) {
+  auto a = connect_through_gateway(sys, "127.0.0.1", port, token, 5s);
+  if (st) *st = a.ok() ? Status() : a.status();
+  if (!a.ok()) return -1;
+  caf::scoped_actor self{sys};
+  int32_t out = -1;
+  self->request(*a, 5s, int32_t{21}).receive([&](int32_t v) { out = v; }, [&](caf::error&) {});
+  return out;
+}
+
+int idle_connection(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(TokenGate, OnlyTheTokenReachesTheActorAndGarbageOnlyClosesTheConnection) {
+  ActorRuntime server, client;
+  auto target = server.system().spawn(doubler);
+  auto port = publish_with_gateway(server.system(), target, "s3cret-token", "127.0.0.1", 0, "test");
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+
+  EXPECT_EQ(ask(client.system(), *port, "s3cret-token"), 42);
+
+  Status st;
+  EXPECT_EQ(ask(client.system(), *port, "not-the-token", &st), -1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(*port) + ": refused: wrong cluster token"), std::string::npos)
+      << st.message();
+
+  // A plain CAF peer (no preamble) gets no handle.
+  EXPECT_FALSE(static_cast<bool>(client.middleman().remote_actor("127.0.0.1", *port)));
+  // What crashed CAF 0.17 (a garbage BASP header; a header announcing a 4 GiB payload), a
+  // preamble with an absurd token length, and a silent peer (after the 5 s handshake limit).
+  const std::vector<std::string> bad = {std::string(8, '\0') + std::string(32, '\xff'),
+                                        std::string("\x01\x00\x00\x00\xff\xff\xff\xff", 8) + std::string(24, '\0'),
+                                        std::string("SSGATE01\xff\xff\xff\xff", 12) + "x", ""};
+  for (const std::string& bytes : bad) {
+    EXPECT_TRUE(testing::raw_connection_is_closed("127.0.0.1", *port, bytes, 8.0)) << bytes.size() << " bytes";
+  }
+  // The right preamble by hand: the verdict byte, then the connection is CAF's.
+  EXPECT_EQ(ask(client.system(), *port, "s3cret-token"), 42);
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+TEST(TokenGate, AFloodOfHalfOpenConnectionsIsCappedAndTheTokenStillGetsThrough) {
+  ActorRuntime server, client;
+  auto target = server.system().spawn(doubler);
+  auto port = publish_with_gateway(server.system(), target, "tok", "127.0.0.1", 0, "test");
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  std::vector<int> fds;
+  for (int i = 0; i < 70; ++i) fds.push_back(idle_connection(*port));
+  std::this_thread::sleep_for(300ms);
+  // Past 64 handshakes in flight, the gate closes new connections at once.
+  int closed = 0;
+  for (int fd : fds) {
+    char c;
+    if (fd >= 0 && ::recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++closed;
+  }
+  EXPECT_GE(closed, 6);
+  for (int fd : fds) ::close(fd);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(ask(client.system(), *port, "tok"), 42);
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+TEST(TokenGate, ConnectingWhereNothingListensIsUnavailable) {
+  auto l = connect_token_gate("127.0.0.1", 1, "tok", 2s);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(l.status().message().find("127.0.0.1:1"), std::string::npos) << l.status().message();
+  EXPECT_EQ(token_gate_preamble("ab"), std::string("SSGATE01\x02\x00\x00\x00", 12) + "ab");
+}
+
+}  // namespace
+}  // namespace specserve
