@@ -114,7 +114,24 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
       },
       // Its replica died (requeue) or its sequence left a replica with its state (migrate: drain,
       // prefill hand-over): the next attempt continues from every token streamed so far.
-      [self](requeue_atom) { return next_attempt(self, &self->state.requeues); },
+      [self](requeue_atom) -> caf::result<WorkItem> {
+        // A request whose replicas keep dying under it may be what kills them (a "poison"
+        // request): after kMaxRequeues such failures it ends with an error instead of taking
+        // down every replica in turn.
+        auto& s = self->state;
+        if (s.requeues >= kMaxRequeues) {
+          get_logger("actors")->warn("request {}: its replica failed {} times while running it; giving up", s.id,
+                                     s.requeues + 1);
+          StreamChunk c;
+          c.finish_reason = "error";
+          c.error = "the replica running this request failed " + std::to_string(s.requeues + 1) +
+                    " times (it was re-queued " + std::to_string(s.requeues) +
+                    " times); giving up so that it cannot take down every replica";
+          finish_request(self, std::move(c));
+          return caf::make_error(caf::sec::request_receiver_down);
+        }
+        return next_attempt(self, &s.requeues);
+      },
       [self](migrate_atom, int32_t attempt) -> caf::result<WorkItem> {
         // A hand-over from an attempt that is no longer current (its replica was declared lost
         // meanwhile and the request re-queued) is refused: the request runs once.

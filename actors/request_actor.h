@@ -2,7 +2,8 @@
 //
 // It owns the request: its tokens so far, streaming to the client's sink (StreamChunk),
 // cancellation (cancel_atom, or the sink going away: the client left), its deadline (finish
-// reason "timeout"), and every next attempt after its replica died (requeue_atom) or its
+// reason "timeout"), and every next attempt after its replica died (requeue_atom; at most
+// kMaxRequeues, then it ends with an error: a request that kills replicas must not kill all) or its
 // sequence moved (migrate_atom: a drain, a prefill hand-over, a rebalance), which continues from
 // every token streamed so far (WorkItem::resume_output). Events of an attempt that is no longer
 // current are dropped. It tells the scheduler the first token of each attempt (first_tok_atom:
@@ -22,6 +23,10 @@ namespace specserve {
 
 /// Request actor -> scheduler (same process): (done_atom, request id): it finished (any reason).
 using done_atom = caf::atom_constant<caf::atom("done")>;
+
+/// Replica failures a request survives (requeue_atom); at the next one it finishes with finish
+/// reason "error" and a message saying so (migrations, which are orderly, do not count).
+inline constexpr int32_t kMaxRequeues = 3;
 
 struct RequestState {
   int64_t id = 0;
