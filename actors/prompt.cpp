@@ -37,7 +37,7 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
     if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
     ids = tokenizer.encode(*text, /*add_special=*/true, /*parse_special=*/true);
   } else {
-    ids = tokenizer.encode(req.prompt, /*add_special=*/true, /*parse_special=*/false);
+    ids = tokenizer.encode(req.prompt, /*add_special=*/true, /*parse_special=*/true);
   }
   if (ids.empty()) return invalid_argument("prompt: empty after tokenization");
   return ids;

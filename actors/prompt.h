@@ -22,8 +22,9 @@ namespace specserve {
 ///  - `messages`: rendered with the GGUF's chat template (apply_chat_template, generation
 ///    prompt added), then encoded with add_special = true and parse_special = true (the
 ///    template's own special tokens become their ids);
-///  - `prompt`: encoded with add_special = true (the model's BOS rule), parse_special = false
-///    (user text never turns into control tokens).
+///  - `prompt`: encoded with add_special = true (the model's BOS rule) and parse_special = true:
+///    special-token text such as "<|im_start|>" becomes its id, as vLLM's and llama.cpp's
+///    completion endpoints read a prompt (a raw chat-formatted prompt works).
 /// `gguf` holds the chat template, `tokenizer` the target's vocabulary.
 /// Errors, with the field named:
 ///  - kInvalidArgument "request: give exactly one of prompt, messages, prompt_token_ids (got N)";

@@ -118,14 +118,18 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         // A request whose replicas keep dying under it may be what kills them (a "poison"
         // request): after kMaxRequeues such failures it ends with an error instead of taking
         // down every replica in turn.
+        // Only failures of attempts that streamed no token count (a replica lost for another
+        // reason while this request made progress is not its fault); a cancelled or timed-out
+        // request finishes as such (next_attempt).
         auto& s = self->state;
-        if (s.requeues >= kMaxRequeues) {
-          get_logger("actors")->warn("request {}: its replica failed {} times while running it; giving up", s.id,
-                                     s.requeues + 1);
+        s.failures_without_progress = s.attempt_with_token == s.item.attempt ? 0 : s.failures_without_progress + 1;
+        if (!s.cancelled && !s.timed_out && s.failures_without_progress > kMaxRequeues) {
+          get_logger("actors")->warn("request {}: its replica failed {} times in a row before it streamed a token; "
+                                     "giving up", s.id, s.failures_without_progress);
           StreamChunk c;
           c.finish_reason = "error";
-          c.error = "the replica running this request failed " + std::to_string(s.requeues + 1) +
-                    " times (it was re-queued " + std::to_string(s.requeues) +
+          c.error = "the replica running this request failed " + std::to_string(s.failures_without_progress) +
+                    " times in a row before it streamed a token (it was re-queued " + std::to_string(s.requeues) +
                     " times); giving up so that it cannot take down every replica";
           finish_request(self, std::move(c));
           return caf::make_error(caf::sec::request_receiver_down);

@@ -24,8 +24,9 @@ namespace specserve {
 /// Request actor -> scheduler (same process): (done_atom, request id): it finished (any reason).
 using done_atom = caf::atom_constant<caf::atom("done")>;
 
-/// Replica failures a request survives (requeue_atom); at the next one it finishes with finish
-/// reason "error" and a message saying so (migrations, which are orderly, do not count).
+/// Replica failures in a row, of attempts that streamed no token, that a request survives
+/// (requeue_atom); at the next one it finishes with finish reason "error" and a message saying
+/// so. An attempt that streamed a token resets the count; migrations (orderly) do not count.
 inline constexpr int32_t kMaxRequeues = 3;
 
 struct RequestState {
@@ -44,6 +45,7 @@ struct RequestState {
   std::chrono::steady_clock::time_point submitted_at = std::chrono::steady_clock::now();
   bool first_token_seen = false;  // reported to the scheduler (TTFT samples for the autoscaler)
   int32_t attempt_with_token = -1;  // the last attempt whose first token was reported
+  int32_t failures_without_progress = 0;  // replica failures in a row of attempts that streamed no token
 };
 
 using RequestSelf = caf::stateful_actor<RequestState>*;

@@ -8,9 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <vector>
 
 #include "actors/runtime.h"
@@ -64,25 +66,51 @@ bool write_full(int fd, const void* buf, size_t n) {
   return true;
 }
 
-// Copies bytes both ways until either side closes or fails; closes both.
-void splice(int a, int b) {
-  std::vector<char> buf(1 << 16);
-  pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
-  bool open = true;
-  while (open) {
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < 2 && open; ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t got = ::recv(fds[i].fd, buf.data(), buf.size(), 0);
-      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (got <= 0 || !write_full(fds[1 - i].fd, buf.data(), static_cast<size_t>(got))) open = false;
-    }
+// The sockets of one spliced connection; the last direction to finish closes them (and
+// `extra`, a forwarder's listening socket held open so its port cannot be reused meanwhile).
+struct SplicePair {
+  int a = -1, b = -1, extra = -1;
+  std::atomic<int> running{2};
+  void finish() {
+    if (running.fetch_sub(1) != 1) return;
+    ::close(a);
+    ::close(b);
+    if (extra >= 0) ::close(extra);
   }
-  ::close(a);
-  ::close(b);
+};
+
+// Copies src -> dst until src ends or either fails; then shuts both sockets down, so the other
+// direction's blocking recv or send returns too.
+void pump(const std::shared_ptr<SplicePair>& p, int src, int dst) {
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    const ssize_t got = ::recv(src, buf.data(), buf.size(), 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0 || !write_full(dst, buf.data(), static_cast<size_t>(got))) break;
+  }
+  ::shutdown(p->a, SHUT_RDWR);
+  ::shutdown(p->b, SHUT_RDWR);
+  p->finish();
+}
+
+// Copies bytes both ways, one thread per direction (a blocking send in one direction never
+// stops the other from draining), until either side closes or fails; then closes both (and
+// `extra`). Runs one direction on the calling thread.
+void splice(int a, int b, int extra = -1) {
+  auto p = std::make_shared<SplicePair>();
+  p->a = a;
+  p->b = b;
+  p->extra = extra;
+  try {
+    std::thread([p] { pump(p, p->b, p->a); }).detach();
+  } catch (const std::system_error&) {
+    p->running.fetch_sub(1);  // no second direction: shut down and close here
+    ::shutdown(a, SHUT_RDWR);
+    ::shutdown(b, SHUT_RDWR);
+    p->finish();
+    return;
+  }
+  pump(p, a, b);
 }
 
 // A connected TCP socket to host:port, or an error naming them.
@@ -206,7 +234,15 @@ void TokenGate::accept_loop() {
     if (fds[1].revents) return;  // stopping
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors or memory: the connection stays queued and poll reports it again at
+      // once; back off instead of spinning.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        warn_refused(*shared_, "cannot accept a connection (out of file descriptors or memory)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
     if (shared_->pending.fetch_add(1) >= kMaxPending) {
       shared_->pending.fetch_sub(1);
       warn_refused(*shared_, "closed a connection: 64 others are in their token handshake");
@@ -214,7 +250,13 @@ void TokenGate::accept_loop() {
       continue;
     }
     // Detached: the handshake ends within kHandshakeMs; a splice ends when either side closes.
-    std::thread([sh = shared_, fd] { gate_handshake(*sh, fd); }).detach();
+    try {
+      std::thread([sh = shared_, fd] { gate_handshake(*sh, fd); }).detach();
+    } catch (const std::system_error&) {  // out of threads: refuse this one, keep serving
+      shared_->pending.fetch_sub(1);
+      warn_refused(*shared_, "closed a connection: cannot start a thread for it");
+      ::close(fd);
+    }
   }
 }
 
@@ -301,22 +343,31 @@ Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, co
     return local.status();
   }
   const int lfd = local->first;
-  const auto deadline_ms = static_cast<int>(timeout.count());
-  std::thread([fd, lfd, deadline_ms] {
-    pollfd pfd{lfd, POLLIN, 0};
-    int r;
-    do {
-      r = ::poll(&pfd, 1, deadline_ms);
-    } while (r < 0 && errno == EINTR);
-    const int c = r == 1 ? ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+  const auto deadline_ms = static_cast<int>(std::min<int64_t>(timeout.count(), 600000));
+  // NOTE: the listening socket stays open (accepting nothing more) until the splice ends: CAF
+  // caches remote_actor results by host and port, so the port must not be reused by another
+  // forwarder while this connection lives.
+  try {
+    std::thread([fd, lfd, deadline_ms] {
+      pollfd pfd{lfd, POLLIN, 0};
+      int r;
+      do {
+        r = ::poll(&pfd, 1, deadline_ms);
+      } while (r < 0 && errno == EINTR);
+      const int c = r == 1 ? ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+      if (c < 0) {
+        ::close(lfd);
+        ::close(fd);
+        return;
+      }
+      set_nodelay(c);
+      splice(c, fd, lfd);
+    }).detach();
+  } catch (const std::system_error& e) {
     ::close(lfd);
-    if (c < 0) {
-      ::close(fd);
-      return;
-    }
-    set_nodelay(c);
-    splice(c, fd);
-  }).detach();
+    ::close(fd);
+    return unavailable(where + ": cannot start the connection's thread: " + e.what());
+  }
   return local->second;
 }
 

@@ -449,10 +449,17 @@ int run_worker(const WorkerOptions& o) {
   if (Status st = check_device_available(topo->where(device_path) + ": " + device_path, spec.device.to_string()); !st.ok()) {
     return fail("worker", st);
   }
-  // Before the model loads: every worker of the topology computes in its one dtype.
+  // Before the model loads: every target-side worker of the topology computes in its one dtype.
+  // A draft worker follows it where its device can (its arithmetic never changes the output:
+  // verification is the target's), else keeps its default with a warning (a CPU draft beside a
+  // float16 CUDA target, or a CPU without AMX beside a bfloat16 one).
   if (Status st = apply_compute_dtype(topo->models.target.dtype, spec.device.to_string(), "models.target.dtype");
       !st.ok()) {
-    return fail("worker", Status(st.code(), topo->where("models.target.dtype") + ": " + st.message()));
+    if (spec.role != WorkerRole::kDraftWorker) {
+      return fail("worker", Status(st.code(), topo->where("models.target.dtype") + ": " + st.message()));
+    }
+    get_logger("cluster")->warn("draft worker on {}: {}; it keeps its default arithmetic", spec.device.to_string(),
+                                st.message());
   }
   auto token = read_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("worker", token.status());
@@ -552,9 +559,13 @@ int run_serve(const ServeOptions& o) {
     // The target's device (its first shard's; cpu when none is declared) decides what the dtype
     // means; before anything listens, so a dtype this machine cannot run is plain bad input.
     std::string device = "cpu";
+    bool found_device = false;
     for (const NodeSpec& n : t.nodes)
       for (const WorkerSpec& w : n.workers)
-        if (w.role == WorkerRole::kTargetShard && w.rank == 0) device = w.device.to_string();
+        if (!found_device && w.role == WorkerRole::kTargetShard && w.rank == 0) {
+          device = w.device.to_string();
+          found_device = true;
+        }
     // `serve` maps the field to its flag (--dtype); a topology file to file:line:column.
     const std::string where = t.where("models.target.dtype");
     const std::string field = where.rfind("--", 0) == 0 ? where : "models.target.dtype";

@@ -46,8 +46,10 @@ std::vector<Status> check_up_plan(const Topology& t) {
       const std::string path = "nodes[" + std::to_string(i) + "].workers[" + std::to_string(j) + "].device";
       Status st = check_device_available(t.where(path) + ": " + path, n.workers[j].device.to_string());
       if (!st.ok()) problems.push_back(st);
-      // models.target.dtype on this machine's CPU (bfloat16 needs AMX; no float16 kernel): once.
-      if (n.workers[j].device.kind == DeviceKind::kCpu && !dtype_checked_on_cpu) {
+      // models.target.dtype on this machine's CPU (bfloat16 needs AMX; no float16 kernel), once,
+      // for a target-side worker (a draft worker that cannot follow it keeps its default).
+      if (n.workers[j].device.kind == DeviceKind::kCpu && n.workers[j].role != WorkerRole::kDraftWorker &&
+          !dtype_checked_on_cpu) {
         dtype_checked_on_cpu = true;
         const std::string field = "models.target.dtype";
         if (Status d = check_compute_dtype(t.models.target.dtype, "cpu", field); !d.ok()) {

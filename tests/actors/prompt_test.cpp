@@ -41,13 +41,18 @@ TEST_F(TokenizePrompt, ChatMessagesUseTheTemplateWithSpecialTokens) {
   EXPECT_TRUE(decoded.ends_with("<|im_start|>assistant\n")) << decoded;
 }
 
-TEST_F(TokenizePrompt, PlainPromptKeepsSpecialTextAsText) {
+// As vLLM's and llama.cpp's completion endpoints do: a raw ChatML prompt sent to
+// /v1/completions is the chat prompt (a fresh-user try found "<|im_start|>" read as 7 text
+// tokens, and the model answering the wrong question).
+TEST_F(TokenizePrompt, PlainPromptParsesSpecialTokensAsVllmAndLlamaCppDo) {
   GenerateRequest r;
-  r.prompt = "Hello <|im_start|>";
+  r.prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
   auto ids = tokenize_prompt(*gguf_, *tok_, r);
   ASSERT_TRUE(ids.ok()) << ids.status().to_string();
-  EXPECT_EQ(*ids, tok_->encode(r.prompt, true, false));
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), tok_->find_token("<|im_start|>")), 0);
+  EXPECT_EQ(*ids, tok_->encode(r.prompt, true, true));
+  EXPECT_NE(*ids, tok_->encode(r.prompt, true, false));
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), tok_->find_token("<|im_start|>")), 2);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), tok_->find_token("<|im_end|>")), 1);
 }
 
 TEST_F(TokenizePrompt, TokenIdsAreUsedAsGiven) {

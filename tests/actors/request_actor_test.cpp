@@ -40,7 +40,8 @@ TEST(RequestActor, GivesUpWithAnErrorAfterTooManyReplicaFailures) {
         [&](StreamChunk& c) {
           chunk = true;
           EXPECT_EQ(c.finish_reason, "error");
-          EXPECT_NE(c.error.find("failed " + std::to_string(kMaxRequeues + 1) + " times"), std::string::npos) << c.error;
+          EXPECT_NE(c.error.find("failed " + std::to_string(kMaxRequeues + 1) + " times in a row"), std::string::npos)
+              << c.error;
           EXPECT_EQ(c.num_requeues, kMaxRequeues);
           EXPECT_EQ(c.request_id, 7);
         },
@@ -52,6 +53,32 @@ TEST(RequestActor, GivesUpWithAnErrorAfterTooManyReplicaFailures) {
   }
   EXPECT_TRUE(chunk);
   EXPECT_TRUE(done);
+}
+
+// A replica lost while the request made progress is not the request's fault: an attempt that
+// streamed a token resets the count, so a long request outlives many unrelated failures.
+TEST(RequestActor, AnAttemptThatStreamedATokenResetsTheCount) {
+  ActorRuntime rt;
+  caf::scoped_actor head{rt.system()};
+  WorkItem item;
+  item.prompt = {1, 2, 3};
+  item.max_tokens = 64;
+  auto req = rt.system().spawn(request_actor, int64_t{9}, std::string("tok"), caf::actor(head), caf::actor(head), item,
+                               0.0);
+  int32_t attempt = item.attempt;
+  for (int32_t i = 0; i < 3 * kMaxRequeues; ++i) {
+    ShardEvent ev;
+    ev.request_id = 9;
+    ev.attempt = attempt;
+    ev.tokens = {100 + i};
+    head->send(req, ev);
+    bool got = false;
+    head->request(req, 5s, requeue_atom::value)
+        .receive([&](WorkItem& w) { got = true; attempt = w.attempt; EXPECT_EQ(w.resume_output.size(), size_t(i + 1)); },
+                 [&](caf::error& e) { ADD_FAILURE() << "failure " << i << ": " << rt.system().render(e); });
+    ASSERT_TRUE(got) << i;
+  }
+  caf::anon_send_exit(req, caf::exit_reason::kill);
 }
 
 }  // namespace

@@ -6,11 +6,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -101,6 +103,67 @@ TEST(TokenGate, AFloodOfHalfOpenConnectionsIsCappedAndTheTokenStillGetsThrough) 
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(ask(client.system(), *port, "tok"), 42);
   caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+// Both directions at full speed through the gate and a client's forwarder at once, every byte
+// checked. (A review found that one thread with blocking writes per splice can deadlock when
+// both directions' buffers fill; splices now use a thread per direction. This test did not
+// reproduce that deadlock against the old splice on loopback: it checks the data, not the fix.)
+TEST(TokenGate, SplicesMovesManyMegabytesBothWaysAtOnce) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread echo([lfd] {  // blocking echo: reads a chunk, writes it back
+    const int c = ::accept(lfd, nullptr, nullptr);
+    std::vector<char> buf(1 << 16);
+    for (ssize_t n; (n = ::recv(c, buf.data(), buf.size(), 0)) > 0;) {
+      for (ssize_t off = 0; off < n;) {
+        const ssize_t w = ::send(c, buf.data() + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
+        if (w <= 0) break;
+        off += w;
+      }
+    }
+    ::close(c);
+  });
+  auto gate = TokenGate::start("127.0.0.1", 0, ntohs(a.sin_port), "tok", "echo");
+  ASSERT_TRUE(gate.ok()) << gate.status().to_string();
+  auto local = connect_token_gate("127.0.0.1", (*gate)->port(), "tok", 5s);
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  const int fd = idle_connection(*local);
+  ASSERT_GE(fd, 0);
+  constexpr size_t kBytes = size_t{32} << 20;
+  std::thread writer([fd] {
+    std::vector<char> buf(1 << 16);
+    for (size_t sent = 0; sent < kBytes;) {
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<char>((sent + i) * 31 % 251);
+      const ssize_t w = ::send(fd, buf.data(), std::min(buf.size(), kBytes - sent), MSG_NOSIGNAL);
+      if (w <= 0) return;
+      sent += static_cast<size_t>(w);
+    }
+  });
+  size_t got = 0, bad = 0;
+  std::vector<char> buf(1 << 16);
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (got < kBytes && std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) != 1) continue;
+    const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) bad += buf[i] != static_cast<char>((got + i) * 31 % 251);
+    got += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(got, kBytes) << "the splice stalled";
+  EXPECT_EQ(bad, 0u);
+  ::shutdown(fd, SHUT_RDWR);
+  writer.join();
+  ::close(fd);
+  echo.join();
+  ::close(lfd);
 }
 
 TEST(TokenGate, ConnectingWhereNothingListensIsUnavailable) {

@@ -59,7 +59,9 @@ int run_generate(const GenerateArgs& a) {
   Backend* backend = &(*loaded)->backend();
   memory.target_loaded(*backend);
   std::string text = a.prompt;
-  bool parse_special = false;
+  // Special-token text ("<|im_start|>") is its token in --prompt (as llama.cpp's llama-cli and
+  // vLLM read a prompt) and in the rendered chat template.
+  const bool parse_special = true;
   if (!a.chat.empty()) {
     std::vector<ChatMessage> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system});
@@ -70,7 +72,6 @@ int run_generate(const GenerateArgs& a) {
       return exit_status_for(rendered.status());
     }
     text = *rendered;
-    parse_special = true;
   }
   GenerateParams p;
   p.prompt = lm.tokenizer->encode(text, /*add_special=*/true, parse_special);
