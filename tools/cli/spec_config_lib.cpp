@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -231,29 +232,34 @@ std::string accepted_per_position_line(const std::vector<int64_t>& accepted_per_
   return s;
 }
 
-std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text) {
-  double v = 0;
+namespace {
+
+// `text` as a double when all of it is one (std::stod's prefix parse would take "0.5x").
+std::optional<double> whole_double(const std::string& text) {
   size_t used = 0;
+  double v = 0;
   try {
     v = std::stod(text, &used);
   } catch (const std::exception&) {
-    used = 0;
+    return std::nullopt;
   }
-  if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number";
-  if (!(v > 0.0 && v <= 1.0)) return flag + " = " + text + ": must be in (0, 1] (a fraction of the GPU's total memory)";
+  if (used == 0 || used != text.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+std::string gpu_memory_utilization_error(const std::string& flag, const std::string& text) {
+  const std::optional<double> v = whole_double(text);
+  if (!v) return flag + " = '" + text + "': not a number";
+  if (!(*v > 0.0 && *v <= 1.0)) return flag + " = " + text + ": must be in (0, 1] (a fraction of the GPU's total memory)";
   return std::string();
 }
 
 std::string seconds_error(const std::string& flag, const std::string& text) {
-  double v = 0;
-  size_t used = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) return flag + " = '" + text + "': not a number of seconds";
-  if (!(v >= 0.0 && v <= 1e6)) return flag + " = " + text + ": must be a number of seconds in [0, 1e6]";
+  const std::optional<double> v = whole_double(text);
+  if (!v) return flag + " = '" + text + "': not a number of seconds";
+  if (!(*v >= 0.0 && *v <= 1e6)) return flag + " = " + text + ": must be a number of seconds in [0, 1e6]";
   return std::string();
 }
 
