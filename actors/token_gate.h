@@ -18,13 +18,13 @@
 // NOTE: the token travels in clear text, as it did before inside the CAF message; TLS is not
 // built. CAF's internal port and a client's forwarder port listen on 127.0.0.1 only: a process
 // on the same host can still reach CAF's port directly, as any local user could before.
-// Thread-safety: a TokenGate is used from one thread (start, stop); its threads are its own.
+// Thread-safety: a TokenGate is made and destroyed on one thread; its threads are its own.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
