@@ -1,6 +1,7 @@
 #include "actors/kv_data_plane.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -46,8 +47,14 @@ Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& na
   UcxAgentOptions o;
   o.name = name;
   o.progress_thread = true;
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) o.net_devices = ucx_net_device_for_host(options.host);
   auto agent = UcxAgent::create(o);
   if (!agent.ok()) return agent.status();
+  if (!options.host.empty() && o.net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+    get_logger("kv")->info("{}: node host {} is on no network interface of this machine; UCX uses every interface "
+                           "(set UCX_NET_DEVICES to choose)",
+                           name, options.host);
+  }
   std::unique_ptr<KvDataPlane> p(new KvDataPlane());
   p->name_ = name;
   p->agent_ = std::move(*agent);
@@ -105,10 +112,12 @@ void KvDataPlane::connect_peers(const std::vector<KvPeer>& peers, std::chrono::m
       continue;
     }
     peers_[p.name] = Peer{p.address, std::move(*ep), place};
-    get_logger("kv")->info("{}: KV endpoint to {} connected (UCX_TLS {}); transport from it: {}", name_, p.name,
-                           agent_->transports(), kv_transport_name(choose_kv_transport(place, place_)));
+    get_logger("kv")->info("{}: KV endpoint to {} connected (UCX_TLS {}, UCX_NET_DEVICES {}); transport from it: {}",
+                           name_, p.name, agent_->transports(), agent_->net_devices(), kv_transport_name(choose_kv_transport(place, place_)));
   }
 }
+
+const std::string& KvDataPlane::net_devices() const { return agent_->net_devices(); }
 
 bool KvDataPlane::connected_to(const std::string& name) const {
   auto it = peers_.find(name);

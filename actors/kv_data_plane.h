@@ -82,6 +82,10 @@ struct KvFetch {
 /// Where a data plane runs and how it reaches GPU peers.
 struct KvPlaneOptions {
   std::string node;           ///< the node it runs on (KvPlace::node)
+  /// The node's host (topology nodes[i].host): UCX's network transports use only the interface
+  /// that holds it (ucx_net_device_for_host; "lo" for loopback), unless UCX_NET_DEVICES is set.
+  /// Empty, or an address on no interface here: every interface (UCX's default).
+  std::string host;
   int32_t cuda_device = -1;   ///< the CUDA device of its KV cache; -1: the CPU
   /// Where NCCL unique ids are exchanged (a worker: ActorRendezvousStore to the scheduler); null:
   /// no NCCL channels (every transfer in-process or UCX).
@@ -107,6 +111,8 @@ class KvDataPlane {
   /// The agent's worker address (bytes), for WorkerHello::kv_address.
   std::string address() const;
   const std::string& name() const { return name_; }
+  /// The UCX_NET_DEVICES its agent runs with ("lo" for a loopback node; UcxAgent::net_devices()).
+  const std::string& net_devices() const;
   /// Connects an endpoint to every peer not connected yet (not itself), each within
   /// `timeout`; a peer whose address changed (a restarted worker) is connected afresh. A peer
   /// that cannot be reached is logged and retried on the next call.

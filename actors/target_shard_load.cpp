@@ -62,6 +62,7 @@ KvPlaneOptions plane_options(Self self) {
   const auto& s = self->state;
   KvPlaneOptions o;
   o.node = s.cfg.node;
+  o.host = s.cfg.tp_host.empty() ? "127.0.0.1" : s.cfg.tp_host;  // its node's host: UCX listens there only
   if (s.cfg.device.kind == DeviceKind::kCuda) {
     o.cuda_device = s.cfg.device.index;
     o.nccl_store = std::make_shared<ActorRendezvousStore>(self->system(), s.cfg.scheduler);

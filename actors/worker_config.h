@@ -35,8 +35,9 @@ struct WorkerConfig {
   /// Draft worker in its own process: the host its port listens on (port chosen by the OS).
   /// Empty: in the scheduler's process (no port).
   std::string listen_host;
-  /// Tensor-parallel ranks (models.target.tensor_parallel_size > 1): the address their Gloo
-  /// device binds and publishes to the other ranks — the node's host. Empty: loopback.
+  /// The node's host. Tensor-parallel ranks (models.target.tensor_parallel_size > 1): the address
+  /// their Gloo device binds and publishes to the other ranks; every target shard: the address
+  /// whose interface its KV data plane's UCX network transports use. Empty: loopback.
   std::string tp_host;
 };
 

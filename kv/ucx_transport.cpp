@@ -1,5 +1,9 @@
 #include "kv/ucx_transport.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
@@ -381,6 +385,60 @@ UcxRegion::~UcxRegion() {
   ucp_mem_unmap(core_->context, static_cast<ucp_mem_h>(memh_));
 }
 
+std::string ucx_net_device_for_host(const std::string& host) {
+  if (host.empty()) return {};
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return {};
+  std::vector<sockaddr_storage> wanted;
+  bool loopback = false;
+  for (addrinfo* r = res; r != nullptr; r = r->ai_next) {
+    if (r->ai_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(r->ai_addr);
+      const uint32_t ip = ntohl(a->sin_addr.s_addr);
+      if (ip == INADDR_ANY) continue;  // a wildcard names no one interface
+      loopback |= (ip >> 24) == 127;
+    } else if (r->ai_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(r->ai_addr);
+      if (IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr)) continue;
+      loopback |= IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) != 0;
+    } else {
+      continue;
+    }
+    sockaddr_storage ss{};
+    std::memcpy(&ss, r->ai_addr, std::min<size_t>(r->ai_addrlen, sizeof ss));
+    wanted.push_back(ss);
+  }
+  ::freeaddrinfo(res);
+  ifaddrs* ifs = nullptr;
+  if (wanted.empty() || ::getifaddrs(&ifs) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0) continue;
+    if (loopback) {
+      if ((i->ifa_flags & IFF_LOOPBACK) != 0) found = i->ifa_name;
+      continue;
+    }
+    for (const sockaddr_storage& w : wanted) {
+      if (w.ss_family != i->ifa_addr->sa_family) continue;
+      const bool same =
+          w.ss_family == AF_INET
+              ? reinterpret_cast<const sockaddr_in*>(&w)->sin_addr.s_addr ==
+                    reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr
+              : std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&w)->sin6_addr,
+                            &reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, sizeof(in6_addr)) == 0;
+      if (same) {
+        found = i->ifa_name;
+        break;
+      }
+    }
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
 Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& options) {
   std::unique_ptr<UcxAgent> agent(new UcxAgent());
   agent->core_ = std::make_shared<UcxCore>();
@@ -390,6 +448,8 @@ Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& opti
   const char* env_tls = std::getenv("UCX_TLS");
   agent->transports_ = !options.transports.empty() ? options.transports : env_tls != nullptr ? env_tls : "default";
   core.transports = agent->transports_;
+  const char* env_dev = std::getenv("UCX_NET_DEVICES");
+  agent->net_devices_ = !options.net_devices.empty() ? options.net_devices : env_dev != nullptr ? env_dev : "all";
   if (options.chunk_bytes <= 0 || options.max_in_flight < 1) {
     return invalid_argument("ucx: chunk_bytes " + std::to_string(options.chunk_bytes) + " and max_in_flight " +
                             std::to_string(options.max_in_flight) + " must be positive");
@@ -407,6 +467,13 @@ Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& opti
       return invalid_argument("ucx: transports '" + options.transports + "': " + ucs(st));
     }
   }
+  if (!options.net_devices.empty()) {
+    st = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return invalid_argument("ucx: net_devices '" + options.net_devices + "': " + ucs(st));
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_RMA | (options.progress_thread ? UCP_FEATURE_WAKEUP : 0);
@@ -416,7 +483,8 @@ Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& opti
   ucp_config_release(config);
   if (st != UCS_OK) {
     core.context = nullptr;
-    return unavailable("ucx: ucp_init with transports " + agent->transports_ + ": " + ucs(st));
+    return unavailable("ucx: ucp_init with transports " + agent->transports_ + " on network devices " +
+                       agent->net_devices_ + ": " + ucs(st));
   }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -424,7 +492,8 @@ Expected<std::unique_ptr<UcxAgent>> UcxAgent::create(const UcxAgentOptions& opti
   st = ucp_worker_create(core.context, &wp, &core.worker);
   if (st != UCS_OK) {
     core.worker = nullptr;
-    return unavailable("ucx: creating the worker with transports " + agent->transports_ + ": " + ucs(st));
+    return unavailable("ucx: creating the worker with transports " + agent->transports_ + " on network devices " +
+                       agent->net_devices_ + ": " + ucs(st));
   }
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;

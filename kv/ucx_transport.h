@@ -67,6 +67,12 @@ struct UcxAgentOptions {
   /// UCX_TLS for this agent (e.g. "tcp", "sm", "rc,sm"); empty: the environment's UCX_TLS, or
   /// UCX's own choice when that is unset.
   std::string transports;
+  /// UCX_NET_DEVICES for this agent: the network interfaces its network transports (tcp, RDMA)
+  /// listen on and publish in address() (e.g. "lo", "eth0", "mlx5_0:1"); empty: the
+  /// environment's UCX_NET_DEVICES, or every interface when that is unset.
+  /// NOTE: UCX's tcp transport opens a listening socket on each interface it uses, so a worker
+  /// whose node is on loopback sets "lo" (ucx_net_device_for_host) to listen on loopback only.
+  std::string net_devices;
   /// Run a thread that progresses the worker while no call does (so peers' tcp gets are served
   /// without the owner calling progress()). Sleeps on the worker's event fd
   /// (UCP_FEATURE_WAKEUP) when the transports support it, else polls every 100 us.
@@ -82,6 +88,13 @@ struct UcxAgentOptions {
   /// Requests of one transfer outstanding at once (>= 1).
   int max_in_flight = 8;
 };
+
+/// The network interface of this machine that holds `host`'s address, as UCX_NET_DEVICES names
+/// it: the loopback interface ("lo") for "localhost", 127.0.0.0/8 and ::1; the interface with
+/// that address for a numeric address or a name that resolves to one. Empty when `host` is
+/// empty, a wildcard (0.0.0.0, ::), does not resolve, or is on no interface here (the caller
+/// then leaves UCX its default: every interface).
+std::string ucx_net_device_for_host(const std::string& host);
 
 /// Memory registered with the agent's context: a staging region peers put into / get from.
 class UcxRegion {
@@ -118,6 +131,8 @@ class UcxAgent {
   const std::vector<uint8_t>& address() const { return address_; }
   /// The UCX_TLS in effect ("tcp", "sm", ...; "default" when neither option nor environment set it).
   const std::string& transports() const { return transports_; }
+  /// The UCX_NET_DEVICES in effect ("lo", ...; "all" when neither option nor environment set it).
+  const std::string& net_devices() const { return net_devices_; }
   const std::string& name() const { return name_; }
 
   /// Allocates and registers `bytes` bytes (ucp_mem_map with UCP_MEM_MAP_ALLOCATE: UCX may use
@@ -145,7 +160,7 @@ class UcxAgent {
   Status start_progress_thread();
   std::shared_ptr<UcxCore> core_;
   std::vector<uint8_t> address_;
-  std::string transports_, name_;
+  std::string transports_, net_devices_, name_;
 };
 
 }  // namespace specserve

@@ -310,6 +310,22 @@ TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   EXPECT_EQ(big.out.find("http://"), std::string::npos) << big.out;
 }
 
+TEST(CliChecks, ServeRefusesABatchBudgetBelowItsSeqsAndOnePortForBothBeforeLoading) {
+  const std::string dir = temp_dir("specserve_cli_sched_");
+  // 30 s bounds a regression that loads the model (and would then serve): the refusals take ms.
+  const CmdResult b = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-num-seqs 8 --max-num-batched-tokens 4", 30);
+  const CmdResult p = run("serve --port 18765 --actor-port 18765 --token-file " + dir + "/token", 30);
+  fs::remove_all(dir);
+  EXPECT_EQ(b.exit_code, 2) << b.out;
+  EXPECT_NE(b.out.find("--max-num-batched-tokens = 4 is less than --max-num-seqs = 8"), std::string::npos) << b.out;
+  EXPECT_EQ(p.exit_code, 2) << p.out;
+  EXPECT_NE(p.out.find("--port = 18765 is also --actor-port = 18765"), std::string::npos) << p.out;
+  for (const CmdResult* r : {&b, &p}) {
+    EXPECT_EQ(r->out.find("loading"), std::string::npos) << "the model loaded before the refusal:\n" << r->out;
+    EXPECT_EQ(r->out.find("http://"), std::string::npos) << r->out;
+  }
+}
+
 TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {
   const CmdResult bogus = run("bogus");
   EXPECT_EQ(bogus.exit_code, 2) << bogus.out;

@@ -119,6 +119,20 @@ int run_serve_cmd(const ServeArgs& a) {
   t.scheduler.kv_cache_bytes = *kv;
   t.scheduler.max_num_seqs = a.max_num_seqs;
   t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  // vLLM refuses the same: a step could not give every running sequence its token.
+  if (a.max_num_batched_tokens < a.max_num_seqs) {
+    return std::fprintf(stderr,
+                        "specserve serve: --max-num-batched-tokens = %d is less than --max-num-seqs = %d: every running "
+                        "sequence needs at least one token per step\n",
+                        a.max_num_batched_tokens, a.max_num_seqs),
+           2;
+  }
+  // Before the model loads: the HTTP front end could not bind a port the actor port holds.
+  if (const int http_port = a.http.port >= 0 ? a.http.port : 8000; http_port != 0 && http_port == a.actor_port) {
+    return std::fprintf(stderr, "specserve serve: --port = %d is also --actor-port = %d: the two must differ\n", http_port,
+                        a.actor_port),
+           2;
+  }
   t.scheduler.block_size = a.block_size;
   t.scheduler.enable_prefix_caching = a.enable_prefix_caching;
   auto device = parse_device(a.device);
