@@ -1,5 +1,6 @@
 #include "actors/token_gate.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -24,6 +25,7 @@ namespace {
 constexpr char kMagic[8] = {'S', 'S', 'G', 'A', 'T', 'E', '0', '1'};
 constexpr uint32_t kMaxToken = 4096;
 constexpr int kMaxPending = 64;
+constexpr int kMaxPendingPerPeer = 16;
 constexpr int kHandshakeMs = 5000;
 
 using Clock = std::chrono::steady_clock;
@@ -187,7 +189,47 @@ Expected<std::pair<int, uint16_t>> tcp_listen(const std::string& host, uint16_t 
 
 }  // namespace
 
-static void gate_handshake(TokenGate::Shared& sh, int fd);
+static void gate_handshake(TokenGate::Shared& sh, int fd, const std::string& peer);
+
+// The numeric address of an accepted peer ("" when it has none: counted together).
+static std::string peer_address(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
+  } else if (a.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
+// Takes a handshake slot for `peer`: false when 64 handshakes are in flight, or 16 from `peer`.
+static bool take_slot(TokenGate::Shared& sh, const std::string& peer, const char** why) {
+  if (sh.pending.fetch_add(1) >= kMaxPending) {
+    sh.pending.fetch_sub(1);
+    *why = "closed a connection: 64 others are in their token handshake";
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(sh.peers_mu);
+  int& mine = sh.pending_by_peer[peer];
+  if (mine >= kMaxPendingPerPeer) {
+    sh.pending.fetch_sub(1);
+    *why = "closed a connection: 16 others from its address are in their token handshake";
+    return false;
+  }
+  ++mine;
+  return true;
+}
+
+// Gives back the slot take_slot gave.
+static void release_slot(TokenGate::Shared& sh, const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(sh.peers_mu);
+    auto it = sh.pending_by_peer.find(peer);
+    if (it != sh.pending_by_peer.end() && --it->second <= 0) sh.pending_by_peer.erase(it);
+  }
+  sh.pending.fetch_sub(1);
+}
+
 static void warn_refused(TokenGate::Shared& sh, const char* why);
 
 std::string token_gate_preamble(const std::string& token) {
@@ -233,7 +275,9 @@ void TokenGate::accept_loop() {
     }
     if (fds[1].revents) return;  // stopping
     if (!(fds[0].revents & POLLIN)) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof from;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
     if (fd < 0) {
       // Out of descriptors or memory: the connection stays queued and poll reports it again at
       // once; back off instead of spinning.
@@ -243,17 +287,17 @@ void TokenGate::accept_loop() {
       }
       continue;
     }
-    if (shared_->pending.fetch_add(1) >= kMaxPending) {
-      shared_->pending.fetch_sub(1);
-      warn_refused(*shared_, "closed a connection: 64 others are in their token handshake");
+    const std::string peer = peer_address(from);
+    if (const char* why = nullptr; !take_slot(*shared_, peer, &why)) {
+      warn_refused(*shared_, why);
       ::close(fd);
       continue;
     }
     // Detached: the handshake ends within kHandshakeMs; a splice ends when either side closes.
     try {
-      std::thread([sh = shared_, fd] { gate_handshake(*sh, fd); }).detach();
+      std::thread([sh = shared_, fd, peer] { gate_handshake(*sh, fd, peer); }).detach();
     } catch (const std::system_error&) {  // out of threads: refuse this one, keep serving
-      shared_->pending.fetch_sub(1);
+      release_slot(*shared_, peer);
       warn_refused(*shared_, "closed a connection: cannot start a thread for it");
       ::close(fd);
     }
@@ -277,7 +321,7 @@ static void warn_refused(TokenGate::Shared& sh, const char* why) {
                              more ? " (and " + std::to_string(more) + " more refused since the last warning)" : "");
 }
 
-static void gate_handshake(TokenGate::Shared& sh, int fd) {
+static void gate_handshake(TokenGate::Shared& sh, int fd, const std::string& peer) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(kHandshakeMs);
   char head[12];
   bool ok = read_full(fd, head, sizeof head, deadline) && std::memcmp(head, kMagic, sizeof kMagic) == 0;
@@ -291,20 +335,20 @@ static void gate_handshake(TokenGate::Shared& sh, int fd) {
   const auto log = get_logger("actors");
   if (!ok) {
     warn_refused(sh, "closed a connection that did not start with the cluster token preamble");
-    sh.pending.fetch_sub(1);
+    release_slot(sh, peer);
     ::close(fd);
     return;
   }
   if (!token_matches(presented, sh.token)) {
     warn_refused(sh, "refused a peer: wrong cluster token");
     write_full(fd, "N", 1);
-    sh.pending.fetch_sub(1);
+    release_slot(sh, peer);
     ::close(fd);
     return;
   }
   auto inner = tcp_connect("127.0.0.1", sh.inner_port, std::chrono::milliseconds(kHandshakeMs));
   const std::string& what = sh.what;
-  sh.pending.fetch_sub(1);
+  release_slot(sh, peer);
   if (!inner.ok()) {
     log->warn("{} actor port: cannot reach its actor system: {}", what, inner.status().message());
     ::close(fd);

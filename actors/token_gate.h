@@ -8,8 +8,9 @@
 // - the server side (TokenGate) listens on the public actor port; a connection must first send
 //   a preamble holding the cluster token, within 5 s; only then is it spliced, byte for byte, to
 //   CAF's middleman, which listens on 127.0.0.1 on a port of its own. Anything else is closed
-//   and logged; at most 64 connections may be in their handshake at once (more are closed at
-//   once), so a flood costs threads only briefly.
+//   and logged; at most 64 connections may be in their handshake at once, and at most 16 from
+//   one peer address (more are closed at once), so a flood costs threads only briefly and one
+//   flooding address cannot hold every handshake slot from the cluster's other hosts.
 // - the client side (connect_token_gate) connects, sends the preamble, reads the verdict, and
 //   hands CAF a one-shot forwarder on 127.0.0.1 that splices to the authenticated connection.
 // Preamble (client -> gate): 8 bytes "SSGATE01", u32 little-endian token length (1..4096),
@@ -24,7 +25,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -53,6 +56,8 @@ class TokenGate {
     std::string token, what;
     uint16_t inner_port = 0;
     std::atomic<int> pending{0};
+    std::mutex peers_mu;
+    std::map<std::string, int> pending_by_peer;  // peer address -> its connections in handshake (guarded by peers_mu)
     std::atomic<int64_t> refused{0};
     std::atomic<int64_t> last_warn_ms{-1000000};  // steady-clock ms of the last warning (one per second at most)
     std::atomic<int64_t> unwarned{0};             // refusals since it
