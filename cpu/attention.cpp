@@ -53,6 +53,8 @@ inline __m256 exp_nonpositive8(__m256 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(two_n)));
 }
 
+}  // namespace
+
 // Softmax numerator in place over s[0, n): p_t = exp(s_t - max), by exp_nonpositive8; returns
 // Z = sum of p_t: lane l of 8 sums t = l, l + 8, ... ascending, then reduce8's tree
 // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)). Both implementations call this one function,
@@ -85,6 +87,8 @@ float softmax_numerator(float* s, int64_t n) {
   const __m128 h = _mm_hadd_ps(t, t);
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
+
+namespace {
 
 void check_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
   SPECSERVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,

@@ -50,6 +50,14 @@ void attention_f32(const AttentionCache& cache, const float* q, const std::vecto
 void attention_f32_rowwise(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float* out);
 
+/// The softmax numerator both implementations use, in place over s[0, n) (n >= 1, some s_t
+/// finite, none NaN or +inf: attention scores of visible keys): s_t becomes
+/// p_t = exp(s_t - m), m = max_t s_t; returns Z = sum_t p_t in the order of the file comment.
+/// exp is a vectorised Cephes expf (relative error about 1e-7 for arguments in [-87.3, 0]);
+/// an argument below -87.3365 (e^x below FLT_MIN), -inf included, gives exactly 0, and the
+/// maximum gives exactly 1. Exposed for tests (tests/cpu/attention_test.cpp).
+float softmax_numerator(float* s, int64_t n);
+
 /// Which implementation attention_f32 prefers. Both give the same bits; the choice is for A/B
 /// runs (bench/run_cpu_ab.sh). Read once from SPECSERVE_CPU_ATTENTION=tiled|rowwise
 /// (trimmed, any case; default tiled; another value is warned about and ignored).

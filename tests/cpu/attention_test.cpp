@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -266,6 +267,52 @@ TEST(Attention, SoftmaxHandlesExtremeScores) {
     const auto got = p.run(tiled);
     for (size_t i = 0; i < ref0.size(); ++i) ASSERT_NEAR(got[i], ref0[i], 1e-6) << i << (tiled ? " tiled" : " row-wise");
   }
+}
+
+TEST(Attention, SoftmaxNumeratorEdgesAgainstDouble) {
+  // Arguments s_t - max over [-87.3, 0] (every lane position, and tails of 1..7 after whole
+  // groups of 8): relative error within 2e-7 of double exp, and Z the sum of what was written.
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 1001}) {
+    std::vector<float> s(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) s[static_cast<size_t>(t)] = 3.0f - 90.3f * static_cast<float>(t) / static_cast<float>(n);
+    const std::vector<float> in = s;
+    const float z = softmax_numerator(s.data(), n);
+    double sum = 0, zref = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const double x = static_cast<double>(in[static_cast<size_t>(t)]) - 3.0;
+      const double want = std::exp(x);
+      const float got = s[static_cast<size_t>(t)];
+      if (x < -87.3365) {
+        EXPECT_EQ(got, 0.0f) << "n " << n << " t " << t << ": e^" << x << " is below FLT_MIN";
+      } else {
+        EXPECT_NEAR(got, want, 2e-7 * want + 1e-45) << "n " << n << " t " << t << " x " << x;
+      }
+      sum += got;
+      zref += want;
+    }
+    EXPECT_EQ(s[0], 1.0f) << "the maximum gives exactly 1";
+    EXPECT_NEAR(z, sum, 1e-6 * sum) << n;
+    EXPECT_NEAR(z, zref, 1e-6 * zref) << n;
+  }
+  // -inf (a masked key), the underflow boundary and huge gaps give exactly 0; the maximum 1.
+  std::vector<float> s = {-INFINITY, 0.0f, -87.34f, -87.33f, -1e30f, -INFINITY, -std::numeric_limits<float>::max(), -0.0f, -1e-30f};
+  const float z = softmax_numerator(s.data(), static_cast<int64_t>(s.size()));
+  EXPECT_EQ(s[0], 0.0f);
+  EXPECT_EQ(s[1], 1.0f);
+  EXPECT_EQ(s[2], 0.0f);
+  EXPECT_GT(s[3], 0.0f);
+  EXPECT_EQ(s[4], 0.0f);
+  EXPECT_EQ(s[5], 0.0f);
+  EXPECT_EQ(s[6], 0.0f);
+  EXPECT_EQ(s[7], 1.0f) << "-0 equals the maximum 0";
+  EXPECT_EQ(s[8], 1.0f) << "e^-1e-30 rounds to 1";
+  EXPECT_NEAR(z, 3.0f + s[3], 1e-6f);
+  for (float v : s) EXPECT_FALSE(std::isnan(v));
+  // One finite score among -inf ones: all the weight on it.
+  std::vector<float> one(13, -INFINITY);
+  one[11] = -5.0f;
+  EXPECT_EQ(softmax_numerator(one.data(), 13), 1.0f);
+  for (size_t t = 0; t < one.size(); ++t) EXPECT_EQ(one[t], t == 11 ? 1.0f : 0.0f) << t;
 }
 
 TEST(Attention, BothImplementationsMatchNaiveAttention) {
