@@ -13,6 +13,7 @@
 
 #include "core/logging.h"
 #include "server/http_server_internal.h"
+#include "server/tokenize_api.h"
 
 namespace specserve {
 
@@ -93,7 +94,9 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   svr.set_keep_alive_timeout(5);
   svr.set_tcp_nodelay(true);
   svr.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
-    if (d->opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    // The key guards /v1/ and the tokenizer routes; /health and /metrics stay open (vLLM).
+    const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (d->opts.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.rfind(prefix, 0) == 0 && token_matches(auth.substr(prefix.size()), d->opts.api_key)) {
@@ -110,7 +113,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
     const std::string& p = req.path;
     const bool model_route = p == "/v1/models" || (p.rfind("/v1/models/", 0) == 0 && p.size() > 11);
     const char* allow = nullptr;
-    if (p == "/v1/completions" || p == "/v1/chat/completions") allow = "POST";
+    if (p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" || p == "/detokenize") allow = "POST";
     if (model_route || p == "/health" || p == "/metrics") allow = "GET, HEAD";
     if (res.status == 404 && allow) {
       res.status = 405;
@@ -150,6 +153,17 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
            [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
              d->read_body_and_generate(req, res, reader, ApiKind::kChat);
            });
+  // vLLM's tokenizer routes (server/tokenize_api.h).
+  svr.Post("/tokenize", [d](const httplib::Request& req, httplib::Response& res) {
+    json out;
+    if (auto e = tokenize_response(req.body, d->model_now(), &out)) return send_error(res, *e);
+    res.set_content(dump_json(out), "application/json");
+  });
+  svr.Post("/detokenize", [d](const httplib::Request& req, httplib::Response& res) {
+    json out;
+    if (auto e = detokenize_response(req.body, d->model_now(), &out)) return send_error(res, *e);
+    res.set_content(dump_json(out), "application/json");
+  });
   auto model_card = [d] {
     json m;
     m["id"] = d->model.name;

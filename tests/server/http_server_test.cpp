@@ -450,6 +450,34 @@ TEST_F(HttpServerTest, WrongMethodIs405WithAllow) {
   EXPECT_EQ(r->status, 404);
 }
 
+TEST_F(HttpServerTest, TokenizerRoutesAnswerAndTheApiKeyGuardsThem) {
+  opts_.api_key = "sesame";
+  start();
+  auto c = client();
+  const std::string body = R"({"prompt": "Hello world"})";
+  auto r = c.Post("/tokenize", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << r->body;
+  c.set_bearer_token_auth("sesame");
+  r = c.Post("/tokenize", body, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json t = json::parse(r->body);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), tok_->encode("Hello world", true, true));
+  r = c.Post("/detokenize", dump_json(json{{"tokens", t["tokens"]}}), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["prompt"], "Hello world");
+  r = c.Post("/detokenize", R"({"tokens": [-3]})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tokens[0]");
+  r = c.Get("/tokenize");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+}
+
 // Bug: a request body nested 100000 deep crashed the server (stack overflow while writing the
 // error message); a number beyond a double was a 500.
 TEST_F(HttpServerTest, HostileJsonIsA400AndTheServerStaysUp) {
