@@ -94,6 +94,17 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   svr.set_keep_alive_timeout(5);
   svr.set_tcp_nodelay(true);
   svr.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
+    // Before cpp-httplib reads a body: it reads Content-Length with strtoull, so "-5" became
+    // 2^64 - 5 bytes to drain and held the thread for the whole read timeout before a 413.
+    if (req.has_header("Content-Length")) {
+      const std::string cl = req.get_header_value("Content-Length");
+      if (cl.empty() || cl.size() > 18 || cl.find_first_not_of("0123456789") != std::string::npos) {
+        res.set_header("Connection", "close");
+        send_error(res, ApiError{400, "Content-Length = '" + cl.substr(0, 40) + "': not a byte count", "invalid_request_error",
+                                 "Content-Length", ""});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     // The key guards /v1/ and the tokenizer routes; /health and /metrics stay open (vLLM).
     const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (d->opts.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;

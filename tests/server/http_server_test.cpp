@@ -343,6 +343,29 @@ TEST_F(HttpServerTest, RefusedBodyClosesOrKeepsTheConnectionUsable) {
   }
 }
 
+// Bug: "Content-Length: -5" (read as 2^64 - 5 by cpp-httplib) held the thread for its 30 s read
+// timeout before a 413.
+TEST_F(HttpServerTest, ContentLengthThatIsNotAByteCountIsA400AtOnce) {
+  start();
+  for (const char* cl : {"-5", "12abc", "99999999999999999999999", "0x10"}) {
+    const int fd = connect_to(server_->port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ") + cl +
+                     "\r\n\r\n");
+    const auto t0 = Clock::now();
+    const std::string got = read_until(fd, 10.0, [](const std::string& g) { return g.find("}}") != std::string::npos; });
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    ::close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << cl << ": " << got.substr(0, 200);
+    EXPECT_NE(got.find("not a byte count"), std::string::npos) << cl << ": " << got.substr(0, 400);
+    EXPECT_LT(waited, 5.0) << cl;
+  }
+  auto c = client();  // the server still answers
+  auto r = c.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 // Bug: a non-streamed request ran to max_tokens after its client had gone.
 TEST_F(HttpServerTest, NonStreamedRequestOfAGoneClientIsCancelled) {
   fc_->hold = true;
