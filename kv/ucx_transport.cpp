@@ -392,6 +392,12 @@ std::string ucx_net_device_for_host(const std::string& host) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return {};
+  // A loopback literal or "localhost" means this machine only. A name that resolves to
+  // loopback here (Debian maps the hostname to 127.0.1.1) may name the machine to other hosts:
+  // UCX keeps every interface for it.
+  in6_addr numeric{};
+  const bool literal = host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &numeric) == 1 ||
+                       ::inet_pton(AF_INET6, host.c_str(), &numeric) == 1;
   std::vector<sockaddr_storage> wanted;
   bool loopback = false;
   for (addrinfo* r = res; r != nullptr; r = r->ai_next) {
@@ -412,6 +418,7 @@ std::string ucx_net_device_for_host(const std::string& host) {
     wanted.push_back(ss);
   }
   ::freeaddrinfo(res);
+  if (loopback && !literal) return {};
   ifaddrs* ifs = nullptr;
   if (wanted.empty() || ::getifaddrs(&ifs) != 0) return {};
   std::string found;

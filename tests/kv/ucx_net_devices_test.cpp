@@ -81,6 +81,11 @@ TEST(UcxNetDevices, HostMapsToTheInterfaceThatHoldsIt) {
   EXPECT_EQ(ucx_net_device_for_host("::"), "");
   EXPECT_EQ(ucx_net_device_for_host("203.0.113.77"), "") << "TEST-NET-3: on no interface here";
   EXPECT_EQ(ucx_net_device_for_host("no-such-host.invalid"), "");
+  // This machine's own name: "lo" never, whatever /etc/hosts maps it to (Debian: 127.0.1.1),
+  // since other hosts may reach the machine by that name.
+  char name[256] = {};
+  ASSERT_EQ(::gethostname(name, sizeof name - 1), 0);
+  EXPECT_NE(ucx_net_device_for_host(name), "lo") << name;
   // Every non-loopback IPv4 address of this machine maps back to its own interface.
   ifaddrs* ifs = nullptr;
   ASSERT_EQ(::getifaddrs(&ifs), 0);
