@@ -164,15 +164,21 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
            [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
              d->read_body_and_generate(req, res, reader, ApiKind::kChat);
            });
-  // vLLM's tokenizer routes (server/tokenize_api.h).
-  svr.Post("/tokenize", [d](const httplib::Request& req, httplib::Response& res) {
+  // vLLM's tokenizer routes (server/tokenize_api.h). NOTE: with a ContentReader, as the
+  // completion routes: a plain handler gets the body cpp-httplib 0.11 read, which is bounded
+  // only by Content-Length, so a chunked or compressed body of any size was held in memory.
+  svr.Post("/tokenize", [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (!d->read_bounded_body(req, res, reader, &body)) return;
     json out;
-    if (auto e = tokenize_response(req.body, d->model_now(), &out)) return send_error(res, *e);
+    if (auto e = tokenize_response(body, d->model_now(), &out)) return send_error(res, *e);
     res.set_content(dump_json(out), "application/json");
   });
-  svr.Post("/detokenize", [d](const httplib::Request& req, httplib::Response& res) {
+  svr.Post("/detokenize", [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (!d->read_bounded_body(req, res, reader, &body)) return;
     json out;
-    if (auto e = detokenize_response(req.body, d->model_now(), &out)) return send_error(res, *e);
+    if (auto e = detokenize_response(body, d->model_now(), &out)) return send_error(res, *e);
     res.set_content(dump_json(out), "application/json");
   });
   auto model_card = [d] {

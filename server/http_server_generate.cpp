@@ -125,13 +125,14 @@ bool write_event(httplib::DataSink& sink, const std::string& data, StreamState* 
 
 }  // namespace
 
-void HttpServer::Impl::read_body_and_generate(const httplib::Request& http_req, httplib::Response& res,
-                                              const httplib::ContentReader& reader, ApiKind kind) {
+bool HttpServer::Impl::read_bounded_body(const httplib::Request& http_req, httplib::Response& res,
+                                         const httplib::ContentReader& reader, std::string* out) {
   // NOTE: read here, not by cpp-httplib: 0.11 checks its payload limit against Content-Length
   // only, so a chunked body, or a gzip one (it inflates Content-Encoding), had no limit at all.
   // Past the limit the rest is read and dropped, up to 4x the limit, so that the connection
   // stays usable; beyond that reading stops and the answer closes the connection.
-  std::string body;
+  std::string& body = *out;
+  body.clear();
   size_t seen = 0;
   bool too_large = false;
   const bool ok = reader([&](const char* data, size_t n) {
@@ -158,9 +159,16 @@ void HttpServer::Impl::read_body_and_generate(const httplib::Request& http_req, 
     // cpp-httplib writes nothing, this answer included, to a socket that reads as closed.)
     if (!ok) res.set_header("Connection", "close");
     get_logger("server")->info("{} {}: {} {}", http_req.method, http_req.path, e.http_status, e.message);
-    return send_error(res, e);
+    send_error(res, e);
+    return false;
   }
-  handle_generate(http_req, body, res, kind);
+  return true;
+}
+
+void HttpServer::Impl::read_body_and_generate(const httplib::Request& http_req, httplib::Response& res,
+                                              const httplib::ContentReader& reader, ApiKind kind) {
+  std::string body;
+  if (read_bounded_body(http_req, res, reader, &body)) handle_generate(http_req, body, res, kind);
 }
 
 void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const std::string& body, httplib::Response& res,

@@ -157,6 +157,11 @@ struct HttpServer::Impl {
   // ---- http_server_generate.cpp ----
   /// Parses `body` as a `kind` request, submits its choices and answers (JSON or SSE stream).
   void handle_generate(const httplib::Request& req, const std::string& body, httplib::Response& res, ApiKind kind);
+  /// Reads the body into *body within max_body_bytes, whatever its framing (Content-Length,
+  /// chunked, compressed). False when it could not: the error (413 past the limit, 400 on a read
+  /// failure) is already in `res`.
+  bool read_bounded_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                         std::string* body);
   /// Reads the body within max_body_bytes (413 past it), then handle_generate.
   void read_body_and_generate(const httplib::Request& req, httplib::Response& res,
                               const httplib::ContentReader& reader, ApiKind kind);

@@ -315,7 +315,13 @@ TEST(CliChecks, ServeRefusesABatchBudgetBelowItsSeqsAndOnePortForBothBeforeLoadi
   // 30 s bounds a regression that loads the model (and would then serve): the refusals take ms.
   const CmdResult b = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-num-seqs 8 --max-num-batched-tokens 4", 30);
   const CmdResult p = run("serve --port 18765 --actor-port 18765 --token-file " + dir + "/token", 30);
+  // --no-http: nothing listens on --port (default 8000), so --actor-port 8000 is no clash; the
+  // run goes on to the next check (a KV cache too small), still before loading.
+  const CmdResult n = run("serve --no-http --actor-port 8000 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 30);
   fs::remove_all(dir);
+  EXPECT_EQ(n.exit_code, 2) << n.out;
+  EXPECT_EQ(n.out.find("is also --actor-port"), std::string::npos) << n.out;
+  EXPECT_NE(n.out.find("--kv-cache-bytes"), std::string::npos) << n.out;
   EXPECT_EQ(b.exit_code, 2) << b.out;
   EXPECT_NE(b.out.find("--max-num-batched-tokens = 4 is less than --max-num-seqs = 8"), std::string::npos) << b.out;
   EXPECT_EQ(p.exit_code, 2) << p.out;

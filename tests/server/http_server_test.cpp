@@ -283,8 +283,8 @@ TEST_F(HttpServerTest, BodyLimitHoldsForChunkedAndCompressedBodies) {
   }
 }
 
-std::string chunked_request(const std::string& body) {
-  std::string out = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+std::string chunked_request(const std::string& body, const std::string& path = "/v1/completions") {
+  std::string out = "POST " + path + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
   for (size_t i = 0; i < body.size(); i += 8192) {
     const std::string part = body.substr(i, 8192);
     char len[32];
@@ -341,6 +341,33 @@ TEST_F(HttpServerTest, RefusedBodyClosesOrKeepsTheConnectionUsable) {
     ::close(fd);
     EXPECT_EQ(second.rfind("HTTP/1.1 200", 0), 0u) << second.substr(0, 300);
   }
+}
+
+// Bug: /tokenize and /detokenize took the body cpp-httplib had read, bounded only by a
+// Content-Length: a chunked body (or a compressed one) of any size was held in memory and
+// tokenized. They now read it as the completion routes do: 413 past max_body_bytes.
+TEST_F(HttpServerTest, TokenizerRoutesBoundAChunkedBody) {
+  start();
+  auto has_body = [](const std::string& got) { return got.find("}}") != std::string::npos; };
+  for (const char* path : {"/tokenize", "/detokenize"}) {
+    const int fd = connect_to(server_->port());
+    ASSERT_GE(fd, 0);
+    // 100 KiB over a 64 KiB limit: read to its end and refused.
+    const std::string body = std::string(path) == "/tokenize"
+                                 ? R"({"prompt": ")" + std::string(100 << 10, 'a') + "\"}"
+                                 : R"({"tokens": [)" + std::string(100 << 10, '1') + "]}";
+    send_all(fd, chunked_request(body, path));
+    const std::string got = read_until(fd, 20.0, has_body);
+    ::close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << path << ": " << got.substr(0, 300);
+  }
+  // A small chunked body still works.
+  const int fd = connect_to(server_->port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, chunked_request(R"({"prompt": "Hello world"})", "/tokenize"));
+  const std::string got = read_until(fd, 10.0, [](const std::string& g) { return g.find("\"tokens\"") != std::string::npos; });
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
 }
 
 // Bug: "Content-Length: -5" (read as 2^64 - 5 by cpp-httplib) held the thread for its 30 s read

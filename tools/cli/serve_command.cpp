@@ -128,7 +128,9 @@ int run_serve_cmd(const ServeArgs& a) {
            2;
   }
   // Before the model loads: the HTTP front end could not bind a port the actor port holds.
-  if (const int http_port = a.http.port >= 0 ? a.http.port : 8000; http_port != 0 && http_port == a.actor_port) {
+  // With --no-http nothing listens on --port (its default 8000 included), so any actor port goes.
+  if (const int http_port = a.http.port >= 0 ? a.http.port : 8000;
+      !a.http.no_http && http_port != 0 && http_port == a.actor_port) {
     return std::fprintf(stderr, "specserve serve: --port = %d is also --actor-port = %d: the two must differ\n", http_port,
                         a.actor_port),
            2;
