@@ -10,6 +10,7 @@
 
 #include <xxhash.h>
 
+#include "config/topology.h"
 #include "core/logging.h"
 #include "model/backend.h"
 
@@ -42,6 +43,13 @@ uint64_t kv_process_id() {
 }
 
 uint64_t kv_tokens_hash(std::span<const int32_t> tokens) { return XXH3_64bits(tokens.data(), tokens.size_bytes()); }
+
+std::string kv_plane_host(const std::vector<std::string>& node_hosts, const std::string& node_host) {
+  for (const std::string& h : node_hosts) {
+    if (!is_loopback_host(h)) return {};
+  }
+  return node_host.empty() ? "127.0.0.1" : node_host;
+}
 
 Expected<std::unique_ptr<KvDataPlane>> KvDataPlane::create(const std::string& name, const KvPlaneOptions& options) {
   UcxAgentOptions o;

@@ -84,7 +84,9 @@ struct KvPlaneOptions {
   std::string node;           ///< the node it runs on (KvPlace::node)
   /// The node's host (topology nodes[i].host): UCX's network transports use only the interface
   /// that holds it (ucx_net_device_for_host; "lo" for loopback), unless UCX_NET_DEVICES is set.
-  /// Empty, or an address on no interface here: every interface (UCX's default).
+  /// Empty, or an address on no interface here: every interface (UCX's default). A target shard
+  /// sets it only when every node of its topology is on loopback (actors/target_shard_load.cpp):
+  /// pinning a real interface would drop UCX's RDMA devices.
   std::string host;
   int32_t cuda_device = -1;   ///< the CUDA device of its KV cache; -1: the CPU
   /// Where NCCL unique ids are exchanged (a worker: ActorRendezvousStore to the scheduler); null:
@@ -95,6 +97,14 @@ struct KvPlaneOptions {
   /// planes of one test process with different ids take the transport of two processes.
   uint64_t process = 0;
 };
+
+/// The host a target shard gives its data plane (KvPlaneOptions::host): `node_host` (its node's
+/// host; "127.0.0.1" when empty) when every one of `node_hosts` (the topology's nodes[i].host;
+/// none: one process) is a loopback address, i.e. the whole cluster is on this machine; else ""
+/// (UCX keeps every device). NOTE: in a multi-host topology a node left at 127.0.0.1 must stay
+/// reachable from the other hosts, and pinning a real interface (UCX_NET_DEVICES=eth0) would drop
+/// the RDMA devices (mlx5_0:1), which UCX names apart from their netdevs.
+std::string kv_plane_host(const std::vector<std::string>& node_hosts, const std::string& node_host);
 
 class KvDataPlane {
  public:

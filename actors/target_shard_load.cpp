@@ -62,7 +62,10 @@ KvPlaneOptions plane_options(Self self) {
   const auto& s = self->state;
   KvPlaneOptions o;
   o.node = s.cfg.node;
-  o.host = s.cfg.tp_host.empty() ? "127.0.0.1" : s.cfg.tp_host;  // its node's host: UCX listens there only
+  // Pinned to lo only when the whole cluster is on loopback (kv_plane_host says why).
+  std::vector<std::string> hosts;
+  for (const NodeSpec& n : s.cfg.topology.nodes) hosts.push_back(n.host);
+  o.host = kv_plane_host(hosts, s.cfg.tp_host);
   if (s.cfg.device.kind == DeviceKind::kCuda) {
     o.cuda_device = s.cfg.device.index;
     o.nccl_store = std::make_shared<ActorRendezvousStore>(self->system(), s.cfg.scheduler);

@@ -36,8 +36,9 @@ struct WorkerConfig {
   /// Empty: in the scheduler's process (no port).
   std::string listen_host;
   /// The node's host. Tensor-parallel ranks (models.target.tensor_parallel_size > 1): the address
-  /// their Gloo device binds and publishes to the other ranks; every target shard: the address
-  /// whose interface its KV data plane's UCX network transports use. Empty: loopback.
+  /// their Gloo device binds and publishes to the other ranks; every target shard of a topology
+  /// whose nodes are all on loopback: the address whose interface (lo) its KV data plane's UCX
+  /// network transports use (actors/target_shard_load.cpp). Empty: loopback.
   std::string tp_host;
 };
 

@@ -166,5 +166,17 @@ TEST(UcxNetDevices, KvDataPlaneOfALoopbackNodeUsesLoUnlessTheEnvironmentChooses)
   EXPECT_EQ((*p)->net_devices(), "all");
 }
 
+TEST(UcxNetDevices, OnlyAClusterWhollyOnLoopbackIsPinned) {
+  // One process (no nodes) or every node on loopback: the node's host, lo.
+  EXPECT_EQ(kv_plane_host({}, ""), "127.0.0.1");
+  EXPECT_EQ(kv_plane_host({"127.0.0.1", "localhost", "::1"}, "127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(ucx_net_device_for_host(kv_plane_host({"127.0.0.1"}, "")), "lo");
+  // A node on another host: the node left at the default 127.0.0.1 must stay reachable from it,
+  // and a real interface is not pinned either (RDMA devices would be dropped).
+  EXPECT_EQ(kv_plane_host({"127.0.0.1", "10.1.2.3"}, "127.0.0.1"), "");
+  EXPECT_EQ(kv_plane_host({"10.1.2.3", "10.1.2.4"}, "10.1.2.3"), "");
+  EXPECT_EQ(kv_plane_host({"gpu-node-7"}, "gpu-node-7"), "") << "a name is not known to be loopback";
+}
+
 }  // namespace
 }  // namespace specserve
