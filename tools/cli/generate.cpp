@@ -118,6 +118,7 @@ int run_generate(const GenerateArgs& a) {
   double ttft = -1;
   int64_t n_gen = 0;
   FinishReason fr = FinishReason::kNone;
+  std::string error;  // finish reason "error": why (e.g. non-finite logits from corrupt weights)
   std::vector<SeqEvent> events;
   while ((*engine)->has_work()) {
     events.clear();
@@ -132,6 +133,7 @@ int run_generate(const GenerateArgs& a) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
       if (ev.finish != FinishReason::kNone) fr = ev.finish;
+      if (!ev.error.empty()) error = ev.error;
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -148,6 +150,12 @@ int run_generate(const GenerateArgs& a) {
   if (*proposer) {
     auto s = (*engine)->take_finished_stats(*id);
     if (s) print_spec_stats(*s, **proposer, eo.num_speculative_tokens, (*engine)->stats());
+  }
+  // A sequence that failed (finish reason "error") is a failed command: say why, exit 1.
+  if (fr == FinishReason::kError) {
+    std::fprintf(stderr, "specserve generate: the generation failed: %s\n",
+                 error.empty() ? "the engine ended the sequence with an error" : error.c_str());
+    return 1;
   }
   return 0;
 }
