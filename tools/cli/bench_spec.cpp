@@ -166,7 +166,7 @@ int run_bench(const BenchArgs& a) {
   auto loaded = load_model(path, *backend);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", loaded.status().to_string().c_str());
-    return 1;
+    return exit_status_for(loaded.status());  // a missing or corrupt --model: 2, as generate
   }
   memory.target_loaded(*backend);
   std::ifstream in(a.questions);
