@@ -75,5 +75,16 @@ TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
   std::filesystem::remove_all(dir);
 }
 
+// An empty --model / --speculative-model (`--model "$UNSET"`) is refused naming the flag, not
+// taken as the flag left out (the default model; no draft model, so n-gram lookup).
+TEST(GenerateCli, EmptyModelPathsAreRefused) {
+  for (const char* flag : {"--model", "--speculative-model"}) {
+    const CliRun r = run(std::string(flag) + " '' --threads 1 --max-tokens 2 --num-speculative-tokens 2 --prompt Hello");
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string(flag) + ": an empty path"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("generated tokens"), std::string::npos) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace specserve

@@ -165,7 +165,7 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU or a GPU (--device), streaming it to stdout");
-  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
   auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
   prompt->excludes(chat);
