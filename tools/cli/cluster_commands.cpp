@@ -181,7 +181,12 @@ void print_logprobs(const GenerateResult& r, const Tokenizer* tok) {
 
 int run_client(const ClientArgs& a) {
   auto client = connect_client(a.connect, a.token_file, a.config);
-  if (!client.ok()) return std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str()), 1;
+  // Bad input (--connect not HOST:PORT, a token file that cannot be used) exits 2; a head that
+  // cannot be reached or refuses the token 1.
+  if (!client.ok()) {
+    std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str());
+    return exit_status_for(client.status());
+  }
   std::optional<Tokenizer> tokenizer;
   if (a.logprobs > 0) tokenizer = logprobs_tokenizer(a);
   const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
@@ -221,7 +226,7 @@ int run_client(const ClientArgs& a) {
     if (!h.ok()) {
       std::fprintf(stderr, "specserve client: request %zu: %s\n", handles.size() + 1, h.status().message().c_str());
       for (auto& prev : handles) prev->cancel();
-      return 1;
+      return exit_status_for(h.status());  // a refused parameter (--top-p 2, --stop ''): 2
     }
     handles.push_back(*h);
   }
@@ -286,7 +291,10 @@ int run_client(const ClientArgs& a) {
 
 int run_status(const std::string& connect, const std::string& token_file, const std::string& config, bool json) {
   auto client = connect_client(connect, token_file, config);
-  if (!client.ok()) return std::fprintf(stderr, "specserve status: %s\n", client.status().message().c_str()), 1;
+  if (!client.ok()) {
+    std::fprintf(stderr, "specserve status: %s\n", client.status().message().c_str());
+    return exit_status_for(client.status());
+  }
   auto st = (*client)->status();
   if (!st.ok()) return std::fprintf(stderr, "specserve status: %s\n", st.status().message().c_str()), 1;
   const ClusterStatus& s = *st;
