@@ -105,7 +105,9 @@ std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::stri
     return std::nullopt;
   }
   if (x < min || x > max) {
-    if (max == INT64_MAX || max == INT32_MAX) {
+    // NOTE: only a value below `min` gets the short form: 2147483648 for an int32 field used to
+    // read "'2147483648' must be >= 0".
+    if (x < min && (max == INT64_MAX || max == INT32_MAX)) {
       error(*v, f.path(key), quote(v->Scalar()) + " must be >= " + std::to_string(min));
     } else {
       error(*v, f.path(key),
