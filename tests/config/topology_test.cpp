@@ -236,6 +236,16 @@ TEST(Topology, EmptyOrNonMappingDocumentIsRejected) {
 }
 
 // Two node entries on one machine cannot both claim all of cuda:0; on two machines they can.
+// A second YAML document (two topologies pasted into one file) was silently dropped.
+TEST(Topology, ASecondYamlDocumentIsRejected) {
+  auto two = parse_topology(base_yaml() + "---\n" + base_yaml(), "two.yaml", model_dir());
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("two.yaml:"), std::string::npos) << two.status().message();
+  EXPECT_NE(two.status().message().find("a second YAML document"), std::string::npos) << two.status().message();
+  // A leading "---" (one document) and a trailing "..." are fine.
+  EXPECT_TRUE(parse("---\n" + base_yaml() + "...\n").ok());
+}
+
 TEST(Topology, GpuConflictIsPerMachineNotPerNodeEntry) {
   const std::string two_nodes = R"(head: {host: 0.0.0.0}
 models: {target: {path: MODEL}}
