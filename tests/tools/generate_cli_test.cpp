@@ -86,5 +86,12 @@ TEST(GenerateCli, EmptyModelPathsAreRefused) {
   }
 }
 
+// --system applies to --chat only: with --prompt it was silently ignored.
+TEST(GenerateCli, SystemWithoutChatIsRefused) {
+  const CliRun r = run("--system 'be brief' --prompt Hello --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--system requires --chat"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace specserve

@@ -518,8 +518,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--token-file", a->token_file, "Cluster token file (default ~/.config/specserve/token)");
     sub->add_option("--config", a->config, "Topology file: head endpoint and token file from it");
     sub->add_option("--prompt", a->prompts, "Plain-text prompt (repeatable: submitted concurrently)");
-    sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
-    sub->add_option("--system", a->system, "System message for --chat");
+    auto* chat = sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
+    sub->add_option("--system", a->system, "System message for --chat")->needs(chat);  // with --prompt only it was ignored
     // The last one wins, so scripts/run.sh's defaults can be overridden by its arguments.
     sub->add_option("--max-tokens", a->max_tokens, "Maximum tokens per request (default 128)")
         ->check(CLI::Range(1, 1 << 20))

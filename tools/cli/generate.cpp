@@ -169,7 +169,7 @@ void add_generate(CLI::App& app) {
   auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
   prompt->excludes(chat);
-  sub->add_option("--system", args->system, "System message for --chat");
+  sub->add_option("--system", args->system, "System message for --chat")->needs(chat);  // with --prompt it was ignored
   sub->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
   sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)")->capture_default_str();
