@@ -357,6 +357,16 @@ TEST(CliChecks, ClientAndStatusExitTwoForAMalformedEndpointAndOneForAnUnreachabl
   fs::remove_all(dir);
 }
 
+// `serve --api-key "$KEY"` with KEY unset served with no key at all (the banner only left out
+// "API key required"); an empty --served-model-name fell back to the default. Both exit 2 now.
+TEST(CliChecks, ServeRefusesAnEmptyApiKeyOrModelName) {
+  for (const char* flag : {"--api-key", "--served-model-name"}) {
+    const CmdResult r = run(std::string("serve --no-http --port 0 --actor-port 0 ") + flag + " ''", 60);
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(flag) + ": an empty"), std::string::npos) << r.out;
+  }
+}
+
 TEST(CliChecks, HelpShowsTheDefaults) {
   const CmdResult g = run("generate --help");
   EXPECT_NE(help_line(g.out, "--max-tokens").find("=128"), std::string::npos) << g.out;
