@@ -80,13 +80,13 @@ std::string compute_description(const std::string& device) {
 
 Status check_compute_dtype(ComputeDtype dtype, const std::string& device, const std::string& field) {
   auto spec = parse_device(device);
-  if (!spec.ok()) return invalid_argument("device '" + device + "': " + spec.status().message());
+  if (!spec.ok()) return spec.status();  // parse_device names the device already
   return spec->kind == DeviceKind::kCpu ? check_cpu_dtype(dtype, field) : Status();
 }
 
 Status apply_compute_dtype(ComputeDtype dtype, const std::string& device, const std::string& field) {
   auto spec = parse_device(device);
-  if (!spec.ok()) return invalid_argument("device '" + device + "': " + spec.status().message());
+  if (!spec.ok()) return spec.status();  // parse_device names the device already
   if (spec->kind == DeviceKind::kCpu) {
     return apply_cpu_dtype(dtype, field);  // the CPU backend logs the kernel and this source
   }
@@ -141,7 +141,7 @@ Status check_device_available(const std::string& flag, const std::string& device
 
 Expected<DeviceMemory> device_memory(const std::string& device) {
   auto spec = parse_device(device);
-  if (!spec.ok()) return invalid_argument("device '" + device + "': " + spec.status().message());
+  if (!spec.ok()) return spec.status();  // parse_device names the device already
   if (spec->kind == DeviceKind::kCpu) return unsupported("device 'cpu': host memory is not planned");
 #ifdef SPECSERVE_WITH_CUDA
   auto info = cuda_device_info(spec->index);

@@ -235,7 +235,7 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
         // The autoscaler stopped this replica (or gave up the start it belongs to): quit
         // normally; the process exits 0. Only the head may say so.
         if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
-        get_logger("actors")->info("replica {}: draft worker retired by the autoscaler", self->state.cfg.replica);
+        get_logger("actors")->info("replica {}: draft worker retired by the head (its replica was scaled down or stopped)", self->state.cfg.replica);
         self->quit();
       },
   };

@@ -63,6 +63,14 @@ Expected<std::string> read_cluster_token(const std::string& path_in) {
     return not_found("cluster token file " + *path + ": " + std::strerror(errno) +
                      " (`specserve up` creates it; copy it to every host that joins)");
   }
+  // NOTE: checked before the mode: for a directory (/tmp, mode 777) the mode advice below would
+  // be "run chmod 600 on it", and a directory of mode 700 used to read as an "empty" token.
+  if (S_ISDIR(st.st_mode)) {
+    return invalid_argument("cluster token file " + *path + ": is a directory; name the file that holds the token");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return invalid_argument("cluster token file " + *path + ": not a regular file (a device, FIFO or socket)");
+  }
   if (st.st_mode & (S_IRWXG | S_IRWXO)) {
     return invalid_argument("cluster token file " + *path + ": readable by group or others (mode " +
                             [&] { std::ostringstream o; o << std::oct << (st.st_mode & 0777); return o.str(); }() +

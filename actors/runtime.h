@@ -43,7 +43,7 @@ class ActorRuntime {
 
 /// Reads the cluster token (first line, whitespace trimmed) from `path` (~ expanded).
 /// Errors: kNotFound (missing, naming the path and how to create it), kInvalidArgument (empty,
-/// or readable by group/others).
+/// a directory or another non-regular file, or readable by group/others).
 Expected<std::string> read_cluster_token(const std::string& path);
 
 /// Reads the token at `path`, or creates it (32 random bytes as hex, mode 0600, parent folders

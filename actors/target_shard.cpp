@@ -200,7 +200,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         // The autoscaler stopped this replica (after draining it): quit normally (the process
         // exits 0) once receivers have read the KV of the sequences that moved away.
         if (!from_scheduler(self)) return;
-        get_logger("actors")->info("replica {}: retired by the autoscaler", self->state.cfg.replica);
+        get_logger("actors")->info("replica {}: retired by the head (an autoscaler scale-down, or this worker's own drain)", self->state.cfg.replica);
         self->state.quit_when_empty = true;
         maybe_quit(self);
       },

@@ -6,6 +6,7 @@
 
 #include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
+#include "actors/runtime.h"
 #include "actors/worker_config.h"
 #include "model/gguf.h"
 #include "model/model_loader.h"
@@ -85,6 +86,13 @@ std::vector<Status> check_up_plan(const Topology& t) {
       const std::string value = p.field == "model" ? sp.model : "\"" + sp.speculative_token_tree + "\"";
       problems.push_back(field_error(t, field, value, p.status));
     }
+  }
+  // An existing cluster.token_file that `up` would refuse (a directory, a device, readable by
+  // others, empty); a missing one is fine: `up` creates it.
+  if (auto tok = read_cluster_token(t.cluster.token_file); !tok.ok() && tok.status().code() != StatusCode::kNotFound) {
+    std::string msg = tok.status().message();  // "cluster token file PATH: why": the field says the first part
+    if (msg.rfind("cluster token file ", 0) == 0) msg = msg.substr(19);
+    problems.push_back(field_error(t, "cluster.token_file", t.cluster.token_file, Status(tok.status().code(), msg)));
   }
   return problems;
 }

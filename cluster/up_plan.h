@@ -25,6 +25,8 @@ namespace specserve {
 ///    speculative_token_tree parses; its model opens as GGUF and, for medusa / eagle, is a head
 ///    of that method (general.architecture) trained on this target (`<arch>.target_fingerprint`
 ///    equal to the target's model fingerprint); a draft_model is a model load_model() accepts.
+///  - cluster.token_file, when it exists, reads as a token (actors/runtime.h read_cluster_token:
+///    not a directory or device, not readable by group or others, not empty).
 /// Each error names the file position, the field path and its value ("cluster.yaml:12:40:
 /// nodes[0].workers[1].device = cuda:3: ..."): kInvalidArgument / kUnavailable from the device
 /// check, the GGUF reader's kNotFound / kCorruptData, kUnsupported for an architecture,

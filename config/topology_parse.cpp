@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "config/topology.h"
 #include "config/topology_internal.h"
@@ -105,7 +106,9 @@ std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::stri
     return std::nullopt;
   }
   if (x < min || x > max) {
-    if (max == INT64_MAX || max == INT32_MAX) {
+    // NOTE: only a value below `min` gets the short form: 2147483648 for an int32 field used to
+    // read "'2147483648' must be >= 0".
+    if (x < min && (max == INT64_MAX || max == INT32_MAX)) {
       error(*v, f.path(key), quote(v->Scalar()) + " must be >= " + std::to_string(min));
     } else {
       error(*v, f.path(key),
@@ -472,7 +475,13 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
 Expected<Topology> TopologyParser::run(const std::string& yaml_text) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // NOTE: every document is read: YAML::Load took the first and silently dropped the rest of a
+    // file with a second "---" document (two topologies pasted into one file).
+    std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1) {
+      return invalid_argument(loc(docs[1].Mark()) + ": (top level): a second YAML document ('---'); a topology file holds one");
+    }
+    if (!docs.empty()) root = docs.front();
   } catch (const YAML::Exception& e) {
     return invalid_argument(loc(e.mark) + ": malformed YAML: " + e.msg);
   }

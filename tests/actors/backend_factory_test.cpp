@@ -59,6 +59,10 @@ TEST(BackendFactory, DeviceMemoryIsForCudaOnly) {
   auto bad = device_memory("gpu0");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  // The device is named once ("device 'gpu0': device 'gpu0': ..." before).
+  EXPECT_EQ(bad.status().message(), "device 'gpu0': expected cpu or cuda:N (N >= 0)");
+  const Status dtype = check_compute_dtype(ComputeDtype::kFloat32, "gpu", "--dtype");
+  EXPECT_EQ(dtype.message(), "device 'gpu': expected cpu or cuda:N (N >= 0)");
   auto gpu = device_memory("cuda:0");
   if (gpu.ok()) {  // a GPU is present: its numbers are sane
     EXPECT_GT(gpu->total_bytes, 0);

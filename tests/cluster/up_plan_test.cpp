@@ -102,6 +102,26 @@ TEST(UpPlan, ModelFileThatIsNotGgufIsRefused) {
   EXPECT_NE(m.find(bad.string()), std::string::npos) << m;
 }
 
+// cluster.token_file naming a directory (or a file others can read) is said by --dry-run too,
+// naming the field, not only once `up` starts; a missing one is fine (`up` creates it).
+TEST(UpPlan, TokenFileThatUpWouldRefuseIsNamed) {
+  auto t = parse(testing::default_model_path(), "cpu");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const fs::path dir = fs::temp_directory_path() / ("up_plan_test_token_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  t->cluster.token_file = dir.string();
+  std::string m = problem_about(check_up_plan(*t), "cluster.token_file");
+  EXPECT_NE(m.find("cluster.token_file = " + dir.string() + ": is a directory"), std::string::npos) << m;
+  t->cluster.token_file = (dir / "token").string();
+  std::ofstream(dir / "token") << "secret\n";
+  fs::permissions(dir / "token", fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_read);
+  m = problem_about(check_up_plan(*t), "cluster.token_file");
+  EXPECT_NE(m.find("readable by group or others"), std::string::npos) << m;
+  t->cluster.token_file = (dir / "missing").string();
+  EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
+  fs::remove_all(dir);
+}
+
 TEST(UpPlan, KvCacheThatCannotHoldOneSequenceIsRefused) {
   auto t = parse(testing::default_model_path(), "cpu");  // max_model_len 512: 32 blocks of 16 tokens
   ASSERT_TRUE(t.ok()) << t.status().to_string();

@@ -124,6 +124,7 @@ const BadCase kBadCases[] = {
   {"too_many_spec_tokens", "num_speculative_tokens: 4", "num_speculative_tokens: 65", {"t.yaml:5:56:", "models.speculative.num_speculative_tokens", "'65'", "1..64"}},
   {"zero_block_size", "block_size: 16", "block_size: 0", {"t.yaml:13:73:", "scheduler.block_size", "'0'"}},
   {"negative_max_num_seqs", "max_num_seqs: 64", "max_num_seqs: -1", {"t.yaml:13:27:", "scheduler.max_num_seqs", "'-1'", ">= 1"}},
+  {"max_num_seqs_past_int32", "max_num_seqs: 64", "max_num_seqs: 2147483648", {"t.yaml:13:27:", "scheduler.max_num_seqs", "'2147483648'", "out of range 1..2147483647"}},
   {"batched_below_seqs", "max_num_batched_tokens: 2048", "max_num_batched_tokens: 32", {"t.yaml:13:55:", "scheduler.max_num_batched_tokens", "'32'", "'64'"}},
   {"bad_kv_unit", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 1GiBs", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'1GiBs'"}},
   {"zero_kv_bytes", "kv_cache_bytes: 1GiB", "kv_cache_bytes: 0MiB", {"t.yaml:13:93:", "scheduler.kv_cache_bytes", "'0MiB'"}},
@@ -235,6 +236,16 @@ TEST(Topology, EmptyOrNonMappingDocumentIsRejected) {
 }
 
 // Two node entries on one machine cannot both claim all of cuda:0; on two machines they can.
+// A second YAML document (two topologies pasted into one file) was silently dropped.
+TEST(Topology, ASecondYamlDocumentIsRejected) {
+  auto two = parse_topology(base_yaml() + "---\n" + base_yaml(), "two.yaml", model_dir());
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("two.yaml:"), std::string::npos) << two.status().message();
+  EXPECT_NE(two.status().message().find("a second YAML document"), std::string::npos) << two.status().message();
+  // A leading "---" (one document) and a trailing "..." are fine.
+  EXPECT_TRUE(parse("---\n" + base_yaml() + "...\n").ok());
+}
+
 TEST(Topology, GpuConflictIsPerMachineNotPerNodeEntry) {
   const std::string two_nodes = R"(head: {host: 0.0.0.0}
 models: {target: {path: MODEL}}

@@ -343,6 +343,36 @@ TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {
   EXPECT_EQ(run("generate --help").exit_code, 0);
 }
 
+// `client` / `status`: a malformed --connect is bad input (exit 2, as every other usage error)
+// — it used to exit 1 like a head that cannot be reached, which still does.
+TEST(CliChecks, ClientAndStatusExitTwoForAMalformedEndpointAndOneForAnUnreachableHead) {
+  const std::string dir = temp_dir("client_exit");
+  const std::string token = dir + "/token";
+  std::ofstream(token) << "0123456789abcdef\n";
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write);
+  for (const char* cmd : {"client --prompt hi", "status"}) {
+    for (const char* ep : {"nonsense", "127.0.0.1:99999"}) {
+      const CmdResult r = run(std::string(cmd) + " --connect " + ep + " --token-file " + token, 60);
+      EXPECT_EQ(r.exit_code, 2) << cmd << " " << ep << "\n" << r.out;
+      EXPECT_NE(r.out.find("--connect"), std::string::npos) << r.out;
+    }
+    const CmdResult down = run(std::string(cmd) + " --connect 127.0.0.1:1 --token-file " + token, 60);
+    EXPECT_EQ(down.exit_code, 1) << cmd << "\n" << down.out;
+    EXPECT_NE(down.out.find("is the cluster running?"), std::string::npos) << down.out;
+  }
+  fs::remove_all(dir);
+}
+
+// `serve --api-key "$KEY"` with KEY unset served with no key at all (the banner only left out
+// "API key required"); an empty --served-model-name fell back to the default. Both exit 2 now.
+TEST(CliChecks, ServeRefusesAnEmptyApiKeyOrModelName) {
+  for (const char* flag : {"--api-key", "--served-model-name"}) {
+    const CmdResult r = run(std::string("serve --no-http --port 0 --actor-port 0 ") + flag + " ''", 60);
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(flag) + ": an empty"), std::string::npos) << r.out;
+  }
+}
+
 TEST(CliChecks, HelpShowsTheDefaults) {
   const CmdResult g = run("generate --help");
   EXPECT_NE(help_line(g.out, "--max-tokens").find("=128"), std::string::npos) << g.out;

@@ -95,6 +95,27 @@ TEST(SelectPrompts, SeededPermutationCycledAndStable) {
   EXPECT_TRUE(differs);
 }
 
+// An OpenAI client's base URL ("http://host:8000/v1") sent every request to /v1/v1/... (404).
+TEST(ParseBaseUrl, OpenAiStyleV1SuffixIsDroppedForV1Endpoints) {
+  auto u = parse_base_url("http://127.0.0.1:8000/v1/");
+  ASSERT_TRUE(u.ok());
+  EXPECT_TRUE(drop_openai_v1_suffix(&*u, "/v1/chat/completions"));
+  EXPECT_EQ(u->path_prefix, "");
+  auto proxy = parse_base_url("https://gw.example.com/team/v1");
+  ASSERT_TRUE(proxy.ok());
+  EXPECT_TRUE(drop_openai_v1_suffix(&*proxy, "/v1/completions"));
+  EXPECT_EQ(proxy->path_prefix, "/team");
+  // Left alone: no /v1 at the end, or an endpoint without /v1/.
+  auto plain = parse_base_url("http://127.0.0.1:8000/v1x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(drop_openai_v1_suffix(&*plain, "/v1/completions"));
+  EXPECT_EQ(plain->path_prefix, "/v1x");
+  auto other = parse_base_url("http://127.0.0.1:8000/v1");
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(drop_openai_v1_suffix(&*other, "/completion"));
+  EXPECT_EQ(other->path_prefix, "/v1");
+}
+
 TEST(ParseBaseUrl, Forms) {
   auto a = parse_base_url("http://127.0.0.1:8000");
   ASSERT_TRUE(a.ok());

@@ -58,6 +58,9 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
   };
   const Case cases[] = {
       {R"({"method": "medusa", "num_speculative_tokens": 4})", {"medusa", "model"}},
+      // An empty path (an unset variable) is not "no model": it used to fall back to n-gram.
+      {R"({"model": "", "num_speculative_tokens": 2})", {"model is an empty path"}},
+      {R"({"method": "draft_model", "model": "", "num_speculative_tokens": 2})", {"model is an empty path"}},
       {R"({"method": "eagle", "num_speculative_tokens": 4})", {"eagle", "model"}},
       {R"({"method": "medusa", "model": "m"})", {"num_speculative_tokens"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_topk": 0})", {"eagle_topk = 0", "1..64"}},

@@ -630,7 +630,7 @@ void add_bench_actors(CLI::App& app) {
       "bench-actors",
       "Control overhead of the actor path against the Engine at batch 1, and output tokens/s vs concurrent clients (a benchmark)");
   sub->add_option("--mode", a->mode, "overhead | concurrency | all")->check(CLI::IsMember({"overhead", "concurrency", "all"}));
-  sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)");
+  sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)")->check(non_empty_path());
   sub->add_option("--questions", a->questions,
                   "Spec-Bench question.jsonl (default: ../shared/data/spec_bench/question.jsonl beside the checkout)");
   sub->add_option("--threads", a->threads, "CPU threads of the target in every path (default: all cores)")

@@ -413,6 +413,10 @@ int run_bench(const HttpBenchArgs& a) {
   auto ep = endpoint_of(a.endpoint);
   if (!ep.ok()) return fail(ep.status().message());
   t.endpoint = *ep;
+  if (drop_openai_v1_suffix(&t.url, a.endpoint)) {
+    std::fprintf(stderr, "specserve bench: --base-url %s ends in /v1, as an OpenAI client's does; the endpoint %s has it: "
+                 "requests go to %s%s\n", a.base_url.c_str(), a.endpoint.c_str(), t.url.path_prefix.c_str(), a.endpoint.c_str());
+  }
   t.path = t.url.path_prefix + a.endpoint;
   t.timeout_s = a.request_timeout_s;
   std::string key_source = "--api-key";

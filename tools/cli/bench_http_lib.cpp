@@ -140,6 +140,13 @@ Expected<BaseUrl> parse_base_url(const std::string& url) {
   return b;
 }
 
+bool drop_openai_v1_suffix(BaseUrl* url, const std::string& endpoint) {
+  const std::string& p = url->path_prefix;
+  if (endpoint.rfind("/v1/", 0) != 0 || p.size() < 3 || p.compare(p.size() - 3, 3, "/v1") != 0) return false;
+  url->path_prefix.resize(p.size() - 3);
+  return true;
+}
+
 void SseParser::feed(std::string_view bytes, const OnData& on_data) {
   while (!bytes.empty()) {
     size_t nl = bytes.find('\n');

@@ -54,6 +54,11 @@ struct BaseUrl {
 /// Errors: invalid_argument naming the URL for another scheme, an empty host or a bad port.
 Expected<BaseUrl> parse_base_url(const std::string& url);
 
+/// An OpenAI client's base URL ("http://host:8000/v1", what `openai.OpenAI(base_url=...)`
+/// takes) given to --base-url, whose endpoints start with "/v1/" too: drops the prefix's "/v1"
+/// so requests do not go to /v1/v1/... (a 404). True when it did.
+bool drop_openai_v1_suffix(BaseUrl* url, const std::string& endpoint);
+
 /// Incremental parser of a text/event-stream body (the WHATWG "server-sent events" format):
 /// bytes arrive in arbitrary pieces; every complete event's data (its "data:" lines joined by
 /// '\n') goes to the callback. Comments (":" lines, e.g. sse-starlette's pings), "event:", "id:"

@@ -438,7 +438,7 @@ void add_bench_migrate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand(
       "bench-migrate", "Time to migrate a prefilled sequence's KV to another process over UCX vs re-prefilling it (a benchmark)");
-  sub->add_option("--model", a->model, "GGUF model (default: the default model)");
+  sub->add_option("--model", a->model, "GGUF model (default: the default model)")->check(non_empty_path());
   sub->add_option("--transports", a->transports, "UCX_TLS values to measure, one run each")->expected(1, -1);
   sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length in tokens")->check(CLI::Range(16, 100000));
   sub->add_option("--max-model-len", a->max_model_len, "Engine context length")->check(CLI::Range(32, 1 << 20));

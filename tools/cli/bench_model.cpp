@@ -211,7 +211,7 @@ int run(const Args& a) {
     auto loaded = load_model_on_device(path, a.device, a.threads, a.tensor_parallel_size);
     if (!loaded.ok()) {
       std::fprintf(stderr, "specserve bench-model: %s\n", loaded.status().to_string().c_str());
-      return 1;
+      return exit_status_for(loaded.status());  // a missing or corrupt --model: 2
     }
     loaded_model = std::move(*loaded);
     backend = &loaded_model->backend();
@@ -227,7 +227,7 @@ int run(const Args& a) {
     if (l < 1 || l >= c.context_length) {
       std::fprintf(stderr, "specserve bench-model: --prompt-lengths: %d is not in 1..%lld\n", l,
                    static_cast<long long>(c.context_length - 1));
-      return 1;
+      return 2;  // bad input, as --decode-batches below and every other flag
     }
     max_len = std::max(max_len, l);
   }
@@ -235,7 +235,7 @@ int run(const Args& a) {
   if (max_len > c.context_length) {
     std::fprintf(stderr, "specserve bench-model: prompt length + --decode-tokens %d exceed the context length %lld\n",
                  a.decode_tokens, static_cast<long long>(c.context_length));
-    return 1;
+    return 2;
   }
   int max_batch = 1;
   for (int b : a.decode_batches) {
@@ -394,7 +394,7 @@ int run(const Args& a) {
 void add_bench_model(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("bench-model", "Prefill and decode tokens/s of the model runtime, and the bandwidth bound (a benchmark)");
-  sub->add_option("--model", a->model, "GGUF model (default: the fetched SmolLM2-135M-Instruct)");
+  sub->add_option("--model", a->model, "GGUF model (default: the fetched SmolLM2-135M-Instruct)")->check(non_empty_path());
   sub->add_option("--threads", a->threads, "CPU threads (default: all), split between tensor-parallel ranks");
   sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
                   "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")

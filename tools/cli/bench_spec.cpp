@@ -166,7 +166,7 @@ int run_bench(const BenchArgs& a) {
   auto loaded = load_model(path, *backend);
   if (!loaded.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", loaded.status().to_string().c_str());
-    return 1;
+    return exit_status_for(loaded.status());  // a missing or corrupt --model: 2, as generate
   }
   memory.target_loaded(*backend);
   std::ifstream in(a.questions);
@@ -328,7 +328,7 @@ int run_bench(const BenchArgs& a) {
 void add_bench_spec(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench-spec", "Speculative decoding on Spec-Bench: speedup, acceptance, per task (a benchmark)");
-  sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)");
+  sub->add_option("--model", a->model, "Target GGUF (default: the fetched SmolLM2-135M-Instruct)")->check(non_empty_path());
   sub->add_option("--questions", a->questions,
                  "Spec-Bench question.jsonl (default: the project's shared/ folder beside the checkout, "
                  "../shared/data/spec_bench/question.jsonl)");

@@ -181,7 +181,12 @@ void print_logprobs(const GenerateResult& r, const Tokenizer* tok) {
 
 int run_client(const ClientArgs& a) {
   auto client = connect_client(a.connect, a.token_file, a.config);
-  if (!client.ok()) return std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str()), 1;
+  // Bad input (--connect not HOST:PORT, a token file that cannot be used) exits 2; a head that
+  // cannot be reached or refuses the token 1.
+  if (!client.ok()) {
+    std::fprintf(stderr, "specserve client: %s\n", client.status().message().c_str());
+    return exit_status_for(client.status());
+  }
   std::optional<Tokenizer> tokenizer;
   if (a.logprobs > 0) tokenizer = logprobs_tokenizer(a);
   const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
@@ -221,7 +226,7 @@ int run_client(const ClientArgs& a) {
     if (!h.ok()) {
       std::fprintf(stderr, "specserve client: request %zu: %s\n", handles.size() + 1, h.status().message().c_str());
       for (auto& prev : handles) prev->cancel();
-      return 1;
+      return exit_status_for(h.status());  // a refused parameter (--top-p 2, --stop ''): 2
     }
     handles.push_back(*h);
   }
@@ -286,7 +291,10 @@ int run_client(const ClientArgs& a) {
 
 int run_status(const std::string& connect, const std::string& token_file, const std::string& config, bool json) {
   auto client = connect_client(connect, token_file, config);
-  if (!client.ok()) return std::fprintf(stderr, "specserve status: %s\n", client.status().message().c_str()), 1;
+  if (!client.ok()) {
+    std::fprintf(stderr, "specserve status: %s\n", client.status().message().c_str());
+    return exit_status_for(client.status());
+  }
   auto st = (*client)->status();
   if (!st.ok()) return std::fprintf(stderr, "specserve status: %s\n", st.status().message().c_str()), 1;
   const ClusterStatus& s = *st;
@@ -510,8 +518,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--token-file", a->token_file, "Cluster token file (default ~/.config/specserve/token)");
     sub->add_option("--config", a->config, "Topology file: head endpoint and token file from it");
     sub->add_option("--prompt", a->prompts, "Plain-text prompt (repeatable: submitted concurrently)");
-    sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
-    sub->add_option("--system", a->system, "System message for --chat");
+    auto* chat = sub->add_option("--chat", a->chats, "User message with the chat template (repeatable: submitted concurrently)");
+    sub->add_option("--system", a->system, "System message for --chat")->needs(chat);  // with --prompt only it was ignored
     // The last one wins, so scripts/run.sh's defaults can be overridden by its arguments.
     sub->add_option("--max-tokens", a->max_tokens, "Maximum tokens per request (default 128)")
         ->check(CLI::Range(1, 1 << 20))

@@ -105,7 +105,7 @@ void add_dump_hidden(CLI::App& app) {
       "dump-hidden",
       "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, recording "
       "per position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
-  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
   // NOTE: not ->required(): --print-fingerprint needs neither; "REQUIRED" is in the text instead.
   sub->add_option("--prompts", args->opts.prompts_path,
                   "REQUIRED (unless --print-fingerprint). JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} "

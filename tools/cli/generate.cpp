@@ -118,6 +118,7 @@ int run_generate(const GenerateArgs& a) {
   double ttft = -1;
   int64_t n_gen = 0;
   FinishReason fr = FinishReason::kNone;
+  std::string error;  // finish reason "error": why (e.g. non-finite logits from corrupt weights)
   std::vector<SeqEvent> events;
   while ((*engine)->has_work()) {
     events.clear();
@@ -132,6 +133,7 @@ int run_generate(const GenerateArgs& a) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
       if (ev.finish != FinishReason::kNone) fr = ev.finish;
+      if (!ev.error.empty()) error = ev.error;
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -149,6 +151,12 @@ int run_generate(const GenerateArgs& a) {
     auto s = (*engine)->take_finished_stats(*id);
     if (s) print_spec_stats(*s, **proposer, eo.num_speculative_tokens, (*engine)->stats());
   }
+  // A sequence that failed (finish reason "error") is a failed command: say why, exit 1.
+  if (fr == FinishReason::kError) {
+    std::fprintf(stderr, "specserve generate: the generation failed: %s\n",
+                 error.empty() ? "the engine ended the sequence with an error" : error.c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -157,11 +165,11 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   auto* sub = app.add_subcommand("generate", "Generate text from one prompt on the local CPU or a GPU (--device), streaming it to stdout");
-  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+  sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
   auto* prompt = sub->add_option("--prompt", args->prompt, "Plain-text prompt (no chat template)");
   auto* chat = sub->add_option("--chat", args->chat, "User message, formatted with the model's chat template");
   prompt->excludes(chat);
-  sub->add_option("--system", args->system, "System message for --chat");
+  sub->add_option("--system", args->system, "System message for --chat")->needs(chat);  // with --prompt it was ignored
   sub->add_option("--max-tokens", args->max_tokens, "Maximum tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
   sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)")->capture_default_str();

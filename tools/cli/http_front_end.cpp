@@ -15,10 +15,17 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
     sub->add_option("--port", a->port, "OpenAI-compatible HTTP port (default 8000; 0 picks a free one)")
         ->check(CLI::Range(0, 65535));
   }
+  // NOTE: an empty value given explicitly (`--api-key "$KEY"` with KEY unset) is refused: it used
+  // to start the server with no key at all, saying only that no key was required.
+  auto non_empty = [](const char* what) {
+    return CLI::Validator([what](std::string& v) { return v.empty() ? std::string(what) : std::string(); }, "");
+  };
   sub->add_option("--api-key", a->api_key,
-                  "Require \"Authorization: Bearer KEY\" on the /v1/ routes (default: $SPECSERVE_API_KEY; none when unset)");
+                  "Require \"Authorization: Bearer KEY\" on the /v1/ routes (default: $SPECSERVE_API_KEY; none when unset)")
+      ->check(non_empty("an empty key: leave --api-key out to serve without one"));
   sub->add_option("--served-model-name", a->served_model_name,
-                  "The model name the API reports and requests use (default: the GGUF file name without .gguf)");
+                  "The model name the API reports and requests use (default: the GGUF file name without .gguf)")
+      ->check(non_empty("an empty name: leave --served-model-name out for the default"));
   sub->add_option("--http-threads", a->threads, "HTTP worker threads: connections served at once (default 64)")
       ->check(CLI::Range(1, 4096));
   sub->add_option("--max-n", a->max_n, "Largest `n` (choices per prompt) a request may ask for (default 16; prompts x n is at most 128)")

@@ -185,7 +185,7 @@ void add_serve_command(CLI::App& app) {
   {
     auto a = std::make_shared<ServeArgs>();
     auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port, OpenAI-compatible HTTP API on --port) and one replica with its proposer");
-    sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)");
+    sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
     sub->add_option("--host", a->host, "Address the actor port listens on")->capture_default_str();
     sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
     sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)")->capture_default_str();

@@ -61,6 +61,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (j.contains("model")) {
       if (!j["model"].is_string()) return invalid_argument("--speculative-config: model must be a string, got " + j["model"].dump());
       model = j["model"].get<std::string>();
+      // An empty "model" (an unset variable in a script) is not "no model": without a method it
+      // used to fall back to n-gram lookup silently.
+      if (model.empty()) return invalid_argument("--speculative-config: model is an empty path");
     }
     SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k_json));
     if (j.contains("num_speculative_tokens")) {

@@ -1,4 +1,5 @@
 #include "tools/cli/spec_options.h"
+#include "tools/cli/subcommands.h"
 
 #include <cstdio>
 
@@ -9,7 +10,7 @@
 namespace specserve::cli {
 
 void add_spec_options(CLI::App& sub, SpecArgs* a) {
-  sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)");
+  sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)")->check(non_empty_path());
   sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k), 1..64 (0: no speculation); the same as \"num_speculative_tokens\" in --speculative-config "
                  "(both given: they must agree)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,

@@ -5,6 +5,15 @@
 
 namespace specserve::cli {
 
+/// A check for a file-path flag (--model, --speculative-model): an empty value, as an unset
+/// shell variable gives (`--model "$MODEL"`), is refused (exit 2) instead of being taken as the
+/// flag left out (the default model, or no draft model at all).
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for its default)") : std::string(); },
+      "PATH");
+}
+
 /// `specserve generate`: one prompt, streamed to stdout, with timing and speculative stats.
 void add_generate(CLI::App& app);
 

@@ -1,0 +1,97 @@
+// `specserve generate` as a user runs it (the real binary): a model whose weights are corrupt
+// (NaN in output_norm, so every logit is NaN) must not look like a success. The engine ends the
+// sequence with finish reason "error"; the command says why on stderr and exits 1, instead of
+// printing an empty completion and exiting 0.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun run(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(SPECSERVE_BIN) + " generate " + args + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(f);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
+}
+
+/// A copy of the default model with every value of the F32 tensor `name` set to NaN.
+std::filesystem::path nan_model_copy(const std::string& name, const std::filesystem::path& dir) {
+  std::ifstream in(specserve::testing::default_model_path(), std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto file = GgufFile::from_memory(bytes.data(), bytes.size(), "copy");
+  if (!file.ok()) return {};
+  const GgufTensorInfo* t = file->find_tensor(name);
+  if (t == nullptr || t->type() != GgmlType::F32) return {};
+  const size_t at = static_cast<size_t>(t->data - bytes.data());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < t->num_elements; ++i) std::memcpy(bytes.data() + at + 4 * i, &nan, 4);
+  const auto out = dir / "nan.gguf";
+  std::ofstream(out, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return out;
+}
+
+TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
+  const auto dir = std::filesystem::temp_directory_path() / ("generate_cli_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto model = nan_model_copy("output_norm.weight", dir);
+  ASSERT_FALSE(model.empty()) << "could not write a NaN copy of the default model";
+  for (const char* mode : {"--temperature 0", "--temperature 1 --seed 1"}) {
+    const CliRun r = run("--model " + model.string() + " --threads 1 --max-tokens 4 --chat Hello " + mode);
+    EXPECT_EQ(r.exit_code, 1) << mode << "\n" << r.output;
+    EXPECT_NE(r.output.find("finish: error"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("specserve generate: the generation failed: the target model produced non-finite logits"),
+              std::string::npos)
+        << r.output;
+  }
+  // The intact model still exits 0.
+  const CliRun ok = run("--model " + specserve::testing::default_model_path() + " --threads 1 --max-tokens 2 --prompt Hello");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  std::filesystem::remove_all(dir);
+}
+
+// An empty --model / --speculative-model (`--model "$UNSET"`) is refused naming the flag, not
+// taken as the flag left out (the default model; no draft model, so n-gram lookup).
+TEST(GenerateCli, EmptyModelPathsAreRefused) {
+  for (const char* flag : {"--model", "--speculative-model"}) {
+    const CliRun r = run(std::string(flag) + " '' --threads 1 --max-tokens 2 --num-speculative-tokens 2 --prompt Hello");
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string(flag) + ": an empty path"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("generated tokens"), std::string::npos) << r.output;
+  }
+}
+
+// --system applies to --chat only: with --prompt it was silently ignored.
+TEST(GenerateCli, SystemWithoutChatIsRefused) {
+  const CliRun r = run("--system 'be brief' --prompt Hello --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--system requires --chat"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace specserve
