@@ -63,6 +63,18 @@ void HttpServer::stop() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
+namespace {
+
+// The methods a route takes ("POST", "GET, HEAD"), or null for no route.
+const char* allowed_methods(const std::string& p) {
+  if (p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" || p == "/detokenize") return "POST";
+  const bool model_route = p == "/v1/models" || (p.rfind("/v1/models/", 0) == 0 && p.size() > 11);
+  if (model_route || p == "/health" || p == "/metrics") return "GET, HEAD";
+  return nullptr;
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, caf::actor_system& sys,
                                                         caf::actor scheduler, std::string token,
                                                         const Tokenizer& tokenizer, const GgufFile& gguf) {
@@ -105,6 +117,25 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
         return httplib::Server::HandlerResponse::Handled;
       }
     }
+    // RFC 9112 6.3: a request with neither Content-Length nor Transfer-Encoding has no body, but
+    // cpp-httplib 0.11 reads a POST's body to the end of the connection, holding the thread for
+    // its read timeout (curl -X POST without -d waited 30 s). Answered here instead.
+    if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") && !req.has_header("Content-Length") &&
+        !req.has_header("Transfer-Encoding")) {
+      const char* allow = allowed_methods(req.path);
+      res.set_header("Connection", "close");
+      if (allow != nullptr && req.method == "POST" && std::string(allow) == "POST") {
+        send_error(res, ApiError{400, "the request has no body (neither Content-Length nor Transfer-Encoding): send the JSON request",
+                                 "invalid_request_error", "", ""});
+      } else if (allow != nullptr) {
+        res.set_header("Allow", allow);
+        send_error(res, ApiError{405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")",
+                                 "invalid_request_error", "", "method_not_allowed"});
+      } else {
+        send_error(res, ApiError{404, "no route " + req.method + " " + req.path, "invalid_request_error", "", "not_found"});
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // The key guards /v1/ and the tokenizer routes; /health and /metrics stay open (vLLM).
     const bool guarded = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (d->opts.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
@@ -122,10 +153,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
     ApiError e;
     // A route that exists for another method: 405 with Allow, as FastAPI (vLLM) answers.
     const std::string& p = req.path;
-    const bool model_route = p == "/v1/models" || (p.rfind("/v1/models/", 0) == 0 && p.size() > 11);
-    const char* allow = nullptr;
-    if (p == "/v1/completions" || p == "/v1/chat/completions" || p == "/tokenize" || p == "/detokenize") allow = "POST";
-    if (model_route || p == "/health" || p == "/metrics") allow = "GET, HEAD";
+    const char* allow = allowed_methods(p);
     if (res.status == 404 && allow) {
       res.status = 405;
       res.set_header("Allow", allow);

@@ -341,6 +341,9 @@ TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {
   EXPECT_EQ(range.exit_code, 2) << range.out;
   EXPECT_NE(range.out.find("--max-tokens"), std::string::npos) << range.out;
   EXPECT_EQ(run("generate --help").exit_code, 0);
+  const CmdResult version = run("--version");
+  EXPECT_EQ(version.exit_code, 0) << version.out;
+  EXPECT_EQ(version.out.rfind("specserve 0.", 0), 0u) << version.out;
 }
 
 // `client` / `status`: a malformed --connect is bad input (exit 2, as every other usage error)

@@ -393,6 +393,28 @@ TEST_F(HttpServerTest, ContentLengthThatIsNotAByteCountIsA400AtOnce) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
+// Bug: a POST with neither Content-Length nor Transfer-Encoding (curl -X POST without -d) held
+// the client and an HTTP thread for the 30 s read timeout: cpp-httplib read to the end of the
+// connection for a body the request does not have.
+TEST_F(HttpServerTest, PostWithoutALengthIsAnsweredAtOnce) {
+  start();
+  struct Case {
+    const char* path;
+    const char* status;
+  };
+  for (const Case& c : {Case{"/v1/completions", "HTTP/1.1 400"}, Case{"/health", "HTTP/1.1 405"}, Case{"/nowhere", "HTTP/1.1 404"}}) {
+    const int fd = connect_to(server_->port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, std::string("POST ") + c.path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    const auto t0 = Clock::now();
+    const std::string got = read_until(fd, 10.0, [](const std::string& g) { return g.find("}}") != std::string::npos; });
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    ::close(fd);
+    EXPECT_EQ(got.rfind(c.status, 0), 0u) << c.path << ": " << got.substr(0, 300);
+    EXPECT_LT(waited, 5.0) << c.path;
+  }
+}
+
 // Bug: a non-streamed request ran to max_tokens after its client had gone.
 TEST_F(HttpServerTest, NonStreamedRequestOfAGoneClientIsCancelled) {
   fc_->hold = true;

@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"specserve: LLM serving with speculative decoding"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("specserve ") + SPECSERVE_VERSION, "Print the version and exit");
   specserve::cli::add_generate(app);
   specserve::cli::add_bench_spec(app);
   specserve::cli::add_bench_model(app);
