@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,7 +15,6 @@
 
 #include "actors/messages.h"
 #include "cpu/cpu_backend.h"
-#include "model/gguf.h"
 #include "model/gguf.h"
 #include "model/model_loader.h"
 #include "model/tokenizer.h"
@@ -126,6 +126,19 @@ bool raw_connection_is_closed(const std::string& host, uint16_t port, const std:
   }
   ::close(fd);
   return closed;
+}
+
+CliResult run_specserve(const std::string& args, int timeout_s) {
+  CliResult r;
+  const std::string prefix = timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "";
+  FILE* f = ::popen((prefix + SPECSERVE_BIN + " " + args + " 2>&1").c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(f);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace specserve::testing

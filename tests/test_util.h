@@ -49,4 +49,13 @@ std::string read_file(const std::string& path);
 /// False when it could not connect or the connection stayed open.
 bool raw_connection_is_closed(const std::string& host, uint16_t port, const std::string& bytes, double timeout_s = 10);
 
+/// What a run of the specserve binary gave.
+struct CliResult {
+  int exit_code = -1;  ///< the exit status; -1 when it did not exit normally
+  std::string out;     ///< stdout and stderr together
+};
+/// Runs `SPECSERVE_BIN args` through the shell, stderr into stdout. `timeout_s` > 0: killed
+/// after that long (coreutils timeout: exit code 124).
+CliResult run_specserve(const std::string& args, int timeout_s = 0);
+
 }  // namespace specserve::testing

@@ -13,30 +13,17 @@
 #include <string>
 
 #include "cpu/matmul.h"
+#include "tests/test_util.h"
 
 namespace specserve {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CmdResult {
-  int exit_code = -1;
-  std::string out;  ///< stdout and stderr together
-};
+using CmdResult = specserve::testing::CliResult;
 
 // `timeout_s` > 0: killed after that long (coreutils timeout: exit code 124).
-CmdResult run(const std::string& args, int timeout_s = 0) {
-  CmdResult r;
-  const std::string prefix = timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "";
-  FILE* f = ::popen((prefix + SPECSERVE_BIN + " " + args + " 2>&1").c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(f);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CmdResult run(const std::string& args, int timeout_s = 0) { return specserve::testing::run_specserve(args, timeout_s); }
 
 std::string head_path(const char* method) {
   return std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/" + method + "-smollm2-135m.gguf";

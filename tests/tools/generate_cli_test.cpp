@@ -22,23 +22,9 @@
 namespace specserve {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
+using CliRun = specserve::testing::CliResult;
 
-CliRun run(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(SPECSERVE_BIN) + " generate " + args + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(f);
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  return r;
-}
+CliRun run(const std::string& args) { return specserve::testing::run_specserve("generate " + args); }
 
 /// A copy of the default model with every value of the F32 tensor `name` set to NaN.
 std::filesystem::path nan_model_copy(const std::string& name, const std::filesystem::path& dir) {
@@ -63,15 +49,15 @@ TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
   ASSERT_FALSE(model.empty()) << "could not write a NaN copy of the default model";
   for (const char* mode : {"--temperature 0", "--temperature 1 --seed 1"}) {
     const CliRun r = run("--model " + model.string() + " --threads 1 --max-tokens 4 --chat Hello " + mode);
-    EXPECT_EQ(r.exit_code, 1) << mode << "\n" << r.output;
-    EXPECT_NE(r.output.find("finish: error"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("specserve generate: the generation failed: the target model produced non-finite logits"),
+    EXPECT_EQ(r.exit_code, 1) << mode << "\n" << r.out;
+    EXPECT_NE(r.out.find("finish: error"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("specserve generate: the generation failed: the target model produced non-finite logits"),
               std::string::npos)
-        << r.output;
+        << r.out;
   }
   // The intact model still exits 0.
   const CliRun ok = run("--model " + specserve::testing::default_model_path() + " --threads 1 --max-tokens 2 --prompt Hello");
-  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
   std::filesystem::remove_all(dir);
 }
 
@@ -80,17 +66,17 @@ TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
 TEST(GenerateCli, EmptyModelPathsAreRefused) {
   for (const char* flag : {"--model", "--speculative-model"}) {
     const CliRun r = run(std::string(flag) + " '' --threads 1 --max-tokens 2 --num-speculative-tokens 2 --prompt Hello");
-    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
-    EXPECT_NE(r.output.find(std::string(flag) + ": an empty path"), std::string::npos) << r.output;
-    EXPECT_EQ(r.output.find("generated tokens"), std::string::npos) << r.output;
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(flag) + ": an empty path"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("generated tokens"), std::string::npos) << r.out;
   }
 }
 
 // --system applies to --chat only: with --prompt it was silently ignored.
 TEST(GenerateCli, SystemWithoutChatIsRefused) {
   const CliRun r = run("--system 'be brief' --prompt Hello --max-tokens 2");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--system requires --chat"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--system requires --chat"), std::string::npos) << r.out;
 }
 
 }  // namespace
