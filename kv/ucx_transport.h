@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kv/net_device.h"
 #include "kv/transport.h"
 
 namespace specserve {
@@ -88,15 +89,6 @@ struct UcxAgentOptions {
   /// Requests of one transfer outstanding at once (>= 1).
   int max_in_flight = 8;
 };
-
-/// The network interface of this machine that holds `host`'s address, as UCX_NET_DEVICES names
-/// it: the loopback interface ("lo") for "localhost", 127.0.0.0/8 and ::1; the interface with
-/// that address for a numeric address or a name that resolves to one. Empty when `host` is
-/// empty, a wildcard (0.0.0.0, ::), does not resolve, is on no interface here, or is a name
-/// other than "localhost" that resolves to loopback (as Debian's /etc/hosts maps the hostname:
-/// other hosts may reach the machine by that name); the caller then leaves UCX its default,
-/// every interface.
-std::string ucx_net_device_for_host(const std::string& host);
 
 /// Memory registered with the agent's context: a staging region peers put into / get from.
 class UcxRegion {

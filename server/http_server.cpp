@@ -195,20 +195,18 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   // vLLM's tokenizer routes (server/tokenize_api.h). NOTE: with a ContentReader, as the
   // completion routes: a plain handler gets the body cpp-httplib 0.11 read, which is bounded
   // only by Content-Length, so a chunked or compressed body of any size was held in memory.
-  svr.Post("/tokenize", [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-    std::string body;
-    if (!d->read_bounded_body(req, res, reader, &body)) return;
-    json out;
-    if (auto e = tokenize_response(body, d->model_now(), &out)) return send_error(res, *e);
-    res.set_content(dump_json(out), "application/json");
-  });
-  svr.Post("/detokenize", [d](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-    std::string body;
-    if (!d->read_bounded_body(req, res, reader, &body)) return;
-    json out;
-    if (auto e = detokenize_response(body, d->model_now(), &out)) return send_error(res, *e);
-    res.set_content(dump_json(out), "application/json");
-  });
+  using TokenizerFn = std::optional<ApiError> (*)(const std::string&, const ServedModel&, json*);
+  auto tokenizer_route = [d](TokenizerFn answer) {
+    return [d, answer](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (!d->read_bounded_body(req, res, reader, &body)) return;
+      json out;
+      if (auto e = answer(body, d->model_now(), &out)) return send_error(res, *e);
+      res.set_content(dump_json(out), "application/json");
+    };
+  };
+  svr.Post("/tokenize", tokenizer_route(&tokenize_response));
+  svr.Post("/detokenize", tokenizer_route(&detokenize_response));
   auto model_card = [d] {
     json m;
     m["id"] = d->model.name;
