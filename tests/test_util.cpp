@@ -128,9 +128,10 @@ bool raw_connection_is_closed(const std::string& host, uint16_t port, const std:
   return closed;
 }
 
-CliResult run_specserve(const std::string& args, int timeout_s) {
+CliResult run_specserve(const std::string& args, int timeout_s, const std::string& env) {
   CliResult r;
-  const std::string prefix = timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "";
+  const std::string prefix =
+      (env.empty() ? "" : "env " + env + " ") + (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "");
   FILE* f = ::popen((prefix + SPECSERVE_BIN + " " + args + " 2>&1").c_str(), "r");
   if (!f) return r;
   char buf[4096];

@@ -55,7 +55,8 @@ struct CliResult {
   std::string out;     ///< stdout and stderr together
 };
 /// Runs `SPECSERVE_BIN args` through the shell, stderr into stdout. `timeout_s` > 0: killed
-/// after that long (coreutils timeout: exit code 124).
-CliResult run_specserve(const std::string& args, int timeout_s = 0);
+/// after that long (coreutils timeout: exit code 124). `env`: "NAME=VALUE ..." set for the
+/// command alone.
+CliResult run_specserve(const std::string& args, int timeout_s = 0, const std::string& env = "");
 
 }  // namespace specserve::testing

@@ -23,7 +23,10 @@ namespace fs = std::filesystem;
 using CmdResult = specserve::testing::CliResult;
 
 // `timeout_s` > 0: killed after that long (coreutils timeout: exit code 124).
-CmdResult run(const std::string& args, int timeout_s = 0) { return specserve::testing::run_specserve(args, timeout_s); }
+// `env`: "NAME=VALUE ..." put before the command (the shell sets them for it alone).
+CmdResult run(const std::string& args, int timeout_s = 0, const std::string& env = "") {
+  return specserve::testing::run_specserve(args, timeout_s, env);
+}
 
 std::string head_path(const char* method) {
   return std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/" + method + "-smollm2-135m.gguf";
@@ -361,6 +364,14 @@ TEST(CliChecks, ServeRefusesAnEmptyApiKeyOrModelName) {
     EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.out;
     EXPECT_NE(r.out.find(std::string(flag) + ": an empty"), std::string::npos) << r.out;
   }
+  // The same for an empty SPECSERVE_API_KEY (the flag's default): refused before the HTTP port
+  // listens, not served without a key.
+  const std::string dir = temp_dir("specserve_cli_envkey_");
+  const CmdResult e = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token", 90, "SPECSERVE_API_KEY=");
+  fs::remove_all(dir);
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_NE(e.out.find("SPECSERVE_API_KEY is set but empty"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("http://"), std::string::npos) << "it listened:\n" << e.out;
 }
 
 TEST(CliChecks, HelpShowsTheDefaults) {

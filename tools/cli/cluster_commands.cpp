@@ -471,6 +471,7 @@ void add_cluster_commands(CLI::App& app) {
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {
+      if (Status st = resolve_api_key(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       o->front_end = make_http_front_end(*http);
       return run_up(*o);
     });

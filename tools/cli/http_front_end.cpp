@@ -33,6 +33,18 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
   sub->add_flag("--no-http", a->no_http, "Do not start the HTTP front end (actor port only)");
 }
 
+Status resolve_api_key(HttpArgs* a) {
+  if (a->no_http || !a->api_key.empty()) return Status();
+  if (const char* env = std::getenv("SPECSERVE_API_KEY")) {
+    // As for an empty --api-key: an empty variable must not quietly mean "no key".
+    if (*env == '\0') {
+      return invalid_argument("SPECSERVE_API_KEY is set but empty: unset it to serve without an API key, or give a key");
+    }
+    a->api_key = env;
+  }
+  return Status();
+}
+
 FrontEndStarter make_http_front_end(const HttpArgs& a) {
   if (a.no_http) return nullptr;
   return [a](const Topology& t, Head& head, ActorRuntime& rt, const std::string& token) -> Expected<std::shared_ptr<void>> {
@@ -40,9 +52,6 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     o.host = t.head.host;
     o.port = a.port >= 0 ? a.port : t.head.http_port;
     o.api_key = a.api_key;
-    if (o.api_key.empty()) {
-      if (const char* env = std::getenv("SPECSERVE_API_KEY")) o.api_key = env;
-    }
     o.served_model_name = a.served_model_name;
     o.model_path = t.models.target.path;
     o.threads = a.threads;

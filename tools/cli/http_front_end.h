@@ -23,6 +23,10 @@ struct HttpArgs {
 /// --max-n and --no-http to `sub`.
 void add_http_flags(CLI::App* sub, HttpArgs* args, bool with_port);
 
+/// --api-key's default: $SPECSERVE_API_KEY when the flag was not given (and HTTP is on).
+/// kInvalidArgument when the variable is set but empty (it must not quietly mean "no key").
+Status resolve_api_key(HttpArgs* args);
+
 /// The starter for ServeOptions/UpOptions::front_end (null with --no-http). The HTTP server
 /// listens on head.host : (--port, else head.http_port).
 FrontEndStarter make_http_front_end(const HttpArgs& args);

@@ -119,6 +119,8 @@ int run_serve_cmd(const ServeArgs& a) {
   t.scheduler.kv_cache_bytes = *kv;
   t.scheduler.max_num_seqs = a.max_num_seqs;
   t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  HttpArgs http = a.http;
+  if (Status st = resolve_api_key(&http); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
   // vLLM refuses the same: a step could not give every running sequence its token.
   if (a.max_num_batched_tokens < a.max_num_seqs) {
     return std::fprintf(stderr,
@@ -175,7 +177,7 @@ int run_serve_cmd(const ServeArgs& a) {
   o.drain_timeout_s = a.drain_timeout;
   o.ready_file = a.ready_file;
   o.topology.head.http_port = a.http.port >= 0 ? a.http.port : 8000;
-  o.front_end = make_http_front_end(a.http);
+  o.front_end = make_http_front_end(http);
   return run_serve(o);
 }
 
