@@ -17,8 +17,9 @@ namespace specserve {
 /// The backend for `device` ("cpu" or "cuda:N", config/topology.h's DeviceSpec syntax);
 /// `threads` is the CPU backend's thread count (0: every core). On CUDA the matmul path comes
 /// from $SPECSERVE_CUDA_MATMUL ("cublas", the default, or "batch_invariant";
-/// gpu/cuda_backend.h), and the weights' storage from $SPECSERVE_CUDA_WEIGHTS ("bf16", the
-/// default, "fp16" or "fp32").
+/// gpu/cuda_backend.h), the weights' storage from $SPECSERVE_CUDA_WEIGHTS ("bf16", the
+/// default, "fp16" or "fp32"), and CUDA graphs from $SPECSERVE_CUDA_GRAPHS ("1", the default,
+/// or "0": eager, what the CLI's --enforce-eager sets).
 /// Errors name `flag` (the flag or field the value came from) and the value: kInvalidArgument for a malformed device or an ordinal
 /// outside 0 .. count-1; kUnavailable when this build has no CUDA backend or no CUDA device is
 /// present.

@@ -3,10 +3,10 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "gpu/attention_meta.h"
+#include "gpu/cublas_api.h"
+#include "gpu/cuda_graphs.h"
 #include "gpu/kernels.h"
 #include "model/dequant.h"
 
@@ -37,49 +39,6 @@ namespace {
 #define SPECSERVE_CUDA_LAUNCHED() SPECSERVE_CUDA_CHECK(cudaGetLastError())
 
 using gpu::WeightType;
-
-// NOTE: cuBLAS is opened with dlopen when the first CudaBackend is made, not linked: loading
-// libcublas + libcublasLt costs ~0.25 s at every process start (measured here), which every
-// `specserve` run and test process would pay on a CUDA build even on the CPU.
-struct CublasApi {
-  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
-  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
-  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
-  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
-  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
-                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
-                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
-  std::string error;  // why it could not be loaded; empty when loaded
-};
-
-const CublasApi& cublas_api() {
-  static const CublasApi api = [] {
-    CublasApi a;
-    void* lib = nullptr;
-    std::string tried;
-    for (const char* name : {SPECSERVE_CUBLAS_PATH, "libcublas.so.13", "libcublas.so"}) {
-      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      const char* e = dlerror();
-      tried += std::string(tried.empty() ? "" : "; ") + (e ? e : name);
-    }
-    if (!lib) {
-      a.error = "cannot load cuBLAS: " + tried;
-      return a;
-    }
-    auto sym = [&](const char* name, auto* fn) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
-      if (!*fn && a.error.empty()) a.error = std::string("cuBLAS lacks ") + name;
-    };
-    sym("cublasCreate_v2", &a.create);
-    sym("cublasDestroy_v2", &a.destroy);
-    sym("cublasSetStream_v2", &a.set_stream);
-    sym("cublasSetMathMode", &a.set_math_mode);
-    sym("cublasGemmEx", &a.gemm_ex);
-    return a;
-  }();
-  return api;
-}
 
 // fp32 -> bf16 bits, round to nearest even (as __float2bfloat16_rn); NaN stays a quiet NaN.
 uint16_t f32_to_bf16_bits(float f) {
@@ -104,16 +63,22 @@ void* device_alloc_or_die(int64_t bytes, const char* what) {
   return p;
 }
 
+// Device memory is freed only after the ops recorded for a graph segment (which may use it) ran.
+void flush_pending(const std::weak_ptr<gpu::GraphRecorder>& rec) {
+  if (auto r = rec.lock(); r && r->pending()) r->flush();
+}
+
 class CudaWeight final : public Weight {
  public:
   // `counter`: the backend's weight_bytes(), which this weight's `bytes` are in while it lives
   // (shared: a weight may outlive its backend).
   CudaWeight(int64_t rows, int64_t cols, WeightType type, void* data, int64_t bytes,
-             std::shared_ptr<std::atomic<int64_t>> counter)
-      : Weight(rows, cols), type_(type), data_(data), bytes_(bytes), counter_(std::move(counter)) {
+             std::shared_ptr<std::atomic<int64_t>> counter, std::weak_ptr<gpu::GraphRecorder> rec)
+      : Weight(rows, cols), type_(type), data_(data), bytes_(bytes), counter_(std::move(counter)), rec_(std::move(rec)) {
     *counter_ += bytes_;
   }
   ~CudaWeight() override {
+    flush_pending(rec_);
     cudaFree(data_);
     *counter_ -= bytes_;
   }
@@ -125,23 +90,31 @@ class CudaWeight final : public Weight {
   void* data_;  // device [rows, cols], bf16 or fp32
   int64_t bytes_;
   std::shared_ptr<std::atomic<int64_t>> counter_;
+  std::weak_ptr<gpu::GraphRecorder> rec_;
 };
 
 class CudaBuffer final : public Buffer {
  public:
-  explicit CudaBuffer(int64_t bytes) : Buffer(bytes), ptr_(device_alloc_or_die(bytes, "an activation buffer")) {}
-  ~CudaBuffer() override { cudaFree(ptr_); }
+  CudaBuffer(int64_t bytes, std::weak_ptr<gpu::GraphRecorder> rec)
+      : Buffer(bytes), ptr_(device_alloc_or_die(bytes, "an activation buffer")), rec_(std::move(rec)) {}
+  ~CudaBuffer() override {
+    flush_pending(rec_);
+    cudaFree(ptr_);
+  }
   void* data() override { return ptr_; }
 
  private:
   void* ptr_;
+  std::weak_ptr<gpu::GraphRecorder> rec_;
 };
 
 class CudaKvStorage final : public KvStorage {
  public:
-  CudaKvStorage(int64_t layers, int64_t blocks, int64_t bs, int64_t kv_dim, float* k, float* v)
-      : KvStorage(layers, blocks, bs, kv_dim), k_(k), v_(v) {}
+  CudaKvStorage(int64_t layers, int64_t blocks, int64_t bs, int64_t kv_dim, float* k, float* v,
+                std::weak_ptr<gpu::GraphRecorder> rec)
+      : KvStorage(layers, blocks, bs, kv_dim), k_(k), v_(v), rec_(std::move(rec)) {}
   ~CudaKvStorage() override {
+    flush_pending(rec_);
     cudaFree(k_);
     cudaFree(v_);
   }
@@ -153,6 +126,7 @@ class CudaKvStorage final : public KvStorage {
  private:
   float* k_;
   float* v_;
+  std::weak_ptr<gpu::GraphRecorder> rec_;
 };
 
 // A device scratch area that grows on demand (never shrinks).
@@ -169,6 +143,7 @@ class DeviceScratch {
     }
     return ptr_;
   }
+  bool fits(int64_t bytes) const { return bytes <= cap_; }
 
  private:
   void* ptr_ = nullptr;
@@ -176,6 +151,11 @@ class DeviceScratch {
 };
 
 const CudaWeight& cw(const Weight& w) { return static_cast<const CudaWeight&>(w); }
+
+template <class T>
+uint64_t W_(T v) {
+  return gpu::sig_word(v);
+}
 
 void check_block_range(const KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n) {
   SPECSERVE_CHECK(layer_begin >= 0 && layer_begin < layer_end && layer_end <= kv.num_layers(),
@@ -206,18 +186,27 @@ class CudaBackend final : public Backend {
     SPECSERVE_CUBLAS_CHECK(api.set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
     err_ = static_cast<int32_t*>(device_alloc_or_die(sizeof(int32_t), "the error word"));
     SPECSERVE_CUDA_CHECK(cudaMemsetAsync(err_, 0, sizeof(int32_t), stream_));
+    // NOTE: cuBLAS gets its workspace from us, with graphs on or off (the workspace can steer
+    // its choice of algorithm, so both modes must see the same one): inside a stream capture it
+    // may not allocate its own. 32 MiB is what NVIDIA's cuBLAS guide advises for Hopper.
+    workspace_ = device_alloc_or_die(kCublasWorkspace, "the cuBLAS workspace");
+    SPECSERVE_CUBLAS_CHECK(api.set_workspace(cublas_, workspace_, kCublasWorkspace));
+    if (opts_.cuda_graphs) rec_ = std::make_shared<gpu::GraphRecorder>(device_, stream_);
     return Status();
   }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
+    rec_.reset();  // drops ops never flushed (nothing waits for them) and the graphs
     if (stream_) cudaStreamSynchronize(stream_);
     if (cublas_) cublas_api().destroy(cublas_);
+    cudaFree(workspace_);
     cudaFree(err_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
+  const gpu::GraphRecorder* recorder() const { return rec_.get(); }
   bool supports_weight_type(GgmlType t) const override { return dequant_supported(t); }
   bool keeps_quantized() const override { return false; }
   int64_t weight_bytes() const override { return weight_bytes_->load(); }
@@ -259,7 +248,8 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Buffer> alloc(int64_t bytes) override {
     ctx();
-    return std::make_unique<CudaBuffer>(bytes);
+    flush();
+    return std::make_unique<CudaBuffer>(bytes, rec_);
   }
   // NOTE: host -> device copies are queued on the stream; from pageable memory (every caller's
   // std::vector) cudaMemcpyAsync returns once the source has been staged, so the caller may
@@ -268,13 +258,13 @@ class CudaBackend final : public Backend {
     ctx();
     if (bytes <= 0) return;
     SPECSERVE_CHECK(offset >= 0 && offset + bytes <= dst.bytes(), "upload past the buffer's end");
-    SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data()) + offset, src, static_cast<size_t>(bytes),
-                                         cudaMemcpyHostToDevice, stream_));
+    upload_to(static_cast<char*>(dst.data()) + offset, src, bytes, bytes);
   }
   void download(void* dst, Buffer& src, int64_t bytes, int64_t offset) override {
     ctx();
     if (bytes <= 0) return;
     SPECSERVE_CHECK(offset >= 0 && offset + bytes <= src.bytes(), "download past the buffer's end");
+    flush();
     SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(src.data()) + offset, static_cast<size_t>(bytes),
                                          cudaMemcpyDeviceToHost, stream_));
     SPECSERVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -286,6 +276,7 @@ class CudaBackend final : public Backend {
                              " tokens x " + std::to_string(layers) + " layers x " + std::to_string(kv_dim) + " floats";
     if (layers <= 0 || blocks <= 0 || bs <= 0 || kv_dim <= 0) return resource_exhausted(what + " is not allocatable");
     ctx();
+    flush();
     const size_t half = static_cast<size_t>(layers * blocks * bs * kv_dim) * sizeof(float);
     void* k = nullptr;
     void* v = nullptr;
@@ -303,22 +294,26 @@ class CudaBackend final : public Backend {
     SPECSERVE_CUDA_CHECK(cudaMemsetAsync(k, 0, half, stream_));
     SPECSERVE_CUDA_CHECK(cudaMemsetAsync(v, 0, half, stream_));
     return std::unique_ptr<KvStorage>(
-        new CudaKvStorage(layers, blocks, bs, kv_dim, static_cast<float*>(k), static_cast<float*>(v)));
+        new CudaKvStorage(layers, blocks, bs, kv_dim, static_cast<float*>(k), static_cast<float*>(v), rec_));
   }
 
   // ---- ops ----
   void embedding(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
     ctx();
-    const auto& w = cw(table);
-    gpu::launch_embedding(w.data(), w.type(), w.rows(), w.cols(), ids, n, out, err_, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    const void* wd = cw(table).data();
+    const WeightType wt = cw(table).type();
+    const int64_t rows = cw(table).rows(), cols = cw(table).cols();
+    launch({kOpEmbedding, W_(wd), W_(wt), W_(rows), W_(cols), W_(ids), W_(n), W_(out)},
+           [=, err = err_, s = stream_] { gpu::launch_embedding(wd, wt, rows, cols, ids, n, out, err, s); });
   }
 
   void rms_norm(const float* x, const Weight& w, float eps, int64_t n, int64_t d, float* out) override {
     ctx();
     SPECSERVE_CHECK(cw(w).rows() * cw(w).cols() >= d, "rms_norm weight shorter than the row");
-    gpu::launch_rms_norm(x, cw(w).data(), cw(w).type(), eps, n, d, out, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    const void* wd = cw(w).data();
+    const WeightType wt = cw(w).type();
+    launch({kOpRmsNorm, W_(x), W_(wd), W_(wt), W_(eps), W_(n), W_(d), W_(out)},
+           [=, s = stream_] { gpu::launch_rms_norm(x, wd, wt, eps, n, d, out, s); });
   }
 
   // NOTE: determinism. cuBLAS picks its GEMM algorithm (tile shape, split-K) from the problem
@@ -336,32 +331,48 @@ class CudaBackend final : public Backend {
     const auto& W = cw(w);
     if (n <= 0) return;
     if (opts_.matmul == CudaMatmul::kBatchInvariant) {
-      gpu::launch_matmul_rowwise(W.data(), W.type(), W.rows(), W.cols(), x, n, y, stream_);
-      SPECSERVE_CUDA_LAUNCHED();
+      const void* wd = W.data();
+      const WeightType wt = W.type();
+      const int64_t rows = W.rows(), cols = W.cols();
+      launch({kOpMatmulRowwise, W_(wd), W_(wt), W_(rows), W_(cols), W_(x), W_(n), W_(y)},
+             [=, s = stream_] { gpu::launch_matmul_rowwise(wd, wt, rows, cols, x, n, y, s); });
     } else {
       // Column-major view: Y^T [rows, n] = W [rows, cols] (row-major = col-major W^T, so op T)
       // times X^T [cols, n] (row-major X is col-major X^T).
-      const float alpha = 1.0f, beta = 0.0f;
       const int m_ = static_cast<int>(W.rows()), n_ = static_cast<int>(n), k_ = static_cast<int>(W.cols());
       if (W.type() != WeightType::kF32) {
         // The activations in the weights' 16-bit type (cuBLAS multiplies like types).
         const cudaDataType dt = W.type() == WeightType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-        auto* xb = static_cast<uint16_t*>(act_half_.get(n * W.cols() * 2, stream_, "16-bit activations"));
-        gpu::launch_f32_to_half(x, xb, W.type(), n * W.cols(), stream_);
-        SPECSERVE_CUDA_LAUNCHED();
-        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), dt,
-                                            k_, xb, dt, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+        auto* xb = static_cast<uint16_t*>(scratch(act_half_, n * W.cols() * 2, "16-bit activations"));
+        const WeightType wt = W.type();
+        const int64_t count = n * W.cols();
+        launch({kOpToHalf, W_(x), W_(xb), W_(wt), W_(count)},
+               [=, s = stream_] { gpu::launch_f32_to_half(x, xb, wt, count, s); });
+        const void* wd = W.data();
+        cublasHandle_t h = cublas_;
+        launch({kOpGemm, W_(wd), W_(dt), W_(xb), W_(y), W_(m_), W_(n_), W_(k_)}, [=] {
+          const float alpha = 1.0f, beta = 0.0f;
+          SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, wd, dt, k_, xb, dt,
+                                                      k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
       } else {
-        SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, W.data(), CUDA_R_32F,
-                                            k_, x, CUDA_R_32F, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+        const void* wd = W.data();
+        cublasHandle_t h = cublas_;
+        launch({kOpGemm, W_(wd), W_(CUDA_R_32F), W_(x), W_(y), W_(m_), W_(n_), W_(k_)}, [=] {
+          const float alpha = 1.0f, beta = 0.0f;
+          SPECSERVE_CUBLAS_CHECK(cublas_api().gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &alpha, wd, CUDA_R_32F, k_, x,
+                                                      CUDA_R_32F, k_, &beta, y, CUDA_R_32F, m_, CUBLAS_COMPUTE_32F,
+                                                      CUBLAS_GEMM_DEFAULT));
+        });
       }
     }
     if (bias) {
       SPECSERVE_CHECK(cw(*bias).rows() * cw(*bias).cols() == W.rows(), "matmul bias length differs from the output width");
-      gpu::launch_add_bias(y, cw(*bias).data(), cw(*bias).type(), n, W.rows(), stream_);
-      SPECSERVE_CUDA_LAUNCHED();
+      const void* bd = cw(*bias).data();
+      const WeightType bt = cw(*bias).type();
+      const int64_t rows = W.rows();
+      launch({kOpAddBias, W_(y), W_(bd), W_(bt), W_(n), W_(rows)},
+             [=, s = stream_] { gpu::launch_add_bias(y, bd, bt, n, rows, s); });
     }
   }
 
@@ -369,15 +380,17 @@ class CudaBackend final : public Backend {
     ctx();
     SPECSERVE_CHECK(p.rope_dim % 2 == 0 && p.rope_dim <= p.head_dim, "rope_dim must be even and <= head_dim");
     const gpu::RopeKernelParams k = gpu::make_rope_kernel_params(p);
-    gpu::launch_rope(x, positions, n, num_heads, k, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    launch({kOpRope, W_(x), W_(positions), W_(n), W_(num_heads), W_(p.head_dim), W_(p.rope_dim), W_(p.theta), W_(p.neox),
+            W_(p.freq_scale), W_(p.ext_factor), W_(p.attn_factor), W_(p.beta_fast), W_(p.beta_slow), W_(p.original_context)},
+           [=, s = stream_] { gpu::launch_rope(x, positions, n, num_heads, k, s); });
   }
 
   void kv_write(KvStorage& kv, int64_t layer, const float* k, const float* v, const int32_t* slots, int64_t n) override {
     ctx();
     SPECSERVE_CHECK(layer >= 0 && layer < kv.num_layers(), "kv_write layer out of range");
-    gpu::launch_kv_write(static_cast<CudaKvStorage&>(kv).view(), layer, k, v, slots, n, err_, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
+    launch({kOpKvWrite, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(layer), W_(k), W_(v), W_(slots), W_(n)},
+           [=, err = err_, s = stream_] { gpu::launch_kv_write(view, layer, k, v, slots, n, err, s); });
   }
 
   void attention(KvStorage& kv, int64_t layer, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
@@ -390,47 +403,56 @@ class CudaBackend final : public Backend {
     gpu::build_attention_meta(seqs, kv.block_size(), &meta_, &num_items, &seqs_offset);
     if (num_items == 0) return;
     const int64_t bytes = static_cast<int64_t>(meta_.size() * sizeof(int32_t));
-    auto* dmeta = static_cast<int32_t*>(meta_dev_.get(bytes, stream_, "attention metadata"));
+    // With graphs, the metadata's device copy is sized by powers of two, and a graph copies the
+    // whole power: block tables grow every step, the segment's signature does not.
+    int64_t captured = bytes;
+    if (rec_) {
+      captured = 16384;
+      while (captured < bytes) captured *= 2;
+    }
+    auto* dmeta = static_cast<int32_t*>(scratch(meta_dev_, captured, "attention metadata"));
     // NOTE: every layer of a forward pass sends the same sequences; the metadata goes up once.
     // Besides the copy, this saves a wait: a copy from pageable memory first waits for the
     // stream, which would stall the host once per layer.
     if (meta_ != meta_on_device_ || dmeta != meta_dev_ptr_) {
-      SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(dmeta, meta_.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+      upload_to(dmeta, meta_.data(), bytes, captured);
       meta_on_device_ = meta_;
       meta_dev_ptr_ = dmeta;
     }
-    gpu::AttentionMeta m{dmeta, num_items, seqs_offset};
-    gpu::launch_attention(static_cast<CudaKvStorage&>(kv).view(), layer, q, m, num_heads, num_kv_heads, head_dim, out,
-                          err_, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    const gpu::AttentionMeta m{dmeta, num_items, seqs_offset};
+    const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
+    launch({kOpAttention, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(layer), W_(q), W_(dmeta), W_(num_items),
+            W_(seqs_offset), W_(num_heads), W_(num_kv_heads), W_(head_dim), W_(out)},
+           [=, err = err_, s = stream_] {
+             gpu::launch_attention(view, layer, q, m, num_heads, num_kv_heads, head_dim, out, err, s);
+           });
   }
 
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override {
     ctx();
-    gpu::launch_swiglu(gate, up, n, out, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    launch({kOpSwiglu, W_(gate), W_(up), W_(n), W_(out)}, [=, s = stream_] { gpu::launch_swiglu(gate, up, n, out, s); });
   }
 
   void add(float* x, const float* y, int64_t n) override {
     ctx();
-    gpu::launch_add(x, y, n, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    launch({kOpAdd, W_(x), W_(y), W_(n)}, [=, s = stream_] { gpu::launch_add(x, y, n, s); });
   }
 
   void gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out) override {
     ctx();
     if (m <= 0) return;
     const int32_t* d = upload_indices(idx, m, nullptr, 0);
-    gpu::launch_gather_rows(x, d, m, cols, out, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    launch({kOpGatherRows, W_(x), W_(d), W_(m), W_(cols), W_(out)},
+           [=, s = stream_] { gpu::launch_gather_rows(x, d, m, cols, out, s); });
   }
 
   void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) override {
     ctx();
     if (n <= 0) return;
     const int32_t* d = upload_indices(src, n, dst, n);
-    gpu::launch_kv_copy_slots(static_cast<CudaKvStorage&>(kv).view(), d, d + n, n, err_, stream_);
-    SPECSERVE_CUDA_LAUNCHED();
+    const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
+    launch({kOpKvCopySlots, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(d), W_(n)},
+           [=, err = err_, s = stream_] { gpu::launch_kv_copy_slots(view, d, d + n, n, err, s); });
   }
 
   void kv_export_blocks(KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n,
@@ -438,8 +460,9 @@ class CudaBackend final : public Backend {
     ctx();
     check_block_range(kv, layer_begin, layer_end, blocks, n);
     if (n <= 0) return;
+    flush();  // then op by op: the host waits for the bytes anyway
     const int64_t bytes = n * kv_block_bytes(kv, layer_begin, layer_end);
-    const int32_t* d = upload_indices(blocks, n, nullptr, 0);
+    const int32_t* d = upload_indices_now(blocks, n);
     auto* packed = static_cast<float*>(pack_.get(bytes, stream_, "kv block packing"));
     gpu::launch_kv_pack_blocks(static_cast<CudaKvStorage&>(kv).view(), layer_begin, layer_end, d, n, packed, true, stream_);
     SPECSERVE_CUDA_LAUNCHED();
@@ -452,8 +475,9 @@ class CudaBackend final : public Backend {
     ctx();
     check_block_range(kv, layer_begin, layer_end, blocks, n);
     if (n <= 0) return;
+    flush();
     const int64_t bytes = n * kv_block_bytes(kv, layer_begin, layer_end);
-    const int32_t* d = upload_indices(blocks, n, nullptr, 0);
+    const int32_t* d = upload_indices_now(blocks, n);
     auto* packed = static_cast<float*>(pack_.get(bytes, stream_, "kv block packing"));
     SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(packed, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
     gpu::launch_kv_pack_blocks(static_cast<CudaKvStorage&>(kv).view(), layer_begin, layer_end, d, n, packed, false,
@@ -465,6 +489,7 @@ class CudaBackend final : public Backend {
   // validates ids, block tables and slots before it calls the ops).
   void synchronize() override {
     ctx();
+    flush();
     int32_t err = 0;
     SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(&err, err_, sizeof(err), cudaMemcpyDeviceToHost, stream_));
     SPECSERVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -480,6 +505,7 @@ class CudaBackend final : public Backend {
 
   Expected<std::unique_ptr<Weight>> upload_weight(int64_t rows, int64_t cols, WeightType type, const void* host,
                                                   int64_t bytes) {
+    flush();
     void* d = nullptr;
     const cudaError_t e = cudaMalloc(&d, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
     if (e != cudaSuccess) {
@@ -492,17 +518,65 @@ class CudaBackend final : public Backend {
     // return before the data has landed.
     SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(d, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
     SPECSERVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::unique_ptr<Weight>(new CudaWeight(rows, cols, type, d, std::max<int64_t>(bytes, 256), weight_bytes_));
+    return std::unique_ptr<Weight>(new CudaWeight(rows, cols, type, d, std::max<int64_t>(bytes, 256), weight_bytes_, rec_));
   }
 
   // Uploads a (+ b) host index arrays into the index scratch, a then b; returns its device pointer.
+  // (recorded with graphs on, like the ops that read them).
   const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b, int64_t nb) {
     idx_host_.assign(a, a + na);
     if (b) idx_host_.insert(idx_host_.end(), b, b + nb);
     const int64_t bytes = static_cast<int64_t>(idx_host_.size() * sizeof(int32_t));
-    auto* d = static_cast<int32_t*>(idx_dev_.get(bytes, stream_, "index arrays"));
-    SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(d, idx_host_.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+    auto* d = static_cast<int32_t*>(scratch(idx_dev_, bytes, "index arrays"));
+    upload_to(d, idx_host_.data(), bytes, bytes);
     return d;
+  }
+  // The same, queued at once (after flush()): for ops that run outside graph segments.
+  const int32_t* upload_indices_now(const int32_t* a, int64_t n) {
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(int32_t));
+    auto* d = static_cast<int32_t*>(idx_dev_.get(bytes, stream_, "index arrays"));
+    SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(d, a, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+    return d;
+  }
+
+  // ---- CUDA graphs (gpu/cuda_graphs.h): with rec_, ops are recorded, else launched at once ----
+  enum Op : uint64_t {
+    kOpUpload = 1, kOpEmbedding, kOpRmsNorm, kOpMatmulRowwise, kOpToHalf, kOpGemm, kOpAddBias, kOpRope, kOpKvWrite,
+    kOpAttention, kOpSwiglu, kOpAdd, kOpGatherRows, kOpKvCopySlots,
+  };
+  // `sig` must name every pointer, size and scalar `f` uses (a graph is replayed for an equal
+  // signature only).
+  template <class F>
+  void launch(std::initializer_list<uint64_t> sig, F f) {
+    if (!rec_) {
+      f();
+      SPECSERVE_CUDA_LAUNCHED();
+      return;
+    }
+    rec_->add(sig, [f = std::move(f)](const gpu::OpContext&) {
+      f();
+      SPECSERVE_CUDA_LAUNCHED();
+    });
+  }
+  // Host -> device copy of `bytes`; a graph copies `captured` (>= bytes) from its staging.
+  void upload_to(void* dst, const void* src, int64_t bytes, int64_t captured) {
+    if (!rec_) {
+      SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    const int32_t slot = rec_->stage(src, bytes, captured);
+    rec_->add({kOpUpload, W_(dst), W_(captured)}, [=, s = stream_](const gpu::OpContext& c) {
+      SPECSERVE_CUDA_CHECK(cudaMemcpyAsync(dst, c.upload(slot), static_cast<size_t>(c.capturing ? captured : bytes),
+                                           cudaMemcpyHostToDevice, s));
+    });
+  }
+  // A backend scratch area of at least `bytes`; recorded ops that use the old area run first.
+  void* scratch(DeviceScratch& area, int64_t bytes, const char* what) {
+    if (rec_ && !area.fits(bytes)) rec_->flush();
+    return area.get(bytes, stream_, what);
+  }
+  void flush() {
+    if (rec_) rec_->flush();
   }
 
   int device_;
@@ -511,6 +585,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int32_t* err_ = nullptr;  // device error word (gpu::ErrorBit)
+  static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  void* workspace_ = nullptr;
+  std::shared_ptr<gpu::GraphRecorder> rec_;  // null: graphs off
   DeviceScratch act_half_, meta_dev_, idx_dev_, pack_;
   std::vector<int32_t> meta_, idx_host_;
   std::vector<int32_t> meta_on_device_;  // what meta_dev_ holds (at meta_dev_ptr_)
@@ -519,68 +596,17 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Expected<CudaMatmul> parse_cuda_matmul(const std::string& text) {
-  if (text == "cublas") return CudaMatmul::kCublas;
-  if (text == "batch_invariant") return CudaMatmul::kBatchInvariant;
-  return invalid_argument("cuda matmul '" + text + "': expected cublas or batch_invariant");
-}
-
-const char* cuda_matmul_name(CudaMatmul m) { return m == CudaMatmul::kCublas ? "cublas" : "batch_invariant"; }
-
-Expected<CudaWeights> parse_cuda_weights(const std::string& text) {
-  if (text == "bf16") return CudaWeights::kBF16;
-  if (text == "fp16") return CudaWeights::kF16;
-  if (text == "fp32") return CudaWeights::kF32;
-  return invalid_argument("cuda weights '" + text + "': expected bf16, fp16 or fp32");
-}
-
-const char* cuda_weights_name(CudaWeights w) {
-  return w == CudaWeights::kBF16 ? "bf16" : w == CudaWeights::kF16 ? "fp16" : "fp32";
-}
-
-int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // no driver / no device: not an error for the caller
-    return 0;
-  }
-  return n;
-}
-
-Expected<CudaDeviceInfo> cuda_device_info(int device) {
-  const int count = cuda_device_count();
-  if (count == 0) {
-    int driver = 0;
-    const cudaError_t e = cudaDriverGetVersion(&driver);
-    return unavailable(std::string("no CUDA device is present (") +
-                       (e == cudaSuccess && driver == 0 ? "no NVIDIA driver" : "cudaGetDeviceCount found none") + ")");
-  }
-  if (device < 0 || device >= count) {
-    return invalid_argument("cuda device " + std::to_string(device) + " does not exist: " + std::to_string(count) +
-                            " device(s), ordinals 0.." + std::to_string(count - 1));
-  }
-  cudaDeviceProp p{};
-  cudaError_t e = cudaGetDeviceProperties(&p, device);
-  if (e != cudaSuccess) return internal_error("cudaGetDeviceProperties(" + std::to_string(device) + "): " + cudaGetErrorString(e));
-  CudaDeviceInfo info;
-  info.name = p.name;
-  info.cc_major = p.major;
-  info.cc_minor = p.minor;
-  info.total_bytes = static_cast<int64_t>(p.totalGlobalMem);
-  info.num_sms = p.multiProcessorCount;
-  int clock_khz = 0, bus_bits = 0;
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
-  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
-  info.peak_bandwidth_gb_s = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  if (cudaSetDevice(device) == cudaSuccess) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) info.free_bytes = static_cast<int64_t>(free_b);
-    cudaSetDevice(prev);
-  }
-  cudaGetLastError();
-  return info;
+CudaGraphStats cuda_graph_stats(const Backend& backend) {
+  CudaGraphStats st;
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  if (b == nullptr || b->recorder() == nullptr) return st;
+  const gpu::GraphCounters& c = b->recorder()->counters();
+  st.replays = c.replays;
+  st.captures = c.captures;
+  st.eager_segments = c.eager_segments;
+  st.failed_captures = c.failed_captures;
+  st.graphs_held = c.graphs_held;
+  return st;
 }
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int device, CudaBackendOptions options) {

@@ -55,7 +55,22 @@ const char* cuda_weights_name(CudaWeights w);
 struct CudaBackendOptions {
   CudaMatmul matmul = CudaMatmul::kCublas;
   CudaWeights weights = CudaWeights::kBF16;
+  /// CUDA graphs for repeated segments of ops (decode and verify steps; gpu/cuda_graphs.h):
+  /// outputs are bit-identical either way, graphs launch a step at once instead of op by op.
+  /// Off: vLLM's --enforce-eager; $SPECSERVE_CUDA_GRAPHS=0 (actors/backend_factory.h).
+  bool cuda_graphs = true;
 };
+
+/// CUDA graph counters of a backend made by make_cuda_backend (all 0 for any other backend, or
+/// with graphs off).
+struct CudaGraphStats {
+  int64_t replays = 0;          ///< segments run as one graph launch
+  int64_t captures = 0;         ///< graphs captured
+  int64_t eager_segments = 0;   ///< segments run op by op (first sight, prefill, short ones)
+  int64_t failed_captures = 0;  ///< captures CUDA refused (those segments run op by op)
+  int64_t graphs_held = 0;      ///< instantiated graphs held now
+};
+CudaGraphStats cuda_graph_stats(const Backend& backend);
 
 /// Number of CUDA devices visible to this process; 0 (never an error) when there is no GPU, no
 /// driver, or the runtime cannot start.

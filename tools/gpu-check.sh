@@ -11,9 +11,11 @@
 #      GPUs and over UCX on one (tests/gpu/kv_nccl_migration_test.cpp) (JUnit XML + verbose log);
 #   4. decode tokens/s at batch 1, 8 and 32 for synthetic models shaped like Llama 3.2 1B and
 #      Llama 3.1 8B (random bf16 weights built in memory), with the achieved memory bandwidth
-#      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`;
+#      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`; the 1B
+#      shape also with --enforce-eager (CUDA graphs off) for the graphs' ratio;
 #   5. speculative speedup with n-gram and layer_skip on the default model on the GPU, greedy
-#      outputs checked against plain decoding — `specserve bench-spec --device cuda:0`;
+#      outputs checked against plain decoding — `specserve bench-spec --device cuda:0`, with
+#      CUDA graphs and with --enforce-eager;
 #   6. OUTDIR/summary.md: each stage's status and time, the parity and benchmark figures.
 # Each stage runs under `timeout`; the whole script stops starting stages at 470 s.
 # Usage: tools/gpu-check.sh OUTDIR        (env: SPECSERVE_GPU_CHECK_BUDGET seconds, default 470;
@@ -103,6 +105,10 @@ write_summary() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"model {r.get('model')} on {r.get('device')} ({r.get('gpu', '')}); bandwidth peak {r.get('bandwidth_gb_s', 0):.0f} GB/s ({r.get('bandwidth_source', '')})")
+g = r.get("cuda_graphs")
+if g:
+    print()
+    print(f"CUDA graphs {'on' if g['enabled'] else 'off (--enforce-eager)'}: {g['replays']} replays, {g['captures']} captures, {g['eager_segments']} eager segments, {g['failed_captures']} failed captures")
 print()
 print("| batch | tokens/s | ms/step | GB/s achieved | % of peak |")
 print("|---|---|---|---|---|")
@@ -110,14 +116,19 @@ for b, d in sorted(r.get("decode", {}).items(), key=lambda kv: int(kv[0])):
     print(f"| {b} | {d['tokens_per_s']:.1f} | {d['ms_per_step']:.2f} | {d['achieved_gb_s']:.0f} | {100 * d['fraction_of_bandwidth']:.0f}% |")
 PY
     done
-    if [ -f "$out/bench_spec.log" ]; then
+    for name in bench_spec bench_spec_eager; do
+      [ -f "$out/$name.log" ] || continue
       echo
-      echo "## Speculative decoding on the GPU (bench-spec; bench_spec.json)"
+      if [ "$name" = bench_spec ]; then
+        echo "## Speculative decoding on the GPU, CUDA graphs on (bench-spec; bench_spec.json)"
+      else
+        echo "## The same, --enforce-eager (bench_spec_eager.json)"
+      fi
       echo
       echo '```'
-      grep -vE "^\[bench-spec\]|questions$" "$out/bench_spec.log" | tail -n 40
+      grep -vE "^\[bench-spec\]|questions$" "$out/$name.log" | tail -n 40
       echo '```'
-    fi
+    done
   } >"$summary"
 }
 
@@ -215,8 +226,12 @@ fi
 
 # ---- 4. decode benchmark: synthetic 1B and 8B Llama shapes, batch 1, 8, 32
 bin="$build/bin/specserve"
+# CUDA graphs (gpu/cuda_graphs.h) against eager launches (--enforce-eager) on the same model: the
+# first decode step of a shape runs eagerly and the second is captured, so 3 repeats (median).
 stage bench_model_llama-1b 75 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 32 \
-  --repeats 2 --decode-tokens 32 --prompt-lengths 256 --output "$out/bench_model_llama-1b.json"
+  --repeats 3 --decode-tokens 32 --prompt-lengths 256 --output "$out/bench_model_llama-1b.json"
+stage bench_model_llama-1b_eager 75 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 32 \
+  --repeats 3 --decode-tokens 32 --prompt-lengths 256 --enforce-eager --output "$out/bench_model_llama-1b_eager.json"
 stage bench_model_llama-8b 150 "$bin" bench-model --device cuda:0 --synthetic llama-8b --decode-batches 1 8 32 \
   --repeats 1 --decode-tokens 16 --prompt-lengths 256 --output "$out/bench_model_llama-8b.json"
 stage bench_model_llama-1b_batch_invariant 60 env SPECSERVE_CUDA_MATMUL=batch_invariant "$bin" bench-model --device cuda:0 \
@@ -245,6 +260,11 @@ EOF
     --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
     --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}' \
     --output "$out/bench_spec.json"
+  stage bench_spec_eager 120 "$bin" bench-spec --device cuda:0 --model "$model" --questions "$questions" --per-task 1 \
+    --max-tokens 64 --batch-sizes 1 --enforce-eager \
+    --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
+    --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}' \
+    --output "$out/bench_spec_eager.json"
 else
   printf 'bench_spec\tnot run (model absent)\t0\n' >>"$stages"
 fi

@@ -379,6 +379,18 @@ int run(const Args& a) {
       out["bandwidth_bound_tokens_per_s"] = peak_gb_s * 1e9 / bytes;
     }
   }
+#ifdef SPECSERVE_WITH_CUDA
+  if (on_gpu) {  // gpu/cuda_graphs.h: whether decode steps ran as graph replays
+    const CudaGraphStats g = cuda_graph_stats(*backend);
+    const char* env = std::getenv("SPECSERVE_CUDA_GRAPHS");
+    out["cuda_graphs"] = {{"enabled", !(env && std::string(env) == "0")}, {"replays", g.replays},
+                          {"captures", g.captures}, {"eager_segments", g.eager_segments},
+                          {"failed_captures", g.failed_captures}};
+    std::fprintf(stderr, "[bench-model] cuda graphs: %lld replays, %lld captures, %lld eager segments, %lld failed captures\n",
+                 static_cast<long long>(g.replays), static_cast<long long>(g.captures),
+                 static_cast<long long>(g.eager_segments), static_cast<long long>(g.failed_captures));
+  }
+#endif
   std::printf("%s\n", out.dump(1).c_str());
   if (!a.output.empty()) {
     if (Status st = write_output_file("--output", a.output, out.dump(1) + "\n"); !st.ok()) {
@@ -401,6 +413,7 @@ void add_bench_model(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu; cuda needs tensor-parallel size 1)");
   add_dtype_option(*sub, &a->dtype);
+  add_enforce_eager_flag(*sub);
   sub->add_option("--synthetic", a->synthetic,
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");

@@ -337,6 +337,7 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--threads", a->threads, "CPU threads (default: all)");
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   add_dtype_option(*sub, &a->dtype);
+  add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");

@@ -186,6 +186,7 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--device", args->device, "Where the model runs: cpu or cuda:N (cuda needs tensor-parallel size 1)")->capture_default_str();
   add_dtype_option(*sub, &args->dtype);
+  add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");

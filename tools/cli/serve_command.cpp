@@ -211,6 +211,7 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--device", a->device, "Where the target runs: cpu or cuda:N (tensor-parallel rank r on cuda:N+r)")->capture_default_str();
     add_dtype_option(*sub, &a->dtype);
+    add_enforce_eager_flag(*sub);
     add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                       "cuda:N: fraction of each GPU's total memory this server may use for weights, activations "
                                       "and KV (vLLM's); the KV pool takes what the weights leave. Ignored on the CPU");

@@ -2,6 +2,7 @@
 #include "tools/cli/subcommands.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
@@ -74,6 +75,13 @@ CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, con
       [](std::string& text) { return gpu_memory_utilization_error("--gpu-memory-utilization", text); },
       "FRACTION in (0, 1]");
   return sub.add_option("--gpu-memory-utilization", *value, help)->check(fraction)->capture_default_str();
+}
+
+CLI::Option* add_enforce_eager_flag(CLI::App& sub) {
+  return sub.add_flag_callback(
+      "--enforce-eager", [] { setenv("SPECSERVE_CUDA_GRAPHS", "0", 1); },
+      "CUDA: launch every op as it comes, without CUDA graphs (vLLM's flag; same outputs, more launch "
+      "overhead per decode step); sets SPECSERVE_CUDA_GRAPHS=0");
 }
 
 CLI::Option* add_dtype_option(CLI::App& sub, std::string* value) {

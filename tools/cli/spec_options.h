@@ -51,6 +51,11 @@ Status check_spec_args_before_load(const SpecArgs& args, const std::string& targ
 /// `sub`, bound to *value. `help` describes what the fraction covers for this command.
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help);
 
+/// Registers vLLM's --enforce-eager on `sub`: CUDA backends run every op as it comes, without
+/// CUDA graphs (gpu/cuda_graphs.h; outputs are the same). Sets $SPECSERVE_CUDA_GRAPHS=0 for this
+/// process and the workers it starts. No effect on the CPU.
+CLI::Option* add_enforce_eager_flag(CLI::App& sub);
+
 /// Registers vLLM's --dtype on `sub` (core/dtype.h: auto, float32, float, bfloat16, float16,
 /// half; default auto), bound to *value; another name is refused naming the flag and the value.
 CLI::Option* add_dtype_option(CLI::App& sub, std::string* value);
