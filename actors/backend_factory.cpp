@@ -125,6 +125,13 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
     }
     opts.cuda_graphs = v == "1";
   }
+  if (const char* g = std::getenv("SPECSERVE_CUDA_ATTENTION_SPLIT"); g && *g) {
+    const std::string v = g;
+    if (v != "0" && v != "1") {
+      return invalid_argument("SPECSERVE_CUDA_ATTENTION_SPLIT = '" + v + "': expected 1 (split over the keys, the default) or 0");
+    }
+    opts.attention_split = v == "1";
+  }
   auto b = make_cuda_backend(spec->index, opts);
   if (!b.ok()) return Status(b.status().code(), flag + " = '" + device + "': " + b.status().message());
   return std::move(*b);

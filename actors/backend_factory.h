@@ -19,7 +19,8 @@ namespace specserve {
 /// from $SPECSERVE_CUDA_MATMUL ("cublas", the default, or "batch_invariant";
 /// gpu/cuda_backend.h), the weights' storage from $SPECSERVE_CUDA_WEIGHTS ("bf16", the
 /// default, "fp16" or "fp32"), and CUDA graphs from $SPECSERVE_CUDA_GRAPHS ("1", the default,
-/// or "0": eager, what the CLI's --enforce-eager sets).
+/// or "0": eager, what the CLI's --enforce-eager sets), and attention's split over the keys
+/// from $SPECSERVE_CUDA_ATTENTION_SPLIT ("1", the default, or "0"; same results).
 /// Errors name `flag` (the flag or field the value came from) and the value: kInvalidArgument for a malformed device or an ordinal
 /// outside 0 .. count-1; kUnavailable when this build has no CUDA backend or no CUDA device is
 /// present.

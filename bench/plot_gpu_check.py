@@ -3,7 +3,8 @@
   left:  decode tokens/s against batch size for each bench_model_*.json (synthetic Llama shapes;
          CUDA graphs on, --enforce-eager, the batch-invariant matmul), log scale;
   right: decode tokens/s of bench-spec's methods (baseline, n-gram, layer_skip) on the default
-         model, CUDA graphs on beside --enforce-eager (bench_spec.json, bench_spec_eager.json).
+         model, CUDA graphs on beside --enforce-eager and beside attention's split over the keys
+         off (bench_spec.json, bench_spec_eager.json, bench_spec_no_split.json; those present).
 Every bar and point is a figure the run measured; nothing is derived but the ratios in the title.
 
 Command: $(scripts/venv.sh --with-plot) bench/plot_gpu_check.py --results DIR --out OUT.png
@@ -49,7 +50,8 @@ def main():
     left.legend(fontsize=8)
 
     runs = {}
-    for name, key in (("bench_spec.json", "CUDA graphs"), ("bench_spec_eager.json", "--enforce-eager")):
+    for name, key in (("bench_spec.json", "CUDA graphs"), ("bench_spec_eager.json", "--enforce-eager"),
+                      ("bench_spec_no_split.json", "graphs, attention split off")):
         p = os.path.join(a.results, name)
         if os.path.exists(p):
             runs[key] = {x["name"]: x["overall"]["decode_tokens_per_s"] for x in load(p)["runs"] if x.get("batch") == 1}
@@ -59,7 +61,8 @@ def main():
         width = 0.8 / len(runs)
         for i, (key, vals) in enumerate(runs.items()):
             xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(methods))]
-            bars = right.bar(xs, [vals.get(m, 0) for m in methods], width, label=key)
+            have = [(x, vals[m]) for x, m in zip(xs, methods) if m in vals]
+            bars = right.bar([h[0] for h in have], [h[1] for h in have], width, label=key)
             right.bar_label(bars, fmt="%.0f", fontsize=8)
         right.set_xticks(range(len(methods)))
         right.set_xticklabels(short)

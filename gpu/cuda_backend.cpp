@@ -192,6 +192,9 @@ class CudaBackend final : public Backend {
     workspace_ = device_alloc_or_die(kCublasWorkspace, "the cuBLAS workspace");
     SPECSERVE_CUBLAS_CHECK(api.set_workspace(cublas_, workspace_, kCublasWorkspace));
     if (opts_.cuda_graphs) rec_ = std::make_shared<gpu::GraphRecorder>(device_, stream_);
+    int sms = 0;
+    SPECSERVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+    num_sms_ = sms;
     return Status();
   }
 
@@ -421,10 +424,26 @@ class CudaBackend final : public Backend {
     }
     const gpu::AttentionMeta m{dmeta, num_items, seqs_offset};
     const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
+    // Split over the keys when the (row, head) blocks alone would leave most multiprocessors
+    // idle (decode, verify) and a row sees more than one chunk; the chunk count is rounded up to
+    // a power of two so that a graph's signature holds while the context grows.
+    int64_t chunks = 0;
+    float* ws = nullptr;
+    if (opts_.attention_split && num_items * num_heads < 2 * num_sms_) {
+      int64_t max_keys = 0;
+      for (const AttentionSeq& a : seqs) max_keys = std::max<int64_t>(max_keys, a.num_cached + a.num_rows);
+      const int64_t need = gpu::attention_chunks(max_keys);
+      if (need > 1) {
+        chunks = 1;
+        while (chunks < need) chunks *= 2;
+        const int64_t ws_bytes = num_items * num_heads * chunks * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
+        ws = static_cast<float*>(scratch(attn_ws_, ws_bytes, "attention chunk states"));
+      }
+    }
     launch({kOpAttention, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(layer), W_(q), W_(dmeta), W_(num_items),
-            W_(seqs_offset), W_(num_heads), W_(num_kv_heads), W_(head_dim), W_(out)},
+            W_(seqs_offset), W_(num_heads), W_(num_kv_heads), W_(head_dim), W_(out), W_(ws), W_(chunks)},
            [=, err = err_, s = stream_] {
-             gpu::launch_attention(view, layer, q, m, num_heads, num_kv_heads, head_dim, out, err, s);
+             gpu::launch_attention(view, layer, q, m, num_heads, num_kv_heads, head_dim, out, ws, chunks, err, s);
            });
   }
 
@@ -588,7 +607,8 @@ class CudaBackend final : public Backend {
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
   void* workspace_ = nullptr;
   std::shared_ptr<gpu::GraphRecorder> rec_;  // null: graphs off
-  DeviceScratch act_half_, meta_dev_, idx_dev_, pack_;
+  DeviceScratch act_half_, meta_dev_, idx_dev_, pack_, attn_ws_;
+  int64_t num_sms_ = 0;
   std::vector<int32_t> meta_, idx_host_;
   std::vector<int32_t> meta_on_device_;  // what meta_dev_ holds (at meta_dev_ptr_)
   const void* meta_dev_ptr_ = nullptr;

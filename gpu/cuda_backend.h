@@ -59,6 +59,9 @@ struct CudaBackendOptions {
   /// outputs are bit-identical either way, graphs launch a step at once instead of op by op.
   /// Off: vLLM's --enforce-eager; $SPECSERVE_CUDA_GRAPHS=0 (actors/backend_factory.h).
   bool cuda_graphs = true;
+  /// Attention split over the keys (flash-decoding) when few rows see many keys: same bits,
+  /// more blocks (gpu/kernels.h launch_attention). Off: $SPECSERVE_CUDA_ATTENTION_SPLIT=0.
+  bool attention_split = true;
 };
 
 /// CUDA graph counters of a backend made by make_cuda_backend (all 0 for any other backend, or

@@ -208,14 +208,38 @@ __global__ void kv_write_kernel(KvView kv, int64_t layer, const float* k, const 
   }
 }
 
-// One block per (query row, head); block x = item, block y = head. Each of the kAttnWarps warps
-// takes every kAttnWarps-th visible key and keeps its own online softmax (Milakov & Gimelshein
-// 2018): running max m, running sum l, and the weighted sum of values (lane owns dims lane,
-// lane+32, ...). The warps' states are then merged in warp order. Scores are q.k / sqrt(hd) in
-// fp32; the keys a row sees are those of AttentionSeq (prefix + causal rows, or prefix + tree
-// ancestors and itself).
+// Attention over the keys a row sees (AttentionSeq: prefix + causal rows, or prefix + tree
+// ancestors and itself), scores q.k / sqrt(hd) in fp32, softmax by online rescaling (Milakov &
+// Gimelshein 2018). The keys are taken in chunks of kAttnChunk; within a chunk each of the
+// kAttnWarps warps takes every kAttnWarps-th key and keeps its own running max, sum and weighted
+// sum of values (lane owns dims lane, lane+32, ...); the warps' states are merged in warp order
+// into the chunk's state (max cm, sum cl, values cacc). Chunk states are folded in chunk order
+// (attn_fold). Two ways to run it, with the same float operations in the same order, so the
+// same bits:
+//   - attention_kernel<false>: one block per (row, head), block x = item, y = head, walking the
+//     row's chunks itself;
+//   - attention_kernel<true> + attention_combine_kernel: one block per (row, head, chunk) writes
+//     its chunk state to a workspace, the combine folds them (flash-decoding's split over the
+//     keys, Dao et al. 2023): many more blocks when few rows attend to many keys (decode).
+// Which one runs depends on the batch; a row's result does not (the Backend determinism contract).
+constexpr int kAttnChunk = 128;                                // keys per chunk
+constexpr int kAttnDimsPerThread = kMaxHeadDim / (kAttnWarps * 32);  // output dims a thread owns
+
+// Folds a chunk state (cm, cl, cacc[] of the dims this thread owns) into the running state.
+__device__ __forceinline__ void attn_fold(float& M, float& L, float* A, float cm, float cl, const float* cacc) {
+  if (cm == -INFINITY) return;  // a chunk without keys
+  const float mn = fmaxf(M, cm);
+  const float a = M == -INFINITY ? 0.0f : expf(M - mn);
+  const float b = expf(cm - mn);
+  L = L * a + cl * b;
+#pragma unroll
+  for (int k = 0; k < kAttnDimsPerThread; ++k) A[k] = A[k] * a + cacc[k] * b;
+  M = mn;
+}
+
+template <bool kSplit>
 __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, AttentionMeta m, int num_heads, int group,
-                                 int head_dim, float scale, float* out, int32_t* err) {
+                                 int head_dim, float scale, float* out, float* ws, int32_t* err) {
   const int h = blockIdx.y;
   const AttentionRow r = attention_row(m.meta, m.seqs_offset, static_cast<int32_t>(blockIdx.x));
   const int nk = r.num_keys;
@@ -232,53 +256,116 @@ __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, Atten
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* kbase = kv.k + layer * kv.num_slots * kv.kv_dim + static_cast<int64_t>(kvh) * head_dim;
   const float* vbase = kv.v + layer * kv.num_slots * kv.kv_dim + static_cast<int64_t>(kvh) * head_dim;
-  float mx = -INFINITY, l = 0.0f;
-  float acc[kMaxPerLane];
+  float M = -INFINITY, L = 0.0f, A[kAttnDimsPerThread];
 #pragma unroll
-  for (int c = 0; c < kMaxPerLane; ++c) acc[c] = 0.0f;
-  for (int t = warp; t < nk; t += kAttnWarps) {
-    const int64_t slot = attention_key_slot(r, t, kv.block_size);
-    if (slot < 0 || slot >= kv.num_slots) {  // uniform across the warp
-      if (lane == 0) atomicOr(err, kErrKvSlot);
-      continue;
+  for (int k = 0; k < kAttnDimsPerThread; ++k) A[k] = 0.0f;
+  const int c_begin = kSplit ? static_cast<int>(blockIdx.z) : 0;
+  const int c_end = kSplit ? c_begin + 1 : (nk + kAttnChunk - 1) / kAttnChunk;
+  for (int c = c_begin; c < c_end; ++c) {
+    const int t0 = c * kAttnChunk, t1 = min(nk, t0 + kAttnChunk);
+    float mx = -INFINITY, l = 0.0f;
+    float acc[kMaxPerLane];
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
+    for (int t = t0 + warp; t < t1; t += kAttnWarps) {
+      const int64_t slot = attention_key_slot(r, t, kv.block_size);
+      if (slot < 0 || slot >= kv.num_slots) {  // uniform across the warp
+        if (lane == 0) atomicOr(err, kErrKvSlot);
+        continue;
+      }
+      const float* kr = kbase + slot * kv.kv_dim;
+      const float* vr = vbase + slot * kv.kv_dim;
+      float dot = 0.0f;
+      for (int e = lane; e < head_dim; e += 32) dot = fmaf(qs[e], kr[e], dot);
+      const float s = warp_sum(dot) * scale;
+      const float mnew = fmaxf(mx, s);
+      const float corr = mx == -INFINITY ? 0.0f : expf(mx - mnew);
+      const float p = expf(s - mnew);
+      l = l * corr + p;
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e < head_dim) acc[i] = acc[i] * corr + p * vr[e];
+      }
+      mx = mnew;
     }
-    const float* kr = kbase + slot * kv.kv_dim;
-    const float* vr = vbase + slot * kv.kv_dim;
-    float dot = 0.0f;
-    for (int e = lane; e < head_dim; e += 32) dot = fmaf(qs[e], kr[e], dot);
-    const float s = warp_sum(dot) * scale;
-    const float mnew = fmaxf(mx, s);
-    const float corr = mx == -INFINITY ? 0.0f : expf(mx - mnew);
-    const float p = expf(s - mnew);
-    l = l * corr + p;
-#pragma unroll
-    for (int c = 0; c < kMaxPerLane; ++c) {
-      const int e = lane + 32 * c;
-      if (e < head_dim) acc[c] = acc[c] * corr + p * vr[e];
+    __syncthreads();  // the previous chunk's merge has read sm_*
+    if (lane == 0) {
+      sm_m[warp] = mx;
+      sm_l[warp] = l;
     }
-    mx = mnew;
-  }
-  if (lane == 0) {
-    sm_m[warp] = mx;
-    sm_l[warp] = l;
-  }
 #pragma unroll
-  for (int c = 0; c < kMaxPerLane; ++c) {
-    const int e = lane + 32 * c;
-    if (e < head_dim) sm_acc[warp][e] = acc[c];
-  }
-  __syncthreads();
-  float gm = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) gm = fmaxf(gm, sm_m[w]);
-  float gl = 0.0f;
-  for (int w = 0; w < kAttnWarps; ++w)
-    if (sm_m[w] != -INFINITY) gl += sm_l[w] * expf(sm_m[w] - gm);
-  float* o = out + (row * num_heads + h) * head_dim;
-  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    float sum = 0.0f;
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < head_dim) sm_acc[warp][e] = acc[i];
+    }
+    __syncthreads();
+    float cm = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) cm = fmaxf(cm, sm_m[w]);
+    float cl = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w)
-      if (sm_m[w] != -INFINITY) sum += sm_acc[w][e] * expf(sm_m[w] - gm);
-    o[e] = sum / gl;
+      if (sm_m[w] != -INFINITY) cl += sm_l[w] * expf(sm_m[w] - cm);
+    float cacc[kAttnDimsPerThread];
+#pragma unroll
+    for (int k = 0; k < kAttnDimsPerThread; ++k) {
+      const int e = threadIdx.x + k * blockDim.x;
+      float sum = 0.0f;
+      if (e < head_dim) {
+        for (int w = 0; w < kAttnWarps; ++w)
+          if (sm_m[w] != -INFINITY) sum += sm_acc[w][e] * expf(sm_m[w] - cm);
+      }
+      cacc[k] = sum;
+    }
+    if constexpr (kSplit) {
+      // This chunk's state for the combine: [cm, cl, cacc[head_dim]].
+      float* p = ws + ((static_cast<int64_t>(blockIdx.x) * num_heads + h) * gridDim.z + blockIdx.z) * (head_dim + 2);
+      if (threadIdx.x == 0) {
+        p[0] = cm;
+        p[1] = cl;
+      }
+#pragma unroll
+      for (int k = 0; k < kAttnDimsPerThread; ++k) {
+        const int e = threadIdx.x + k * blockDim.x;
+        if (e < head_dim) p[2 + e] = cacc[k];
+      }
+    } else {
+      attn_fold(M, L, A, cm, cl, cacc);
+    }
+  }
+  if constexpr (!kSplit) {
+    float* o = out + (row * num_heads + h) * head_dim;
+#pragma unroll
+    for (int k = 0; k < kAttnDimsPerThread; ++k) {
+      const int e = threadIdx.x + k * blockDim.x;
+      if (e < head_dim) o[e] = A[k] / L;
+    }
+  }
+}
+
+// Folds the chunk states attention_kernel<true> wrote, in chunk order (grid: item, head).
+__global__ void attention_combine_kernel(AttentionMeta m, int num_heads, int head_dim, int num_chunks, const float* ws,
+                                         float* out) {
+  const int h = blockIdx.y;
+  const AttentionRow r = attention_row(m.meta, m.seqs_offset, static_cast<int32_t>(blockIdx.x));
+  const float* base = ws + (static_cast<int64_t>(blockIdx.x) * num_heads + h) * num_chunks * (head_dim + 2);
+  float M = -INFINITY, L = 0.0f, A[kAttnDimsPerThread];
+#pragma unroll
+  for (int k = 0; k < kAttnDimsPerThread; ++k) A[k] = 0.0f;
+  for (int c = 0; c < num_chunks; ++c) {
+    const float* p = base + static_cast<int64_t>(c) * (head_dim + 2);
+    float cacc[kAttnDimsPerThread];
+#pragma unroll
+    for (int k = 0; k < kAttnDimsPerThread; ++k) {
+      const int e = threadIdx.x + k * blockDim.x;
+      cacc[k] = e < head_dim ? p[2 + e] : 0.0f;
+    }
+    attn_fold(M, L, A, p[0], p[1], cacc);
+  }
+  float* o = out + (static_cast<int64_t>(r.row) * num_heads + h) * head_dim;
+#pragma unroll
+  for (int k = 0; k < kAttnDimsPerThread; ++k) {
+    const int e = threadIdx.x + k * blockDim.x;
+    if (e < head_dim) o[e] = A[k] / L;
   }
 }
 
@@ -398,14 +485,24 @@ void launch_kv_write(const KvView& kv, int64_t layer, const float* k, const floa
   kv_write_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(kv, layer, k, v, slots, err);
 }
 
+int64_t attention_chunks(int64_t num_keys) { return (num_keys + kAttnChunk - 1) / kAttnChunk; }
+
 void launch_attention(const KvView& kv, int64_t layer, const float* q, const AttentionMeta& m, int64_t num_heads,
-                      int64_t num_kv_heads, int64_t head_dim, float* out, int32_t* err, cudaStream_t stream) {
+                      int64_t num_kv_heads, int64_t head_dim, float* out, float* ws, int64_t num_chunks, int32_t* err,
+                      cudaStream_t stream) {
   if (m.num_items <= 0) return;
-  const dim3 grid(static_cast<unsigned>(m.num_items), static_cast<unsigned>(num_heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
-  attention_kernel<<<grid, kAttnWarps * 32, 0, stream>>>(kv, layer, q, m, static_cast<int>(num_heads),
-                                                         static_cast<int>(num_heads / num_kv_heads),
-                                                         static_cast<int>(head_dim), scale, out, err);
+  const int nh = static_cast<int>(num_heads), group = static_cast<int>(num_heads / num_kv_heads);
+  const int hd = static_cast<int>(head_dim);
+  if (num_chunks <= 1 || ws == nullptr) {
+    const dim3 grid(static_cast<unsigned>(m.num_items), static_cast<unsigned>(num_heads));
+    attention_kernel<false><<<grid, kAttnWarps * 32, 0, stream>>>(kv, layer, q, m, nh, group, hd, scale, out, nullptr, err);
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>(m.num_items), static_cast<unsigned>(num_heads), static_cast<unsigned>(num_chunks));
+  attention_kernel<true><<<grid, kAttnWarps * 32, 0, stream>>>(kv, layer, q, m, nh, group, hd, scale, out, ws, err);
+  const dim3 grid2(static_cast<unsigned>(m.num_items), static_cast<unsigned>(num_heads));
+  attention_combine_kernel<<<grid2, kAttnWarps * 32, 0, stream>>>(m, nh, hd, static_cast<int>(num_chunks), ws, out);
 }
 
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {

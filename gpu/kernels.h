@@ -60,10 +60,19 @@ struct KvView {
 void launch_kv_write(const KvView& kv, int64_t layer, const float* k, const float* v, const int32_t* slots, int64_t n,
                      int32_t* err, cudaStream_t stream);
 
+/// Chunks of keys attention folds for a row that sees `num_keys` keys (128 keys each).
+int64_t attention_chunks(int64_t num_keys);
+
 /// out[row, h, :] = softmax(q k^T / sqrt(head_dim)) v for every item's row and every head h,
-/// fp32 online softmax over the keys the row sees. head_dim <= 256.
+/// fp32 online softmax over the keys the row sees, chunk by chunk. head_dim <= 256.
+/// With num_chunks > 1 and a workspace `ws` of num_items * num_heads * num_chunks *
+/// (head_dim + 2) floats, one block per (row, head, chunk) and a combine pass (split over the
+/// keys: more parallel work when few rows see many keys; num_chunks must be at least
+/// attention_chunks of the longest row); else one block per (row, head). Both give the same
+/// bits (kernels.cu).
 void launch_attention(const KvView& kv, int64_t layer, const float* q, const AttentionMeta& m, int64_t num_heads,
-                      int64_t num_kv_heads, int64_t head_dim, float* out, int32_t* err, cudaStream_t stream);
+                      int64_t num_kv_heads, int64_t head_dim, float* out, float* ws, int64_t num_chunks, int32_t* err,
+                      cudaStream_t stream);
 
 /// out[i] = silu(gate[i]) * up[i] for i < n (out may be gate).
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);

@@ -12,7 +12,8 @@
 #   4. decode tokens/s at batch 1, 8 and 32 for synthetic models shaped like Llama 3.2 1B and
 #      Llama 3.1 8B (random bf16 weights built in memory), with the achieved memory bandwidth
 #      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`; the 1B
-#      shape also with --enforce-eager (CUDA graphs off) for the graphs' ratio;
+#      shape also with --enforce-eager (CUDA graphs off) for the graphs' ratio, and at 2,048
+#      cached tokens with attention's split over the keys on and off;
 #   5. speculative speedup with n-gram and layer_skip on the default model on the GPU, greedy
 #      outputs checked against plain decoding — `specserve bench-spec --device cuda:0`, with
 #      CUDA graphs and with --enforce-eager;
@@ -104,7 +105,7 @@ write_summary() {
       python3 - "$f" <<'PY' 2>/dev/null || cat "$f"
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"model {r.get('model')} on {r.get('device')} ({r.get('gpu', '')}); bandwidth peak {r.get('bandwidth_gb_s', 0):.0f} GB/s ({r.get('bandwidth_source', '')})")
+print(f"model {r.get('model')} on {r.get('device')} ({r.get('gpu', '')}); decode after {r.get('decode_context', 64)} cached tokens; bandwidth peak {r.get('bandwidth_gb_s', 0):.0f} GB/s ({r.get('bandwidth_source', '')})")
 g = r.get("cuda_graphs")
 if g:
     print()
@@ -116,14 +117,14 @@ for b, d in sorted(r.get("decode", {}).items(), key=lambda kv: int(kv[0])):
     print(f"| {b} | {d['tokens_per_s']:.1f} | {d['ms_per_step']:.2f} | {d['achieved_gb_s']:.0f} | {100 * d['fraction_of_bandwidth']:.0f}% |")
 PY
     done
-    for name in bench_spec bench_spec_eager; do
+    for name in bench_spec bench_spec_eager bench_spec_no_split; do
       [ -f "$out/$name.log" ] || continue
       echo
-      if [ "$name" = bench_spec ]; then
-        echo "## Speculative decoding on the GPU, CUDA graphs on (bench-spec; bench_spec.json)"
-      else
-        echo "## The same, --enforce-eager (bench_spec_eager.json)"
-      fi
+      case "$name" in
+        bench_spec) echo "## Speculative decoding on the GPU, CUDA graphs on (bench-spec; bench_spec.json)" ;;
+        bench_spec_eager) echo "## The same, --enforce-eager (bench_spec_eager.json)" ;;
+        *) echo "## The same (n-gram only), SPECSERVE_CUDA_ATTENTION_SPLIT=0 (bench_spec_no_split.json)" ;;
+      esac
       echo
       echo '```'
       grep -vE "^\[bench-spec\]|questions$" "$out/$name.log" | tail -n 40
@@ -232,6 +233,13 @@ stage bench_model_llama-1b 75 "$bin" bench-model --device cuda:0 --synthetic lla
   --repeats 3 --decode-tokens 32 --prompt-lengths 256 --output "$out/bench_model_llama-1b.json"
 stage bench_model_llama-1b_eager 75 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 32 \
   --repeats 3 --decode-tokens 32 --prompt-lengths 256 --enforce-eager --output "$out/bench_model_llama-1b_eager.json"
+# Attention split over the keys (flash-decoding) where it matters: 2,048 cached tokens per
+# sequence, split on (the default) and off.
+stage bench_model_llama-1b_ctx2048 60 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 \
+  --repeats 3 --decode-tokens 32 --decode-context 2048 --prompt-lengths 256 --output "$out/bench_model_llama-1b_ctx2048.json"
+stage bench_model_llama-1b_ctx2048_no_split 60 env SPECSERVE_CUDA_ATTENTION_SPLIT=0 "$bin" bench-model --device cuda:0 \
+  --synthetic llama-1b --decode-batches 1 8 --repeats 3 --decode-tokens 32 --decode-context 2048 --prompt-lengths 256 \
+  --output "$out/bench_model_llama-1b_ctx2048_no_split.json"
 stage bench_model_llama-8b 150 "$bin" bench-model --device cuda:0 --synthetic llama-8b --decode-batches 1 8 32 \
   --repeats 1 --decode-tokens 16 --prompt-lengths 256 --output "$out/bench_model_llama-8b.json"
 stage bench_model_llama-1b_batch_invariant 60 env SPECSERVE_CUDA_MATMUL=batch_invariant "$bin" bench-model --device cuda:0 \
@@ -265,6 +273,10 @@ EOF
     --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
     --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}' \
     --output "$out/bench_spec_eager.json"
+  stage bench_spec_no_split 120 env SPECSERVE_CUDA_ATTENTION_SPLIT=0 "$bin" bench-spec --device cuda:0 --model "$model" \
+    --questions "$questions" --per-task 1 --max-tokens 64 --batch-sizes 1 \
+    --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}' \
+    --output "$out/bench_spec_no_split.json"
 else
   printf 'bench_spec\tnot run (model absent)\t0\n' >>"$stages"
 fi

@@ -389,6 +389,55 @@ TEST_F(CudaOps, AttentionCausalAndTreeMatchCpu) {
   }
 }
 
+// Long contexts: attention split over the keys (one block per row, head and 128-key chunk, then
+// a combine; gpu/kernels.h) must give the bits of the one-block-per-(row, head) kernel, a row the
+// same bits alone as in a batch with a longer row (more chunks), and match the CPU.
+TEST_F(CudaOps, AttentionSplitOverKeysGivesTheSameBitsAndMatchesCpu) {
+  CudaBackendOptions whole_opts;
+  whole_opts.attention_split = false;
+  auto whole = make_cuda_backend(0, whole_opts);
+  ASSERT_TRUE(whole.ok());
+  for (int64_t hd : {64, 128}) {
+    const int64_t layers = 1, nblocks = 160, bs = 16, heads = 8, kv_heads = 2, kvd = kv_heads * hd;
+    auto kc = cpu_->create_kv_storage(layers, nblocks, bs, kvd);
+    auto kg = gpu_->create_kv_storage(layers, nblocks, bs, kvd);
+    auto kw = (*whole)->create_kv_storage(layers, nblocks, bs, kvd);
+    ASSERT_TRUE(kc.ok() && kg.ok() && kw.ok());
+    fill_kv(*cpu_, **kc, 400);
+    fill_kv(*gpu_, **kg, 400);
+    fill_kv(**whole, **kw, 400);
+    std::vector<int32_t> bt_a(48), bt_b(72), bt_t(24);
+    std::iota(bt_a.begin(), bt_a.end(), 0);    // 700 cached + 1 (decode)
+    std::iota(bt_b.begin(), bt_b.end(), 48);   // 1100 cached + 5 (a verify pass)
+    std::iota(bt_t.begin(), bt_t.end(), 120);  // a tree of 5 after 300 cached
+    const std::vector<int32_t> parents = {-1, 0, 0, 1, 1};
+    std::vector<AttentionSeq> batch = {{0, 1, 700, bt_a.data(), 48, nullptr},
+                                       {1, 5, 1100, bt_b.data(), 72, nullptr},
+                                       {6, 5, 300, bt_t.data(), 24, parents.data()}};
+    const int64_t rows = 11;
+    const auto q = randn(static_cast<size_t>(rows * heads * hd), 13);
+    std::vector<float> want(q.size());
+    cpu_->attention(**kc, 0, q.data(), batch, heads, kv_heads, hd, want.data());
+    auto run = [&](Backend& be, KvStorage& kv, const std::vector<AttentionSeq>& seqs, int64_t n) {
+      auto qb = buf(be, q);
+      auto out = be.alloc(static_cast<int64_t>(n * heads * hd * 4));
+      be.attention(kv, 0, qb->f32(), seqs, heads, kv_heads, hd, out->f32());
+      return get(be, *out, n * heads * hd);
+    };
+    const auto split = run(*gpu_, **kg, batch, rows);
+    const auto one_block = run(**whole, **kw, batch, rows);
+    ASSERT_EQ(split.size(), one_block.size());
+    EXPECT_EQ(0, std::memcmp(split.data(), one_block.data(), split.size() * 4)) << "head_dim " << hd << ": split differs";
+    const double e = nmse(split, want);
+    std::printf("[ info ] attention split over the keys, head_dim %lld, up to 1105 keys: nmse vs cpu %.3g\n",
+                static_cast<long long>(hd), e);
+    EXPECT_LT(e, 1e-9) << "head_dim " << hd;
+    // The decode row alone (8 chunks instead of 16): the same bits as its row in the batch.
+    const auto alone = run(*gpu_, **kg, {batch[0]}, 1);
+    EXPECT_EQ(0, std::memcmp(alone.data(), split.data(), alone.size() * 4)) << "head_dim " << hd << ": row depends on batch";
+  }
+}
+
 TEST_F(CudaOps, KvCopySlotsMatchesCpuIncludingChains) {
   const int64_t layers = 3, nblocks = 4, bs = 4, kvd = 32;
   auto kc = cpu_->create_kv_storage(layers, nblocks, bs, kvd);

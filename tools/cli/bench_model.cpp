@@ -48,6 +48,7 @@ struct Args {
   int repeats = 3;
   std::vector<int> prompt_lengths = {256, 512};
   int decode_tokens = 128;
+  int decode_context = 64;  ///< tokens cached before the timed decode steps
 };
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -220,8 +221,13 @@ int run(const Args& a) {
   Transformer& m = synthetic_model ? *synthetic_model : *loaded_model->lm.model;
   const ModelConfig& c = m.config();
   const int bs = 16;
-  const int prompt = 64;  // the decode phase starts after a 64-token prompt
+  const int prompt = a.decode_context;  // the decode phase starts after a prompt of this many tokens
   ForwardOutput fo;
+  if (prompt < 1 || prompt >= c.context_length) {
+    std::fprintf(stderr, "specserve bench-model: --decode-context: %d is not in 1..%lld\n", prompt,
+                 static_cast<long long>(c.context_length - 1));
+    return 2;
+  }
   int max_len = prompt;
   for (int l : a.prompt_lengths) {
     if (l < 1 || l >= c.context_length) {
@@ -272,6 +278,7 @@ int run(const Args& a) {
   out["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   out["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   out["tensor_parallel_size"] = a.tensor_parallel_size;
+  out["decode_context"] = prompt;
   for (int len : a.prompt_lengths) {
     std::vector<double> times;
     for (int r = 0; r < a.repeats; ++r) {
@@ -330,7 +337,7 @@ int run(const Args& a) {
   }
   out["bandwidth_gb_s"] = peak_gb_s;
   out["bandwidth_source"] = peak_source;
-  // Decode at each batch size: `batch` sequences after a 64-token prompt each, one token per
+  // Decode at each batch size: `batch` sequences after a --decode-context-token prompt each, one token per
   // sequence per step.
   for (int batch : a.decode_batches) {
     std::vector<double> rates;
@@ -418,8 +425,11 @@ void add_bench_model(CLI::App& app) {
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");
   sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
-  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time (decode always follows a 64-token prompt)");
+  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time (decode follows a --decode-context-token prompt)");
   sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time")->check(CLI::Range(1, 4096));
+  sub->add_option("--decode-context", a->decode_context,
+                  "Tokens each sequence has cached when the timed decode steps start (llama-bench's depth; default 64)")
+      ->capture_default_str();
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-model", [a] { return run(*a); });
 }
