@@ -231,6 +231,15 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
           s.proposer->release(id);
         }
       },
+      [self](drop_seqs_atom) {
+        // Only the head may say so: it does when this replica's target shard died.
+        if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
+        auto& s = self->state;
+        get_logger("actors")->info("replica {}: draft worker drops {} sequence(s) of its dead target shard", s.cfg.replica,
+                                   s.seqs.size());
+        for (const auto& [id, st] : s.seqs) s.proposer->release(id);
+        s.seqs.clear();
+      },
       [self](retire_atom) {
         // The autoscaler stopped this replica (or gave up the start it belongs to): quit
         // normally; the process exits 0. Only the head may say so.

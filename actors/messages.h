@@ -489,6 +489,11 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using retire_atom = caf::atom_constant<caf::atom("retire")>;
 /// Scheduler -> itself: an autoscaler tick.
 using autoscale_atom = caf::atom_constant<caf::atom("autoscale")>;
+/// To the scheduler itself: a lost replica's wait for its restart is over (look at the queue).
+using restart_due_atom = caf::atom_constant<caf::atom("restartdue")>;
+/// Scheduler -> draft worker: its target shard died; forget every sequence (a restarted shard
+/// numbers its sequences afresh, and must not meet the old ones' state).
+using drop_seqs_atom = caf::atom_constant<caf::atom("dropseqs")>;
 /// Launcher -> scheduler (same process): (launch_err_atom, replica, why): a cold start failed
 /// (spawn failed, a process of the replica is still alive, or a worker exited before registering).
 using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;

@@ -455,6 +455,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (it == s.replicas.end() || it->second.state != ReplicaState::kStarting || it->second.shard) return;
         start_failed(self, replica, why);
       },
+      [self](restart_due_atom) { dispatch(self); },
       [self](autoscale_atom) {
         autoscale_tick(self);
         self->delayed_send(self, std::chrono::milliseconds(100), autoscale_atom::value);

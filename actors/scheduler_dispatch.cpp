@@ -89,12 +89,14 @@ void dispatch(SchedSelf self) {
   // NOTE: with an autoscaler that can start processes, a stopped replica that can be started
   // (possibly after its backoff, or once its old workers are gone) keeps the queue waiting;
   // kMaxStartFailures bounds that wait.
+  // Without it, a lost replica whose node restarts workers (scheduler.worker_restarts) keeps the
+  // queue waiting until worker_restart_timeout_s has passed since the loss.
   const bool can_start = s.autoscaler && s.cfg.start_replica;
   bool none_left = !s.replicas.empty();
   for (const auto& [rid, r] : s.replicas) {
     const bool alive = r.state != ReplicaState::kStopped;
     const bool startable = r.state == ReplicaState::kStopped && can_start && !r.not_startable;
-    if (alive || startable) none_left = false;
+    if (alive || startable || awaiting_restart(self, r)) none_left = false;
   }
   if (none_left) {
     std::vector<int64_t> ids;
@@ -252,6 +254,7 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.shard = caf::actor{};
   r.shard_ready = false;
   r.lost = true;
+  r.lost_at = now_s(self);
   r.draft_attached = false;
   r.pending_blocks = 0;
   r.sent = 0;
@@ -268,8 +271,26 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
     self->send(r.draft, retire_atom::value);
     r.draft = caf::actor{};
     r.draft_settled = false;
+  } else if (r.draft) {
+    // It stays for the shard a node may restart (scheduler.worker_restarts), which numbers its
+    // sequences afresh: the dead shard's sequences go.
+    self->send(r.draft, drop_seqs_atom::value);
+  }
+  if (awaiting_restart(self, r)) {
+    const double wait_s = s.cfg.topology.scheduler.worker_restart_timeout_s;
+    log->warn("replica {}: waiting up to {:.0f} s for its node to restart the target shard (scheduler.worker_restarts)",
+              replica_id, wait_s);
+    // Then the queue is looked at again: failed if nothing serves it by then.
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000) + 50), restart_due_atom::value);
   }
   requeue(self, lost);
+}
+
+bool awaiting_restart(SchedSelf self, const ReplicaEntry& r) {
+  const auto& s = self->state;
+  const SchedulerSpec& spec = s.cfg.topology.scheduler;
+  if (s.autoscaler || spec.worker_restarts <= 0 || s.cfg.topology.models.target.tensor_parallel_size > 1) return false;
+  return r.lost && !r.not_startable && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
 }
 
 void requeue(SchedSelf self, const std::set<int64_t>& lost) {

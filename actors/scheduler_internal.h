@@ -47,7 +47,8 @@ struct ReplicaEntry {
   bool needs_draft = false;   // the topology gives it a draft worker
   bool draft_settled = false; // the draft worker is ready, failed or gone
   bool draft_attached = false;
-  bool lost = false;          // its target shard died (shards are not restarted yet)
+  bool lost = false;          // its target shard died
+  double lost_at = 0;         // when (now_s); with scheduler.worker_restarts its node may restart it
   WorkerHello shard_hello, draft_hello;
   ShardLoad load;
   int32_t pending_blocks = 0;  // promised to WorkItems the shard has not confirmed yet
@@ -181,6 +182,10 @@ void rebalance(SchedSelf self);
 
 /// The replica's target shard is gone: its requests go back to the queue, first in line.
 void replica_lost(SchedSelf self, int32_t replica_id);
+/// True while a lost replica's node may still restart its target shard (static topology,
+/// scheduler.worker_restarts > 0, tensor-parallel size 1, within worker_restart_timeout_s of the
+/// loss): the queue waits for it instead of failing.
+bool awaiting_restart(SchedSelf self, const ReplicaEntry& r);
 
 /// Requests whose worker died go back to the queue, first in line.
 void requeue(SchedSelf self, const std::set<int64_t>& lost);

@@ -22,6 +22,7 @@
 #include "actors/target_shard.h"
 #include "actors/tp_group.h"
 #include "actors/tp_rank.h"
+#include "cluster/node_supervisor.h"
 #include "cluster/process.h"
 #include "cluster/up_plan.h"
 #include "core/logging.h"
@@ -400,31 +401,36 @@ int run_node(const NodeOptions& o) {
   if (!hp.ok()) return fail("node", hp.status());
   const int32_t threads = o.threads_per_worker > 0 ? o.threads_per_worker
                                                    : default_threads(static_cast<int32_t>(node->workers.size()));
-  std::vector<Child> children;
+  std::vector<SupervisedWorker> workers;
+  const bool tensor_parallel = topo->models.target.tensor_parallel_size > 1;
   for (size_t j = 0; j < node->workers.size(); ++j) {
     const WorkerSpec& w = node->workers[j];
-    std::vector<std::string> argv = {self_executable(), "worker", "--join", o.join, "--node", o.name, "--config",
-                                     o.config_path, "--index", std::to_string(j), "--threads", std::to_string(threads)};
+    SupervisedWorker sw;
+    sw.argv = {self_executable(), "worker", "--join", o.join, "--node", o.name, "--config",
+               o.config_path, "--index", std::to_string(j), "--threads", std::to_string(threads)};
     // Passive OpenMP waits: workers share cores, and spinning threads starve each other.
-    auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}},
-                         "worker " + o.name + "/" + std::to_string(j) + " " + worker_role_name(w.role));
-    if (!c.ok()) {
-      stop_children(&children, 5);
-      return fail("node", c.status());
-    }
-    children.push_back(*c);
+    sw.env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+    sw.name = "worker " + o.name + "/" + std::to_string(j) + " " + worker_role_name(w.role);
+    sw.restartable = !(tensor_parallel && w.role == WorkerRole::kTargetShard);
+    workers.push_back(std::move(sw));
   }
-  get_logger("cluster")->info("node {}: {} worker process(es) started, joining {}", o.name, children.size(), o.join);
-  int rc = 0;
-  while (!stop_requested() && !children.empty()) {
-    for (const auto& line : reap_children(&children)) {
-      get_logger("cluster")->warn("node {}: {}", o.name, line);
-      if (line.find("exited with code 0") == std::string::npos) rc = 1;
-    }
+  NodeSupervisor sup(o.name, topo->autoscale.enabled() ? 0 : topo->scheduler.worker_restarts);
+  if (Status st = sup.start(std::move(workers)); !st.ok()) {
+    sup.stop(5);
+    return fail("node", st);
+  }
+  get_logger("cluster")->info("node {}: {} worker process(es) started, joining {}{}", o.name, sup.running().size(), o.join,
+                              topo->scheduler.worker_restarts > 0 && !topo->autoscale.enabled()
+                                  ? " (a worker killed by a signal is restarted, up to " +
+                                        std::to_string(topo->scheduler.worker_restarts) + " times)"
+                                  : "");
+  bool failed = false;
+  while (!stop_requested() && !sup.done()) {
+    sup.pump(&failed);
     wait_for_stop(0.2);
   }
-  stop_children(&children, 10.0);
-  return rc;
+  sup.stop(10.0);
+  return failed ? 1 : 0;
 }
 
 int run_worker(const WorkerOptions& o) {

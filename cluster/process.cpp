@@ -92,21 +92,32 @@ void signal_children(const std::vector<Child>& children, int sig) {
   }
 }
 
-std::vector<std::string> reap_children(std::vector<Child>* children) {
-  std::vector<std::string> lines;
+std::vector<ChildExit> reap_child_exits(std::vector<Child>* children) {
+  std::vector<ChildExit> out;
   for (auto it = children->begin(); it != children->end();) {
     int status = 0;
     const pid_t r = ::waitpid(it->pid, &status, WNOHANG);
     if (r == it->pid) {
-      std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
-                        : WIFSIGNALED(status) ? std::string("was killed by signal ") + std::to_string(WTERMSIG(status))
-                                              : "stopped";
-      lines.push_back(it->name + " (pid " + std::to_string(it->pid) + ") " + how);
+      ChildExit e;
+      e.child = *it;
+      e.signaled = WIFSIGNALED(status);
+      e.code = WIFEXITED(status) ? WEXITSTATUS(status) : e.signaled ? WTERMSIG(status) : -1;
+      const std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(e.code)
+                              : e.signaled      ? std::string("was killed by signal ") + std::to_string(e.code)
+                                                : "stopped";
+      e.line = it->name + " (pid " + std::to_string(it->pid) + ") " + how;
+      out.push_back(std::move(e));
       it = children->erase(it);
     } else {
       ++it;
     }
   }
+  return out;
+}
+
+std::vector<std::string> reap_children(std::vector<Child>* children) {
+  std::vector<std::string> lines;
+  for (auto& e : reap_child_exits(children)) lines.push_back(std::move(e.line));
   return lines;
 }
 

@@ -40,7 +40,16 @@ Expected<Child> spawn_child(const std::vector<std::string>& argv, const std::map
                             const std::string& name);
 /// Sends `sig` to every child still running.
 void signal_children(const std::vector<Child>& children, int sig);
-/// Reaps children that exited (non-blocking); returns a line per exit ("<name> (pid N) exited with code C").
+/// How a reaped child ended.
+struct ChildExit {
+  Child child;
+  bool signaled = false;  ///< killed by a signal (then `code` is the signal number)
+  int code = 0;           ///< exit code, or the signal number
+  std::string line;       ///< "<name> (pid N) exited with code C" / "... was killed by signal S"
+};
+/// Reaps children that exited (non-blocking), removing them from *children.
+std::vector<ChildExit> reap_child_exits(std::vector<Child>* children);
+/// The same, one line per exit ("<name> (pid N) exited with code C").
 std::vector<std::string> reap_children(std::vector<Child>* children);
 /// SIGTERM, wait up to `grace_s`, then SIGKILL what is left; reaps all.
 void stop_children(std::vector<Child>* children, double grace_s);

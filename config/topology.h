@@ -148,6 +148,14 @@ struct SchedulerSpec {
   /// Running sequences move (with their KV) from a replica holding more than its share to one
   /// with room, e.g. right after a scale-up promotes a replica (scheduler/rebalance.h rule 2).
   bool rebalance_running = true;
+  /// Static topologies (no autoscaler): times a node process restarts one of its workers that a
+  /// signal killed (SIGKILL, SIGSEGV, SIGABRT, ...; not a worker that exited, or one stopped with
+  /// SIGTERM/SIGINT), with backoff 1, 2, 4 ... s; 0 (the default): never. Not for tensor-parallel
+  /// replicas (a group lives whole): their ranks are never restarted.
+  int32_t worker_restarts = 0;
+  /// With worker_restarts > 0: how long the requests of a replica whose target shard died wait
+  /// for it to come back when no other replica serves them, before they fail (seconds, >= 0).
+  double worker_restart_timeout_s = 60.0;
 };
 
 /// `autoscale:` — replica bounds and the autoscaler's signals (Ray Serve's names and meanings

@@ -419,7 +419,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
 void TopologyParser::parse_scheduler(const YAML::Node& n) {
   Fields f(*this, n, "scheduler",
            {"max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes", "enable_prefix_caching",
-            "rebalance_running"});
+            "rebalance_running", "worker_restarts", "worker_restart_timeout_s"});
   SchedulerSpec& s = topo_.scheduler;
   if (auto v = read_int(f, "max_num_seqs", 1, INT32_MAX, false)) s.max_num_seqs = static_cast<int32_t>(*v);
   const auto batched = read_int(f, "max_num_batched_tokens", 1, INT32_MAX, false);
@@ -428,6 +428,15 @@ void TopologyParser::parse_scheduler(const YAML::Node& n) {
   if (auto v = read_byte_size(f, "kv_cache_bytes")) s.kv_cache_bytes = *v;
   if (auto v = read_bool(f, "enable_prefix_caching")) s.enable_prefix_caching = *v;
   if (auto v = read_bool(f, "rebalance_running")) s.rebalance_running = *v;
+  if (auto v = read_int(f, "worker_restarts", 0, 100, false)) s.worker_restarts = static_cast<int32_t>(*v);
+  if (auto v = read_double(f, "worker_restart_timeout_s", 0, false)) {
+    if (*v > 1e6) {
+      error(*f.get("worker_restart_timeout_s"), "scheduler.worker_restart_timeout_s",
+            quote(f.get("worker_restart_timeout_s")->Scalar()) + " must be in [0, 1e6] seconds");
+    } else {
+      s.worker_restart_timeout_s = *v;
+    }
+  }
   if (s.max_num_batched_tokens < s.max_num_seqs) {
     const YAML::Node* at =
         batched ? f.get("max_num_batched_tokens") : (f.get("max_num_seqs") ? f.get("max_num_seqs") : &n);

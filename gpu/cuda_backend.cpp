@@ -392,7 +392,7 @@ class CudaBackend final : public Backend {
     ctx();
     SPECSERVE_CHECK(layer >= 0 && layer < kv.num_layers(), "kv_write layer out of range");
     const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
-    launch({kOpKvWrite, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(layer), W_(k), W_(v), W_(slots), W_(n)},
+    launch({kOpKvWrite, W_(view.k), W_(view.v), W_(view.num_layers), W_(view.num_slots), W_(view.block_size), W_(view.kv_dim), W_(layer), W_(k), W_(v), W_(slots), W_(n)},
            [=, err = err_, s = stream_] { gpu::launch_kv_write(view, layer, k, v, slots, n, err, s); });
   }
 
@@ -429,18 +429,24 @@ class CudaBackend final : public Backend {
     // a power of two so that a graph's signature holds while the context grows.
     int64_t chunks = 0;
     float* ws = nullptr;
+    // NOTE: the chunk states are at most kMaxAttentionWorkspace bytes (beyond, the one-block
+    // kernel runs: the same bits), so the workspace stays inside the 1 GiB reserve that GPU
+    // memory planning keeps (actors/gpu_memory_plan.h).
     if (opts_.attention_split && num_items * num_heads < 2 * num_sms_) {
       int64_t max_keys = 0;
       for (const AttentionSeq& a : seqs) max_keys = std::max<int64_t>(max_keys, a.num_cached + a.num_rows);
       const int64_t need = gpu::attention_chunks(max_keys);
       if (need > 1) {
-        chunks = 1;
-        while (chunks < need) chunks *= 2;
-        const int64_t ws_bytes = num_items * num_heads * chunks * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
-        ws = static_cast<float*>(scratch(attn_ws_, ws_bytes, "attention chunk states"));
+        int64_t z = 1;
+        while (z < need) z *= 2;
+        const int64_t ws_bytes = num_items * num_heads * z * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
+        if (ws_bytes <= kMaxAttentionWorkspace) {
+          chunks = z;
+          ws = static_cast<float*>(scratch(attn_ws_, ws_bytes, "attention chunk states"));
+        }
       }
     }
-    launch({kOpAttention, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(layer), W_(q), W_(dmeta), W_(num_items),
+    launch({kOpAttention, W_(view.k), W_(view.v), W_(view.num_layers), W_(view.num_slots), W_(view.block_size), W_(view.kv_dim), W_(layer), W_(q), W_(dmeta), W_(num_items),
             W_(seqs_offset), W_(num_heads), W_(num_kv_heads), W_(head_dim), W_(out), W_(ws), W_(chunks)},
            [=, err = err_, s = stream_] {
              gpu::launch_attention(view, layer, q, m, num_heads, num_kv_heads, head_dim, out, ws, chunks, err, s);
@@ -470,7 +476,7 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     const int32_t* d = upload_indices(src, n, dst, n);
     const gpu::KvView view = static_cast<CudaKvStorage&>(kv).view();
-    launch({kOpKvCopySlots, W_(view.k), W_(view.num_slots), W_(view.kv_dim), W_(d), W_(n)},
+    launch({kOpKvCopySlots, W_(view.k), W_(view.v), W_(view.num_layers), W_(view.num_slots), W_(view.block_size), W_(view.kv_dim), W_(d), W_(n)},
            [=, err = err_, s = stream_] { gpu::launch_kv_copy_slots(view, d, d + n, n, err, s); });
   }
 
@@ -605,6 +611,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   int32_t* err_ = nullptr;  // device error word (gpu::ErrorBit)
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  static constexpr int64_t kMaxAttentionWorkspace = int64_t{64} << 20;
   void* workspace_ = nullptr;
   std::shared_ptr<gpu::GraphRecorder> rec_;  // null: graphs off
   DeviceScratch act_half_, meta_dev_, idx_dev_, pack_, attn_ws_;

@@ -222,6 +222,8 @@ __global__ void kv_write_kernel(KvView kv, int64_t layer, const float* k, const 
 //     its chunk state to a workspace, the combine folds them (flash-decoding's split over the
 //     keys, Dao et al. 2023): many more blocks when few rows attend to many keys (decode).
 // Which one runs depends on the batch; a row's result does not (the Backend determinism contract).
+// NOTE: the sums are written with __fmaf_rn / __fmul_rn: the compiler may not contract them
+// differently in the two kernels, which would break "the same bits".
 constexpr int kAttnChunk = 128;                                // keys per chunk
 constexpr int kAttnDimsPerThread = kMaxHeadDim / (kAttnWarps * 32);  // output dims a thread owns
 
@@ -231,9 +233,9 @@ __device__ __forceinline__ void attn_fold(float& M, float& L, float* A, float cm
   const float mn = fmaxf(M, cm);
   const float a = M == -INFINITY ? 0.0f : expf(M - mn);
   const float b = expf(cm - mn);
-  L = L * a + cl * b;
+  L = __fmaf_rn(L, a, __fmul_rn(cl, b));
 #pragma unroll
-  for (int k = 0; k < kAttnDimsPerThread; ++k) A[k] = A[k] * a + cacc[k] * b;
+  for (int k = 0; k < kAttnDimsPerThread; ++k) A[k] = __fmaf_rn(A[k], a, __fmul_rn(cacc[k], b));
   M = mn;
 }
 
@@ -281,11 +283,11 @@ __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, Atten
       const float mnew = fmaxf(mx, s);
       const float corr = mx == -INFINITY ? 0.0f : expf(mx - mnew);
       const float p = expf(s - mnew);
-      l = l * corr + p;
+      l = __fmaf_rn(l, corr, p);
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
         const int e = lane + 32 * i;
-        if (e < head_dim) acc[i] = acc[i] * corr + p * vr[e];
+        if (e < head_dim) acc[i] = __fmaf_rn(acc[i], corr, __fmul_rn(p, vr[e]));
       }
       mx = mnew;
     }
@@ -304,7 +306,7 @@ __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, Atten
     for (int w = 0; w < kAttnWarps; ++w) cm = fmaxf(cm, sm_m[w]);
     float cl = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w)
-      if (sm_m[w] != -INFINITY) cl += sm_l[w] * expf(sm_m[w] - cm);
+      if (sm_m[w] != -INFINITY) cl = __fmaf_rn(sm_l[w], expf(sm_m[w] - cm), cl);
     float cacc[kAttnDimsPerThread];
 #pragma unroll
     for (int k = 0; k < kAttnDimsPerThread; ++k) {
@@ -312,7 +314,7 @@ __global__ void attention_kernel(KvView kv, int64_t layer, const float* q, Atten
       float sum = 0.0f;
       if (e < head_dim) {
         for (int w = 0; w < kAttnWarps; ++w)
-          if (sm_m[w] != -INFINITY) sum += sm_acc[w][e] * expf(sm_m[w] - cm);
+          if (sm_m[w] != -INFINITY) sum = __fmaf_rn(sm_acc[w][e], expf(sm_m[w] - cm), sum);
       }
       cacc[k] = sum;
     }

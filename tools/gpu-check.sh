@@ -202,16 +202,16 @@ fi
 # ---- 3. GPU tests
 exclude=()
 if [ -z "$model" ]; then
-  log "no default model: its tests (CudaDefaultModel.*, KvNcclMigration.*) are excluded and reported as not run"
+  log "no default model: its tests (CudaDefaultModel.*, CudaGraphs.*DefaultModel*, GpuMemoryPlanOnDevice.*, KvNcclMigration.*, TpActorsCuda.*) are excluded and reported as not run"
   printf 'default-model tests\tnot run (model absent)\t0\n' >>"$stages"
-  exclude=(-E "CudaDefaultModel|KvNcclMigration")
+  exclude=(-E "CudaDefaultModel|DefaultModel|GpuMemoryPlanOnDevice|KvNcclMigration|TpActorsCuda")
 fi
 if [ -z "$prebuilt" ]; then
   stage ctest 150 ctest --test-dir "$build" -L gpu -V --timeout 140 --output-junit "$out/ctest-junit.xml" "${exclude[@]}"
 else
   # No CTest files that fit this checkout: the GoogleTest binaries directly (JUnit-like XML).
   filter="*"
-  [ -z "$model" ] && filter="-CudaDefaultModel.*:KvNcclMigration.*"
+  [ -z "$model" ] && filter="-CudaDefaultModel.*:*DefaultModel*:GpuMemoryPlanOnDevice.*:KvNcclMigration.*:TpActorsCuda.*"
   run_gpu_tests() {
     local rc=0
     for t in "$build"/tests/test_gpu_*; do

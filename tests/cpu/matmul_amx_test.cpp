@@ -157,6 +157,11 @@ TEST(MatmulAmx, WidthsNotAMultipleOf32UseTheFp32Kernel) {
   // 48 = 3 x 16: the AVX-512 kernel; 40: the AVX2 kernel (the widths matmul_weight refuses for
   // blocks never reach here).
   const int64_t n = 5, rows = 9;
+  {
+    // Only an AMX CPU has the path under test (and AMX implies AVX-512, which the 48 case uses).
+    IsaScope probe(MatmulIsa::kAmx);
+    SKIP_WITHOUT_AMX(probe);
+  }
   for (const int64_t cols : {int64_t{48}, int64_t{40}}) {
     const auto w = random_vec(static_cast<size_t>(rows * cols), 51), x = random_vec(static_cast<size_t>(n * cols), 52);
     std::vector<float> want(static_cast<size_t>(n * rows)), got(want.size());

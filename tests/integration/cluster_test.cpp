@@ -53,7 +53,7 @@ class UpProcess {
  public:
   explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml,
                      const std::string& kv_cache = "64MiB", std::map<std::string, std::string> env = {},
-                     const std::string& target_extra = "") {
+                     const std::string& target_extra = "", const std::string& scheduler_extra = "") {
     dir_ = ::testing::TempDir() + "specserve_cluster_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
     std::filesystem::create_directories(dir_);
     port_ = free_port();
@@ -63,7 +63,7 @@ class UpProcess {
                            << "head: { host: 127.0.0.1, actor_port: " << port_ << ", http_port: " << http << " }\n"
                            << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512" << target_extra << " }\n"
                            << speculative_yaml << "nodes:\n" << nodes_yaml
-                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << " }\n";
+                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << scheduler_extra << " }\n";
     ready_ = dir_ + "/ready";
     auto c = spawn_child({SPECSERVE_BIN, "up", config_, "--ready-file", ready_, "--threads-per-worker", "1",
                           "--drain-timeout", "30"},
@@ -246,6 +246,68 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
   const std::vector<int> pids = up.worker_pids();
   EXPECT_EQ(up.terminate(60), 0);
   for (int pid : pids) EXPECT_FALSE(alive(pid)) << "worker pid " << pid << " outlived `specserve up`";
+}
+
+// scheduler.worker_restarts (cluster/node_supervisor.h): the only replica's target shard killed
+// with SIGKILL mid-generation is restarted by its node; its requests wait for it, then finish
+// with the output of an undisturbed run, and the replica serves again.
+TEST(Cluster, TheOnlyReplicasKilledTargetShardIsRestartedAndItsRequestsFinish) {
+  const int32_t kTokens = 48;
+  auto prompts = prompt_ids();
+  prompts.resize(2);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(testing::greedy_reference(p, kTokens));
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
+               "", "64MiB", {}, "", ", worker_restarts: 2, worker_restart_timeout_s: 120");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const auto& p : prompts) {
+    auto h = c->submit(greedy(p, kTokens));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    hs.push_back(*h);
+  }
+  int victim = -1;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (victim < 0 && std::chrono::steady_clock::now() < end) {
+    auto st = c->status();
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    if (st->replicas.size() == 1 && st->replicas[0].assigned > 0 && st->replicas[0].load.generated_tokens >= 4) {
+      for (const auto& w : st->workers) {
+        if (w.role == "target_shard" && w.state == "ready") victim = w.pid;
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_GT(victim, 0) << "the replica never started generating";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  int32_t requeues = 0;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    auto r = hs[i]->wait();
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
+    EXPECT_EQ(r->finish_reason, "length");
+    EXPECT_EQ(r->tokens, expected[i]) << "request " << i << " (re-queued " << r->num_requeues << "x)";
+    requeues += r->num_requeues;
+  }
+  EXPECT_GE(requeues, 1) << "no request was on the killed target shard";
+  auto st = c->status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 1u);
+  EXPECT_TRUE(st->replicas[0].ready) << "the restarted replica does not serve";
+  int restarted = -1;
+  for (const auto& w : st->workers) {
+    if (w.role == "target_shard" && w.state == "ready") restarted = w.pid;
+  }
+  EXPECT_GT(restarted, 0);
+  EXPECT_NE(restarted, victim) << "the target shard that serves now is the killed one";
+  EXPECT_TRUE(alive(restarted));
+  // A new request is served by the restarted worker.
+  auto again = c->generate(greedy(prompts[0], 8));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->tokens, std::vector<int32_t>(expected[0].begin(), expected[0].begin() + 8));
+  EXPECT_EQ(up.terminate(60), 0);
+  EXPECT_FALSE(alive(restarted)) << "the restarted worker outlived `specserve up`";
 }
 
 // A tensor-parallel replica whose two ranks are worker processes of two nodes (actors/tp_group.h):
