@@ -16,6 +16,7 @@
 
 #include "gpu/attention_meta.h"
 #include "gpu/cublas_api.h"
+#include "gpu/cuda_check.h"
 #include "gpu/cuda_graphs.h"
 #include "gpu/kernels.h"
 #include "model/dequant.h"
@@ -23,20 +24,11 @@
 namespace specserve {
 namespace {
 
-// A failed CUDA call inside an op is a bug or a dead device: abort naming the call (Backend ops
-// have no error channel, as on the CPU).
-#define SPECSERVE_CUDA_CHECK(expr)                                                              \
-  do {                                                                                          \
-    const cudaError_t cuda_rc_ = (expr);                                                            \
-    SPECSERVE_CHECK(cuda_rc_ == cudaSuccess, std::string(#expr) + ": " + cudaGetErrorString(cuda_rc_)); \
-  } while (0)
 #define SPECSERVE_CUBLAS_CHECK(expr)                                                                  \
   do {                                                                                                \
     const cublasStatus_t st_ = (expr);                                                                \
     SPECSERVE_CHECK(st_ == CUBLAS_STATUS_SUCCESS, std::string(#expr) + ": status " + std::to_string(static_cast<int>(st_))); \
   } while (0)
-// After a kernel launch: configuration errors surface here, execution errors at the next sync.
-#define SPECSERVE_CUDA_LAUNCHED() SPECSERVE_CUDA_CHECK(cudaGetLastError())
 
 using gpu::WeightType;
 

@@ -7,15 +7,10 @@
 
 #include "core/logging.h"
 #include "core/status.h"
+#include "gpu/cuda_check.h"
 
 namespace specserve::gpu {
 namespace {
-
-#define SPECSERVE_GRAPH_CHECK(expr)                                                                   \
-  do {                                                                                                \
-    const cudaError_t graph_rc_ = (expr);                                                             \
-    SPECSERVE_CHECK(graph_rc_ == cudaSuccess, std::string(#expr) + ": " + cudaGetErrorString(graph_rc_)); \
-  } while (0)
 
 // Staging offsets are 256-byte aligned (the copy engine's preference; any alignment is correct).
 int64_t align_up(int64_t v) { return (v + 255) & ~int64_t{255}; }
@@ -60,7 +55,7 @@ void GraphRecorder::flush() {
     return;
   }
   // The segment may end in a destructor called while another device is current.
-  SPECSERVE_GRAPH_CHECK(cudaSetDevice(device_));
+  SPECSERVE_CUDA_CHECK(cudaSetDevice(device_));
   const uint64_t key = XXH3_64bits(sig_.data(), sig_.size() * sizeof(uint64_t));
   auto it = graphs_.find(key);
   if (it != graphs_.end() && it->second.sig == sig_) {
@@ -148,22 +143,22 @@ bool GraphRecorder::capture(uint64_t key) {
   counters_.graphs_held = static_cast<int64_t>(graphs_.size());
   // The capture recorded the work without running it: run it now (staging already holds the bytes).
   held.last_used = ++tick_;
-  SPECSERVE_GRAPH_CHECK(cudaGraphLaunch(held.exec, stream_));
-  SPECSERVE_GRAPH_CHECK(cudaEventRecord(held.done, stream_));
+  SPECSERVE_CUDA_CHECK(cudaGraphLaunch(held.exec, stream_));
+  SPECSERVE_CUDA_CHECK(cudaEventRecord(held.done, stream_));
   return true;
 }
 
 void GraphRecorder::replay(Graph& g) {
   // The previous launch of this graph may still be copying from its staging.
-  SPECSERVE_GRAPH_CHECK(cudaEventSynchronize(g.done));
+  SPECSERVE_CUDA_CHECK(cudaEventSynchronize(g.done));
   for (size_t i = 0; i < slot_bytes_.size(); ++i) {
     if (slot_bytes_[i] > 0) {
       std::memcpy(g.staging + g.staging_offsets[i], arena_.data() + arena_offsets_[i], static_cast<size_t>(slot_bytes_[i]));
     }
   }
   g.last_used = ++tick_;
-  SPECSERVE_GRAPH_CHECK(cudaGraphLaunch(g.exec, stream_));
-  SPECSERVE_GRAPH_CHECK(cudaEventRecord(g.done, stream_));
+  SPECSERVE_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  SPECSERVE_CUDA_CHECK(cudaEventRecord(g.done, stream_));
   ++counters_.replays;
 }
 

@@ -159,6 +159,25 @@ std::vector<std::vector<int32_t>> prompt_ids() {
 
 GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }
 
+// Polls status() until every replica has requests and has generated a few tokens (up to 120 s),
+// then returns the pid of `replica`'s ready target shard; -1 if that never happens.
+int target_shard_pid_once_generating(Client* c, int32_t replica) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < end) {
+    auto st = c->status();
+    if (!st.ok()) return -1;
+    bool all = !st->replicas.empty();
+    for (const auto& r : st->replicas) all = all && r.assigned > 0 && r.load.generated_tokens >= 4;
+    if (all) {
+      for (const auto& w : st->workers) {
+        if (w.role == "target_shard" && w.replica == replica && w.state == "ready") return w.pid;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
 TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput) {
   const int32_t kTokens = 64;
   auto prompts = prompt_ids();
@@ -181,21 +200,7 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
     hs.push_back(*h);
   }
   // Wait until both replicas are generating, then kill replica 0's target shard.
-  int victim = -1;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (victim < 0 && std::chrono::steady_clock::now() < end) {
-    auto st = c->status();
-    ASSERT_TRUE(st.ok()) << st.status().to_string();
-    bool both = st->replicas.size() == 2;
-    for (const auto& r : st->replicas) both = both && r.assigned > 0 && r.load.generated_tokens >= 4;
-    if (both) {
-      for (const auto& w : st->workers) {
-        if (w.role == "target_shard" && w.replica == 0) victim = w.pid;
-      }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
+  const int victim = target_shard_pid_once_generating(c, 0);
   ASSERT_GT(victim, 0) << "replica 0 never started generating";
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
 
@@ -267,19 +272,7 @@ TEST(Cluster, TheOnlyReplicasKilledTargetShardIsRestartedAndItsRequestsFinish) {
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     hs.push_back(*h);
   }
-  int victim = -1;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (victim < 0 && std::chrono::steady_clock::now() < end) {
-    auto st = c->status();
-    ASSERT_TRUE(st.ok()) << st.status().to_string();
-    if (st->replicas.size() == 1 && st->replicas[0].assigned > 0 && st->replicas[0].load.generated_tokens >= 4) {
-      for (const auto& w : st->workers) {
-        if (w.role == "target_shard" && w.state == "ready") victim = w.pid;
-      }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
+  const int victim = target_shard_pid_once_generating(c, 0);
   ASSERT_GT(victim, 0) << "the replica never started generating";
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   int32_t requeues = 0;
