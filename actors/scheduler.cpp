@@ -176,10 +176,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       if (h.rank > 0 && r.shard) {
         log_tp_broken(h.replica, h.rank);
         self->send_exit(r.shard, caf::exit_reason::user_shutdown);
-        replica_lost(self, h.replica);
+        replica_lost(self, h.replica, m.reason != caf::exit_reason::normal);
       } else if (r.shard && r.shard.address() == m.source) {
         for (const caf::actor& f : tp_followers(s, h.replica)) self->send_exit(f, caf::exit_reason::user_shutdown);
-        replica_lost(self, h.replica);
+        replica_lost(self, h.replica, m.reason != caf::exit_reason::normal);
       }
     } else if (h.role == worker_role_name(WorkerRole::kPrefillWorker)) {
       if (r.prefill && r.prefill.address() == m.source) {

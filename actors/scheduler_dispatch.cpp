@@ -99,11 +99,19 @@ void dispatch(SchedSelf self) {
     if (alive || startable || awaiting_restart(self, r)) none_left = false;
   }
   if (none_left) {
+    // Say so when a restart was waited for in vain.
+    std::string why = "no replica is left: every target shard is down and none can be started";
+    const SchedulerSpec& spec = s.cfg.topology.scheduler;
+    for (const auto& [rid, r] : s.replicas) {
+      if (!s.autoscaler && spec.worker_restarts > 0 && r.lost && r.restart_possible) {
+        why += fmt::format(" (replica {}'s target shard was not restarted within scheduler.worker_restart_timeout_s = {:g} s)",
+                           rid, spec.worker_restart_timeout_s);
+        break;
+      }
+    }
     std::vector<int64_t> ids;
     for (const auto& [id, p] : s.queue) ids.push_back(id);
-    for (int64_t id : ids) {
-      fail_queued(self, id, "error", "no replica is left: every target shard is down and none can be started");
-    }
+    for (int64_t id : ids) fail_queued(self, id, "error", why);
     return;
   }
   std::vector<QueuedRequest> q;
@@ -240,7 +248,7 @@ void enqueue(SchedSelf self, WorkItem item, int64_t arrival) {
   s.queue[id] = std::move(p);
 }
 
-void replica_lost(SchedSelf self, int32_t replica_id) {
+void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
   auto& s = self->state;
   auto& r = s.replicas[replica_id];
   auto log = get_logger("actors");
@@ -255,6 +263,7 @@ void replica_lost(SchedSelf self, int32_t replica_id) {
   r.shard_ready = false;
   r.lost = true;
   r.lost_at = now_s(self);
+  r.restart_possible = abnormal;
   r.draft_attached = false;
   r.pending_blocks = 0;
   r.sent = 0;
@@ -290,7 +299,7 @@ bool awaiting_restart(SchedSelf self, const ReplicaEntry& r) {
   const auto& s = self->state;
   const SchedulerSpec& spec = s.cfg.topology.scheduler;
   if (s.autoscaler || spec.worker_restarts <= 0 || s.cfg.topology.models.target.tensor_parallel_size > 1) return false;
-  return r.lost && !r.not_startable && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
+  return r.lost && r.restart_possible && !r.not_startable && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
 }
 
 void requeue(SchedSelf self, const std::set<int64_t>& lost) {

@@ -49,6 +49,7 @@ struct ReplicaEntry {
   bool draft_attached = false;
   bool lost = false;          // its target shard died
   double lost_at = 0;         // when (now_s); with scheduler.worker_restarts its node may restart it
+  bool restart_possible = false;  // it died abnormally (a worker that quit on its own is not restarted)
   WorkerHello shard_hello, draft_hello;
   ShardLoad load;
   int32_t pending_blocks = 0;  // promised to WorkItems the shard has not confirmed yet
@@ -181,7 +182,9 @@ void dispatch(SchedSelf self);
 void rebalance(SchedSelf self);
 
 /// The replica's target shard is gone: its requests go back to the queue, first in line.
-void replica_lost(SchedSelf self, int32_t replica_id);
+/// `abnormal`: the target shard died (its process killed, its connection lost), rather than quit
+/// on its own (drained, stopped): only then may its node restart it.
+void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal);
 /// True while a lost replica's node may still restart its target shard (static topology,
 /// scheduler.worker_restarts > 0, tensor-parallel size 1, within worker_restart_timeout_s of the
 /// loss): the queue waits for it instead of failing.

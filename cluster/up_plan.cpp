@@ -136,6 +136,11 @@ std::string describe_up_plan(const Topology& t) {
        "prefix caching %s",
        t.scheduler.max_num_seqs, t.scheduler.max_num_batched_tokens, t.scheduler.block_size,
        static_cast<long long>(t.scheduler.kv_cache_bytes), t.scheduler.enable_prefix_caching ? "on" : "off");
+  if (t.scheduler.worker_restarts > 0 && !t.autoscale.enabled()) {
+    line("restarts: a worker killed by a signal is restarted up to %d times; a dead target shard's requests wait up to "
+         "%g s for it",
+         t.scheduler.worker_restarts, t.scheduler.worker_restart_timeout_s);
+  }
   if (t.autoscale.enabled()) {
     line("autoscale: %d..%d ready replicas, warm_pool %d", t.autoscale.min_replicas, t.autoscale.max_replicas,
          t.autoscale.warm_pool);

@@ -160,6 +160,11 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
                           " ready the pool stays full; beyond that its standby replicas are promoted and the pool is not "
                           "refilled (declare more replicas to keep a warm pool at max_replicas)");
   }
+  if (a.enabled() && topo_.scheduler.worker_restarts > 0) {
+    topo_.notes.push_back(topo_.where("scheduler.worker_restarts") + ": scheduler.worker_restarts " +
+                          quote(std::to_string(topo_.scheduler.worker_restarts)) +
+                          " is ignored: with the autoscaler, it starts replicas in place of dead ones");
+  }
 }
 
 void TopologyParser::check_device_share(const std::string& device, const std::vector<DeviceUser>& users) {

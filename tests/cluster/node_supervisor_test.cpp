@@ -135,6 +135,17 @@ TEST(TopologyWorkerRestarts, DefaultsAreOffAndSixtySeconds) {
   EXPECT_DOUBLE_EQ(set->scheduler.worker_restart_timeout_s, 12.5);
 }
 
+TEST(TopologyWorkerRestarts, UnderTheAutoscalerTheyAreIgnoredWithANote) {
+  auto t = parse_topology(topology_with("worker_restarts: 2") + "autoscale: {min_replicas: 0, max_replicas: 1}\n", "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  bool noted = false;
+  for (const auto& n : t->notes) noted = noted || n.find("scheduler.worker_restarts '2' is ignored") != std::string::npos;
+  EXPECT_TRUE(noted) << "no note says worker_restarts is ignored under the autoscaler";
+  auto plain = parse_topology(topology_with("worker_restarts: 2"), "t.yaml");
+  ASSERT_TRUE(plain.ok());
+  for (const auto& n : plain->notes) EXPECT_EQ(n.find("worker_restarts"), std::string::npos) << n;
+}
+
 TEST(TopologyWorkerRestarts, BadValuesNameTheFieldAndTheValue) {
   for (const auto& [yaml, field, value] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"worker_restarts: -1", "scheduler.worker_restarts", "-1"},

@@ -72,10 +72,12 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   const std::string dir = ::testing::TempDir() + "specserve_autoscale_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const int port = free_port();
+  int http = free_port();
+  while (http == port) http = free_port();  // the kernel may hand the same free port out twice
   const std::string config = dir + "/cluster.yaml";
   std::ofstream(config)
       << "cluster: { name: autoscale-test, token_file: " << dir << "/token }\n"
-      << "head: { host: 127.0.0.1, actor_port: " << port << ", http_port: " << free_port() << " }\n"
+      << "head: { host: 127.0.0.1, actor_port: " << port << ", http_port: " << http << " }\n"
       << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512 }\n"
       << "nodes:\n  - name: n0\n    host: 127.0.0.1\n    devices: [cpu]\n    workers:\n"
       << "      - { role: target_shard, replica: 0, device: cpu }\n"
