@@ -528,16 +528,9 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 CudaGraphStats cuda_graph_stats(const Backend& backend) {
-  CudaGraphStats st;
   const auto* b = dynamic_cast<const CudaBackend*>(&backend);
-  if (b == nullptr || b->recorder() == nullptr) return st;
-  const gpu::GraphCounters& c = b->recorder()->counters();
-  st.replays = c.replays;
-  st.captures = c.captures;
-  st.eager_segments = c.eager_segments;
-  st.failed_captures = c.failed_captures;
-  st.graphs_held = c.graphs_held;
-  return st;
+  if (b == nullptr || b->recorder() == nullptr) return {};
+  return b->recorder()->counters();
 }
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int device, CudaBackendOptions options) {

@@ -29,6 +29,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpu/cuda_backend.h"
+
 namespace specserve::gpu {
 
 /// What a deferred op reads its uploaded bytes from when it runs.
@@ -46,14 +48,8 @@ struct OpContext {
 
 using DeferredOp = std::function<void(const OpContext&)>;
 
-/// Counters since the backend was made.
-struct GraphCounters {
-  int64_t replays = 0;          ///< segments run as one graph launch
-  int64_t captures = 0;         ///< graphs captured (each also launched once)
-  int64_t eager_segments = 0;   ///< segments run op by op
-  int64_t failed_captures = 0;  ///< captures CUDA refused (the segment then ran eagerly)
-  int64_t graphs_held = 0;      ///< instantiated graphs held now
-};
+/// Counters since the backend was made: the public CudaGraphStats (gpu/cuda_backend.h).
+using GraphCounters = CudaGraphStats;
 
 class GraphRecorder {
  public:
