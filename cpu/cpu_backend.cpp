@@ -14,6 +14,7 @@
 #include "cpu/attention.h"
 #include "cpu/matmul.h"
 #include "model/dequant.h"
+#include "model/sampling.h"
 
 
 namespace specserve {
@@ -284,6 +285,16 @@ class CpuBackend final : public Backend {
 
   void gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out) override {
     for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * cols, x + static_cast<int64_t>(idx[i]) * cols, cols * sizeof(float));
+  }
+
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob) override {
+    SPECSERVE_CHECK(cols > 0 && cols <= (int64_t{1} << 20), "argmax_rows: cols = " + std::to_string(cols) + " outside 1..2^20");
+#pragma omp parallel for if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+      const GreedyPick p = greedy_pick(x + r * cols, static_cast<int32_t>(cols));
+      token[r] = p.token;
+      logprob[r] = p.logprob;
+    }
   }
 
   void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) override {

@@ -375,6 +375,14 @@ class CudaBackend final : public Backend {
            [=, s = stream_] { gpu::launch_gather_rows(x, d, m, cols, out, s); });
   }
 
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob) override {
+    ctx();
+    SPECSERVE_CHECK(cols > 0 && cols <= (int64_t{1} << 20), "argmax_rows: cols = " + std::to_string(cols) + " outside 1..2^20");
+    if (rows <= 0) return;
+    launch({kOpArgmaxRows, W_(x), W_(rows), W_(cols), W_(token), W_(logprob)},
+           [=, s = stream_] { gpu::launch_argmax_rows(x, rows, cols, token, logprob, s); });
+  }
+
   void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) override {
     ctx();
     if (n <= 0) return;
@@ -471,7 +479,7 @@ class CudaBackend final : public Backend {
   // ---- CUDA graphs (gpu/cuda_graphs.h): with rec_, ops are recorded, else launched at once ----
   enum Op : uint64_t {
     kOpUpload = 1, kOpEmbedding, kOpRmsNorm, kOpMatmulRowwise, kOpToHalf, kOpGemm, kOpAddBias, kOpRope, kOpKvWrite,
-    kOpAttention, kOpSwiglu, kOpAdd, kOpGatherRows, kOpKvCopySlots,
+    kOpAttention, kOpSwiglu, kOpAdd, kOpGatherRows, kOpKvCopySlots, kOpArgmaxRows,
   };
   // `sig` must name every pointer, size and scalar `f` uses (a graph is replayed for an equal
   // signature only).

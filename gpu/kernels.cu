@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "gpu/kernels.h"
@@ -388,6 +389,99 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* idx, int64_t c
   for (int64_t e = threadIdx.x; e < cols; e += blockDim.x) out[i * cols + e] = src[e];
 }
 
+// greedy_pick's exp (exp_scalar in model/sampling.cpp: Cephes expf for x <= 0, x < -87 gives 0),
+// operation for operation. The _rn intrinsics keep nvcc from contracting a multiply and an add
+// into an fma that the CPU does not do, so every exp has the CPU's bits.
+__device__ __forceinline__ float exp_nonpositive(float x) {
+  constexpr float kExpLo = -87.0f, kLog2e = 1.44269504088896341f, kRound = 12582912.0f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                  kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+  const bool under = x < kExpLo;
+  x = fmaxf(x, kExpLo);
+  const float n = __fsub_rn(__fmaf_rn(x, kLog2e, kRound), kRound);
+  float r = __fmaf_rn(n, -kLn2Hi, x);
+  r = __fmaf_rn(n, -kLn2Lo, r);
+  float y = __fmaf_rn(kP0, r, kP1);
+  y = __fmaf_rn(y, r, kP2);
+  y = __fmaf_rn(y, r, kP3);
+  y = __fmaf_rn(y, r, kP4);
+  y = __fmaf_rn(y, r, kP5);
+  y = __fadd_rn(__fmaf_rn(y, __fmul_rn(r, r), r), 1.0f);
+  const float scale = __int_as_float((static_cast<int>(n) + 127) << 23);
+  return under ? 0.0f : __fmul_rn(y, scale);
+}
+
+constexpr int kLseChunk = 1024;  // exp_sum's flush interval (kFlush in model/sampling.cpp)
+constexpr int kLseLanes = 8;     // its float lanes (one AVX2 register)
+
+// One block of kThreads per row. Pass 1: argmax (each thread walks its indices upwards and keeps
+// the first maximum; the tree merge prefers the lower index on equal values) and the row's
+// validity. Pass 2: exp_sum's float lanes, one thread per (chunk of 1024, lane j), each summing
+// elements chunk + j, chunk + j + 8, ... in order as the CPU's lane j does; then thread 0 adds
+// the lanes into doubles in the CPU's order. Dynamic shared memory: chunks * 8 floats.
+__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* token, float* logprob) {
+  extern __shared__ float lanes[];
+  __shared__ float warp_best[kThreads / 32];
+  __shared__ int warp_index[kThreads / 32];
+  __shared__ float row_max;
+  __shared__ int row_token;
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int index = INT_MAX;
+  int bad = 0, finite = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = row[i];
+    bad |= (v != v) || (v == INFINITY);
+    finite |= v > -INFINITY;
+    if (v > best) best = v, index = static_cast<int>(i);
+  }
+  bad = __syncthreads_or(bad);
+  finite = __syncthreads_or(finite);
+  if (bad || !finite) {
+    if (threadIdx.x == 0) token[blockIdx.x] = -1, logprob[blockIdx.x] = 0.0f;
+    return;  // uniform across the block
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, index, off);
+    if (ob > best || (ob == best && oi < index)) best = ob, index = oi;
+  }
+  if (lane == 0) warp_best[warp] = best, warp_index[warp] = index;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      if (warp_best[w] > best || (warp_best[w] == best && warp_index[w] < index)) best = warp_best[w], index = warp_index[w];
+    }
+    row_max = best;
+    row_token = index;
+  }
+  __syncthreads();
+  const float mx = row_max;
+  const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
+  for (int64_t item = threadIdx.x; item < chunks * kLseLanes; item += blockDim.x) {
+    const int64_t end = min(cols, (item / kLseLanes + 1) * kLseChunk);
+    float acc = 0.0f;
+    for (int64_t i = (item / kLseLanes) * kLseChunk + item % kLseLanes; i < end; i += kLseLanes) {
+      acc = __fadd_rn(acc, exp_nonpositive(__fsub_rn(row[i], mx)));
+    }
+    lanes[item] = acc;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0.0;
+      for (int j = 0; j < kLseLanes; ++j) s += static_cast<double>(lanes[c * kLseLanes + j]);
+      total += s;
+    }
+    const double log_z = static_cast<double>(mx) + log(total);
+    token[blockIdx.x] = row_token;
+    logprob[blockIdx.x] = static_cast<float>(static_cast<double>(row[row_token]) - log_z);
+  }
+}
+
 // One block per (layer, K|V). The copies run in index order; no barrier is needed between them:
 // element e of every slot row is always copied by the same thread, so a copy that reads what an
 // earlier one wrote reads it in program order.
@@ -520,6 +614,13 @@ void launch_add(float* x, const float* y, int64_t n, cudaStream_t stream) {
 void launch_gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out, cudaStream_t stream) {
   if (m <= 0) return;
   gather_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, stream>>>(x, idx, cols, out);
+}
+
+void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
+  const size_t shared = static_cast<size_t>(chunks * kLseLanes) * sizeof(float);  // <= 32 KiB for cols <= 2^20
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(x, cols, token, logprob);
 }
 
 void launch_kv_copy_slots(const KvView& kv, const int32_t* src, const int32_t* dst, int64_t n, int32_t* err,

@@ -80,6 +80,12 @@ void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cu
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t stream);
 /// out[i, :] = x[idx[i], :] for i < m (idx a device pointer).
 void launch_gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out, cudaStream_t stream);
+/// Backend::argmax_rows: token[r] = argmax of row r of x[rows, cols] (ties: the lowest index),
+/// logprob[r] = x[r, token] - log_sum_exp(row), with greedy_pick's exp polynomial, lane order and
+/// double sums (model/sampling.cpp), so the token is the CPU's and the logprob differs at most
+/// in the last bits of the final double log; -1 and 0 for a row with a NaN or +inf or no
+/// finite value. One block per row; cols <= 2^20.
+void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob, cudaStream_t stream);
 /// In every layer, K and V of slot src[i] copied to slot dst[i], for i = 0, 1, ... n-1 in that
 /// order (as CpuBackend's memmove loop: a later copy sees an earlier one's result).
 void launch_kv_copy_slots(const KvView& kv, const int32_t* src, const int32_t* dst, int64_t n, int32_t* err,

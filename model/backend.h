@@ -156,6 +156,14 @@ class Backend {
   virtual void add(float* x, const float* y, int64_t n) = 0;
   /// out[m, cols] = x rows idx[m] (idx: host pointer).
   virtual void gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t cols, float* out) = 0;
+  /// Greedy decoding's reduction of logit rows, so that a greedy step moves two numbers per row
+  /// to the host instead of the whole row. For each row r of x[rows, cols] (fp32; cols <= 2^20):
+  /// token[r] = its argmax (ties: the lowest index) and logprob[r] = x[r, token] -
+  /// log_sum_exp(x[r, :]), both exactly greedy_pick's (model/sampling.h: the same vectorised exp,
+  /// lanes and double sums, so the CPU and the GPU give the same token and, up to the last bits
+  /// of the final log, the same logprob); token -1 and logprob 0 for a row that cannot be
+  /// sampled (a NaN or +inf, or no finite value). `token`, `logprob`: backend buffers of `rows`.
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob) = 0;
   /// KV of slots src[i] copied to slots dst[i] in every layer (host pointers); used to compact
   /// an accepted tree path into consecutive slots.
   virtual void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) = 0;

@@ -339,6 +339,31 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
   }
 }
 
+double log_sum_exp(const float* x, int32_t n) {
+  SPECSERVE_CHECK(n > 0, "log_sum_exp of an empty row");
+  std::vector<float>& scratch = workspace().z;
+  scratch.resize(static_cast<size_t>(n));
+  const float mx = max_of(x, static_cast<size_t>(n));
+  if (!std::isfinite(mx)) return mx;  // no finite value (or +inf): nothing to normalise
+  const double sum = exp_sum(x, static_cast<size_t>(n), mx, 1.0f, scratch.data());
+  return static_cast<double>(mx) + std::log(sum);
+}
+
+GreedyPick greedy_pick(const float* x, int32_t n) {
+  SPECSERVE_CHECK(n > 0, "greedy_pick of an empty row");
+  bool bad = false, any_finite = false;
+  for (int32_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    bad |= (v != v) | (v == kInf);
+    any_finite |= v > -kInf;
+  }
+  GreedyPick p;
+  if (bad || !any_finite) return p;
+  p.token = Sampler::argmax(x, n);
+  p.logprob = static_cast<float>(x[p.token] - log_sum_exp(x, n));
+  return p;
+}
+
 int32_t Sampler::argmax(const float* logits, int32_t n) {
   SPECSERVE_CHECK(n > 0, "argmax of an empty row");
   const float m = max_of(logits, static_cast<size_t>(n));
@@ -486,11 +511,7 @@ SampleResult Sampler::sample(const float* logits, int32_t vocab, std::span<const
   }
 
   // Raw logprobs: log_softmax of the model's logits, before penalties and temperature.
-  // probs_scratch_ is free again and serves as the exp buffer.
-  const float max_logit = max_of(logits, static_cast<size_t>(vocab));
-  probs_scratch_.resize(vocab);
-  const double sum = exp_sum(logits, static_cast<size_t>(vocab), max_logit, 1.0f, probs_scratch_.data());
-  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  const double log_z = log_sum_exp(logits, vocab);
   result.logprob = static_cast<float>(logits[result.token] - log_z);
 
   const int32_t n = std::min(params_.logprobs, vocab);

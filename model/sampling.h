@@ -73,6 +73,25 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs;
 };
 
+/// log(sum_i exp(x[i])) of x[0..n): max + log(sum_i exp(x[i] - max)), the sum in double over
+/// the vectorised exp of the file comment, so one row gives the same bits on every build. n > 0;
+/// when no value is finite, or one is +inf, the row's max is returned. NaN: undefined. The
+/// normaliser of every raw logprob this runtime reports (Sampler::sample, the engine's
+/// verifier, Backend::argmax_rows on the CPU).
+double log_sum_exp(const float* x, int32_t n);
+
+/// What greedy decoding needs of one logit row.
+struct GreedyPick {
+  int32_t token = -1;     ///< the argmax (ties: the lowest id); -1: the row cannot be sampled
+  float logprob = 0.0f;   ///< x[token] - log_sum_exp(x, n), rounded to float (0 when token is -1)
+};
+
+/// The greedy token of the logit row x[0..n) (n > 0) and its raw logprob, exactly as
+/// Sampler::sample gives them for a greedy request without penalties. token is -1 when the row
+/// cannot be sampled: a NaN or +inf in it, or no finite value. The reference that every
+/// Backend::argmax_rows (model/backend.h) is tested against.
+GreedyPick greedy_pick(const float* x, int32_t n);
+
 /// Samples one sequence's tokens. Holds the sequence's RNG, so the same params (with a seed)
 /// and the same logits give the same tokens. One per sequence; a Sampler is not thread-safe,
 /// but different Samplers may run on different threads (the const functions use per-thread

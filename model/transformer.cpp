@@ -326,6 +326,17 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
   }
   out->vocab_size = c.vocab_size;
   out->hidden_size = d;
+  // Rows of `logits` to download: those of the sequences without argmax_only.
+  out->seq_logits_offset.assign(1, 0);
+  bool any_argmax = false;
+  for (size_t si = 0; si < batch.seqs.size(); ++si) {
+    const bool full = !batch.seqs[si].argmax_only;
+    any_argmax |= !full;
+    const int32_t rows = out->seq_row_offset[si + 1] - out->seq_row_offset[si];
+    out->seq_logits_offset.push_back(out->seq_logits_offset.back() + (full ? rows : 0));
+  }
+  out->argmax.clear();
+  out->argmax_logprob.clear();
   if (sh.rank != 0) {  // the head and hidden states are rank 0's (see forward's contract)
     out->logits.clear();
     out->hidden.clear();
@@ -338,11 +349,33 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
   B.gather_rows(x.f32(), logit_idx.data(), M, d, sel.f32());
   B.rms_norm(sel.f32(), *output_norm_, c.norm_eps, M, d, normed.f32());
   B.matmul(c.tied_output ? *tok_embd_ : *output_, normed.f32(), M, logits.f32());
-  B.synchronize();
+  if (any_argmax) {
+    Buffer& am = scratch(17, M * 4);
+    Buffer& lp = scratch(18, M * 4);
+    B.argmax_rows(logits.f32(), M, c.vocab_size, am.i32(), lp.f32());
+    B.synchronize();
+    out->argmax.resize(static_cast<size_t>(M));
+    out->argmax_logprob.resize(static_cast<size_t>(M));
+    B.download(out->argmax.data(), am, M * 4);
+    B.download(out->argmax_logprob.data(), lp, M * 4);
+  } else {
+    B.synchronize();
+  }
   out->vocab_size = c.vocab_size;
   out->hidden_size = d;
-  out->logits.resize(static_cast<size_t>(M * c.vocab_size));
-  B.download(out->logits.data(), logits, M * c.vocab_size * 4);
+  const int64_t row_bytes = c.vocab_size * 4;
+  out->logits.resize(static_cast<size_t>(out->seq_logits_offset.back() * c.vocab_size));
+  if (!any_argmax) {
+    B.download(out->logits.data(), logits, M * row_bytes);
+  } else {
+    // Each sequence's rows are consecutive on both sides: one copy per sequence that wants them.
+    for (size_t si = 0; si < batch.seqs.size(); ++si) {
+      const int64_t rows = out->seq_logits_offset[si + 1] - out->seq_logits_offset[si];
+      if (rows == 0) continue;
+      B.download(out->logits.data() + out->seq_logits_offset[si] * c.vocab_size, logits, rows * row_bytes,
+                 out->seq_row_offset[si] * row_bytes);
+    }
+  }
   if (batch.return_hidden && hidden_is_logits) {
     out->hidden.resize(static_cast<size_t>(M * d));
     B.download(out->hidden.data(), normed, M * d * 4);

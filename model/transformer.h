@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -34,6 +35,11 @@ struct SequenceInput {
   /// needs a hidden state but no logits skips the output head (the Medusa / EAGLE proposers
   /// read the hidden state of every prefill row; spec/proposer.h).
   std::vector<int32_t> hidden_rows;
+  /// Only the argmax of each logit row and its raw logprob (Backend::argmax_rows, on the
+  /// backend's device), not the rows: all that a greedy request without penalties or top
+  /// logprobs needs, so a GPU step moves 8 bytes per row to the host instead of 4 * vocab.
+  /// ForwardOutput::argmax / argmax_logprob then hold them; row() must not be asked for them.
+  bool argmax_only = false;
 };
 
 /// A batch of sequences for one forward call; prefill chunks and decode tokens mix freely.
@@ -51,11 +57,33 @@ struct ForwardBatch {
 struct ForwardOutput {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
-  std::vector<float> logits;            ///< [num_rows, vocab_size]
+  /// [num_logits_rows, vocab_size]: the logit rows of the sequences without argmax_only, in
+  /// batch order (row() finds them).
+  std::vector<float> logits;
   std::vector<float> hidden;            ///< [num_hidden_rows, hidden_size] when asked
-  std::vector<int32_t> seq_row_offset;  ///< first logit row of sequence i; size seqs + 1
+  std::vector<int32_t> seq_row_offset;  ///< first logit row of sequence i (of all rows); size seqs + 1
   std::vector<int32_t> seq_hidden_offset;  ///< first hidden row of sequence i; size seqs + 1 (when asked)
-  const float* row(int32_t seq, int32_t k) const { return logits.data() + (seq_row_offset[seq] + k) * vocab_size; }
+  /// First row in `logits` of sequence i; size seqs + 1 (an argmax_only sequence has none).
+  std::vector<int32_t> seq_logits_offset;
+  /// [num_rows] (indexed as seq_row_offset) when some sequence asked argmax_only, else empty:
+  /// every logit row's argmax (-1: the row has a NaN or +inf, or no finite value) and raw
+  /// logprob (model/sampling.h greedy_pick).
+  std::vector<int32_t> argmax;
+  std::vector<float> argmax_logprob;
+  /// Sequence `seq`'s k-th logit row [vocab_size]. Aborts for a row that was not downloaded
+  /// (an argmax_only sequence's: a caller bug).
+  const float* row(int32_t seq, int32_t k) const {
+    const int32_t r = seq_logits_offset[static_cast<size_t>(seq)] + k;
+    SPECSERVE_CHECK(k >= 0 && r < seq_logits_offset[static_cast<size_t>(seq) + 1],
+                    "ForwardOutput::row: sequence " + std::to_string(seq) + " row " + std::to_string(k) +
+                        " has no logits (argmax_only, or out of range)");
+    return logits.data() + static_cast<int64_t>(r) * vocab_size;
+  }
+  /// Argmax and raw logprob of sequence `seq`'s k-th logit row (argmax_only batches).
+  int32_t argmax_of(int32_t seq, int32_t k) const { return argmax[static_cast<size_t>(seq_row_offset[static_cast<size_t>(seq)] + k)]; }
+  float argmax_logprob_of(int32_t seq, int32_t k) const {
+    return argmax_logprob[static_cast<size_t>(seq_row_offset[static_cast<size_t>(seq)] + k)];
+  }
   /// Hidden state of sequence `seq`'s k-th hidden row (its k-th hidden_rows entry, or k-th logit row).
   const float* hidden_row(int32_t seq, int32_t k) const {
     return hidden.data() + (seq_hidden_offset[seq] + k) * hidden_size;

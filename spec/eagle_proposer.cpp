@@ -440,7 +440,7 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
     const float parent_score = parent < 0 ? 0.0f : w.cands[static_cast<size_t>(parent)].score;
     const int32_t level = parent < 0 ? 1 : w.cands[static_cast<size_t>(parent)].level + 1;
     if (opts_.mode == Mode::kDynamic) {
-      const float lse = log_sum_exp(row, static_cast<int32_t>(vocab_));
+      const float lse = static_cast<float>(log_sum_exp(row, static_cast<int32_t>(vocab_)));
       top_k(row, static_cast<int32_t>(vocab_), opts_.topk, &top);
       for (int32_t t : top) {
         Cand c;

@@ -3,6 +3,7 @@
 #include "spec/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -52,7 +53,15 @@ Status EngineOptions::validate() const {
 }
 
 Engine::Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o)
-    : target_(t), tokenizer_(tok), proposer_(p), opts_(std::move(o)) {}
+    : target_(t), tokenizer_(tok), proposer_(p), opts_(std::move(o)) {
+  if (const char* env = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE"); env && std::string(env) == "0") opts_.argmax_on_device = false;
+}
+
+bool Engine::picks_suffice(const Seq& s) const {
+  const SamplingParams& sp = s.params.sampling;
+  return opts_.argmax_on_device && sp.is_greedy() && sp.logprobs == 0 && sp.repetition_penalty == 1.0f &&
+         sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+}
 
 Engine::~Engine() = default;
 

@@ -67,6 +67,12 @@ struct EngineOptions {
   bool typical_acceptance = false;
   float posterior_threshold = 0.09f;  ///< Medusa's epsilon, in (0, 1]
   float posterior_alpha = 0.3f;       ///< Medusa's delta (weight of exp(-entropy)), in [0, 1]
+  /// A greedy request without penalties or top logprobs takes its tokens and logprobs from the
+  /// backend's argmax_rows (SequenceInput::argmax_only) instead of whole logit rows: on a GPU
+  /// 8 bytes per row reach the host instead of 4 * vocab. Same tokens and logprobs either way
+  /// (model/sampling.h greedy_pick); off only to compare (the environment variable
+  /// SPECSERVE_ARGMAX_ON_DEVICE=0 also turns it off).
+  bool argmax_on_device = true;
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
 };
@@ -152,6 +158,9 @@ struct EngineStats {
   /// tokens the admitted sequence knew, and how many of them were found cached.
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
+  /// Target logit rows of which the host got only the argmax and its logprob
+  /// (EngineOptions::argmax_on_device), not the row itself.
+  int64_t argmax_rows = 0;
 };
 
 /// A sequence's state for continuing it on another engine (KV migration when a worker drains,
@@ -268,7 +277,8 @@ class Engine {
   /// `seq` of `out` (row 0 the last known token, row i + 1 node i) and emits the accepted
   /// tokens plus the bonus / recovered token (spec/tree_verify.h). Returns the accepted nodes
   /// from depth 1 on; s may have finished on one of them.
-  std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
+  /// `picks`: the rows of `seq` are argmax_only (only for a greedy s: picks_suffice).
+  std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, bool picks, SeqEvent* ev);
   /// Verifies chain draft `d` (no parents; k = d.tokens.size() >= 0 tokens, k == 0 a plain
   /// decode) of s against its logit rows `seq` of `out` (row 0 the last known token, row r + 1
   /// draft token r) and emits the accepted tokens plus the recovered / bonus token. Greedy keeps
@@ -276,7 +286,10 @@ class Engine {
   /// probability min(1, p(x) / q(x)) and on a rejection samples from norm(max(0, p - q))
   /// (Leviathan et al. 2023, Algorithm 1; without d.probs q is one-hot at x). Returns the number
   /// of draft tokens accepted; s may have finished on one of them.
-  int32_t verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev);
+  int32_t verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, bool picks, SeqEvent* ev);
+  /// True when s needs of the target's logit rows only their argmax and its raw logprob
+  /// (EngineOptions::argmax_on_device; greedy, no penalties, no top logprobs).
+  bool picks_suffice(const Seq& s) const;
   /// Moves the KV of the accepted `path` (tree nodes computed at rows path[j] + 1 after the
   /// last known token at position `base`) to positions base + 1 + j (Backend::kv_copy_slots).
   Status compact_path(Seq& s, int32_t base, std::span<const int32_t> path);

@@ -183,6 +183,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     in.tokens.assign(s.tokens.begin() + s.num_cached, s.tokens.begin() + s.num_cached + (p.draft.tokens.empty() ? p.rows : 1));
     in.tokens.insert(in.tokens.end(), p.draft.tokens.begin(), p.draft.tokens.end());
     in.block_table = s.blocks.blocks();
+    // A prefill chunk that does not complete the prompt uses no logits at all.
+    in.argmax_only = !p.completes || picks_suffice(s);
     if (!p.draft.tokens.empty()) {
       for (int32_t r = 0; r < p.rows; ++r) in.logit_rows.push_back(r);
     }
@@ -237,8 +239,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     bool alive = true;
     // NOTE: a row the sampler cannot use (NaN, +inf: corrupt weights or a kernel bug) fails
     // this sequence alone with an error, instead of aborting the process in the sampler.
+    const bool picks = batch.seqs[i].argmax_only;
+    if (picks) stats_.argmax_rows += k + 1;
     for (int32_t r = 0; r <= k; ++r) {
-      if (!samplable_row(out.row(static_cast<int32_t>(i), r), vocab)) {
+      if (picks ? out.argmax_of(static_cast<int32_t>(i), r) < 0 : !samplable_row(out.row(static_cast<int32_t>(i), r), vocab)) {
         ev.error = "the target model produced non-finite logits (NaN or +inf) at position " + std::to_string(base + r) +
                    " of sequence " + std::to_string(s.id) + ": its weights are corrupt or a kernel failed";
         finish(s, FinishReason::kError);
@@ -252,10 +256,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     const bool tree_verified = k > 0 && (is_tree || (opts_.typical_acceptance && !greedy));
     std::vector<int32_t> path;
     if (alive && tree_verified) {
-      path = verify_tree(s, pl.draft, out, static_cast<int32_t>(i), &ev);
+      path = verify_tree(s, pl.draft, out, static_cast<int32_t>(i), picks, &ev);
       accepted = static_cast<int32_t>(path.size());
     } else if (alive) {
-      accepted = verify_chain(s, pl.draft, out, static_cast<int32_t>(i), &ev);
+      accepted = verify_chain(s, pl.draft, out, static_cast<int32_t>(i), picks, &ev);
     }
     if (k > 0) {
       SpecStats step_spec;

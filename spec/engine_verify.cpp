@@ -26,14 +26,12 @@ bool samplable_row(const float* row, int32_t vocab) {
 }
 
 SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n) {
-  float mx = -INFINITY;
-  for (int32_t i = 0; i < vocab; ++i) mx = std::max(mx, row[i]);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
-  const float lse = mx + static_cast<float>(std::log(sum));
+  // The normaliser of Sampler::sample and Backend::argmax_rows: one token gets the same bits
+  // whichever of them reports it.
+  const double lse = log_sum_exp(row, vocab);
   SampleResult r;
   r.token = token;
-  r.logprob = row[token] - lse;
+  r.logprob = static_cast<float>(row[token] - lse);
   if (top_n > 0) {
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     for (int32_t i = 0; i < vocab; ++i) idx[static_cast<size_t>(i)] = i;
@@ -41,7 +39,9 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
     std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
       return row[a] > row[b] || (row[a] == row[b] && a < b);
     });
-    for (int32_t i = 0; i < n; ++i) r.top_logprobs.push_back({idx[static_cast<size_t>(i)], row[idx[static_cast<size_t>(i)]] - lse});
+    for (int32_t i = 0; i < n; ++i) {
+      r.top_logprobs.push_back({idx[static_cast<size_t>(i)], static_cast<float>(row[idx[static_cast<size_t>(i)]] - lse)});
+    }
   }
   return r;
 }
@@ -107,9 +107,24 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
   return true;
 }
 
-int32_t Engine::verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev) {
+int32_t Engine::verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, bool picks, SeqEvent* ev) {
   const int32_t vocab = static_cast<int32_t>(out.vocab_size);
   const int32_t k = static_cast<int32_t>(d.tokens.size());
+  if (picks) {
+    // Greedy without penalties: the target's token at each row is its argmax; keep the longest
+    // matching prefix, then the target's own token (what the loop below does with one-hot p).
+    int32_t accepted = 0;
+    for (int32_t r = 0; r <= k; ++r) {
+      SampleResult lp;
+      lp.token = out.argmax_of(seq, r);
+      lp.logprob = out.argmax_logprob_of(seq, r);
+      const bool accept = r < k && d.tokens[static_cast<size_t>(r)] == lp.token;
+      const bool alive = emit(s, lp.token, &lp, ev);
+      if (accept) ++accepted;
+      if (!accept || !alive) break;
+    }
+    return accepted;
+  }
   Sampler& smp = *s.sampler;
   const bool greedy = s.params.sampling.is_greedy();
   const int32_t top_n = s.params.sampling.logprobs;
@@ -160,7 +175,8 @@ int32_t Engine::verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& ou
   return accepted;
 }
 
-std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, SeqEvent* ev) {
+std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, bool picks,
+                                         SeqEvent* ev) {
   const int32_t vocab = static_cast<int32_t>(out.vocab_size);
   const int32_t n = static_cast<int32_t>(d.tokens.size());
   std::vector<int32_t> chain;
@@ -204,17 +220,25 @@ std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const Forwa
   }
   int32_t v = -1;  // the vertex whose successor is decided next: the root, then accepted nodes
   for (;;) {
-    const float* row = out.row(seq, v + 1);
-    // p after the path so far: emit() appended it to s's output, so penalties see it.
-    smp.compute_probs(row, vocab, s.prompt(), s.output(), &p);
     NodeVerdict verdict;
-    if (greedy) {
-      verdict.token = Sampler::argmax(p.data(), vocab);  // p is one-hot at the argmax
+    SampleResult lp;
+    if (picks) {  // greedy without penalties: the argmax is the target's token
+      verdict.token = out.argmax_of(seq, v + 1);
       verdict.child = greedy_child(tree, d.tokens, v, verdict.token);
+      lp.token = verdict.token;
+      lp.logprob = out.argmax_logprob_of(seq, v + 1);
     } else {
-      verdict = rejection_sample_children(tree.children_of(v), d.tokens, d.probs, &p, smp);
+      const float* row = out.row(seq, v + 1);
+      // p after the path so far: emit() appended it to s's output, so penalties see it.
+      smp.compute_probs(row, vocab, s.prompt(), s.output(), &p);
+      if (greedy) {
+        verdict.token = Sampler::argmax(p.data(), vocab);  // p is one-hot at the argmax
+        verdict.child = greedy_child(tree, d.tokens, v, verdict.token);
+      } else {
+        verdict = rejection_sample_children(tree.children_of(v), d.tokens, d.probs, &p, smp);
+      }
+      lp = raw_logprobs(row, vocab, verdict.token, top_n);
     }
-    SampleResult lp = raw_logprobs(row, vocab, verdict.token, top_n);
     const bool alive = emit(s, verdict.token, &lp, ev);
     if (verdict.child < 0) break;
     path.push_back(verdict.child);  // accepted, even when it ended the sequence (as for chains)

@@ -253,13 +253,4 @@ void top_k(const float* row, int32_t n, int32_t k, std::vector<int32_t>* out) {
   std::sort(h.begin(), h.end(), better);
 }
 
-float log_sum_exp(const float* row, int32_t n) {
-  float mx = -INFINITY;
-  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, row[i]);
-  if (!std::isfinite(mx)) return mx;
-  double s = 0;
-  for (int32_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(row[i] - mx));
-  return mx + static_cast<float>(std::log(s));
-}
-
 }  // namespace specserve

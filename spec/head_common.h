@@ -118,7 +118,4 @@ StaticTreeFit fit_static_tree(const StaticTree& tree, int32_t max_depth, int64_t
 /// The `k` largest entries of `row` [n], best first; ties go to the lower index. k <= n.
 void top_k(const float* row, int32_t n, int32_t k, std::vector<int32_t>* out);
 
-/// log(sum(exp(row))) over `row` [n] (stable).
-float log_sum_exp(const float* row, int32_t n);
-
 }  // namespace specserve

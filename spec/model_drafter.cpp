@@ -163,6 +163,11 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
     d.probs.push_back(probs);
     return t;
   };
+  // A greedy draft over the whole draft vocabulary needs only each row's argmax: the backend
+  // reduces the row where it lives (Backend::argmax_rows). A row that cannot be sampled (-1)
+  // drafts token 0, a valid (if useless) token the target rejects, as the argmax of such a row
+  // would.
+  auto greedy_on_device = [&](const Work& w) { return !w.st->sampler && usable_vocab == vocab; };
   // Pass 0: catch up on every token the drafter has not seen (including the last known one).
   for (const Work& w : work) {
     const DraftRequest& r = reqs[w.req];
@@ -170,6 +175,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
     in.num_cached = static_cast<int32_t>(w.st->cached.size());
     in.tokens.assign(r.tokens.begin() + in.num_cached, r.tokens.end());
     in.block_table = w.st->blocks.blocks();
+    in.argmax_only = greedy_on_device(w);
     batch.seqs.push_back(std::move(in));
   }
   for (int32_t step = 0;; ++step) {
@@ -184,7 +190,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       st.cached.insert(st.cached.end(), in.tokens.begin(), in.tokens.end());
       st.blocks.set_num_tokens(static_cast<int32_t>(st.cached.size()));
       if (step == 0) cache_confirmed(w);
-      const int32_t t = draw(w, fo.row(static_cast<int32_t>(j), 0));
+      const int32_t t = in.argmax_only ? std::max(0, fo.argmax_of(static_cast<int32_t>(j), 0)) : draw(w, fo.row(static_cast<int32_t>(j), 0));
       if (!bad_logits.ok()) return bad_logits;
       DraftTree& d = (*out)[w.req];
       d.tokens.push_back(t);
@@ -193,6 +199,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
         nx.num_cached = static_cast<int32_t>(st.cached.size());
         nx.tokens = {t};
         nx.block_table = st.blocks.blocks();
+        nx.argmax_only = in.argmax_only;
         next.seqs.push_back(std::move(nx));
         still.push_back(w);
       }

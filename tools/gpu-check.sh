@@ -12,8 +12,9 @@
 #   4. decode tokens/s at batch 1, 8 and 32 for synthetic models shaped like Llama 3.2 1B and
 #      Llama 3.1 8B (random bf16 weights built in memory), with the achieved memory bandwidth
 #      against the GPU's peak (2 x memory clock x bus width) — `specserve bench-model`; the 1B
-#      shape also with --enforce-eager (CUDA graphs off) for the graphs' ratio, and at 2,048
-#      cached tokens with attention's split over the keys on and off;
+#      shape also with --enforce-eager (CUDA graphs off) for the graphs' ratio, with whole logit
+#      rows downloaded each step (SPECSERVE_ARGMAX_ON_DEVICE=0) against the GPU's argmax, and at
+#      2,048 cached tokens with attention's split over the keys on and off;
 #   5. speculative speedup with n-gram and layer_skip on the default model on the GPU, greedy
 #      outputs checked against plain decoding — `specserve bench-spec --device cuda:0`, with
 #      CUDA graphs and with --enforce-eager;
@@ -106,6 +107,8 @@ write_summary() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"model {r.get('model')} on {r.get('device')} ({r.get('gpu', '')}); decode after {r.get('decode_context', 64)} cached tokens; bandwidth peak {r.get('bandwidth_gb_s', 0):.0f} GB/s ({r.get('bandwidth_source', '')})")
+print()
+print("greedy tokens: " + ("argmax on the GPU (argmax_rows)" if r.get("argmax_on_device", False) else "whole logit rows to the host (SPECSERVE_ARGMAX_ON_DEVICE=0)"))
 g = r.get("cuda_graphs")
 if g:
     print()
@@ -233,6 +236,11 @@ stage bench_model_llama-1b 75 "$bin" bench-model --device cuda:0 --synthetic lla
   --repeats 3 --decode-tokens 32 --prompt-lengths 256 --output "$out/bench_model_llama-1b.json"
 stage bench_model_llama-1b_eager 75 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 32 \
   --repeats 3 --decode-tokens 32 --prompt-lengths 256 --enforce-eager --output "$out/bench_model_llama-1b_eager.json"
+# Greedy steps that download whole logit rows (SPECSERVE_ARGMAX_ON_DEVICE=0) against the default,
+# where the GPU reduces each row to its argmax (Backend::argmax_rows): the same decode otherwise.
+stage bench_model_llama-1b_full_logits 75 env SPECSERVE_ARGMAX_ON_DEVICE=0 "$bin" bench-model --device cuda:0 \
+  --synthetic llama-1b --decode-batches 1 8 32 --repeats 3 --decode-tokens 32 --prompt-lengths 256 \
+  --output "$out/bench_model_llama-1b_full_logits.json"
 # Attention split over the keys (flash-decoding) where it matters: 2,048 cached tokens per
 # sequence, split on (the default) and off.
 stage bench_model_llama-1b_ctx2048 60 "$bin" bench-model --device cuda:0 --synthetic llama-1b --decode-batches 1 8 \

@@ -7,10 +7,12 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "model/sampling.h"
 #include "tests/cpu/cpu_test_util.h"
 
 namespace specserve {
@@ -90,6 +92,39 @@ TEST_F(BackendOps, AddAndGatherRows) {
   be_->gather_rows(ab->f32(), idx.data(), static_cast<int64_t>(idx.size()), cols, ob->f32());
   const auto g = get(*ob, idx.size() * cols);
   for (size_t i = 0; i < idx.size(); ++i) EXPECT_TRUE(bit_equal(&g[i * cols], &sum[idx[i] * cols], cols));
+}
+
+TEST_F(BackendOps, ArgmaxRowsIsGreedyPickOfEveryRow) {
+  const int64_t cols = 3000;  // two full exp_sum chunks and a partial one
+  std::vector<float> x = random_vec(6 * cols, 91, -20.0f, 20.0f);
+  x[1 * cols + 17] = std::numeric_limits<float>::quiet_NaN();     // row 1: NaN
+  x[2 * cols + 2999] = std::numeric_limits<float>::infinity();    // row 2: +inf
+  for (int64_t j = 0; j < cols; ++j) x[3 * cols + j] = -std::numeric_limits<float>::infinity();  // row 3: nothing finite
+  x[4 * cols + 5] = x[4 * cols + 2900] = 30.0f;                    // row 4: a tie at the max
+  auto xb = buf(x);
+  auto tb = be_->alloc(6 * 4), lb = be_->alloc(6 * 4);
+  be_->argmax_rows(xb->f32(), 6, cols, tb->i32(), lb->f32());
+  std::vector<int32_t> tok(6);
+  std::vector<float> lp(6);
+  be_->download(tok.data(), *tb, 6 * 4);
+  be_->download(lp.data(), *lb, 6 * 4);
+  for (int64_t r = 0; r < 6; ++r) {
+    const GreedyPick want = greedy_pick(&x[r * cols], static_cast<int32_t>(cols));
+    EXPECT_EQ(tok[r], want.token) << "row " << r;
+    EXPECT_EQ(lp[r], want.logprob) << "row " << r;
+  }
+  EXPECT_EQ(tok[1], -1);
+  EXPECT_EQ(tok[2], -1);
+  EXPECT_EQ(tok[3], -1);
+  EXPECT_EQ(tok[4], 5);
+  // One row alone gives the same bits as in the batch (model/backend.h's determinism contract).
+  be_->argmax_rows(xb->f32() + 5 * cols, 1, cols, tb->i32(), lb->f32());
+  int32_t t5 = 0;
+  float l5 = 0;
+  be_->download(&t5, *tb, 4);
+  be_->download(&l5, *lb, 4);
+  EXPECT_EQ(t5, tok[5]);
+  EXPECT_EQ(l5, lp[5]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -354,6 +355,38 @@ TEST_F(CudaOps, SwigluAddGatherMatchCpu) {
   auto src = buf(*gpu_, g);
   gpu_->gather_rows(src->f32(), idx.data(), static_cast<int64_t>(idx.size()), cols, gout->f32());
   EXPECT_EQ(get(*gpu_, *gout, static_cast<int64_t>(gw.size())), gw);
+}
+
+// argmax_rows: the CPU's token exactly (the same first maximum), the CPU's logprob up to the
+// last bits of the final double log (the exps and lane sums are the CPU's operation for
+// operation), -1 where the CPU says the row cannot be sampled; vocab sizes of the default model,
+// of Llama 3 and a small odd one.
+TEST_F(CudaOps, ArgmaxRowsMatchCpu) {
+  for (int64_t cols : {int64_t{49152}, int64_t{128256}, int64_t{1001}}) {
+    const int64_t rows = 7;
+    std::vector<float> x = randn(static_cast<size_t>(rows * cols), 12, 6.0f);
+    x[1 * cols + cols / 3] = std::numeric_limits<float>::quiet_NaN();
+    x[2 * cols + cols - 1] = std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < cols; ++j) x[3 * cols + j] = -std::numeric_limits<float>::infinity();
+    x[4 * cols + 9] = x[4 * cols + cols - 5] = 100.0f;  // a tie at the max: the lower index
+    for (int64_t j = 0; j < cols; j += 2) x[5 * cols + j] = -std::numeric_limits<float>::infinity();
+    std::vector<int32_t> want_tok(rows);
+    std::vector<float> want_lp(rows);
+    cpu_->argmax_rows(x.data(), rows, cols, want_tok.data(), want_lp.data());
+    auto xb = buf(*gpu_, x);
+    auto tb = gpu_->alloc(rows * 4), lb = gpu_->alloc(rows * 4);
+    gpu_->argmax_rows(xb->f32(), rows, cols, tb->i32(), lb->f32());
+    gpu_->synchronize();
+    std::vector<int32_t> tok(rows);
+    std::vector<float> lp(rows);
+    gpu_->download(tok.data(), *tb, rows * 4);
+    gpu_->download(lp.data(), *lb, rows * 4);
+    EXPECT_EQ(tok, want_tok) << "cols " << cols;
+    for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(lp[r], want_lp[r], 1e-6 * std::max(1.0f, std::fabs(want_lp[r]))) << "cols " << cols << " row " << r;
+    EXPECT_EQ(tok[1], -1);
+    EXPECT_EQ(tok[3], -1);
+    EXPECT_EQ(tok[4], 9);
+  }
 }
 
 // Attention over a paged cache: a mixed batch (a decode row, a prefill chunk after a cached

@@ -77,6 +77,43 @@ TEST(Sampling, GreedyIsOneHotAndDrawsNoUniform) {
   EXPECT_EQ(s.next_uniform(), fresh.next_uniform());
 }
 
+// greedy_pick is what Backend::argmax_rows must give: the greedy sampler's token and logprob.
+TEST(Sampling, GreedyPickIsTheGreedySamplersTokenAndLogprob) {
+  SamplingParams p = seeded(3);
+  p.temperature = 0.0f;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  for (int32_t n : {1, 7, 8, 1023, 1024, 1025, 49152}) {
+    std::vector<float> l(static_cast<size_t>(n));
+    for (float& x : l) x = nd(rng);
+    if (n > 9) l[3] = -kInf, l[static_cast<size_t>(n - 2)] = l[static_cast<size_t>(n / 2)];  // a tie, later
+    Sampler s(p);
+    const SampleResult want = s.sample(l.data(), n, {}, {});
+    const GreedyPick got = greedy_pick(l.data(), n);
+    EXPECT_EQ(got.token, want.token) << n;
+    EXPECT_EQ(got.logprob, want.logprob) << n;  // the same normaliser, bit for bit
+    // ... and the definition, in double.
+    double z = 0;
+    for (float x : l) z += std::exp(static_cast<double>(x) - l[static_cast<size_t>(got.token)]);
+    EXPECT_NEAR(got.logprob, -std::log(z), 1e-5) << n;
+  }
+}
+
+TEST(Sampling, GreedyPickRejectsRowsThatCannotBeSampled) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::vector<float>& l : std::vector<std::vector<float>>{
+           {0.0f, nan, 1.0f}, {0.0f, kInf, 1.0f}, {-kInf, -kInf}, {nan}}) {
+    const GreedyPick g = greedy_pick(l.data(), static_cast<int32_t>(l.size()));
+    EXPECT_EQ(g.token, -1);
+    EXPECT_EQ(g.logprob, 0.0f);
+  }
+  const std::vector<float> tie = {-kInf, 2.0f, 2.0f};
+  const GreedyPick g = greedy_pick(tie.data(), 3);
+  EXPECT_EQ(g.token, 1);
+  EXPECT_NEAR(g.logprob, -std::log(2.0), 1e-7);
+  EXPECT_EQ(log_sum_exp(tie.data(), 1), -kInf);  // no finite value: the max comes back
+}
+
 TEST(Sampling, TinyTemperatureIsGreedy) {
   SamplingParams p = seeded();
   p.temperature = 1e-6f;

@@ -23,6 +23,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "model/gguf.h"
+#include "model/sampling.h"
 #include "model/tokenizer.h"
 #include "spec/engine.h"
 #include "tests/test_util.h"
@@ -230,6 +231,52 @@ TEST_F(ModelTest, SequenceLogitsDoNotDependOnTheBatch) {
     for (int32_t r = 0; r < rows; ++r) {
       EXPECT_EQ(0, std::memcmp(alone.row(0, r), together.row(si, r), vocab() * sizeof(float)))
           << "sequence " << si << " row " << r << "; max abs diff " << max_abs_diff(alone.row(0, r), together.row(si, r), vocab());
+    }
+  }
+}
+
+// argmax_only: those sequences get greedy_pick of each of their rows (and no logits); the others
+// get exactly the rows they would get alone, at their usual row() places.
+TEST_F(ModelTest, ArgmaxOnlySequencesGetTheirRowsGreedyPicksAndNoLogits) {
+  const auto text = encode(kText);
+  ASSERT_GE(text.size(), 40u);
+  auto slice = [&](size_t from, size_t n) { return std::vector<int32_t>(text.begin() + from, text.begin() + from + n); };
+  auto cache = kv(12);
+  std::vector<SequenceInput> inputs = {
+      seq(slice(0, 9), 0, blocks(0, 3), true),
+      seq(slice(10, 6), 0, blocks(3, 3), true),
+      seq(slice(20, 5), 0, blocks(6, 3), true),
+      seq(slice(30, 7), 0, blocks(9, 3)),  // only its last row
+  };
+  ForwardBatch all_full;
+  all_full.seqs = inputs;
+  const ForwardOutput full = run(all_full, *cache);
+  EXPECT_TRUE(full.argmax.empty());
+  for (const std::vector<bool>& picks : std::vector<std::vector<bool>>{{true, false, true, false}, {false, true, false, true},
+                                                                     {true, true, true, true}}) {
+    ForwardBatch b;
+    b.seqs = inputs;
+    for (size_t i = 0; i < picks.size(); ++i) b.seqs[i].argmax_only = picks[i];
+    const ForwardOutput out = run(b, *cache);
+    ASSERT_EQ(out.seq_row_offset, full.seq_row_offset);
+    ASSERT_EQ(out.argmax.size(), static_cast<size_t>(full.seq_row_offset.back()));
+    int64_t want_rows = 0;
+    for (int32_t si = 0; si < 4; ++si) {
+      const int32_t rows = full.seq_row_offset[si + 1] - full.seq_row_offset[si];
+      for (int32_t r = 0; r < rows; ++r) {
+        const GreedyPick g = greedy_pick(full.row(si, r), static_cast<int32_t>(vocab()));
+        EXPECT_EQ(out.argmax_of(si, r), g.token) << "sequence " << si << " row " << r;
+        EXPECT_EQ(out.argmax_logprob_of(si, r), g.logprob) << "sequence " << si << " row " << r;
+        EXPECT_GE(out.argmax_of(si, r), 0);
+        if (!picks[static_cast<size_t>(si)]) {
+          EXPECT_EQ(0, std::memcmp(out.row(si, r), full.row(si, r), vocab() * sizeof(float))) << "sequence " << si << " row " << r;
+        }
+      }
+      if (!picks[static_cast<size_t>(si)]) want_rows += rows;
+    }
+    EXPECT_EQ(static_cast<int64_t>(out.logits.size()), want_rows * vocab()) << "only the other sequences' rows are downloaded";
+    for (int32_t si = 0; si < 4; ++si) {
+      if (picks[static_cast<size_t>(si)]) EXPECT_DEATH((void)out.row(si, 0), "has no logits");
     }
   }
 }

@@ -106,7 +106,7 @@ class EagleTest : public ::testing::Test {
       const int32_t lvl = parent < 0 ? 1 : cands[static_cast<size_t>(parent)].level + 1;
       std::vector<int32_t> top;
       if (o.mode == EagleOptions::Mode::kDynamic) {
-        const float lse = log_sum_exp(lg.data(), kVocab);
+        const float lse = static_cast<float>(log_sum_exp(lg.data(), kVocab));
         top_k(lg.data(), kVocab, o.topk, &top);
         for (int32_t t : top) cands.push_back({t, parent, lvl, -1, ps + std::min(0.0f, lg[static_cast<size_t>(t)] - lse), {}});
         return;

@@ -76,6 +76,39 @@ INSTANTIATE_TEST_SUITE_P(AllMethods, SpecEngineIdentity, ::testing::ValuesIn(ide
                                   std::to_string(i.param.batch);
                          });
 
+// The greedy fast path (EngineOptions::argmax_on_device: the backend's argmax_rows instead of
+// whole logit rows) gives the same tokens and the same logprob bits as the full path, plain and
+// speculative, while requests that need whole rows (penalties, top logprobs) share its batches.
+TEST(SpecEngineGreedy, ArgmaxOnDeviceGivesTheSameTokensAndLogprobs) {
+  std::vector<GenerateParams> reqs = requests();
+  int fast = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 3 == 0) continue;  // keeps its top-5 logprobs: whole rows
+    reqs[i].sampling.logprobs = 0;
+    const SamplingParams& sp = reqs[i].sampling;
+    fast += sp.repetition_penalty == 1.0f && sp.frequency_penalty == 0.0f && sp.presence_penalty == 0.0f;
+  }
+  ASSERT_GT(fast, 20);
+  for (int m = -1; m < 2; ++m) {  // -1: no speculation
+    auto proposer = m < 0 ? nullptr : make_proposer(m == 0 ? Method::kNgram : Method::kDraftModel);
+    EngineOptions on = spec_options(m < 0 ? 0 : 4, 8), off = on;
+    off.argmax_on_device = false;
+    const std::string where = m < 0 ? "plain" : method_name(m == 0 ? Method::kNgram : Method::kDraftModel);
+    const RunResult a = run_engine(target(), tokenizer(), proposer.get(), on, reqs);
+    auto proposer2 = m < 0 ? nullptr : make_proposer(m == 0 ? Method::kNgram : Method::kDraftModel);
+    const RunResult b = run_engine(target(), tokenizer(), proposer2.get(), off, reqs);
+    expect_same_outputs(a, b, where);
+    for (size_t i = 0; i < a.requests.size(); ++i) {
+      for (size_t t = 0; t < a.requests[i].logprobs.size(); ++t) {
+        ASSERT_EQ(a.requests[i].logprobs[t].logprob, b.requests[i].logprobs[t].logprob) << where << " request " << i << " token " << t;
+      }
+    }
+    EXPECT_GT(a.stats.argmax_rows, 0) << where << ": the fast path never ran";
+    EXPECT_EQ(b.stats.argmax_rows, 0) << where;
+    if (m >= 0) EXPECT_GT(a.stats.spec.num_accepted_tokens, 0) << where;
+  }
+}
+
 TEST(SpecEngineGreedy, AdaptiveKKeepsIdentity) {
   auto proposer = make_proposer(Method::kDraftModel);
   EngineOptions o = spec_options(8, 8);

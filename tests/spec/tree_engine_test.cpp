@@ -68,6 +68,24 @@ TEST(TreeEngine, GreedyTreesEqualPlainDecoding) {
   std::printf("[ tree     ] %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// Trees on the greedy fast path (argmax_rows, no logit rows) give the full path's output.
+TEST(TreeEngine, GreedyTreesOnArgmaxRowsEqualTheFullPath) {
+  std::vector<GenerateParams> reqs = requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 4) reqs[i].sampling.logprobs = 0;
+  }
+  const TokenTree shape = default_medusa_tree(8);
+  EngineOptions on = spec_options(shape.num_nodes(), 4), off = on;
+  off.argmax_on_device = false;
+  auto p1 = oracle(shape, 0.2, 91), p2 = oracle(shape, 0.2, 91);
+  const RunResult a = run_engine(target(), tokenizer(), p1.get(), on, reqs);
+  const RunResult b = run_engine(target(), tokenizer(), p2.get(), off, reqs);
+  expect_same_outputs(a, b, "medusa-8 batch 4");
+  EXPECT_GT(a.stats.argmax_rows, 0);
+  EXPECT_EQ(b.stats.argmax_rows, 0);
+  EXPECT_GT(a.stats.spec.num_accepted_tokens, a.stats.spec.num_drafts);
+}
+
 /// KV of `blocks` as packed host floats (Backend::kv_export_blocks layout).
 std::vector<float> export_kv(KvStorage& kv, const std::vector<int32_t>& blocks) {
   std::vector<float> bytes(static_cast<size_t>(kv_block_bytes(kv, 0, kv.num_layers()) / 4) * blocks.size());

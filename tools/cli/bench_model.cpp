@@ -338,7 +338,12 @@ int run(const Args& a) {
   out["bandwidth_gb_s"] = peak_gb_s;
   out["bandwidth_source"] = peak_source;
   // Decode at each batch size: `batch` sequences after a --decode-context-token prompt each, one token per
-  // sequence per step.
+  // sequence per step, greedy as the engine decodes: only each row's argmax reaches the host
+  // (SequenceInput::argmax_only), unless SPECSERVE_ARGMAX_ON_DEVICE=0 (whole logit rows, for
+  // comparison; spec/engine.h EngineOptions::argmax_on_device).
+  const char* argmax_env = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE");
+  const bool picks = !(argmax_env && std::string(argmax_env) == "0");
+  out["argmax_on_device"] = picks;
   for (int batch : a.decode_batches) {
     std::vector<double> rates;
     for (int r = 0; r < a.repeats; ++r) {
@@ -347,6 +352,7 @@ int run(const Args& a) {
         SequenceInput s;
         for (int i = 0; i < prompt; ++i) s.tokens.push_back(100 + (i + 7 * sq) % vocab_mod);
         s.block_table = table_of(sq);
+        s.argmax_only = picks;
         pre.seqs.push_back(s);
       }
       if (!fwd(pre)) return 1;
@@ -356,7 +362,8 @@ int run(const Args& a) {
         ForwardBatch dcd;
         for (int sq = 0; sq < batch; ++sq) {
           SequenceInput x;
-          x.tokens = {static_cast<int32_t>(Sampler::argmax(fo.row(sq, 0), static_cast<int32_t>(c.vocab_size)))};
+          x.tokens = {picks ? std::max(0, fo.argmax_of(sq, 0)) : Sampler::argmax(fo.row(sq, 0), static_cast<int32_t>(c.vocab_size))};
+          x.argmax_only = picks;
           x.num_cached = prompt + i;
           x.block_table = table_of(sq);
           dcd.seqs.push_back(x);
