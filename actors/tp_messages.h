@@ -58,7 +58,8 @@ typename Inspector::result_type inspect(Inspector& f, TpGroupMsg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceInput& x) {
   return f(caf::meta::type_name("SequenceInput"), x.tokens, x.num_cached, x.block_table, x.parents, x.logit_rows,
-           x.hidden_rows, x.argmax_only);
+           x.hidden_rows, x.argmax_only, x.sample_temperature,
+           x.sample_uniform);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {

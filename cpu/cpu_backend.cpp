@@ -291,7 +291,18 @@ class CpuBackend final : public Backend {
     SPECSERVE_CHECK(cols > 0 && cols <= (int64_t{1} << 20), "argmax_rows: cols = " + std::to_string(cols) + " outside 1..2^20");
 #pragma omp parallel for if (rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
-      const GreedyPick p = greedy_pick(x + r * cols, static_cast<int32_t>(cols));
+      const RowPick p = greedy_pick(x + r * cols, static_cast<int32_t>(cols));
+      token[r] = p.token;
+      logprob[r] = p.logprob;
+    }
+  }
+
+  void sample_rows(const float* x, int64_t rows, int64_t cols, const float* temperature, const double* uniform,
+                   int32_t* token, float* logprob) override {
+    SPECSERVE_CHECK(cols > 0 && cols <= (int64_t{1} << 20), "sample_rows: cols = " + std::to_string(cols) + " outside 1..2^20");
+#pragma omp parallel for if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowPick p = temperature_pick(x + r * cols, static_cast<int32_t>(cols), temperature[r], uniform[r]);
       token[r] = p.token;
       logprob[r] = p.logprob;
     }

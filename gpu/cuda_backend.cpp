@@ -383,6 +383,15 @@ class CudaBackend final : public Backend {
            [=, s = stream_] { gpu::launch_argmax_rows(x, rows, cols, token, logprob, s); });
   }
 
+  void sample_rows(const float* x, int64_t rows, int64_t cols, const float* temperature, const double* uniform,
+                   int32_t* token, float* logprob) override {
+    ctx();
+    SPECSERVE_CHECK(cols > 0 && cols <= (int64_t{1} << 20), "sample_rows: cols = " + std::to_string(cols) + " outside 1..2^20");
+    if (rows <= 0) return;
+    launch({kOpSampleRows, W_(x), W_(rows), W_(cols), W_(temperature), W_(uniform), W_(token), W_(logprob)},
+           [=, s = stream_] { gpu::launch_sample_rows(x, rows, cols, temperature, uniform, token, logprob, s); });
+  }
+
   void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) override {
     ctx();
     if (n <= 0) return;
@@ -479,7 +488,7 @@ class CudaBackend final : public Backend {
   // ---- CUDA graphs (gpu/cuda_graphs.h): with rec_, ops are recorded, else launched at once ----
   enum Op : uint64_t {
     kOpUpload = 1, kOpEmbedding, kOpRmsNorm, kOpMatmulRowwise, kOpToHalf, kOpGemm, kOpAddBias, kOpRope, kOpKvWrite,
-    kOpAttention, kOpSwiglu, kOpAdd, kOpGatherRows, kOpKvCopySlots, kOpArgmaxRows,
+    kOpAttention, kOpSwiglu, kOpAdd, kOpGatherRows, kOpKvCopySlots, kOpArgmaxRows, kOpSampleRows,
   };
   // `sig` must name every pointer, size and scalar `f` uses (a graph is replayed for an equal
   // signature only).

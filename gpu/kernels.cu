@@ -415,17 +415,57 @@ __device__ __forceinline__ float exp_nonpositive(float x) {
 constexpr int kLseChunk = 1024;  // exp_sum's flush interval (kFlush in model/sampling.cpp)
 constexpr int kLseLanes = 8;     // its float lanes (one AVX2 register)
 
-// One block of kThreads per row. Pass 1: argmax (each thread walks its indices upwards and keeps
-// the first maximum; the tree merge prefers the lower index on equal values) and the row's
-// validity. Pass 2: exp_sum's float lanes, one thread per (chunk of 1024, lane j), each summing
-// elements chunk + j, chunk + j + 8, ... in order as the CPU's lane j does; then thread 0 adds
-// the lanes into doubles in the CPU's order. Dynamic shared memory: chunks * 8 floats.
-__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* token, float* logprob) {
-  extern __shared__ float lanes[];
+// The float lanes of exp_sum (model/sampling.cpp) over a row, into lanes[chunk * 8 + j]: one
+// thread per (chunk of 1024, lane j) sums e_i = exp((x_i - mx) * scale), times f when f > 0
+// (scale_by's renormalised probabilities), for i = chunk + j, chunk + j + 8, ... in order from
+// 0.0f, as the CPU's lane j does (its AVX2 loop and its remainder loop alike).
+__device__ void exp_lanes(const float* row, int64_t cols, float mx, float scale, float f, float* lanes) {
+  const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
+  for (int64_t item = threadIdx.x; item < chunks * kLseLanes; item += blockDim.x) {
+    const int64_t end = min(cols, (item / kLseLanes + 1) * kLseChunk);
+    float acc = 0.0f;
+    for (int64_t i = (item / kLseLanes) * kLseChunk + item % kLseLanes; i < end; i += kLseLanes) {
+      float e = exp_nonpositive(__fmul_rn(__fsub_rn(row[i], mx), scale));
+      if (f > 0.0f) e = __fmul_rn(e, f);
+      acc = __fadd_rn(acc, e);
+    }
+    lanes[item] = acc;
+  }
+}
+
+// flush_lanes of chunk c: its 8 lanes added into a double in lane order.
+__device__ __forceinline__ double chunk_total(const float* lanes, int64_t c) {
+  double s = 0.0;
+  for (int j = 0; j < kLseLanes; ++j) s += static_cast<double>(lanes[c * kLseLanes + j]);
+  return s;
+}
+
+// One block of kThreads per row: Backend::argmax_rows (temperature == nullptr) and
+// Backend::sample_rows, the steps of greedy_pick / temperature_pick (model/sampling.cpp):
+//  1. argmax (each thread walks its indices upwards and keeps the first maximum; the merges
+//     prefer the lower index on equal values) and the row's validity;
+//  2. the raw normaliser log_z = mx + log(sum exp(x - mx)) from exp_lanes, summed by thread 0
+//     in the CPU's order;
+//  greedy rows stop here; sampled rows (temperature >= 1e-5) go on as compute_probs and
+//  draw_inverse_cdf do:
+//  3. S = exp_sum at scale 1 / temperature, f = float(1 / S);
+//  4. the lanes of p_i = exp((x_i - mx) / T) * f give each chunk's total; thread 0 walks the
+//     chunks with a running double prefix to the first whose prefix + total exceeds u * total;
+//     the block writes that chunk's p_i to shared memory and thread 0 scans it in index order
+//     (a chunk that rounding leaves without a token hands on to the next); else the last index
+//     with p_i > 0.
+// Dynamic shared memory: chunks * 8 + 1024 floats.
+__global__ void pick_rows_kernel(const float* x, int64_t cols, const float* temperature, const double* uniform,
+                                 int32_t* token, float* logprob) {
+  extern __shared__ float shared[];
+  const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
+  float* lanes = shared;                          // [chunks * 8]
+  float* chunk_p = shared + chunks * kLseLanes;   // [1024]
   __shared__ float warp_best[kThreads / 32];
   __shared__ int warp_index[kThreads / 32];
-  __shared__ float row_max;
-  __shared__ int row_token;
+  __shared__ float row_max, inv_sum;
+  __shared__ int row_token, last_positive, scan_chunk, result;
+  __shared__ double log_z, prefix, target;
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   float best = -INFINITY;
   int index = INT_MAX;
@@ -456,29 +496,85 @@ __global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* token,
     }
     row_max = best;
     row_token = index;
+    last_positive = -1;
   }
   __syncthreads();
   const float mx = row_max;
-  const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
-  for (int64_t item = threadIdx.x; item < chunks * kLseLanes; item += blockDim.x) {
-    const int64_t end = min(cols, (item / kLseLanes + 1) * kLseChunk);
-    float acc = 0.0f;
-    for (int64_t i = (item / kLseLanes) * kLseChunk + item % kLseLanes; i < end; i += kLseLanes) {
-      acc = __fadd_rn(acc, exp_nonpositive(__fsub_rn(row[i], mx)));
-    }
-    lanes[item] = acc;
-  }
+  exp_lanes(row, cols, mx, 1.0f, 0.0f, lanes);
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      double s = 0.0;
-      for (int j = 0; j < kLseLanes; ++j) s += static_cast<double>(lanes[c * kLseLanes + j]);
-      total += s;
+    for (int64_t c = 0; c < chunks; ++c) total += chunk_total(lanes, c);
+    log_z = static_cast<double>(mx) + log(total);
+  }
+  __syncthreads();
+  const float t = temperature ? temperature[blockIdx.x] : 0.0f;
+  if (!(t >= 1e-5f)) {  // greedy (kGreedyTemperature in model/sampling.cpp)
+    if (threadIdx.x == 0) {
+      token[blockIdx.x] = row_token;
+      logprob[blockIdx.x] = static_cast<float>(static_cast<double>(row[row_token]) - log_z);
     }
-    const double log_z = static_cast<double>(mx) + log(total);
-    token[blockIdx.x] = row_token;
-    logprob[blockIdx.x] = static_cast<float>(static_cast<double>(row[row_token]) - log_z);
+    return;  // uniform across the block
+  }
+  const float inv_t = __fdiv_rn(1.0f, t);
+  exp_lanes(row, cols, mx, inv_t, 0.0f, lanes);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) total += chunk_total(lanes, c);
+    inv_sum = static_cast<float>(1.0 / total);
+  }
+  __syncthreads();
+  const float f = inv_sum;
+  exp_lanes(row, cols, mx, inv_t, f, lanes);
+  int last = -1;  // this thread's last index with p > 0
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    if (__fmul_rn(exp_nonpositive(__fmul_rn(__fsub_rn(row[i], mx), inv_t)), f) > 0.0f) last = static_cast<int>(i);
+  }
+  __syncthreads();
+  atomicMax(&last_positive, last);
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) total += chunk_total(lanes, c);
+    target = uniform[blockIdx.x] * total;
+    double pre = 0.0;
+    int64_t c = 0;
+    while (c < chunks && !(pre + chunk_total(lanes, c) > target)) pre += chunk_total(lanes, c), ++c;
+    prefix = pre;
+    scan_chunk = static_cast<int>(c);
+    result = -1;
+  }
+  __syncthreads();
+  while (scan_chunk < chunks) {  // every thread reads the same shared values
+    const int64_t c0 = static_cast<int64_t>(scan_chunk) * kLseChunk, end = min(cols, c0 + kLseChunk);
+    for (int64_t i = c0 + threadIdx.x; i < end; i += blockDim.x) {
+      chunk_p[i - c0] = __fmul_rn(exp_nonpositive(__fmul_rn(__fsub_rn(row[i], mx), inv_t)), f);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double cum = prefix;
+      for (int64_t i = c0; i < end && result < 0; ++i) {
+        const float p = chunk_p[i - c0];
+        if (p <= 0.0f) continue;
+        cum += p;
+        if (cum > target) result = static_cast<int>(i);
+      }
+      if (result >= 0) {
+        scan_chunk = static_cast<int>(chunks);
+      } else {  // on to the next chunk whose prefix + total exceeds target
+        double pre = prefix + chunk_total(lanes, scan_chunk);
+        int64_t c = scan_chunk + 1;
+        while (c < chunks && !(pre + chunk_total(lanes, c) > target)) pre += chunk_total(lanes, c), ++c;
+        prefix = pre;
+        scan_chunk = static_cast<int>(c);
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int tok = result >= 0 ? result : last_positive;
+    token[blockIdx.x] = tok;
+    logprob[blockIdx.x] = static_cast<float>(static_cast<double>(row[tok]) - log_z);
   }
 }
 
@@ -617,10 +713,16 @@ void launch_gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t c
 }
 
 void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob, cudaStream_t stream) {
+  launch_sample_rows(x, rows, cols, nullptr, nullptr, token, logprob, stream);
+}
+
+void launch_sample_rows(const float* x, int64_t rows, int64_t cols, const float* temperature, const double* uniform,
+                        int32_t* token, float* logprob, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t chunks = (cols + kLseChunk - 1) / kLseChunk;
-  const size_t shared = static_cast<size_t>(chunks * kLseLanes) * sizeof(float);  // <= 32 KiB for cols <= 2^20
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(x, cols, token, logprob);
+  // <= 36 KiB for cols <= 2^20 (under the 48 KiB a kernel may use without opting in)
+  const size_t shared = static_cast<size_t>(chunks * kLseLanes + kLseChunk) * sizeof(float);
+  pick_rows_kernel<<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(x, cols, temperature, uniform, token, logprob);
 }
 
 void launch_kv_copy_slots(const KvView& kv, const int32_t* src, const int32_t* dst, int64_t n, int32_t* err,

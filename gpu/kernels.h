@@ -86,6 +86,11 @@ void launch_gather_rows(const float* x, const int32_t* idx, int64_t m, int64_t c
 /// in the last bits of the final double log; -1 and 0 for a row with a NaN or +inf or no
 /// finite value. One block per row; cols <= 2^20.
 void launch_argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob, cudaStream_t stream);
+/// Backend::sample_rows: row r drawn at temperature[r] with uniform[r] (device arrays) in
+/// temperature_pick's steps (model/sampling.h: compute_probs, then draw_inverse_cdf's chunked
+/// inverse CDF), so the CPU's token; temperature[r] < 1e-5 is launch_argmax_rows' pick.
+void launch_sample_rows(const float* x, int64_t rows, int64_t cols, const float* temperature, const double* uniform,
+                        int32_t* token, float* logprob, cudaStream_t stream);
 /// In every layer, K and V of slot src[i] copied to slot dst[i], for i = 0, 1, ... n-1 in that
 /// order (as CpuBackend's memmove loop: a later copy sees an earlier one's result).
 void launch_kv_copy_slots(const KvView& kv, const int32_t* src, const int32_t* dst, int64_t n, int32_t* err,

@@ -164,6 +164,14 @@ class Backend {
   /// of the final log, the same logprob); token -1 and logprob 0 for a row that cannot be
   /// sampled (a NaN or +inf, or no finite value). `token`, `logprob`: backend buffers of `rows`.
   virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* token, float* logprob) = 0;
+  /// As argmax_rows, but row r's token is drawn at temperature[r] with the uniform uniform[r] in
+  /// [0, 1): temperature_pick (model/sampling.h), i.e. softmax(x / T) and draw_inverse_cdf's
+  /// chunked inverse CDF, the same steps on every backend, so the CPU and the GPU draw the same
+  /// token; temperature[r] < 1e-5 takes argmax_rows' pick. `temperature` [rows] fp32 and
+  /// `uniform` [rows] fp64 are backend buffers. Sampling on the device for requests with only a
+  /// temperature (no top-k, top-p, min-p, penalties).
+  virtual void sample_rows(const float* x, int64_t rows, int64_t cols, const float* temperature, const double* uniform,
+                           int32_t* token, float* logprob) = 0;
   /// KV of slots src[i] copied to slots dst[i] in every layer (host pointers); used to compact
   /// an accepted tree path into consecutive slots.
   virtual void kv_copy_slots(KvStorage& kv, const int32_t* src, const int32_t* dst, int64_t n) = 0;

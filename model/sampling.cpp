@@ -349,16 +349,23 @@ double log_sum_exp(const float* x, int32_t n) {
   return static_cast<double>(mx) + std::log(sum);
 }
 
-GreedyPick greedy_pick(const float* x, int32_t n) {
-  SPECSERVE_CHECK(n > 0, "greedy_pick of an empty row");
+namespace {
+// No NaN, no +inf, at least one finite value.
+bool samplable(const float* x, int32_t n) {
   bool bad = false, any_finite = false;
   for (int32_t i = 0; i < n; ++i) {
     const float v = x[i];
     bad |= (v != v) | (v == kInf);
     any_finite |= v > -kInf;
   }
-  GreedyPick p;
-  if (bad || !any_finite) return p;
+  return !bad && any_finite;
+}
+}  // namespace
+
+RowPick greedy_pick(const float* x, int32_t n) {
+  SPECSERVE_CHECK(n > 0, "greedy_pick of an empty row");
+  RowPick p;
+  if (!samplable(x, n)) return p;
   p.token = Sampler::argmax(x, n);
   p.logprob = static_cast<float>(x[p.token] - log_sum_exp(x, n));
   return p;
@@ -483,20 +490,48 @@ double Sampler::next_uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
+int32_t draw_inverse_cdf(const float* p, size_t n, double u) {
+  const double target = u * sum_of(p, n);
+  double prefix = 0.0;
+  for (size_t c0 = 0; c0 < n; c0 += kFlush) {
+    const size_t end = std::min(n, c0 + kFlush);
+    const double chunk = sum_of(p + c0, end - c0);  // this chunk's lanes, as sum_of(p, n) formed them
+    if (prefix + chunk > target) {
+      double cum = prefix;
+      for (size_t i = c0; i < end; ++i) {
+        if (p[i] <= 0.0f) continue;
+        cum += p[i];
+        if (cum > target) return static_cast<int32_t>(i);
+      }
+    }
+    prefix += chunk;
+  }
+  // Rounding left every running sum at or just under target: the last possible token.
+  for (size_t i = n; i-- > 0;) {
+    if (p[i] > 0.0f) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
 int32_t Sampler::sample_from(const std::vector<float>& probs) {
   const double total = sum_of(probs.data(), probs.size());
   SPECSERVE_CHECK(total > 0.0, "sample_from: probabilities sum to " + fmt_value(total));
-  const double target = next_uniform() * total;
-  double cum = 0.0;
-  int32_t last_nonzero = -1;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    if (probs[i] <= 0.0f) continue;
-    cum += probs[i];
-    last_nonzero = static_cast<int32_t>(i);
-    if (cum > target) return last_nonzero;
-  }
-  // Rounding left the running sum at or just under target: the last possible token.
-  return last_nonzero;
+  return draw_inverse_cdf(probs.data(), probs.size(), next_uniform());
+}
+
+RowPick temperature_pick(const float* x, int32_t n, float temperature, double u) {
+  SamplingParams params;
+  params.temperature = temperature;
+  params.has_seed = true;  // no draw: spares the random_device
+  if (params.is_greedy()) return greedy_pick(x, n);
+  SPECSERVE_CHECK(n > 0, "temperature_pick of an empty row");
+  RowPick p;
+  if (!samplable(x, n)) return p;
+  thread_local std::vector<float> probs;
+  Sampler(params).compute_probs(x, n, {}, {}, &probs);
+  p.token = draw_inverse_cdf(probs.data(), probs.size(), u);
+  p.logprob = static_cast<float>(x[p.token] - log_sum_exp(x, n));
+  return p;
 }
 
 SampleResult Sampler::sample(const float* logits, int32_t vocab, std::span<const int32_t> prompt,

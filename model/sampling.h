@@ -80,9 +80,9 @@ struct SampleResult {
 /// verifier, Backend::argmax_rows on the CPU).
 double log_sum_exp(const float* x, int32_t n);
 
-/// What greedy decoding needs of one logit row.
-struct GreedyPick {
-  int32_t token = -1;     ///< the argmax (ties: the lowest id); -1: the row cannot be sampled
+/// A token chosen from one logit row, and its raw logprob.
+struct RowPick {
+  int32_t token = -1;     ///< the chosen token; -1: the row cannot be sampled
   float logprob = 0.0f;   ///< x[token] - log_sum_exp(x, n), rounded to float (0 when token is -1)
 };
 
@@ -90,7 +90,24 @@ struct GreedyPick {
 /// Sampler::sample gives them for a greedy request without penalties. token is -1 when the row
 /// cannot be sampled: a NaN or +inf in it, or no finite value. The reference that every
 /// Backend::argmax_rows (model/backend.h) is tested against.
-GreedyPick greedy_pick(const float* x, int32_t n);
+RowPick greedy_pick(const float* x, int32_t n);
+
+/// The token of a request with only a temperature (no top-k, top-p, min-p nor penalties) drawn
+/// from the logit row x[0..n) with the uniform u in [0, 1), and its raw logprob: exactly what
+/// Sampler::compute_probs then Sampler::sample_from give when next_uniform() returns u.
+/// temperature < 1e-5 is greedy_pick. token -1 as greedy_pick's. The reference of
+/// Backend::sample_rows.
+RowPick temperature_pick(const float* x, int32_t n, float temperature, double u);
+
+/// Inverse-CDF draw over non-negative weights p[0..n) with a positive sum, for the uniform u in
+/// [0, 1): target = u * total, where total is the sum of the chunk totals (chunks of 1024
+/// weights, each summed in 8 float lanes, then in double); the first chunk whose running double
+/// prefix plus its total exceeds target is scanned in index order with a running double sum
+/// from that prefix, and the first index with p > 0 whose running sum exceeds target is drawn
+/// (a chunk that rounding leaves without one hands on to the next); failing everywhere, the
+/// last index with p > 0. Chunked so that a GPU takes the very same steps. Never returns a
+/// zero-weight index.
+int32_t draw_inverse_cdf(const float* p, size_t n, double u);
 
 /// Samples one sequence's tokens. Holds the sequence's RNG, so the same params (with a seed)
 /// and the same logits give the same tokens. One per sequence; a Sampler is not thread-safe,
@@ -118,8 +135,8 @@ class Sampler {
                      std::span<const int32_t> output, std::vector<float>* probs) const;
 
   /// Draws a token from `probs` (any non-negative weights with a positive sum; need not be
-  /// normalised) by inverse CDF with exactly one `next_uniform()` draw: the first index whose
-  /// running sum exceeds u * sum. Never returns a zero-probability index.
+  /// normalised) by inverse CDF with exactly one `next_uniform()` draw: draw_inverse_cdf.
+  /// Never returns a zero-probability index.
   int32_t sample_from(const std::vector<float>& probs);
 
   /// One uniform double in [0, 1) from the sampler's RNG: the top 53 bits of one mt19937_64

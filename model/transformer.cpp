@@ -1,6 +1,8 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/logging.h"
 #include "model/tensor_slice.h"
@@ -207,6 +209,9 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
     const std::string where = "sequence " + std::to_string(si) + ": ";
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) return invalid_argument(where + "tokens is empty");
+    if (s.argmax_only && s.sample_temperature >= 1e-5f && !(s.sample_uniform >= 0.0 && s.sample_uniform < 1.0)) {
+      return invalid_argument(where + "sample_uniform " + std::to_string(s.sample_uniform) + " is not in [0, 1)");
+    }
     if (s.num_cached < 0) return invalid_argument(where + "num_cached " + std::to_string(s.num_cached) + " < 0");
     const int64_t need_blocks = (s.num_cached + n + bs - 1) / bs;
     if (static_cast<int64_t>(s.block_table.size()) < need_blocks) {
@@ -350,14 +355,42 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
   B.rms_norm(sel.f32(), *output_norm_, c.norm_eps, M, d, normed.f32());
   B.matmul(c.tied_output ? *tok_embd_ : *output_, normed.f32(), M, logits.f32());
   if (any_argmax) {
-    Buffer& am = scratch(17, M * 4);
-    Buffer& lp = scratch(18, M * 4);
-    B.argmax_rows(logits.f32(), M, c.vocab_size, am.i32(), lp.f32());
+    Buffer& picks = scratch(17, M * 8);  // tokens [M] then logprobs [M]: one download
+    // Rows of sequences that draw at a temperature (sample_temperature) take sample_rows.
+    std::vector<float> temps;
+    std::vector<double> uniforms;
+    for (size_t si = 0; si < batch.seqs.size(); ++si) {
+      const SequenceInput& s = batch.seqs[si];
+      if (!s.argmax_only || !(s.sample_temperature >= 1e-5f)) continue;
+      temps.assign(static_cast<size_t>(M), 0.0f);
+      uniforms.assign(static_cast<size_t>(M), 0.0);
+      break;
+    }
+    if (!temps.empty()) {
+      for (size_t si = 0; si < batch.seqs.size(); ++si) {
+        const SequenceInput& s = batch.seqs[si];
+        if (!s.argmax_only) continue;
+        for (int32_t r = out->seq_row_offset[si]; r < out->seq_row_offset[si + 1]; ++r) {
+          temps[static_cast<size_t>(r)] = s.sample_temperature;
+          uniforms[static_cast<size_t>(r)] = s.sample_uniform;
+        }
+      }
+      Buffer& tb = scratch(18, M * 4);
+      Buffer& ub = scratch(19, M * 8);
+      B.upload(tb, temps.data(), M * 4);
+      B.upload(ub, uniforms.data(), M * 8);
+      B.sample_rows(logits.f32(), M, c.vocab_size, tb.f32(), static_cast<const double*>(ub.data()), picks.i32(),
+                    picks.f32() + M);
+    } else {
+      B.argmax_rows(logits.f32(), M, c.vocab_size, picks.i32(), picks.f32() + M);
+    }
     B.synchronize();
     out->argmax.resize(static_cast<size_t>(M));
     out->argmax_logprob.resize(static_cast<size_t>(M));
-    B.download(out->argmax.data(), am, M * 4);
-    B.download(out->argmax_logprob.data(), lp, M * 4);
+    std::vector<int32_t> both(static_cast<size_t>(2 * M));
+    B.download(both.data(), picks, M * 8);
+    std::copy(both.begin(), both.begin() + M, out->argmax.begin());
+    std::memcpy(out->argmax_logprob.data(), both.data() + M, static_cast<size_t>(M) * 4);
   } else {
     B.synchronize();
   }
@@ -368,12 +401,22 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
   if (!any_argmax) {
     B.download(out->logits.data(), logits, M * row_bytes);
   } else {
-    // Each sequence's rows are consecutive on both sides: one copy per sequence that wants them.
-    for (size_t si = 0; si < batch.seqs.size(); ++si) {
-      const int64_t rows = out->seq_logits_offset[si + 1] - out->seq_logits_offset[si];
-      if (rows == 0) continue;
-      B.download(out->logits.data() + out->seq_logits_offset[si] * c.vocab_size, logits, rows * row_bytes,
-                 out->seq_row_offset[si] * row_bytes);
+    // Each sequence's rows are consecutive on both sides: one copy per run of neighbouring
+    // sequences that want them.
+    const size_t S = batch.seqs.size();
+    for (size_t si = 0; si < S;) {
+      if (batch.seqs[si].argmax_only) {
+        ++si;
+        continue;
+      }
+      size_t end = si;
+      while (end < S && !batch.seqs[end].argmax_only) ++end;
+      const int64_t rows = out->seq_logits_offset[end] - out->seq_logits_offset[si];
+      if (rows > 0) {
+        B.download(out->logits.data() + out->seq_logits_offset[si] * c.vocab_size, logits, rows * row_bytes,
+                   out->seq_row_offset[si] * row_bytes);
+      }
+      si = end;
     }
   }
   if (batch.return_hidden && hidden_is_logits) {

@@ -40,6 +40,12 @@ struct SequenceInput {
   /// logprobs needs, so a GPU step moves 8 bytes per row to the host instead of 4 * vocab.
   /// ForwardOutput::argmax / argmax_logprob then hold them; row() must not be asked for them.
   bool argmax_only = false;
+  /// With argmax_only, >= 1e-5: each logit row's token is drawn at this temperature with the
+  /// uniform `sample_uniform` in [0, 1) instead of taken as its argmax (Backend::sample_rows;
+  /// model/sampling.h temperature_pick), the same token on every backend. The engine sets it for
+  /// a plain step (one logit row) of a request with only a temperature.
+  float sample_temperature = 0.0f;
+  double sample_uniform = 0.0;
 };
 
 /// A batch of sequences for one forward call; prefill chunks and decode tokens mix freely.
@@ -66,8 +72,9 @@ struct ForwardOutput {
   /// First row in `logits` of sequence i; size seqs + 1 (an argmax_only sequence has none).
   std::vector<int32_t> seq_logits_offset;
   /// [num_rows] (indexed as seq_row_offset) when some sequence asked argmax_only, else empty:
-  /// every logit row's argmax (-1: the row has a NaN or +inf, or no finite value) and raw
-  /// logprob (model/sampling.h greedy_pick).
+  /// every logit row's argmax, or its drawn token for a sequence with sample_temperature (-1:
+  /// the row has a NaN or +inf, or no finite value), and the token's raw logprob
+  /// (model/sampling.h greedy_pick, temperature_pick).
   std::vector<int32_t> argmax;
   std::vector<float> argmax_logprob;
   /// Sequence `seq`'s k-th logit row [vocab_size]. Aborts for a row that was not downloaded
@@ -80,9 +87,15 @@ struct ForwardOutput {
     return logits.data() + static_cast<int64_t>(r) * vocab_size;
   }
   /// Argmax and raw logprob of sequence `seq`'s k-th logit row (argmax_only batches).
-  int32_t argmax_of(int32_t seq, int32_t k) const { return argmax[static_cast<size_t>(seq_row_offset[static_cast<size_t>(seq)] + k)]; }
-  float argmax_logprob_of(int32_t seq, int32_t k) const {
-    return argmax_logprob[static_cast<size_t>(seq_row_offset[static_cast<size_t>(seq)] + k)];
+  /// Aborts when the batch asked for none (a caller bug).
+  int32_t argmax_of(int32_t seq, int32_t k) const { return argmax[pick_index(seq, k)]; }
+  float argmax_logprob_of(int32_t seq, int32_t k) const { return argmax_logprob[pick_index(seq, k)]; }
+  size_t pick_index(int32_t seq, int32_t k) const {
+    const int32_t r = seq_row_offset[static_cast<size_t>(seq)] + k;
+    SPECSERVE_CHECK(k >= 0 && r < seq_row_offset[static_cast<size_t>(seq) + 1] && static_cast<size_t>(r) < argmax.size(),
+                    "ForwardOutput::argmax_of: sequence " + std::to_string(seq) + " row " + std::to_string(k) +
+                        " has no argmax (no argmax_only sequence in the batch, or out of range)");
+    return static_cast<size_t>(r);
   }
   /// Hidden state of sequence `seq`'s k-th hidden row (its k-th hidden_rows entry, or k-th logit row).
   const float* hidden_row(int32_t seq, int32_t k) const {

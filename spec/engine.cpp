@@ -57,10 +57,23 @@ Engine::Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions 
   if (const char* env = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE"); env && std::string(env) == "0") opts_.argmax_on_device = false;
 }
 
+namespace {
+// Penalties and top logprobs need the whole row on the host.
+bool plain_row_suffices(const SamplingParams& sp) {
+  return sp.logprobs == 0 && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+}
+}  // namespace
+
 bool Engine::picks_suffice(const Seq& s) const {
   const SamplingParams& sp = s.params.sampling;
-  return opts_.argmax_on_device && sp.is_greedy() && sp.logprobs == 0 && sp.repetition_penalty == 1.0f &&
-         sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  return opts_.argmax_on_device && sp.is_greedy() && plain_row_suffices(sp);
+}
+
+bool Engine::draws_on_device(const Seq& s) const {
+  const SamplingParams& sp = s.params.sampling;
+  const int64_t vocab = target_.config().vocab_size;
+  return opts_.argmax_on_device && !sp.is_greedy() && plain_row_suffices(sp) && (sp.top_k <= 0 || sp.top_k >= vocab) &&
+         sp.top_p >= 1.0f && sp.min_p <= 0.0f;
 }
 
 Engine::~Engine() = default;

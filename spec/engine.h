@@ -69,9 +69,11 @@ struct EngineOptions {
   float posterior_alpha = 0.3f;       ///< Medusa's delta (weight of exp(-entropy)), in [0, 1]
   /// A greedy request without penalties or top logprobs takes its tokens and logprobs from the
   /// backend's argmax_rows (SequenceInput::argmax_only) instead of whole logit rows: on a GPU
-  /// 8 bytes per row reach the host instead of 4 * vocab. Same tokens and logprobs either way
-  /// (model/sampling.h greedy_pick); off only to compare (the environment variable
-  /// SPECSERVE_ARGMAX_ON_DEVICE=0 also turns it off).
+  /// 8 bytes per row reach the host instead of 4 * vocab. So does the plain (undrafted) step of
+  /// a request with only a temperature (no top-k, top-p, min-p, penalties, top logprobs): the
+  /// backend draws its token (sample_rows) with the uniform its Sampler would have used. Same
+  /// tokens and logprobs either way (model/sampling.h greedy_pick, temperature_pick); off only
+  /// to compare (the environment variable SPECSERVE_ARGMAX_ON_DEVICE=0 also turns it off).
   bool argmax_on_device = true;
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
@@ -277,7 +279,8 @@ class Engine {
   /// `seq` of `out` (row 0 the last known token, row i + 1 node i) and emits the accepted
   /// tokens plus the bonus / recovered token (spec/tree_verify.h). Returns the accepted nodes
   /// from depth 1 on; s may have finished on one of them.
-  /// `picks`: the rows of `seq` are argmax_only (only for a greedy s: picks_suffice).
+  /// `picks`: the rows of `seq` are argmax_only (out.argmax_of: greedy picks, picks_suffice; or
+  /// the token drawn on the backend for a plain step, draws_on_device).
   std::vector<int32_t> verify_tree(Seq& s, const DraftTree& d, const ForwardOutput& out, int32_t seq, bool picks, SeqEvent* ev);
   /// Verifies chain draft `d` (no parents; k = d.tokens.size() >= 0 tokens, k == 0 a plain
   /// decode) of s against its logit rows `seq` of `out` (row 0 the last known token, row r + 1
@@ -290,6 +293,9 @@ class Engine {
   /// True when s needs of the target's logit rows only their argmax and its raw logprob
   /// (EngineOptions::argmax_on_device; greedy, no penalties, no top logprobs).
   bool picks_suffice(const Seq& s) const;
+  /// True when a plain step of s may draw its token on the backend (EngineOptions::
+  /// argmax_on_device; a temperature only: no top-k, top-p, min-p, penalties, top logprobs).
+  bool draws_on_device(const Seq& s) const;
   /// Moves the KV of the accepted `path` (tree nodes computed at rows path[j] + 1 after the
   /// last known token at position `base`) to positions base + 1 + j (Backend::kv_copy_slots).
   Status compact_path(Seq& s, int32_t base, std::span<const int32_t> path);

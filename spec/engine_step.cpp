@@ -184,7 +184,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     in.tokens.insert(in.tokens.end(), p.draft.tokens.begin(), p.draft.tokens.end());
     in.block_table = s.blocks.blocks();
     // A prefill chunk that does not complete the prompt uses no logits at all.
-    in.argmax_only = !p.completes || picks_suffice(s);
+    in.argmax_only = picks_suffice(s) || (!p.completes && opts_.argmax_on_device);
+    if (p.completes && p.draft.tokens.empty() && draws_on_device(s)) {
+      // A plain step of a temperature-only request: the backend draws the token with the
+      // uniform verify_chain's sample_from would have taken (one per step, in the same order).
+      in.argmax_only = true;
+      in.sample_temperature = s.params.sampling.temperature;
+      in.sample_uniform = s.sampler->next_uniform();
+    }
     if (!p.draft.tokens.empty()) {
       for (int32_t r = 0; r < p.rows; ++r) in.logit_rows.push_back(r);
     }

@@ -94,8 +94,8 @@ TEST_F(BackendOps, AddAndGatherRows) {
   for (size_t i = 0; i < idx.size(); ++i) EXPECT_TRUE(bit_equal(&g[i * cols], &sum[idx[i] * cols], cols));
 }
 
-TEST_F(BackendOps, ArgmaxRowsIsGreedyPickOfEveryRow) {
-  const int64_t cols = 3000;  // two full exp_sum chunks and a partial one
+TEST_F(BackendOps, ArgmaxRowsIsRowPickOfEveryRow) {
+  const int64_t cols = 3001;  // two full exp_sum chunks and a partial one, whose last lane group is short
   std::vector<float> x = random_vec(6 * cols, 91, -20.0f, 20.0f);
   x[1 * cols + 17] = std::numeric_limits<float>::quiet_NaN();     // row 1: NaN
   x[2 * cols + 2999] = std::numeric_limits<float>::infinity();    // row 2: +inf
@@ -109,7 +109,7 @@ TEST_F(BackendOps, ArgmaxRowsIsGreedyPickOfEveryRow) {
   be_->download(tok.data(), *tb, 6 * 4);
   be_->download(lp.data(), *lb, 6 * 4);
   for (int64_t r = 0; r < 6; ++r) {
-    const GreedyPick want = greedy_pick(&x[r * cols], static_cast<int32_t>(cols));
+    const RowPick want = greedy_pick(&x[r * cols], static_cast<int32_t>(cols));  // the definition: model/sampling.h
     EXPECT_EQ(tok[r], want.token) << "row " << r;
     EXPECT_EQ(lp[r], want.logprob) << "row " << r;
   }
@@ -125,6 +125,31 @@ TEST_F(BackendOps, ArgmaxRowsIsGreedyPickOfEveryRow) {
   be_->download(&l5, *lb, 4);
   EXPECT_EQ(t5, tok[5]);
   EXPECT_EQ(l5, lp[5]);
+}
+
+TEST_F(BackendOps, SampleRowsIsTemperaturePickOfEveryRow) {
+  const int64_t rows = 8, cols = 2049;
+  std::vector<float> x = random_vec(rows * cols, 93, -6.0f, 6.0f);
+  x[3 * cols + 100] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> temps = {0.0f, 0.5f, 1.0f, 1.0f, 2.0f, 1e-6f, 0.8f, 1.0f};
+  const std::vector<double> us = {0.3, 0.0, 0.5, 0.5, 0.999999, 0.7, 0.25, std::nextafter(1.0, 0.0)};
+  auto xb = buf(x), tb = buf(temps), ub = buf(us);
+  auto kb = be_->alloc(rows * 4), lb = be_->alloc(rows * 4);
+  be_->sample_rows(xb->f32(), rows, cols, tb->f32(), static_cast<const double*>(ub->data()), kb->i32(), lb->f32());
+  std::vector<int32_t> tok(rows);
+  std::vector<float> lp(rows);
+  be_->download(tok.data(), *kb, rows * 4);
+  be_->download(lp.data(), *lb, rows * 4);
+  int drawn = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowPick want = temperature_pick(&x[r * cols], static_cast<int32_t>(cols), temps[r], us[r]);
+    EXPECT_EQ(tok[r], want.token) << "row " << r;
+    EXPECT_EQ(lp[r], want.logprob) << "row " << r;
+    drawn += tok[r] >= 0 && tok[r] != greedy_pick(&x[r * cols], static_cast<int32_t>(cols)).token;
+  }
+  EXPECT_EQ(tok[3], -1);
+  EXPECT_EQ(tok[0], greedy_pick(&x[0], static_cast<int32_t>(cols)).token);  // temperature 0: the argmax
+  EXPECT_GE(drawn, 4) << "sampled rows should mostly not be the argmax";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -357,35 +358,70 @@ TEST_F(CudaOps, SwigluAddGatherMatchCpu) {
   EXPECT_EQ(get(*gpu_, *gout, static_cast<int64_t>(gw.size())), gw);
 }
 
-// argmax_rows: the CPU's token exactly (the same first maximum), the CPU's logprob up to the
-// last bits of the final double log (the exps and lane sums are the CPU's operation for
-// operation), -1 where the CPU says the row cannot be sampled; vocab sizes of the default model,
-// of Llama 3 and a small odd one.
-TEST_F(CudaOps, ArgmaxRowsMatchCpu) {
+// Float ulps between a and b (same sign assumed; 0 when equal).
+int64_t ulps_apart(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::llabs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
+}
+
+// argmax_rows and sample_rows: the CPU's token exactly (the same first maximum; the same draw,
+// since the exps, lanes and double sums are the CPU's operation for operation) and the CPU's
+// logprob up to one ulp (only the final double log may differ), over many rows, with rows whose
+// maximum dominates (logprob near 0, where float keeps the sum's bits), ties, -inf, and rows that
+// cannot be sampled; vocab sizes of the default model, of Llama 3 and a small odd one.
+TEST_F(CudaOps, ArgmaxAndSampleRowsMatchCpu) {
   for (int64_t cols : {int64_t{49152}, int64_t{128256}, int64_t{1001}}) {
-    const int64_t rows = 7;
+    const int64_t rows = 96;
     std::vector<float> x = randn(static_cast<size_t>(rows * cols), 12, 6.0f);
+    for (int64_t r = 6; r < rows; r += 3) x[r * cols + (r * 7919) % cols] = 60.0f;  // a dominant maximum
     x[1 * cols + cols / 3] = std::numeric_limits<float>::quiet_NaN();
     x[2 * cols + cols - 1] = std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < cols; ++j) x[3 * cols + j] = -std::numeric_limits<float>::infinity();
-    x[4 * cols + 9] = x[4 * cols + cols - 5] = 100.0f;  // a tie at the max: the lower index
+    x[4 * cols + 9] = x[4 * cols + cols - 5] = 100.0f;   // a tie across warps: the lower index
+    x[7 * cols + 10] = x[7 * cols + 10 + 256] = 100.0f;  // a tie within one thread's indices
+    x[8 * cols + 11] = x[8 * cols + 12] = 100.0f;        // a tie within one warp
     for (int64_t j = 0; j < cols; j += 2) x[5 * cols + j] = -std::numeric_limits<float>::infinity();
-    std::vector<int32_t> want_tok(rows);
-    std::vector<float> want_lp(rows);
-    cpu_->argmax_rows(x.data(), rows, cols, want_tok.data(), want_lp.data());
-    auto xb = buf(*gpu_, x);
-    auto tb = gpu_->alloc(rows * 4), lb = gpu_->alloc(rows * 4);
-    gpu_->argmax_rows(xb->f32(), rows, cols, tb->i32(), lb->f32());
-    gpu_->synchronize();
-    std::vector<int32_t> tok(rows);
-    std::vector<float> lp(rows);
-    gpu_->download(tok.data(), *tb, rows * 4);
-    gpu_->download(lp.data(), *lb, rows * 4);
-    EXPECT_EQ(tok, want_tok) << "cols " << cols;
-    for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(lp[r], want_lp[r], 1e-6 * std::max(1.0f, std::fabs(want_lp[r]))) << "cols " << cols << " row " << r;
-    EXPECT_EQ(tok[1], -1);
-    EXPECT_EQ(tok[3], -1);
-    EXPECT_EQ(tok[4], 9);
+    std::vector<float> temps(static_cast<size_t>(rows));
+    std::vector<double> us(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      temps[static_cast<size_t>(r)] = r % 4 == 0 ? 0.0f : 0.25f * static_cast<float>(r % 7 + 1);
+      us[static_cast<size_t>(r)] = static_cast<double>((r * 2654435761u) % 1000003) / 1000003.0;
+    }
+    auto xb = buf(*gpu_, x), tb = buf(*gpu_, temps), ub = buf(*gpu_, us);
+    auto kb = gpu_->alloc(rows * 4), lb = gpu_->alloc(rows * 4);
+    for (bool sample : {false, true}) {
+      std::vector<int32_t> want_tok(rows);
+      std::vector<float> want_lp(rows);
+      if (sample) {
+        cpu_->sample_rows(x.data(), rows, cols, temps.data(), us.data(), want_tok.data(), want_lp.data());
+        gpu_->sample_rows(xb->f32(), rows, cols, tb->f32(), static_cast<const double*>(ub->data()), kb->i32(), lb->f32());
+      } else {
+        cpu_->argmax_rows(x.data(), rows, cols, want_tok.data(), want_lp.data());
+        gpu_->argmax_rows(xb->f32(), rows, cols, kb->i32(), lb->f32());
+      }
+      gpu_->synchronize();
+      std::vector<int32_t> tok(rows);
+      std::vector<float> lp(rows);
+      gpu_->download(tok.data(), *kb, rows * 4);
+      gpu_->download(lp.data(), *lb, rows * 4);
+      const std::string where = std::string(sample ? "sample_rows" : "argmax_rows") + " cols " + std::to_string(cols);
+      EXPECT_EQ(tok, want_tok) << where;
+      int64_t equal = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_LE(ulps_apart(lp[r], want_lp[r]), 1) << where << " row " << r << ": " << lp[r] << " vs " << want_lp[r];
+        equal += lp[r] == want_lp[r];
+      }
+      EXPECT_GE(equal, rows * 9 / 10) << where << ": most logprobs should be bit-equal";
+      EXPECT_EQ(tok[1], -1) << where;
+      EXPECT_EQ(tok[3], -1) << where;
+      if (!sample) {
+        EXPECT_EQ(tok[4], 9) << where;
+        EXPECT_EQ(tok[7], 10) << where;
+        EXPECT_EQ(tok[8], 11) << where;
+      }
+    }
   }
 }
 

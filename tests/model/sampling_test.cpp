@@ -78,7 +78,7 @@ TEST(Sampling, GreedyIsOneHotAndDrawsNoUniform) {
 }
 
 // greedy_pick is what Backend::argmax_rows must give: the greedy sampler's token and logprob.
-TEST(Sampling, GreedyPickIsTheGreedySamplersTokenAndLogprob) {
+TEST(Sampling, RowPickIsTheGreedySamplersTokenAndLogprob) {
   SamplingParams p = seeded(3);
   p.temperature = 0.0f;
   std::mt19937 rng(11);
@@ -86,10 +86,14 @@ TEST(Sampling, GreedyPickIsTheGreedySamplersTokenAndLogprob) {
   for (int32_t n : {1, 7, 8, 1023, 1024, 1025, 49152}) {
     std::vector<float> l(static_cast<size_t>(n));
     for (float& x : l) x = nd(rng);
-    if (n > 9) l[3] = -kInf, l[static_cast<size_t>(n - 2)] = l[static_cast<size_t>(n / 2)];  // a tie, later
+    if (n > 9) {  // an excluded token, and a tie at the maximum: the lower id wins
+      l[3] = -kInf;
+      const float mx = *std::max_element(l.begin(), l.end());
+      l[static_cast<size_t>(n / 2)] = l[static_cast<size_t>(n - 2)] = mx + 1.0f;
+    }
     Sampler s(p);
     const SampleResult want = s.sample(l.data(), n, {}, {});
-    const GreedyPick got = greedy_pick(l.data(), n);
+    const RowPick got = greedy_pick(l.data(), n);
     EXPECT_EQ(got.token, want.token) << n;
     EXPECT_EQ(got.logprob, want.logprob) << n;  // the same normaliser, bit for bit
     // ... and the definition, in double.
@@ -99,19 +103,88 @@ TEST(Sampling, GreedyPickIsTheGreedySamplersTokenAndLogprob) {
   }
 }
 
-TEST(Sampling, GreedyPickRejectsRowsThatCannotBeSampled) {
+TEST(Sampling, RowPickRejectsRowsThatCannotBeSampled) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (const std::vector<float>& l : std::vector<std::vector<float>>{
            {0.0f, nan, 1.0f}, {0.0f, kInf, 1.0f}, {-kInf, -kInf}, {nan}}) {
-    const GreedyPick g = greedy_pick(l.data(), static_cast<int32_t>(l.size()));
+    const RowPick g = greedy_pick(l.data(), static_cast<int32_t>(l.size()));
     EXPECT_EQ(g.token, -1);
     EXPECT_EQ(g.logprob, 0.0f);
   }
   const std::vector<float> tie = {-kInf, 2.0f, 2.0f};
-  const GreedyPick g = greedy_pick(tie.data(), 3);
+  const RowPick g = greedy_pick(tie.data(), 3);
   EXPECT_EQ(g.token, 1);
   EXPECT_NEAR(g.logprob, -std::log(2.0), 1e-7);
   EXPECT_EQ(log_sum_exp(tie.data(), 1), -kInf);  // no finite value: the max comes back
+}
+
+// temperature_pick is what Backend::sample_rows must give: the token Sampler::sample draws for a
+// temperature-only request when its next uniform is u, and that token's raw logprob.
+TEST(Sampling, TemperaturePickIsTheSamplersDrawForItsUniform) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  int differ_from_argmax = 0;
+  for (int32_t n : {2, 9, 1024, 1500, 49152}) {
+    std::vector<float> l(static_cast<size_t>(n));
+    for (float& x : l) x = nd(rng);
+    if (n > 9) l[4] = -kInf;
+    for (float t : {0.0f, 0.3f, 1.0f, 1.7f}) {
+      for (uint64_t seed = 0; seed < 6; ++seed) {
+        SamplingParams p = seeded(seed);
+        p.temperature = t;
+        Sampler draw(p), twin(p);
+        const SampleResult want = draw.sample(l.data(), n, {}, {});
+        const double u = t == 0.0f ? 0.0 : twin.next_uniform();  // greedy draws none
+        const RowPick got = temperature_pick(l.data(), n, t, u);
+        EXPECT_EQ(got.token, want.token) << "n " << n << " t " << t << " seed " << seed;
+        EXPECT_EQ(got.logprob, want.logprob) << "n " << n << " t " << t << " seed " << seed;
+        differ_from_argmax += got.token != Sampler::argmax(l.data(), n);
+      }
+    }
+  }
+  EXPECT_GT(differ_from_argmax, 20) << "the draws should not all be the argmax";
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> bad = {0.0f, nan};
+  EXPECT_EQ(temperature_pick(bad.data(), 2, 1.0f, 0.5).token, -1);
+}
+
+// draw_inverse_cdf's chunked order: the token whose cumulative weight first exceeds u * total,
+// across chunk boundaries, never a zero weight, and the last positive weight when u is at the top.
+TEST(Sampling, DrawInverseCdfFollowsTheCumulativeWeights) {
+  std::vector<float> p(3000, 0.0f);
+  p[10] = 1.0f;
+  p[1023] = 1.0f;  // last of chunk 0
+  p[1024] = 2.0f;  // first of chunk 1
+  p[2999] = 4.0f;  // the partial last chunk
+  const double total = 8.0;
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), 0.0), 10);
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), 0.99 / total), 10);
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), 1.0 / total), 1023);
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), 2.5 / total), 1024);
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), 4.0 / total), 2999);
+  EXPECT_EQ(draw_inverse_cdf(p.data(), p.size(), std::nextafter(1.0, 0.0)), 2999);
+  // Against a plain running sum in double over many random rows (they may differ only where
+  // rounding puts u * total on a boundary, which random draws do not hit).
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> w(0.0f, 1.0f);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> q(1 + rng() % 5000);
+    for (float& x : q) x = (rng() % 3 == 0) ? 0.0f : w(rng);
+    q[rng() % q.size()] = 1.0f;
+    const double u = ud(rng);
+    double sum = 0;
+    for (float x : q) sum += x;
+    double cum = 0;
+    int32_t want = -1;
+    for (size_t i = 0; i < q.size() && want < 0; ++i) {
+      cum += q[i];
+      if (q[i] > 0 && cum > u * sum) want = static_cast<int32_t>(i);
+    }
+    const int32_t got = draw_inverse_cdf(q.data(), q.size(), u);
+    EXPECT_EQ(got, want) << "trial " << trial;
+    EXPECT_GT(q[static_cast<size_t>(got)], 0.0f);
+  }
 }
 
 TEST(Sampling, TinyTemperatureIsGreedy) {

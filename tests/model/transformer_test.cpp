@@ -237,7 +237,7 @@ TEST_F(ModelTest, SequenceLogitsDoNotDependOnTheBatch) {
 
 // argmax_only: those sequences get greedy_pick of each of their rows (and no logits); the others
 // get exactly the rows they would get alone, at their usual row() places.
-TEST_F(ModelTest, ArgmaxOnlySequencesGetTheirRowsGreedyPicksAndNoLogits) {
+TEST_F(ModelTest, ArgmaxOnlySequencesGetTheirRowsRowPicksAndNoLogits) {
   const auto text = encode(kText);
   ASSERT_GE(text.size(), 40u);
   auto slice = [&](size_t from, size_t n) { return std::vector<int32_t>(text.begin() + from, text.begin() + from + n); };
@@ -264,7 +264,7 @@ TEST_F(ModelTest, ArgmaxOnlySequencesGetTheirRowsGreedyPicksAndNoLogits) {
     for (int32_t si = 0; si < 4; ++si) {
       const int32_t rows = full.seq_row_offset[si + 1] - full.seq_row_offset[si];
       for (int32_t r = 0; r < rows; ++r) {
-        const GreedyPick g = greedy_pick(full.row(si, r), static_cast<int32_t>(vocab()));
+        const RowPick g = greedy_pick(full.row(si, r), static_cast<int32_t>(vocab()));
         EXPECT_EQ(out.argmax_of(si, r), g.token) << "sequence " << si << " row " << r;
         EXPECT_EQ(out.argmax_logprob_of(si, r), g.logprob) << "sequence " << si << " row " << r;
         EXPECT_GE(out.argmax_of(si, r), 0);
@@ -279,6 +279,27 @@ TEST_F(ModelTest, ArgmaxOnlySequencesGetTheirRowsGreedyPicksAndNoLogits) {
       if (picks[static_cast<size_t>(si)]) EXPECT_DEATH((void)out.row(si, 0), "has no logits");
     }
   }
+  // A sequence that draws at a temperature gets temperature_pick of its rows; the others in
+  // the batch keep their argmax; a uniform outside [0, 1) is refused before any work.
+  ForwardBatch b;
+  b.seqs = inputs;
+  for (SequenceInput& s : b.seqs) s.argmax_only = true;
+  b.seqs[1].sample_temperature = 0.8f;
+  b.seqs[1].sample_uniform = 0.37;
+  const ForwardOutput out = run(b, *cache);
+  for (int32_t si = 0; si < 4; ++si) {
+    for (int32_t r = 0; r < full.seq_row_offset[si + 1] - full.seq_row_offset[si]; ++r) {
+      const RowPick want = si == 1 ? temperature_pick(full.row(si, r), static_cast<int32_t>(vocab()), 0.8f, 0.37)
+                                   : greedy_pick(full.row(si, r), static_cast<int32_t>(vocab()));
+      EXPECT_EQ(out.argmax_of(si, r), want.token) << "sequence " << si << " row " << r;
+      EXPECT_EQ(out.argmax_logprob_of(si, r), want.logprob) << "sequence " << si << " row " << r;
+    }
+  }
+  b.seqs[1].sample_uniform = 1.0;
+  ForwardOutput bad;
+  const Status st = model_->forward(b, *cache, &bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sample_uniform"), std::string::npos) << st.to_string();
 }
 
 TEST_F(ModelTest, ReturnsHiddenStatesAndLayerSkipOnRequest) {

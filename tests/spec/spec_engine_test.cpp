@@ -109,6 +109,44 @@ TEST(SpecEngineGreedy, ArgmaxOnDeviceGivesTheSameTokensAndLogprobs) {
   }
 }
 
+// Seeded requests with only a temperature draw their plain steps' tokens on the backend
+// (sample_rows) with the uniform their sampler would have used: the same tokens and logprob bits
+// as drawing on the host, plain and with n-gram drafts (whose steps with a draft verify on the
+// host), next to requests with top-p / top-k (always on the host).
+TEST(SpecEngineSampled, DrawsOnTheBackendGiveTheHostsTokens) {
+  std::vector<GenerateParams> reqs = requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SamplingParams& sp = reqs[i].sampling;
+    sp = SamplingParams{};
+    sp.temperature = 0.6f + 0.1f * static_cast<float>(i % 5);
+    sp.has_seed = true;
+    sp.seed = 1000 + i;
+    if (i % 5 == 1) sp.top_p = 0.9f;
+    if (i % 5 == 2) sp.top_k = 40;
+  }
+  for (int m = -1; m < 1; ++m) {  // -1: no speculation; 0: n-gram
+    auto p1 = m < 0 ? nullptr : make_proposer(Method::kNgram);
+    auto p2 = m < 0 ? nullptr : make_proposer(Method::kNgram);
+    EngineOptions on = spec_options(m < 0 ? 0 : 4, 8), off = on;
+    off.argmax_on_device = false;
+    const std::string where = m < 0 ? "plain" : "ngram";
+    const RunResult a = run_engine(target(), tokenizer(), p1.get(), on, reqs);
+    const RunResult b = run_engine(target(), tokenizer(), p2.get(), off, reqs);
+    expect_same_outputs(a, b, where);
+    for (size_t i = 0; i < a.requests.size(); ++i) {
+      for (size_t t = 0; t < a.requests[i].logprobs.size(); ++t) {
+        ASSERT_EQ(a.requests[i].logprobs[t].logprob, b.requests[i].logprobs[t].logprob) << where << " request " << i << " token " << t;
+      }
+    }
+    EXPECT_GT(a.stats.argmax_rows, 100) << where << ": the backend drew no tokens";
+    EXPECT_EQ(b.stats.argmax_rows, 0) << where;
+    // Not a greedy run in disguise: sampled output differs from the greedy reference.
+    int differ = 0;
+    for (size_t i = 0; i < a.requests.size(); ++i) differ += a.requests[i].tokens != reference().requests[i].tokens;
+    EXPECT_GT(differ, static_cast<int>(reqs.size()) / 2) << where;
+  }
+}
+
 TEST(SpecEngineGreedy, AdaptiveKKeepsIdentity) {
   auto proposer = make_proposer(Method::kDraftModel);
   EngineOptions o = spec_options(8, 8);
