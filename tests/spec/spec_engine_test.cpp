@@ -76,6 +76,16 @@ INSTANTIATE_TEST_SUITE_P(AllMethods, SpecEngineIdentity, ::testing::ValuesIn(ide
                                   std::to_string(i.param.batch);
                          });
 
+// expect_same_outputs, and every token's logprob equal to the last bit.
+void expect_same_outputs_and_logprob_bits(const RunResult& a, const RunResult& b, const std::string& where) {
+  expect_same_outputs(a, b, where);
+  for (size_t i = 0; i < a.requests.size() && i < b.requests.size(); ++i) {
+    for (size_t t = 0; t < a.requests[i].logprobs.size() && t < b.requests[i].logprobs.size(); ++t) {
+      ASSERT_EQ(a.requests[i].logprobs[t].logprob, b.requests[i].logprobs[t].logprob) << where << " request " << i << " token " << t;
+    }
+  }
+}
+
 // The greedy fast path (EngineOptions::argmax_on_device: the backend's argmax_rows instead of
 // whole logit rows) gives the same tokens and the same logprob bits as the full path, plain and
 // speculative, while requests that need whole rows (penalties, top logprobs) share its batches.
@@ -97,12 +107,7 @@ TEST(SpecEngineGreedy, ArgmaxOnDeviceGivesTheSameTokensAndLogprobs) {
     const RunResult a = run_engine(target(), tokenizer(), proposer.get(), on, reqs);
     auto proposer2 = m < 0 ? nullptr : make_proposer(m == 0 ? Method::kNgram : Method::kDraftModel);
     const RunResult b = run_engine(target(), tokenizer(), proposer2.get(), off, reqs);
-    expect_same_outputs(a, b, where);
-    for (size_t i = 0; i < a.requests.size(); ++i) {
-      for (size_t t = 0; t < a.requests[i].logprobs.size(); ++t) {
-        ASSERT_EQ(a.requests[i].logprobs[t].logprob, b.requests[i].logprobs[t].logprob) << where << " request " << i << " token " << t;
-      }
-    }
+    expect_same_outputs_and_logprob_bits(a, b, where);
     EXPECT_GT(a.stats.argmax_rows, 0) << where << ": the fast path never ran";
     EXPECT_EQ(b.stats.argmax_rows, 0) << where;
     if (m >= 0) EXPECT_GT(a.stats.spec.num_accepted_tokens, 0) << where;
@@ -132,12 +137,7 @@ TEST(SpecEngineSampled, DrawsOnTheBackendGiveTheHostsTokens) {
     const std::string where = m < 0 ? "plain" : "ngram";
     const RunResult a = run_engine(target(), tokenizer(), p1.get(), on, reqs);
     const RunResult b = run_engine(target(), tokenizer(), p2.get(), off, reqs);
-    expect_same_outputs(a, b, where);
-    for (size_t i = 0; i < a.requests.size(); ++i) {
-      for (size_t t = 0; t < a.requests[i].logprobs.size(); ++t) {
-        ASSERT_EQ(a.requests[i].logprobs[t].logprob, b.requests[i].logprobs[t].logprob) << where << " request " << i << " token " << t;
-      }
-    }
+    expect_same_outputs_and_logprob_bits(a, b, where);
     EXPECT_GT(a.stats.argmax_rows, 100) << where << ": the backend drew no tokens";
     EXPECT_EQ(b.stats.argmax_rows, 0) << where;
     // Not a greedy run in disguise: sampled output differs from the greedy reference.
