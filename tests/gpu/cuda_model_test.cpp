@@ -214,6 +214,8 @@ TEST_F(CudaDefaultModel, ForwardAndGreedyMatchCpu) {
 // The speculative engine on the GPU: greedy output with n-gram speculation (a verify pass of
 // k + 1 rows) equals plain decoding (1 row) token for token — the determinism contract end to
 // end. Asserted for the batch-invariant matmul; for cuBLAS the same check runs and reports.
+// Plain decoding with the tokens taken on the GPU (argmax_rows, the default) equals taking them
+// from whole rows on the host (EngineOptions::argmax_on_device off), for both matmuls.
 TEST_F(CudaDefaultModel, SpeculativeGreedyEqualsPlainOnGpu) {
   const GgufFile& f = testing::default_gguf();
   for (CudaMatmul mm : {CudaMatmul::kBatchInvariant, CudaMatmul::kCublas}) {
@@ -221,10 +223,11 @@ TEST_F(CudaDefaultModel, SpeculativeGreedyEqualsPlainOnGpu) {
     ASSERT_TRUE(gpu.ok());
     auto gm = Transformer::load(f, **gpu);
     ASSERT_TRUE(gm.ok());
-    auto run = [&](bool speculate) {
+    auto run = [&](bool speculate, bool device_picks = true) {
       EngineOptions eo;
       eo.max_num_seqs = 2;
       eo.max_model_len = 512;
+      eo.argmax_on_device = device_picks;
       NgramProposer ngram(1, 4);
       if (speculate) eo.num_speculative_tokens = 4;
       auto e = Engine::create(**gm, &testing::default_tokenizer(), speculate ? &ngram : nullptr, eo);
@@ -246,6 +249,7 @@ TEST_F(CudaDefaultModel, SpeculativeGreedyEqualsPlainOnGpu) {
       return out;
     };
     const auto plain = run(false), spec = run(true);
+    EXPECT_EQ(run(false, false), plain) << cuda_matmul_name(mm) << ": tokens from whole rows differ from argmax_rows'";
     if (mm == CudaMatmul::kBatchInvariant) {
       EXPECT_EQ(spec, plain) << "batch_invariant: speculative greedy output differs from plain decoding";
     } else {
