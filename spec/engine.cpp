@@ -53,8 +53,18 @@ Status EngineOptions::validate() const {
 }
 
 Engine::Engine(Transformer& t, const Tokenizer* tok, Proposer* p, EngineOptions o)
-    : target_(t), tokenizer_(tok), proposer_(p), opts_(std::move(o)) {
-  if (const char* env = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE"); env && std::string(env) == "0") opts_.argmax_on_device = false;
+    : target_(t), tokenizer_(tok), proposer_(p), opts_(std::move(o)) {}
+
+Expected<bool> argmax_on_device_from_env(bool fallback) {
+  const char* g = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE");
+  if (g == nullptr || *g == '\0') return fallback;
+  const std::string v = g;
+  if (v != "0" && v != "1") {
+    return invalid_argument("SPECSERVE_ARGMAX_ON_DEVICE = '" + v +
+                            "': expected 1 (greedy and temperature-only tokens taken on the backend, the default) or 0 "
+                            "(whole logit rows to the host)");
+  }
+  return v == "1";
 }
 
 namespace {
@@ -81,6 +91,9 @@ Engine::~Engine() = default;
 Expected<std::unique_ptr<Engine>> Engine::create(Transformer& target, const Tokenizer* tokenizer, Proposer* proposer,
                                                  EngineOptions options) {
   SPECSERVE_RETURN_IF_ERROR(options.validate());
+  auto on_device = argmax_on_device_from_env(options.argmax_on_device);
+  if (!on_device.ok()) return on_device.status();
+  options.argmax_on_device = *on_device;
   const int64_t ctx = target.config().context_length;
   if (options.max_model_len == 0) options.max_model_len = static_cast<int32_t>(ctx);
   if (options.max_model_len > ctx) {

@@ -73,11 +73,17 @@ struct EngineOptions {
   /// a request with only a temperature (no top-k, top-p, min-p, penalties, top logprobs): the
   /// backend draws its token (sample_rows) with the uniform its Sampler would have used. Same
   /// tokens and logprobs either way (model/sampling.h greedy_pick, temperature_pick); off only
-  /// to compare (the environment variable SPECSERVE_ARGMAX_ON_DEVICE=0 also turns it off).
+  /// to compare (the environment variable SPECSERVE_ARGMAX_ON_DEVICE=0 also turns it off;
+  /// argmax_on_device_from_env).
   bool argmax_on_device = true;
   /// Validates: every field in range (kInvalidArgument naming field and value).
   Status validate() const;
 };
+
+/// EngineOptions::argmax_on_device from the environment variable SPECSERVE_ARGMAX_ON_DEVICE:
+/// unset or empty: `fallback`; "1": true; "0": false; anything else: kInvalidArgument naming the
+/// variable and its value (Engine::create applies it).
+Expected<bool> argmax_on_device_from_env(bool fallback);
 
 /// One generation request.
 struct GenerateParams {

@@ -2,6 +2,9 @@
 // DESIGN.md section 4 — greedy output and logprobs identical to plain decoding for every proposer,
 // k and batch size; a draft with a shorter context; KV blocks released; draft vocabulary checks;
 // disable_by_batch_size. Stop rules and faulty proposers: spec_engine_stops_test.cpp.
+#include <cstdlib>
+#include <string>
+
 #include "tests/spec/spec_engine_fixtures.h"
 
 namespace specserve {
@@ -144,6 +147,30 @@ TEST(SpecEngineSampled, DrawsOnTheBackendGiveTheHostsTokens) {
     int differ = 0;
     for (size_t i = 0; i < a.requests.size(); ++i) differ += a.requests[i].tokens != reference().requests[i].tokens;
     EXPECT_GT(differ, static_cast<int>(reqs.size()) / 2) << where;
+  }
+}
+
+// SPECSERVE_ARGMAX_ON_DEVICE takes 1 or 0 (or nothing); any other value is refused by name.
+TEST(SpecEngineGreedy, ArgmaxOnDeviceEnvironmentVariable) {
+  const char* saved = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE");
+  const std::string keep = saved ? saved : "";
+  unsetenv("SPECSERVE_ARGMAX_ON_DEVICE");
+  EXPECT_TRUE(*argmax_on_device_from_env(true));
+  EXPECT_FALSE(*argmax_on_device_from_env(false));
+  setenv("SPECSERVE_ARGMAX_ON_DEVICE", "0", 1);
+  EXPECT_FALSE(*argmax_on_device_from_env(true));
+  setenv("SPECSERVE_ARGMAX_ON_DEVICE", "1", 1);
+  EXPECT_TRUE(*argmax_on_device_from_env(false));
+  setenv("SPECSERVE_ARGMAX_ON_DEVICE", "false", 1);
+  const auto bad = argmax_on_device_from_env(true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("SPECSERVE_ARGMAX_ON_DEVICE = 'false'"), std::string::npos) << bad.status().to_string();
+  auto e = Engine::create(target(), tokenizer(), nullptr, spec_options(0, 1));
+  EXPECT_FALSE(e.ok()) << "Engine::create must refuse the bad value";
+  if (saved) {
+    setenv("SPECSERVE_ARGMAX_ON_DEVICE", keep.c_str(), 1);
+  } else {
+    unsetenv("SPECSERVE_ARGMAX_ON_DEVICE");
   }
 }
 

@@ -28,6 +28,7 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/sampling.h"
+#include "spec/engine.h"
 #include "tools/cli/common.h"
 #include "tools/cli/output_file_lib.h"
 #include "tools/cli/spec_options.h"
@@ -341,9 +342,15 @@ int run(const Args& a) {
   // sequence per step, greedy as the engine decodes: only each row's argmax reaches the host
   // (SequenceInput::argmax_only), unless SPECSERVE_ARGMAX_ON_DEVICE=0 (whole logit rows, for
   // comparison; spec/engine.h EngineOptions::argmax_on_device).
-  const char* argmax_env = std::getenv("SPECSERVE_ARGMAX_ON_DEVICE");
-  const bool picks = !(argmax_env && std::string(argmax_env) == "0");
+  const auto on_device = argmax_on_device_from_env(true);
+  if (!on_device.ok()) {
+    std::fprintf(stderr, "specserve bench-model: %s\n", on_device.status().message().c_str());
+    return 2;
+  }
+  const bool picks = *on_device;
   out["argmax_on_device"] = picks;
+  std::fprintf(stderr, "[bench-model] greedy decode tokens: %s\n",
+               picks ? "argmax on the backend (argmax_rows)" : "whole logit rows to the host (SPECSERVE_ARGMAX_ON_DEVICE=0)");
   for (int batch : a.decode_batches) {
     std::vector<double> rates;
     for (int r = 0; r < a.repeats; ++r) {
