@@ -1,4 +1,5 @@
-// specserve gpu: launchers of the CUDA kernels (gpu/kernels.cu), one per Backend op.
+// specserve gpu: launchers of the CUDA kernels (gpu/kernels.cu; argmax and sampling:
+// gpu/pick_kernels.cu), one per Backend op.
 //
 // Internal to gpu/: included by gpu/cuda_backend.cpp only. Pointers are device pointers unless
 // said otherwise; bf16 and fp16 values travel as uint16_t (their bit pattern) so that this header needs
