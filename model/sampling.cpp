@@ -349,9 +349,7 @@ double log_sum_exp(const float* x, int32_t n) {
   return static_cast<double>(mx) + std::log(sum);
 }
 
-namespace {
-// No NaN, no +inf, at least one finite value.
-bool samplable(const float* x, int32_t n) {
+bool samplable_row(const float* x, int32_t n) {
   bool bad = false, any_finite = false;
   for (int32_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -360,12 +358,11 @@ bool samplable(const float* x, int32_t n) {
   }
   return !bad && any_finite;
 }
-}  // namespace
 
 RowPick greedy_pick(const float* x, int32_t n) {
   SPECSERVE_CHECK(n > 0, "greedy_pick of an empty row");
   RowPick p;
-  if (!samplable(x, n)) return p;
+  if (!samplable_row(x, n)) return p;
   p.token = Sampler::argmax(x, n);
   p.logprob = static_cast<float>(x[p.token] - log_sum_exp(x, n));
   return p;
@@ -526,7 +523,7 @@ RowPick temperature_pick(const float* x, int32_t n, float temperature, double u)
   if (params.is_greedy()) return greedy_pick(x, n);
   SPECSERVE_CHECK(n > 0, "temperature_pick of an empty row");
   RowPick p;
-  if (!samplable(x, n)) return p;
+  if (!samplable_row(x, n)) return p;
   thread_local std::vector<float> probs;
   Sampler(params).compute_probs(x, n, {}, {}, &probs);
   p.token = draw_inverse_cdf(probs.data(), probs.size(), u);

@@ -80,6 +80,9 @@ struct SampleResult {
 /// verifier, Backend::argmax_rows on the CPU).
 double log_sum_exp(const float* x, int32_t n);
 
+/// True when the logit row x[0..n) can be sampled: no NaN, no +inf, at least one finite value.
+bool samplable_row(const float* x, int32_t n);
+
 /// A token chosen from one logit row, and its raw logprob.
 struct RowPick {
   int32_t token = -1;     ///< the chosen token; -1: the row cannot be sampled

@@ -59,9 +59,6 @@ struct Engine::Seq {
 
 namespace engine_internal {
 
-/// True when `row` [vocab] (raw logits) can be sampled: no NaN, no +inf, at least one finite value.
-bool samplable_row(const float* row, int32_t vocab);
-
 /// log_softmax of raw logits `row` [vocab] at `token`, plus the top_n largest (vLLM's default
 /// raw logprobs; ties go to the lower token id). top_n <= 0: no top list.
 SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n);

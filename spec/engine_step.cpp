@@ -12,7 +12,6 @@
 
 namespace specserve {
 
-using engine_internal::samplable_row;
 
 Status Engine::step(std::vector<SeqEvent>* events) {
   for (int64_t id : aborted_) {

@@ -14,17 +14,6 @@ namespace specserve {
 
 namespace engine_internal {
 
-bool samplable_row(const float* row, int32_t vocab) {
-  bool any_finite = false;
-  bool bad = false;
-  for (int32_t v = 0; v < vocab; ++v) {
-    const float x = row[v];
-    bad |= (x != x) | (x == std::numeric_limits<float>::infinity());
-    any_finite |= std::isfinite(x);
-  }
-  return !bad && any_finite;
-}
-
 SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n) {
   // The normaliser of Sampler::sample and Backend::argmax_rows: one token gets the same bits
   // whichever of them reports it.
