@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "actors/prompt.h"
@@ -134,6 +135,133 @@ std::optional<ApiError> read_number(const json& body, const char* f, double lo, 
   }
   *out = static_cast<float>(v);
   return std::nullopt;
+}
+
+// Builds a request body's JSON with nlohmann's own DOM builder (so that duplicate keys, depth
+// and every other detail behave exactly as json::parse) while keeping the path to the value
+// being read, so that a parse error can say in which field it happened, and the text as written
+// of each top-level number that parsed as a double ("seed": 18446744073709551616 is the double
+// 1.8446744073709552e19; an error should show what the client sent).
+// NOTE: json_sax_dom_parser is in nlohmann's detail namespace; it is the builder json::parse
+// itself uses (3.11), and writing a second one would be the riskier copy.
+class BodySax {
+ public:
+  explicit BodySax(json* root) : dom_(*root, /*allow_exceptions=*/false) {}
+
+  bool null() { return value_read() && dom_.null(); }
+  bool boolean(bool v) { return value_read() && dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return value_read() && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return value_read() && dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const std::string& text) {
+    if (path_.size() == 1 && path_[0].object && path_[0].has_key) top_level_number_text_[path_[0].key] = text;
+    return value_read() && dom_.number_float(v, text);
+  }
+  bool string(std::string& v) { return value_read() && dom_.string(v); }
+  bool binary(json::binary_t& v) { return value_read() && dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    path_.push_back(Level{true, false, {}, 0});
+    return dom_.start_object(n);
+  }
+  bool key(std::string& k) {
+    path_.back().key = k;
+    path_.back().has_key = true;
+    return dom_.key(k);
+  }
+  bool end_object() {
+    path_.pop_back();
+    return value_read() && dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    path_.push_back(Level{false, false, {}, 0});
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    path_.pop_back();
+    return value_read() && dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t byte, const std::string& last_token, const Exception& e) {
+    error_ = ErrorInfo{byte, last_token, e.what(), e.id, where()};
+    return dom_.parse_error(byte, last_token, e);
+  }
+
+  struct ErrorInfo {
+    size_t byte = 0;          ///< bytes read when the error was found
+    std::string last_token;   ///< the lexer's last token (the number, for an overflow)
+    std::string what;         ///< nlohmann's message
+    int id = 0;               ///< nlohmann's exception id (406: number overflow)
+    std::string path;         ///< "temperature", "messages[0].content"; "" at the top level
+  };
+  const std::optional<ErrorInfo>& error() const { return error_; }
+  /// Top-level key -> the number's text as written, for numbers that parsed as doubles.
+  const std::map<std::string, std::string>& top_level_number_text() const { return top_level_number_text_; }
+
+ private:
+  struct Level {
+    bool object;
+    bool has_key;     // object: a key was read and its value is being read
+    std::string key;  // object: that key
+    size_t index;     // array: the index of the element being read
+  };
+  // A value was read (a scalar, or a container now closed): its parent moves on.
+  bool value_read() {
+    if (path_.empty()) return true;
+    Level& l = path_.back();
+    if (l.object) {
+      l.has_key = false;
+    } else {
+      ++l.index;
+    }
+    return true;
+  }
+  // The path to the value being read, at most ~120 characters.
+  std::string where() const {
+    std::string p;
+    for (const Level& l : path_) {
+      if (p.size() > 120) return p + "...";
+      if (l.object) {
+        if (!l.has_key) break;
+        if (!p.empty()) p += '.';
+        p += l.key.size() > 60 ? l.key.substr(0, 57) + "..." : l.key;
+      } else {
+        p += "[" + std::to_string(l.index) + "]";
+      }
+    }
+    return p;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<Level> path_;
+  std::map<std::string, std::string> top_level_number_text_;
+  std::optional<ErrorInfo> error_;
+};
+
+// Parses a request body into *out; the error names the field the parse failed in, where that is
+// known. `number_text` (optional): top-level key -> text of each number that parsed as a double.
+std::optional<ApiError> parse_body(const std::string& text, json* out, std::map<std::string, std::string>* number_text) {
+  BodySax sax(out);
+  bool ok = false;
+  try {
+    ok = json::sax_parse(text, &sax);
+  } catch (const json::exception& e) {  // not expected (allow_exceptions is off); never a 500
+    return bad("", std::string("malformed JSON in the request body: ") + e.what());
+  }
+  if (ok) {
+    if (number_text) *number_text = sax.top_level_number_text();
+    return std::nullopt;
+  }
+  if (!sax.error()) return bad("", "malformed JSON in the request body");
+  const BodySax::ErrorInfo& e = *sax.error();
+  if (e.id == 406) {
+    // A number beyond a double (1e400): valid JSON syntax, but no value this server can hold.
+    std::string token = e.last_token.size() > 40 ? e.last_token.substr(0, 37) + "..." : e.last_token;
+    return bad(e.path, (e.path.empty() ? std::string("the request body") : e.path) + " = " + token +
+                           ": the number is beyond the range of a double (byte " + std::to_string(e.byte) +
+                           " of the request body)");
+  }
+  // nlohmann's message quotes the last token read, which can be a string of megabytes.
+  const std::string what = e.what.size() > 300 ? e.what.substr(0, 297) + "..." : e.what;
+  return bad(e.path, "malformed JSON in the request body" + (e.path.empty() ? std::string() : " (in " + e.path + ")") + ": " + what);
 }
 
 bool valid_utf8(const std::string& s) {
@@ -309,6 +437,7 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
 
 // The field readers above, for the API's other parsers (server/tokenize_api.cpp).
 ApiError api_field_error(const std::string& param, const std::string& message) { return bad(param, message); }
+std::optional<ApiError> api_parse_body(const std::string& text, json* out) { return parse_body(text, out, nullptr); }
 ApiError api_wrong_type(const std::string& field, const json& v, const char* expected) { return wrong_type(field, v, expected); }
 std::optional<ApiError> api_read_bool(const json& body, const char* field, bool* out) { return read_bool(body, field, out); }
 std::optional<ApiError> api_read_messages(const json& body, std::vector<ChatTurn>* out) { return read_messages(body, out); }
@@ -316,12 +445,8 @@ std::optional<ApiError> api_read_messages(const json& body, std::vector<ChatTurn
 std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKind kind, const ServedModel& model,
                                              const ApiLimits& limits, ParsedRequest* out) {
   json body;
-  try {
-    body = json::parse(body_text);
-  } catch (const json::exception& e) {
-    // parse_error, and out_of_range for a number that overflows a double (1e999).
-    return bad("", std::string("malformed JSON in the request body: ") + e.what());
-  }
+  std::map<std::string, std::string> number_text;
+  if (auto e = parse_body(body_text, &body, &number_text)) return e;
   if (!body.is_object()) return bad("", std::string("the request body must be a JSON object, got ") + type_name(body));
   const auto& known = known_fields(kind);
   for (auto it = body.begin(); it != body.end(); ++it) {
@@ -365,16 +490,28 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   if (auto e = read_number(body, "repetition_penalty", 1e-6, 100.0, &s.repetition_penalty)) return e;
   if (auto e = read_int(body, "top_k", -1, INT32_MAX, &v)) return e;
   if (body.contains("top_k") && !body["top_k"].is_null()) s.top_k = static_cast<int32_t>(v == 0 ? -1 : v);
-  bool seed_given = false;
-  if (auto it = body.find("seed"); it != body.end() && it->is_number_unsigned()) {
-    s.seed = it->get<uint64_t>();  // the whole 64-bit range (vLLM's seeds are Python ints)
-    s.has_seed = true;
-  } else {
-    if (auto e = read_int(body, "seed", INT64_MIN, INT64_MAX, &v, &seed_given)) return e;
-    if (seed_given) {
-      s.seed = static_cast<uint64_t>(v);
-      s.has_seed = true;
+  // seed: any integer in [-2^63, 2^64 - 1] (vLLM's seeds are Python ints), a negative one as its
+  // two's complement. NOTE: an integer beyond that range parses as a double: refused naming the
+  // text the client sent (it was reported as "expected an integer, got number 1.8446744073709552e+19").
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) {
+      s.seed = it->get<uint64_t>();
+    } else if (it->is_number_integer()) {
+      s.seed = static_cast<uint64_t>(it->get<int64_t>());
+    } else if (it->is_number_float()) {
+      const double d = it->get<double>();
+      if (!(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)) {  // 5.0 passes, as for every integer field
+        const auto text = number_text.find("seed");
+        std::string written = text != number_text.end() ? text->second : shown(*it);
+        if (written.size() > 80) written = written.substr(0, 77) + "...";
+        return bad("seed", "seed = " + written +
+                               ": must be an integer in [-9223372036854775808, 18446744073709551615]");
+      }
+      s.seed = static_cast<uint64_t>(static_cast<int64_t>(d));
+    } else {
+      return wrong_type("seed", *it, "an integer");
     }
+    s.has_seed = true;
   }
   if (auto e = read_bool(body, "ignore_eos", &s.ignore_eos)) return e;
   if (auto e = read_bool(body, "include_stop_str_in_output", &g.include_stop_str)) return e;
@@ -584,6 +721,9 @@ json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceO
   for (size_t i = begin; i < end; ++i) {
     tokens.push_back(logprob_token_string(tok, c.tokens[i]));
     token_logprobs.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
+    // The sampled token and the top `logprobs` alternatives: up to logprobs + 1 entries (the
+    // legacy completions API returns the sampled token's logprob always; vLLM does the same).
+    // NOTE: with logprobs = 0 each entry was null; it is now {sampled token: its logprob}.
     json t = json::object();
     for (size_t k = 0; k < static_cast<size_t>(req.top_logprobs); ++k) {
       int32_t id;
@@ -592,7 +732,8 @@ json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceO
       const std::string s = logprob_token_string(tok, id);
       if (!t.contains(s)) t[s] = lp;
     }
-    top.push_back(req.top_logprobs > 0 ? t : json(nullptr));
+    if (!t.contains(tokens.back().get_ref<const std::string&>())) t[tokens.back().get<std::string>()] = token_logprobs.back();
+    top.push_back(std::move(t));
     offsets.push_back(offset);
     offset += tok.token_to_piece(c.tokens[i], true).size();
   }

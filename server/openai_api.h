@@ -107,7 +107,9 @@ struct ChoiceOutput {
 
 /// The logprobs object of a choice for `tokens` [begin, end) of `c`, or null when the request
 /// did not ask for logprobs. Completions: {tokens, token_logprobs, top_logprobs, text_offset}
-/// with offsets starting at `text_offset0`; chat: {content: [{token, logprob, bytes,
+/// with offsets starting at `text_offset0`, each top_logprobs entry an object of the top
+/// `logprobs` tokens plus the sampled one (OpenAI's "up to logprobs + 1"; logprobs = 0: the
+/// sampled token alone); chat: {content: [{token, logprob, bytes,
 /// top_logprobs: [{token, logprob, bytes}]}]}. Token strings are the token's UTF-8 text, or
 /// "bytes:\xNN..." when it is not valid UTF-8 on its own (vLLM's convention).
 nlohmann::json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceOutput& c, size_t begin,
@@ -128,6 +130,12 @@ nlohmann::json usage_json(const ParsedRequest& req, const std::vector<ChoiceOutp
 
 // ---- field readers the API's parsers share (messages name the field and the value)
 
+/// Parses a request body into *out. Errors (400): "malformed JSON in the request body (in
+/// FIELD): <nlohmann's message with line and column>", and for a number beyond a double
+/// "FIELD = 1e400: the number is beyond the range of a double (byte N of the request body)";
+/// param is the path of the value being read ("temperature", "messages[0].content"), "" when
+/// the error is not inside a field's value.
+std::optional<ApiError> api_parse_body(const std::string& text, nlohmann::json* out);
 /// A 400 invalid_request_error for `param`.
 ApiError api_field_error(const std::string& param, const std::string& message);
 /// "FIELD: expected EXPECTED, got TYPE VALUE" (400).

@@ -15,11 +15,7 @@ namespace {
 // is the served one.
 std::optional<ApiError> read_body(const std::string& text, const ServedModel& model,
                                   std::initializer_list<const char*> known, json* body) {
-  try {
-    *body = json::parse(text);
-  } catch (const json::exception& e) {
-    return api_field_error("", std::string("malformed JSON in the request body: ") + e.what());
-  }
+  if (auto e = api_parse_body(text, body)) return e;
   if (!body->is_object()) return api_wrong_type("body", *body, "a JSON object");
   for (auto it = body->begin(); it != body->end(); ++it) {
     bool ok = false;

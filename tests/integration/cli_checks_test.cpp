@@ -356,6 +356,21 @@ TEST(CliChecks, ClientAndStatusExitTwoForAMalformedEndpointAndOneForAnUnreachabl
   fs::remove_all(dir);
 }
 
+// Bug: CLI11 reads an int64 flag with strtoll and ignores ERANGE, so `client --seed
+// 99999999999999999999` sent the seed 9223372036854775807 (CLI::Range checked the clamped value)
+// and `bench --seed` took it too. Refused naming the flag and the value, before connecting.
+TEST(CliChecks, ClientAndBenchRefuseAnOutOfRangeSeed) {
+  for (const char* cmd : {"client --prompt hi --connect 127.0.0.1:1", "bench --base-url http://127.0.0.1:1 --num-prompts 1"}) {
+    for (const char* seed : {"99999999999999999999", "-1"}) {
+      const CmdResult r = run(std::string(cmd) + " --seed " + seed, 60);
+      EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.out;
+      EXPECT_NE(r.out.find(std::string("--seed: ") + seed + ": must be an integer in [0, 9223372036854775807]"),
+                std::string::npos)
+          << cmd << "\n" << r.out;
+    }
+  }
+}
+
 // `serve --api-key "$KEY"` with KEY unset served with no key at all (the banner only left out
 // "API key required"); an empty --served-model-name fell back to the default. Both exit 2 now.
 TEST(CliChecks, ServeRefusesAnEmptyApiKeyOrModelName) {

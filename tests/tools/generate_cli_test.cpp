@@ -79,5 +79,21 @@ TEST(GenerateCli, SystemWithoutChatIsRefused) {
   EXPECT_NE(r.out.find("--system requires --chat"), std::string::npos) << r.out;
 }
 
+// Bug: CLI11 reads an int64 flag with strtoll and ignores ERANGE, so --seed 99999999999999999999
+// (or 18446744073709551615) ran with the seed 9223372036854775807, silently. A --seed outside
+// [0, 2^63 - 1] is refused naming the flag and the value, before the model loads.
+TEST(GenerateCli, OutOfRangeSeedsAreRefusedNotClamped) {
+  for (const char* seed : {"99999999999999999999", "18446744073709551615", "9223372036854775808", "-1",
+                           "-9223372036854775809", "1.5", "x"}) {
+    const CliRun r = run(std::string("--threads 1 --max-tokens 2 --temperature 1 --prompt Hello --seed ") + seed);
+    EXPECT_EQ(r.exit_code, 2) << seed << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("--seed: ") + seed + ": must be an integer in [0, 9223372036854775807]"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("generated tokens"), std::string::npos) << r.out;
+  }
+  const CliRun ok = run("--threads 1 --max-tokens 2 --temperature 1 --prompt Hello --seed 9223372036854775807");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+}
+
 }  // namespace
 }  // namespace specserve

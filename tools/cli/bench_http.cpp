@@ -467,7 +467,8 @@ int run_bench(const HttpBenchArgs& a) {
   std::vector<std::string> bodies;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::optional<int64_t> seed;
-    if (a.temperature > 0) seed = a.seed + static_cast<int64_t>(i);
+    // Wrapped past 2^63 - 1 (to a negative seed, which OpenAI-compatible servers take) rather than overflowing.
+    if (a.temperature > 0) seed = static_cast<int64_t>(static_cast<uint64_t>(a.seed) + i);
     bodies.push_back(request_body(t.endpoint, *model, prompts[i].prompt, a.max_tokens, a.temperature, seed, a.ignore_eos,
                                   extra)
                          .dump());
@@ -597,7 +598,8 @@ void add_bench_http(CLI::App& app) {
                   "Seconds per level after which no new request is issued (in-flight ones finish); 0: no limit")
       ->check(CLI::Range(0.0, 1e7));
   sub->add_option("--seed", a->seed,
-                  "Seed of the prompt order; with --temperature > 0 request i also sends \"seed\": seed + i (default 0)");
+                  "Seed of the prompt order; with --temperature > 0 request i also sends \"seed\": seed + i (default 0)")
+      ->check(int64_in_range(0, INT64_MAX));
   sub->add_flag("--ignore-eos", a->ignore_eos,
                 "Send \"ignore_eos\": true (vLLM/specserve extension; other servers may ignore it) so every request "
                 "makes max_tokens tokens");

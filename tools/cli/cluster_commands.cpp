@@ -531,7 +531,7 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--top-k", a->top_k, "Top-k filter (<= 0: off)");
     sub->add_option("--top-p", a->top_p, "Nucleus filter in (0, 1]");
     sub->add_option("--min-p", a->min_p, "Min-p filter in [0, 1]");
-    sub->add_option("--seed", a->seed, "Random seed")->check(CLI::Range(int64_t{0}, INT64_MAX));
+    sub->add_option("--seed", a->seed, "Random seed")->check(int64_in_range(0, INT64_MAX));
     sub->add_option("--logprobs", a->logprobs, "Top logprobs per token (0..20); > 0 prints them per token");
     sub->add_option("--tokenizer", a->tokenizer,
                     "GGUF whose tokenizer shows --logprobs tokens as text (default: the --config target; else ids only)");

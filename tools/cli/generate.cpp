@@ -175,7 +175,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--top-k", args->top_k, "Top-k filter (<= 0: off)")->capture_default_str();
   sub->add_option("--top-p", args->top_p, "Nucleus filter in (0, 1]")->capture_default_str();
   sub->add_option("--min-p", args->min_p, "Min-p filter in [0, 1]")->capture_default_str();
-  sub->add_option("--seed", args->seed, "Random seed (default: random)");
+  sub->add_option("--seed", args->seed, "Random seed (default: random)")->check(int64_in_range(0, INT64_MAX));
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
   sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks");
@@ -191,18 +191,13 @@ void add_generate(CLI::App& app) {
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
   add_spec_options(*sub, &args->spec);
-  auto* seed = sub->get_option("--seed");
-  register_command("generate", [args, prompt, chat, seed] {
+  register_command("generate", [args, prompt, chat] {
     if (prompt->count() == 0 && chat->count() == 0) {
       std::fprintf(stderr, "specserve generate: one of --prompt or --chat is required\n");
       return 2;
     }
     if (args->prompt.empty() && args->chat.empty()) {
       std::fprintf(stderr, "specserve generate: %s is empty\n", prompt->count() ? "--prompt" : "--chat");
-      return 2;
-    }
-    if (seed->count() && args->seed < 0) {
-      std::fprintf(stderr, "specserve generate: --seed = %lld: must be >= 0\n", static_cast<long long>(args->seed));
       return 2;
     }
     if (args->threads < 0) {

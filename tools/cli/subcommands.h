@@ -3,6 +3,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
 namespace specserve::cli {
 
 /// A check for a file-path flag (--model, --speculative-model): an empty value, as an unset
@@ -12,6 +17,25 @@ inline CLI::Validator non_empty_path() {
   return CLI::Validator(
       [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for its default)") : std::string(); },
       "PATH");
+}
+
+/// A check for a 64-bit integer flag (--seed): the value must be an integer in [lo, hi], read as
+/// CLI11 reads it (strtoll, base 0); else "VALUE: must be an integer in [LO, HI]" (CLI11 puts
+/// the flag's name first; exit 2).
+/// NOTE: CLI11 2.1 reads an int64 with strtoll and ignores ERANGE: 99999999999999999999 became
+/// 9223372036854775807 silently, and CLI::Range checks that clamped value, so it let it through.
+inline CLI::Validator int64_in_range(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& v) {
+        errno = 0;
+        char* end = nullptr;
+        const long long x = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 0);
+        if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || x < lo || x > hi) {
+          return v + ": must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        }
+        return std::string();
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
 /// `specserve generate`: one prompt, streamed to stdout, with timing and speculative stats.
