@@ -89,6 +89,7 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
     o.tree_paths = tree ? tree->paths : medusa_mc_sim_7b_63();
     if (!tree) o.tree_name = "Medusa's default tree mc_sim_7b_63";
     o.draft_vocab_size = draft_vocab;
+    if (spec.draft_p_min) o.draft_p_min = *spec.draft_p_min;
     auto m = MedusaProposer::load(spec.model, *target.model, *target.file, o);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Proposer>(std::move(*m));
@@ -105,6 +106,7 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
   }
   if (spec.eagle_topk) o.topk = *spec.eagle_topk;
   if (spec.eagle_depth) o.depth = *spec.eagle_depth;
+  if (spec.draft_p_min) o.draft_p_min = *spec.draft_p_min;
   o.draft_vocab_size = draft_vocab;
   auto e = EagleProposer::load(spec.model, *target.model, *target.file, o);
   if (!e.ok()) return e.status();
@@ -154,6 +156,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       o.name = "layer_skip";
       o.num_layers = n;
       o.max_model_len = draft_max_model_len(spec, b);
+      if (spec.draft_p_min) o.draft_p_min = *spec.draft_p_min;
       set_sparse(&o, b);
       SPECSERVE_RETURN_IF_ERROR(plan_drafter_kv(&o, target.model->config(), n, b));
       auto d = ModelDrafter::create(*target.model, o);
@@ -174,6 +177,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       o.max_model_len = std::min<int32_t>(draft_len > 0 ? draft_len : INT32_MAX,
                                           static_cast<int32_t>(draft->model->config().context_length));
       o.target_vocab_size = static_cast<int32_t>(target.model->config().vocab_size);
+      if (spec.draft_p_min) o.draft_p_min = *spec.draft_p_min;
       set_sparse(&o, b);
       SPECSERVE_RETURN_IF_ERROR(plan_drafter_kv(&o, draft->model->config(), draft->model->config().num_layers, b));
       auto d = ModelDrafter::create(*draft->model, o);

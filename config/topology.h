@@ -95,6 +95,10 @@ struct SpeculativeSpec {
   /// medusa / eagle only: the heads score token ids below this only (a prefix of the output
   /// head: cheaper drafting, still exact after verification); unset: the proposer's default.
   std::optional<int32_t> draft_vocab_size;
+  /// Not for ngram: in [0, 1]; a draft token is proposed only when the proposer's path probability
+  /// of it (its estimate of the token's acceptance) is at least this (EagleOptions::draft_p_min,
+  /// MedusaOptions::draft_p_min, DrafterOptions::draft_p_min). Unset: 0, no limit.
+  std::optional<float> draft_p_min;
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   /// vLLM's speculative_config max_model_len: the DRAFT's maximum length in tokens (draft_model,
   /// layer_skip, eagle; medusa and ngram keep no draft context and ignore it). A sequence longer

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "config/topology.h"
@@ -295,7 +296,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
             "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
-            "eagle_depth", "draft_vocab_size", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len"});
+            "eagle_depth", "draft_vocab_size", "draft_p_min", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -358,6 +359,13 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (auto v = read_int(f, "eagle_topk", 1, 64, false)) s.eagle_topk = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "eagle_depth", 1, 64, false)) s.eagle_depth = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "draft_vocab_size", 0, INT32_MAX, false)) s.draft_vocab_size = static_cast<int32_t>(*v);
+  if (auto v = read_double(f, "draft_p_min", std::numeric_limits<double>::lowest(), false)) {
+    if (*v < 0 || *v > 1) {
+      error(*f.get("draft_p_min"), f.path("draft_p_min"), quote(f.get("draft_p_min")->Scalar()) + " must be in [0, 1]");
+    } else {
+      s.draft_p_min = static_cast<float>(*v);
+    }
+  }
   if (!method_ok) return;  // the method-specific checks below would only echo that error
 
   const std::string method = quote(speculative_method_name(s.method));
@@ -402,6 +410,9 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   }
   if (const YAML::Node* v = f.get("speculative_token_tree"); v && head_method && s.speculative_token_tree.empty()) {
     error(*v, f.path("speculative_token_tree"), "is empty: give a tree such as \"[(0,), (0, 0)]\" or leave the key out");
+  }
+  if (const YAML::Node* v = f.get("draft_p_min"); v && s.method == SpeculativeMethod::kNgram) {
+    error(*v, f.path("draft_p_min"), "does not apply to method 'ngram' (its drafts have no probabilities); got " + describe(*v));
   }
   for (const char* key : {"eagle_topk", "eagle_depth"}) {
     const YAML::Node* v = f.get(key);

@@ -58,6 +58,9 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
   if (o.topk < 1 || o.topk > 64) return invalid_argument("eagle_topk = " + std::to_string(o.topk) + ": must be in 1..64");
   if (o.depth < 1 || o.depth > 64) return invalid_argument("eagle_depth = " + std::to_string(o.depth) + ": must be in 1..64");
   if (o.block_size < 1) return invalid_argument("block_size = " + std::to_string(o.block_size) + ": must be >= 1");
+  if (!(o.draft_p_min >= 0 && o.draft_p_min <= 1)) {
+    return invalid_argument("draft_p_min = " + std::to_string(o.draft_p_min) + ": must be in [0, 1]");
+  }
   if (o.draft_vocab_size < 0) {
     return invalid_argument("draft_vocab_size = " + std::to_string(o.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
   }
@@ -434,7 +437,9 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
   std::vector<float> feats, logits;
   run(rows, attn, static_cast<int64_t>(rows.size()), {}, &feats, &logits);
 
-  // Children of a candidate (or of the root, parent = -1) from its logit row.
+  // Children of a candidate (or of the root, parent = -1) from its logit row. A child whose path
+  // probability is below draft_p_min is dropped (its descendants score lower still).
+  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
   std::vector<int32_t> top;
   auto add_children = [&](Work& w, int32_t parent, const float* row) {
     const float parent_score = parent < 0 ? 0.0f : w.cands[static_cast<size_t>(parent)].score;
@@ -448,10 +453,15 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
         c.parent = parent;
         c.score = parent_score + std::min(0.0f, row[t] - lse);  // <= 0 despite rounding: a child never outscores its parent
         c.level = level;
+        // Below draft_p_min (top is best first; a NaN row's scores count as below): neither
+        // drafted nor expanded.
+        if (min_score > -INFINITY && !(c.score >= min_score && !std::isnan(row[t] - lse))) break;
         w.cands.push_back(c);
       }
       return;
     }
+    // Path scores for draft_p_min (the dynamic tree has them anyway).
+    const float lse = min_score > -INFINITY ? static_cast<float>(log_sum_exp(row, static_cast<int32_t>(vocab_))) : 0.0f;
     const int32_t pnode = parent < 0 ? -1 : w.cands[static_cast<size_t>(parent)].node;
     int32_t need = 0;
     for (int32_t v = 0; v < w.tree.num_nodes(); ++v) {
@@ -468,6 +478,10 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
       c.parent = parent;
       c.level = level;
       c.node = v;
+      if (min_score > -INFINITY) {
+        c.score = parent_score + std::min(0.0f, row[c.token] - lse);
+        if (!(c.score >= min_score) || std::isnan(row[c.token] - lse)) continue;  // below draft_p_min (or NaN): neither drafted nor expanded
+      }
       w.cands.push_back(c);
     }
   };

@@ -80,6 +80,15 @@ struct EagleOptions {
   /// head, spec/head_common.h load_output_head_rows): each level's head pass costs that fraction
   /// of the full vocabulary's; candidates' log-probabilities are normalised over that set.
   int64_t draft_vocab_size = 0;
+  /// In [0, 1]; > 0: a draft node is proposed (and expanded) only when its path probability —
+  /// the product of the head's probabilities (softmax over the scored vocabulary) of the
+  /// tokens from the last known one down to it, the head's own estimate of the chance that
+  /// the target accepts it — is at least this; a step may then draft fewer than k tokens, or
+  /// none (plain decoding). Every mode. llama.cpp's --draft-p-min stops a chain at the first
+  /// token whose OWN probability is below p_min; here the product is compared (the tree's
+  /// criterion, EAGLE-2's node score), so the same value drafts no more than llama.cpp's.
+  /// Pruning never changes the output: every proposed token is still verified.
+  float draft_p_min = 0;
   int32_t block_size = 16;
   int64_t num_kv_blocks = 0;   ///< 0: enough for 4 sequences of max_model_len
   int32_t max_model_len = 0;   ///< tokens; 0: the target's context length. Drafts never reach past it (none for longer sequences)

@@ -1,6 +1,7 @@
 #include "spec/medusa_proposer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/logging.h"
 #include "model/model_fingerprint.h"
@@ -48,6 +49,9 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
   m->d_ = d;
   m->vocab_ = tc.vocab_size;
   m->head_ = &target.output_head();
+  if (!(m->opts_.draft_p_min >= 0 && m->opts_.draft_p_min <= 1)) {
+    return invalid_argument("draft_p_min = " + std::to_string(m->opts_.draft_p_min) + ": must be in [0, 1]");
+  }
   if (m->opts_.draft_vocab_size < 0) {
     return invalid_argument("draft_vocab_size = " + std::to_string(m->opts_.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
   }
@@ -195,10 +199,14 @@ Status MedusaProposer::propose(const std::vector<DraftRequest>& reqs, std::vecto
     head_off.push_back(head_off.back() + m);
   }
   std::vector<std::vector<int32_t>> best;  // [depth] top tokens of head j for this work row
-  std::vector<int32_t> cands;
+  std::vector<std::vector<float>> best_lp;  // [depth][rank] log-probability of best[j][rank] (draft_p_min)
+  std::vector<float> score;                // [nodes] path log-probability (draft_p_min)
+  std::vector<int32_t> out_index;          // [nodes] index in the draft, -1: dropped
+  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
   for (int64_t w = 0; w < W; ++w) {
     const StaticTree& t = trees[static_cast<size_t>(w)];
     best.assign(static_cast<size_t>(t.max_depth()), {});
+    best_lp.assign(static_cast<size_t>(t.max_depth()), {});
     for (int32_t j = 0; j < t.max_depth(); ++j) {
       int32_t c = 0;
       for (int32_t v = 0; v < t.num_nodes(); ++v) {
@@ -206,15 +214,34 @@ Status MedusaProposer::propose(const std::vector<DraftRequest>& reqs, std::vecto
       }
       int64_t row = head_off[static_cast<size_t>(j)];
       for (int64_t u = 0; u < w; ++u) row += depth[static_cast<size_t>(u)] > j;
-      top_k(logits.data() + row * vocab_, static_cast<int32_t>(vocab_), c, &best[static_cast<size_t>(j)]);
+      const float* lrow = logits.data() + row * vocab_;
+      top_k(lrow, static_cast<int32_t>(vocab_), c, &best[static_cast<size_t>(j)]);
+      if (min_score > -INFINITY) {
+        const float lse = static_cast<float>(log_sum_exp(lrow, static_cast<int32_t>(vocab_)));
+        // NaN (a NaN row) stays NaN and fails the threshold below.
+        for (int32_t tok : best[static_cast<size_t>(j)]) best_lp[static_cast<size_t>(j)].push_back(std::min(lrow[tok] - lse, 0.0f));
+      }
     }
     DraftTree& dt = (*out)[which[static_cast<size_t>(w)]];
+    score.assign(static_cast<size_t>(t.num_nodes()), 0.0f);
+    out_index.assign(static_cast<size_t>(t.num_nodes()), -1);
     for (int32_t v = 0; v < t.num_nodes(); ++v) {
-      const auto& b = best[static_cast<size_t>(t.depths[static_cast<size_t>(v)] - 1)];
+      const int32_t j = t.depths[static_cast<size_t>(v)] - 1;
+      const auto& b = best[static_cast<size_t>(j)];
       const int32_t rank = t.ranks[static_cast<size_t>(v)];
       if (rank >= static_cast<int32_t>(b.size())) break;  // a rank past the vocabulary: cut here (prefix-closed)
-      dt.tokens.push_back(b[static_cast<size_t>(rank)]);
-      dt.parents.push_back(t.parents[static_cast<size_t>(v)]);
+      const int32_t parent = t.parents[static_cast<size_t>(v)];
+      if (parent >= 0 && out_index[static_cast<size_t>(parent)] < 0) continue;  // its parent was dropped
+      const int32_t tok = b[static_cast<size_t>(rank)];
+      if (min_score > -INFINITY) {
+        // draft_p_min: the product of the heads' probabilities along the path.
+        const float s = (parent < 0 ? 0.0f : score[static_cast<size_t>(parent)]) + best_lp[static_cast<size_t>(j)][static_cast<size_t>(rank)];
+        if (!(s >= min_score)) continue;
+        score[static_cast<size_t>(v)] = s;
+      }
+      out_index[static_cast<size_t>(v)] = static_cast<int32_t>(dt.tokens.size());
+      dt.tokens.push_back(tok);
+      dt.parents.push_back(parent < 0 ? -1 : out_index[static_cast<size_t>(parent)]);
     }
     // A chain travels without parents (what a chain-only verifier accepts).
     bool chain = true;

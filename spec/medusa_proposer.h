@@ -52,6 +52,12 @@ struct MedusaOptions {
   /// output head; see load_output_head_rows): the head pass costs that fraction of the full
   /// vocabulary's. 0: the whole vocabulary.
   int64_t draft_vocab_size = 0;
+  /// In [0, 1]; > 0: a tree node is drafted only when its path probability — the product of the
+  /// heads' probabilities (softmax over the scored vocabulary) of the tokens from the last known
+  /// one down to it, the heads' estimate of the chance that the target accepts it — is at least
+  /// this; a node below it goes with its subtree, and a step may draft fewer than k tokens or none
+  /// (plain decoding). As EagleOptions::draft_p_min; the output never changes.
+  float draft_p_min = 0;
 };
 
 class MedusaProposer final : public Proposer {

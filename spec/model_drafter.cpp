@@ -29,6 +29,9 @@ Expected<std::unique_ptr<ModelDrafter>> ModelDrafter::create(Transformer& model,
   if (!(o.sparse_keep_mass > 0.0 && o.sparse_keep_mass <= 1.0)) {
     return invalid_argument("sparse_keep_mass = " + std::to_string(o.sparse_keep_mass) + ": must be in (0, 1]");
   }
+  if (!(o.draft_p_min >= 0 && o.draft_p_min <= 1)) {
+    return invalid_argument("draft_p_min = " + std::to_string(o.draft_p_min) + ": must be in [0, 1]");
+  }
   if (o.sparse_max_entries < 0) {
     return invalid_argument("sparse_max_entries = " + std::to_string(o.sparse_max_entries) + ": must be >= 0 (0: no limit)");
   }
@@ -56,7 +59,12 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
   const int32_t vocab = static_cast<int32_t>(model_.config().vocab_size);
   const int32_t usable_vocab = std::min(vocab, opts_.target_vocab_size);
   // Which requests draft this step, and how many tokens each.
-  struct Work { size_t req; SeqState* st; int32_t k; };
+  struct Work {
+    size_t req;
+    SeqState* st;
+    int32_t k;
+    float score = 0;  // log of the drafted tokens' path probability (draft_p_min)
+  };
   std::vector<Work> work;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const DraftRequest& r = reqs[i];
@@ -100,7 +108,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       release(r.seq_id);  // no room: this sequence goes without drafts this step
       continue;
     }
-    work.push_back({i, &st, k});
+    work.push_back({i, &st, k, 0.0f});
   }
   // NOTE: blocks are registered once they hold only confirmed tokens before the last known one:
   // a later call truncates to at least that prefix (the target's tokens never roll back, and
@@ -168,6 +176,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
   // drafts token 0, a valid (if useless) token the target rejects, as the argmax of such a row
   // would.
   auto greedy_on_device = [&](const Work& w) { return !w.st->sampler && usable_vocab == vocab; };
+  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
   // Pass 0: catch up on every token the drafter has not seen (including the last known one).
   for (const Work& w : work) {
     const DraftRequest& r = reqs[w.req];
@@ -193,6 +202,47 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
       const int32_t t = in.argmax_only ? std::max(0, fo.argmax_of(static_cast<int32_t>(j), 0)) : draw(w, fo.row(static_cast<int32_t>(j), 0));
       if (!bad_logits.ok()) return bad_logits;
       DraftTree& d = (*out)[w.req];
+      Work nw = w;
+      if (min_score > -INFINITY) {
+        // The token's log-probability under the draft: the picked row's (greedy on the device),
+        // the q it was drawn from (sampled), else the masked row's softmax. A row that cannot
+        // be sampled (argmax -1, NaN) ends the draft.
+        float lp = 0;
+        bool keep = true;
+        if (in.argmax_only) {
+          lp = fo.argmax_logprob_of(static_cast<int32_t>(j), 0);
+          keep = fo.argmax_of(static_cast<int32_t>(j), 0) >= 0;
+        } else if (w.st->sampler) {
+          // NOTE: the kept set K = {x : q(x) >= q_min} depends only on the tokens drafted
+          // before; the token was drawn from the whole q. Outside K it is not proposed (the
+          // target then samples this position itself); inside K it is proposed with
+          // q' = q restricted to K, renormalised, which is what it was drawn from given that it
+          // is in K. Then every position emits the target's p (Leviathan et al. 2023, Theorem 1,
+          // for q' with probability q(K), plain sampling otherwise). Reporting the full q for a
+          // kept token would be lossy: tests/spec/spec_distribution_test.cpp
+          // DraftPMinDraftModelMatchesTarget fails with it (chi-square 639 against 369).
+          std::vector<float>& q = d.probs.back();
+          const float q_min = static_cast<float>(std::exp(static_cast<double>(min_score) - static_cast<double>(w.score)));
+          lp = std::log(q[static_cast<size_t>(t)]);
+          keep = q[static_cast<size_t>(t)] >= q_min;
+          if (keep) {
+            double kept_mass = 0;
+            for (float& x : q) {
+              if (!(x >= q_min)) x = 0.0f;
+              kept_mass += x;
+            }
+            for (float& x : q) x = static_cast<float>(x / kept_mass);
+          }
+        } else {
+          lp = masked[static_cast<size_t>(t)] - static_cast<float>(log_sum_exp(masked.data(), usable_vocab));
+        }
+        nw.score += std::min(0.0f, lp);
+        keep = keep && std::isfinite(lp) && (w.st->sampler || nw.score >= min_score);
+        if (!keep) {
+          if (w.st->sampler) d.probs.pop_back();  // not proposed: its q goes too
+          continue;                               // this sequence drafts no further
+        }
+      }
       d.tokens.push_back(t);
       if (static_cast<int32_t>(d.tokens.size()) < w.k) {
         SequenceInput nx;
@@ -201,7 +251,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
         nx.block_table = st.blocks.blocks();
         nx.argmax_only = in.argmax_only;
         next.seqs.push_back(std::move(nx));
-        still.push_back(w);
+        still.push_back(nw);
       }
     }
     if (still.empty()) break;

@@ -47,6 +47,14 @@ struct DrafterOptions {
   int32_t sparse_max_entries = 0;    ///< >= 0; 0: no entry limit
   /// Prefix caching of the drafter's own KV (see the file comment); vLLM V1's default, on.
   bool enable_prefix_caching = true;
+  /// In [0, 1]; > 0: drafting of a sequence stops before the first token whose path probability
+  /// under the draft — the product of the draft's probabilities of the tokens drafted this step
+  /// (greedy: the softmax of its logits; sampled: the q the token was drawn from) — is below
+  /// this, so a step may draft fewer than k tokens or none. llama.cpp's --draft-p-min compares
+  /// each token's own probability; the product used here (the trees' criterion) drafts no more.
+  /// Sampled requests stay lossless: a kept token is reported with q restricted to the tokens
+  /// that would have been kept there, renormalised (see the NOTE in model_drafter.cpp).
+  float draft_p_min = 0;
 };
 
 class ModelDrafter final : public Proposer {

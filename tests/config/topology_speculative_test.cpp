@@ -155,6 +155,10 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
   EXPECT_EQ(eagle->models.speculative->eagle_topk, 5);
   EXPECT_EQ(eagle->models.speculative->eagle_depth, 7);
   EXPECT_FALSE(eagle->models.speculative->draft_vocab_size.has_value());
+  EXPECT_FALSE(eagle->models.speculative->draft_p_min.has_value());
+  auto pmin = parse_topology(make("method: eagle, " + head + ", draft_p_min: 0.3"), "t.yaml");
+  ASSERT_TRUE(pmin.ok()) << pmin.status().to_string();
+  EXPECT_EQ(pmin->models.speculative->draft_p_min, 0.3f);
   auto vocab = parse_topology(make("method: eagle, " + head + ", draft_vocab_size: 8192"), "t.yaml");
   ASSERT_TRUE(vocab.ok()) << vocab.status().to_string();
   EXPECT_EQ(vocab->models.speculative->draft_vocab_size, 8192);
@@ -181,6 +185,9 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
       {"method: medusa, " + head + ", speculative_token_tree: [0, 1]", false,
        {"t.yaml:3:", "models.speculative.speculative_token_tree", "[0, 1]"}},
       {"method: medusa, num_speculative_tokens: 8", false, {"t.yaml:3:", "models.speculative.model", "missing required field", "'medusa'"}},
+      {"method: eagle, " + head + ", draft_p_min: 1.5", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'1.5'", "[0, 1]"}},
+      {"method: eagle, " + head + ", draft_p_min: -1", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'-1'", "[0, 1]"}},
+      {"method: ngram, num_speculative_tokens: 4, draft_p_min: 0.5", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'ngram'", "'0.5'"}},
       {"method: ngram, num_speculative_tokens: 4, draft_vocab_size: 8192", false,
        {"t.yaml:3:", "models.speculative.draft_vocab_size", "'ngram'", "'8192'"}},
       {"method: eagle, " + head + ", draft_vocab_size: -1", false, {"t.yaml:3:", "models.speculative.draft_vocab_size", "'-1'"}},

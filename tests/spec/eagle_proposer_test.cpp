@@ -105,16 +105,22 @@ class EagleTest : public ::testing::Test {
       const float ps = parent < 0 ? 0.0f : cands[static_cast<size_t>(parent)].score;
       const int32_t lvl = parent < 0 ? 1 : cands[static_cast<size_t>(parent)].level + 1;
       std::vector<int32_t> top;
+      // Path log-probability; draft_p_min drops a child below it (with everything under it).
+      const float lse = static_cast<float>(log_sum_exp(lg.data(), kVocab));
+      const float min_score = o.draft_p_min > 0 ? std::log(o.draft_p_min) : -INFINITY;
+      auto score_of = [&](int32_t t) { return ps + std::min(0.0f, lg[static_cast<size_t>(t)] - lse); };
       if (o.mode == EagleOptions::Mode::kDynamic) {
-        const float lse = static_cast<float>(log_sum_exp(lg.data(), kVocab));
         top_k(lg.data(), kVocab, o.topk, &top);
-        for (int32_t t : top) cands.push_back({t, parent, lvl, -1, ps + std::min(0.0f, lg[static_cast<size_t>(t)] - lse), {}});
+        for (int32_t t : top) {
+          if (score_of(t) >= min_score) cands.push_back({t, parent, lvl, -1, score_of(t), {}});
+        }
         return;
       }
       const int32_t pn = parent < 0 ? -1 : cands[static_cast<size_t>(parent)].node;
       top_k(lg.data(), kVocab, 64, &top);
       for (int32_t v = 0; v < tree.num_nodes(); ++v) {
-        if (tree.parents[static_cast<size_t>(v)] == pn) cands.push_back({top[static_cast<size_t>(tree.ranks[static_cast<size_t>(v)])], parent, lvl, v, 0, {}});
+        const int32_t t = top[static_cast<size_t>(tree.ranks[static_cast<size_t>(v)])];
+        if (tree.parents[static_cast<size_t>(v)] == pn && score_of(t) >= min_score) cands.push_back({t, parent, lvl, v, score_of(t), {}});
       }
     };
     children(-1, ref_logits(ref_feature(w, tokens, feats, start, {})));
@@ -322,6 +328,51 @@ TEST_F(EagleTest, DraftsMatchTheReferenceInEveryMode) {
     }
   }
   EXPECT_GT(*std::max_element(depth.begin(), depth.end()), 1);
+}
+
+// draft_p_min: every mode drops the nodes whose path probability under the head is below it
+// (and their subtrees), exactly as the reference computes them; 0 changes nothing; a step may
+// then draft fewer than k tokens or none.
+TEST_F(EagleTest, DraftPMinDropsNodesBelowThePathProbability) {
+  EagleWeights w;
+  std::vector<EagleOptions> modes(3);
+  modes[0].topk = 3;
+  modes[0].depth = 4;
+  modes[1].mode = EagleOptions::Mode::kStatic;
+  modes[1].tree_paths = {{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {0, 2}, {0, 0, 0, 0}};
+  modes[2].mode = EagleOptions::Mode::kChain;
+  const std::vector<int32_t> t1 = random_tokens(9, 31);
+  const std::vector<float> f1 = gaussian(9 * kD, 1.0f, 32);
+  int shorter = 0, empty = 0, unchanged = 0;
+  for (size_t mi = 0; mi < modes.size(); ++mi) {
+    size_t full_size = 0;
+    for (float p_min : {0.0f, 1e-30f, 0.002f, 0.01f, 0.05f, 0.2f, 0.5f, 0.8f, 0.99f, 1.0f}) {
+      EagleOptions o = modes[mi];
+      o.draft_p_min = p_min;
+      std::unique_ptr<EagleProposer> e;
+      ASSERT_TRUE(load(spec(), &e, o, nullptr, &w).ok());
+      const std::string what = "mode " + std::to_string(mi) + " draft_p_min " + std::to_string(p_min);
+      std::vector<DraftTree> out;
+      ASSERT_TRUE(e->propose({request(1, t1, f1, 0, 8, 8)}, &out).ok());
+      expect_same(out[0], ref_draft(w, o, t1, f1, 1, 8), what);
+      if (p_min == 0.0f) full_size = out[0].tokens.size();
+      if (p_min == 1e-30f) EXPECT_EQ(out[0].tokens.size(), full_size) << what;
+      if (p_min > 0.0f && p_min < 1.0f) {
+        if (out[0].tokens.empty()) ++empty;
+        else if (out[0].tokens.size() < full_size) ++shorter;
+        else ++unchanged;
+      }
+    }
+  }
+  // The thresholds above straddle this head's probabilities: some drafts are cut, some emptied.
+  EXPECT_GT(shorter, 0);
+  EXPECT_GT(empty, 0);
+  EagleOptions bad;
+  for (float v : {-0.1f, 1.5f, std::nanf("")}) {
+    bad.draft_p_min = v;
+    expect_error(spec(), {"draft_p_min = "}, bad);
+  }
+  (void)unchanged;
 }
 
 TEST_F(EagleTest, DraftVocabularyKeepsDraftsBelowIt) {

@@ -46,6 +46,38 @@ TEST_F(HeadsEngineTest, GreedyIdentityAtBatch1StaticEagleChainAndMedusaTree) {
   EXPECT_GT(chain.spec.num_accepted_tokens + tree.spec.num_accepted_tokens, 0);
 }
 
+// draft_p_min on the real head: greedy output still plain decoding's, at batch 1 and 4; fewer
+// tokens drafted than without it (low-confidence nodes dropped, some steps not drafted at all),
+// and a larger share of what is drafted accepted.
+TEST_F(HeadsEngineTest, DraftPMinKeepsGreedyIdentityAndDraftsLess) {
+  const int32_t kTokens = 16;
+  for (int32_t batch : {1, 4}) {
+    const EngineRun plain = run(nullptr, 0, batch, kTokens, batch);
+    EagleOptions o;
+    o.topk = 4;
+    o.depth = 4;
+    auto e0 = eagle(o);
+    ASSERT_TRUE(e0);
+    const EngineRun all = run(e0.get(), 8, batch, kTokens, batch);
+    o.draft_p_min = 0.3f;
+    auto e1 = eagle(o);
+    ASSERT_TRUE(e1);
+    const EngineRun pruned = run(e1.get(), 8, batch, kTokens, batch);
+    const std::string where = "batch " + std::to_string(batch);
+    for (size_t i = 0; i < static_cast<size_t>(batch); ++i) {
+      ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(kTokens)) << where;
+      EXPECT_EQ(all.tokens[i], plain.tokens[i]) << where << ", prompt " << i;
+      EXPECT_EQ(pruned.tokens[i], plain.tokens[i]) << where << ", draft_p_min 0.3, prompt " << i;
+    }
+    EXPECT_GT(pruned.spec.num_accepted_tokens, 0) << where;
+    EXPECT_LT(pruned.spec.num_draft_tokens, all.spec.num_draft_tokens) << where;
+    EXPECT_GT(pruned.spec.acceptance_rate(), all.spec.acceptance_rate()) << where;
+    std::printf("[heads] %s eagle 4x4 k 8: drafted %lld accepted %lld; draft_p_min 0.3: drafted %lld accepted %lld\n",
+                where.c_str(), static_cast<long long>(all.spec.num_draft_tokens), static_cast<long long>(all.spec.num_accepted_tokens),
+                static_cast<long long>(pruned.spec.num_draft_tokens), static_cast<long long>(pruned.spec.num_accepted_tokens));
+  }
+}
+
 // Sampled requests: the heads' tokens are deterministic top ranks sent without q, which the
 // engine verifies without replacement (lossless; the distribution itself is checked by the tree
 // chi-square test). Here: drafts are accepted, nothing is refused, and a seeded run repeats.

@@ -1,7 +1,10 @@
 // MedusaProposer (spec/medusa_proposer.h): loader validation against corrupt and mismatched
 // head files, the heads' logits against a host reference of the contract's formula, and the
-// shape of the proposed trees (static tree, trimming, chains, the hidden hand-over).
+// shape of the proposed trees (static tree, trimming, chains, the hidden hand-over, draft_p_min).
 #include "spec/medusa_proposer.h"
+
+#include <cmath>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -248,6 +251,80 @@ TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{ranked[0][0], ranked[0][1], ranked[1][0]}));
   EXPECT_EQ(out[0].parents, (std::vector<int32_t>{-1, -1, 0}));
   EXPECT_TRUE(out[0].probs.empty());
+}
+
+// draft_p_min: a node is drafted only when the product of the heads' probabilities along its
+// path is at least the threshold; a node below it goes with its subtree, the rest keep their
+// order and are re-parented; 0 changes nothing.
+TEST_F(MedusaTest, DraftPMinDropsNodesBelowThePathProbability) {
+  const std::vector<std::vector<int32_t>> paths = {{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}, {2}, {0, 0, 1}};
+  std::vector<int32_t> tokens = {5, 6, 7, 8, 9};
+  std::vector<float> hidden = random_hidden(4, 11);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  DraftRequest r;
+  r.seq_id = 1;
+  r.tokens = tokens;
+  r.prompt_len = 5;
+  r.num_tokens = 8;
+  r.sampling = &greedy;
+  r.hidden_size = 64;
+  int cut = 0, emptied = 0;
+  for (float p_min : {0.0f, 1e-30f, 1e-5f, 1e-4f, 1e-3f, 0.01f, 0.05f, 0.3f, 1.0f}) {
+    MedusaOptions o;
+    o.tree_paths = paths;
+    o.draft_p_min = p_min;
+    std::unique_ptr<MedusaProposer> m;
+    MedusaWeights w;
+    ASSERT_TRUE(load(spec(), &m, o, nullptr, &w).ok());
+    r.hidden_begin = 0;
+    r.hidden = hidden;
+    std::vector<DraftTree> out;
+    ASSERT_TRUE(m->propose({r}, &out).ok());
+    // The reference: each head's ranked tokens and their log-probabilities (double softmax).
+    std::vector<std::vector<int32_t>> ranked;
+    std::vector<std::vector<double>> lp;
+    for (int j = 0; j < 3; ++j) {
+      std::vector<float> ref = medusa_reference(w, j, hidden.data() + 3 * 64, 64, target_.out_head, 512);
+      std::vector<int32_t> t;
+      top_k(ref.data(), 512, 3, &t);
+      double mx = -INFINITY, sum = 0;
+      for (float x : ref) mx = std::max(mx, static_cast<double>(x));
+      for (float x : ref) sum += std::exp(static_cast<double>(x) - mx);
+      std::vector<double> l;
+      for (int32_t tok : t) l.push_back(static_cast<double>(ref[static_cast<size_t>(tok)]) - mx - std::log(sum));
+      ranked.push_back(t);
+      lp.push_back(l);
+    }
+    std::vector<int32_t> want_tokens, want_parents;
+    std::map<std::vector<int32_t>, std::pair<int32_t, double>> kept;  // path -> (draft index, log-probability)
+    for (const auto& path : paths) {
+      std::vector<int32_t> prefix(path.begin(), path.end() - 1);
+      const int32_t depth = static_cast<int32_t>(path.size());
+      const double parent_lp = prefix.empty() ? 0.0 : (kept.count(prefix) ? kept[prefix].second : 1.0);
+      if (parent_lp > 0) continue;  // parent dropped
+      const double node_lp = parent_lp + lp[static_cast<size_t>(depth - 1)][static_cast<size_t>(path.back())];
+      if (p_min > 0 && node_lp < std::log(static_cast<double>(p_min))) continue;
+      kept[path] = {static_cast<int32_t>(want_tokens.size()), node_lp};
+      want_tokens.push_back(ranked[static_cast<size_t>(depth - 1)][static_cast<size_t>(path.back())]);
+      want_parents.push_back(prefix.empty() ? -1 : kept[prefix].first);
+    }
+    bool chain = true;
+    for (size_t v = 0; v < want_parents.size(); ++v) chain = chain && want_parents[v] == static_cast<int32_t>(v) - 1;
+    if (chain) want_parents.clear();
+    const std::string what = "draft_p_min " + std::to_string(p_min);
+    EXPECT_EQ(out[0].tokens, want_tokens) << what;
+    EXPECT_EQ(out[0].parents, want_parents) << what;
+    if (p_min == 0.0f || p_min == 1e-30f) EXPECT_EQ(out[0].tokens.size(), paths.size()) << what;
+    if (p_min > 1e-30f && !out[0].tokens.empty() && out[0].tokens.size() < paths.size()) ++cut;
+    if (p_min > 1e-30f && out[0].tokens.empty()) ++emptied;
+  }
+  // The thresholds straddle these heads' probabilities (near-uniform over 512 ids).
+  EXPECT_GT(cut, 0);
+  EXPECT_GT(emptied, 0);
+  MedusaOptions bad;
+  bad.draft_p_min = 2.0f;
+  EXPECT_NE(load(spec(), nullptr, bad).message().find("draft_p_min = "), std::string::npos);
 }
 
 TEST_F(MedusaTest, TreeBeyondTheHeadsOrTheDraftVocabularyIsCutAtLoadOrRefused) {

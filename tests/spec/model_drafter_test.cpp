@@ -1,7 +1,8 @@
 // ModelDrafter with sparse draft distributions (DrafterOptions::sparse_keep_mass /
 // sparse_max_entries): every reported q is the truncated distribution the token was drawn from —
 // at most max_entries nonzeros, summing to 1, positive at the drafted token — so it can travel
-// sparse between processes and speculative sampling stays lossless.
+// sparse between processes and speculative sampling stays lossless. And draft_p_min: where a
+// draft stops.
 #include "spec/model_drafter.h"
 
 #include <gtest/gtest.h>
@@ -229,6 +230,88 @@ TEST(ModelDrafterSparse, NanDraftLogitsFailTheProposalInsteadOfAborting) {
   }
 }
 
+// draft_p_min: a draft stops before the first token whose path probability under the draft is
+// below the threshold. Sampled: exactly the longest prefix of the unlimited draft (same seeds,
+// same draws) whose product of q's stays >= p_min, each kept token reported with q restricted to
+// the ids that would have been kept there (q >= p_min / the path so far), renormalised — the
+// distribution it was drawn from given that it was kept (lossless; the chi-square test in
+// spec_distribution_test.cpp). Greedy: a prefix of the unlimited draft, shorter as p_min grows,
+// empty at 1. A second call on the same sequence gives the same draft (state left consistent).
+TEST(ModelDrafterPMin, StopsBeforeTheFirstTokenBelowThePathProbability) {
+  const int32_t k = 6;
+  int cut = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const std::vector<Seq> seqs = {{static_cast<int64_t>(seed), {5, 6, 7, 8}, 4, sampling(seed)}};
+    const std::vector<DraftTree> full = propose(*make_drafter(1.0, 0), seqs, k);
+    ASSERT_EQ(full[0].tokens.size(), static_cast<size_t>(k));
+    for (float p_min : {1e-6f, 0.001f, 0.01f, 0.05f}) {
+      DrafterOptions o;
+      o.draft_p_min = p_min;
+      auto d = ModelDrafter::create(draft_model(), o);
+      ASSERT_TRUE(d.ok());
+      const std::vector<DraftTree> got = propose(**d, seqs, k);
+      size_t want = 0;
+      double logp = 0;
+      std::vector<double> q_min;  // per kept position: p_min / (path probability before it)
+      while (want < full[0].tokens.size()) {
+        q_min.push_back(static_cast<double>(p_min) / std::exp(logp));
+        logp += std::log(static_cast<double>(full[0].probs[want][static_cast<size_t>(full[0].tokens[want])]));
+        if (logp < std::log(static_cast<double>(p_min)) - 1e-6) break;
+        ++want;
+      }
+      const std::string where = "seed " + std::to_string(seed) + " p_min " + std::to_string(p_min);
+      ASSERT_EQ(got[0].tokens.size(), want) << where;
+      ASSERT_EQ(got[0].probs.size(), want) << where;
+      for (size_t j = 0; j < want; ++j) {
+        EXPECT_EQ(got[0].tokens[j], full[0].tokens[j]) << where;
+        const std::vector<float>& q = full[0].probs[j];
+        const std::vector<float>& qk = got[0].probs[j];
+        ASSERT_EQ(qk.size(), q.size()) << where;
+        double kept = 0;
+        for (size_t x = 0; x < q.size(); ++x) kept += qk[x] > 0 ? q[x] : 0.0;
+        EXPECT_NEAR(std::accumulate(qk.begin(), qk.end(), 0.0), 1.0, 1e-5) << where;
+        EXPECT_GT(qk[static_cast<size_t>(got[0].tokens[j])], 0.0f) << where;
+        int zeroed = 0;
+        for (size_t x = 0; x < q.size(); ++x) {
+          if (q[x] > q_min[j] * 1.001) EXPECT_NEAR(qk[x], q[x] / kept, 1e-6) << where << " id " << x;
+          if (q[x] < q_min[j] * 0.999) EXPECT_EQ(qk[x], 0.0f) << where << " id " << x;
+          zeroed += q[x] > 0 && qk[x] == 0;
+        }
+        if (p_min >= 0.01f) EXPECT_GT(zeroed, 0) << where << ": nothing below the threshold was cut from q";
+      }
+      cut += want < static_cast<size_t>(k);
+      const std::vector<DraftTree> again = propose(**d, seqs, k);
+      EXPECT_EQ(again[0].tokens, got[0].tokens) << where << ": second call";
+    }
+  }
+  EXPECT_GT(cut, 0) << "no threshold cut a sampled draft";
+  // Greedy (the drafter reduces rows on the backend): prefixes, monotone in p_min.
+  const std::vector<Seq> greedy = {{100, {5, 6, 7, 8}, 4, sampling(0, 0.0f)}, {101, {9, 3, 2}, 3, sampling(0, 0.0f)}};
+  const std::vector<DraftTree> full = propose(*make_drafter(1.0, 0), greedy, k);
+  std::vector<size_t> last = {static_cast<size_t>(k), static_cast<size_t>(k)};
+  int greedy_cut = 0;
+  for (float p_min : {0.0f, 0.01f, 0.05f, 0.1f, 0.2f, 0.4f, 1.0f}) {
+    DrafterOptions o;
+    o.draft_p_min = p_min;
+    auto d = ModelDrafter::create(draft_model(), o);
+    ASSERT_TRUE(d.ok());
+    const std::vector<DraftTree> got = propose(**d, greedy, k);
+    const std::vector<DraftTree> again = propose(**d, greedy, k);
+    for (size_t s = 0; s < greedy.size(); ++s) {
+      EXPECT_EQ(again[s].tokens, got[s].tokens) << "greedy second call, p_min " << p_min;
+      const std::string where = "greedy seq " + std::to_string(s) + " p_min " + std::to_string(p_min);
+      ASSERT_LE(got[s].tokens.size(), last[s]) << where;
+      EXPECT_TRUE(std::equal(got[s].tokens.begin(), got[s].tokens.end(), full[s].tokens.begin())) << where;
+      EXPECT_TRUE(got[s].probs.empty()) << where;
+      if (p_min == 0.0f) EXPECT_EQ(got[s].tokens.size(), static_cast<size_t>(k)) << where;
+      if (p_min == 1.0f) EXPECT_TRUE(got[s].tokens.empty()) << where;
+      greedy_cut += !got[s].tokens.empty() && got[s].tokens.size() < static_cast<size_t>(k);
+      last[s] = got[s].tokens.size();
+    }
+  }
+  EXPECT_GT(greedy_cut, 0) << "no threshold cut a greedy draft part-way";
+}
+
 TEST(ModelDrafterSparse, CreateRejectsBadOptions) {
   for (double mass : {0.0, -0.1, 1.5, std::nan("")}) {
     DrafterOptions o;
@@ -243,6 +326,13 @@ TEST(ModelDrafterSparse, CreateRejectsBadOptions) {
   auto d = ModelDrafter::create(draft_model(), o);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("sparse_max_entries = -1"), std::string::npos) << d.status().message();
+  for (float p_min : {-0.5f, 1.5f, std::nanf("")}) {
+    DrafterOptions po;
+    po.draft_p_min = p_min;
+    auto bad = ModelDrafter::create(draft_model(), po);
+    ASSERT_FALSE(bad.ok()) << p_min;
+    EXPECT_NE(bad.status().message().find("draft_p_min = "), std::string::npos) << bad.status().message();
+  }
 }
 
 }  // namespace

@@ -42,6 +42,13 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   EXPECT_EQ((*e)->eagle_topk, 6);
   EXPECT_EQ((*e)->eagle_depth, 5);
   EXPECT_FALSE((*e)->draft_vocab_size.has_value());
+  EXPECT_FALSE((*e)->draft_p_min.has_value());
+  auto pm = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": 0.25})");
+  ASSERT_TRUE(pm.ok()) << pm.status().to_string();
+  EXPECT_EQ((*pm)->draft_p_min, 0.25f);
+  auto pl = parse(R"({"method": "layer_skip", "num_speculative_tokens": 3, "draft_p_min": 1})");
+  ASSERT_TRUE(pl.ok()) << pl.status().to_string();
+  EXPECT_EQ((*pl)->draft_p_min, 1.0f);
   auto v = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "draft_vocab_size": 8192})");
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ((*v)->draft_vocab_size, 8192);
@@ -80,6 +87,10 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": 1.5})", {"draft_p_min = 1.5", "[0, 1]"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": -0.1})", {"draft_p_min = -0.1", "[0, 1]"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": "0.5"})", {"draft_p_min", "number", "\"0.5\""}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_p_min": 0.5})", {"draft_p_min", "ngram"}},
       // Bug: -1 is the parser's "not given", so these were silently taken as absent (the defaults
       // ran), and 2^64 - 1 wrapped to -1 the same way.
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -1})", {"draft_vocab_size = -1", ">= 0"}},

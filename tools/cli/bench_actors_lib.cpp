@@ -2,6 +2,7 @@
 #include "tools/cli/bench_actors_lib.h"
 
 #include <cmath>
+#include <iomanip>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -39,6 +40,7 @@ std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
   if (s->eagle_topk) o << ", eagle_topk: " << *s->eagle_topk;
   if (s->eagle_depth) o << ", eagle_depth: " << *s->eagle_depth;
   if (s->draft_vocab_size) o << ", draft_vocab_size: " << *s->draft_vocab_size;
+  if (s->draft_p_min) o << ", draft_p_min: " << std::setprecision(9) << *s->draft_p_min << std::setprecision(6);
   if (s->disable_by_batch_size && *s->disable_by_batch_size > 0) o << ", disable_by_batch_size: " << *s->disable_by_batch_size;
   o << ", adaptive_k: " << (s->adaptive_k ? "true" : "false") << " }\n";
   return o.str();

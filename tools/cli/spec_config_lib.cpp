@@ -22,6 +22,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   std::string token_tree;
   bool has_token_tree = false;
   std::optional<int32_t> draft_max_len;
+  std::optional<float> draft_p_min;
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -35,7 +36,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
                                                 "draft_tensor_parallel_size", "num_layers", "adaptive_k",
-                                                "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size",
+                                                "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size", "draft_p_min",
                                                 "typical_acceptance", "posterior_threshold", "posterior_alpha"};
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
@@ -117,6 +118,13 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       }
       (threshold ? eo->posterior_threshold : eo->posterior_alpha) = v;
     }
+    if (j.contains("draft_p_min")) {
+      const nlohmann::json& v = j["draft_p_min"];
+      if (!v.is_number()) return invalid_argument("--speculative-config: draft_p_min must be a number, got " + v.dump());
+      const double d = v.get<double>();
+      if (!(d >= 0 && d <= 1)) return invalid_argument("--speculative-config: draft_p_min = " + v.dump() + ": must be in [0, 1]");
+      draft_p_min = static_cast<float>(d);
+    }
     int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
     SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml, 1));
@@ -153,6 +161,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   if (draft_vocab != -1 && method != "medusa" && method != "eagle") {
     return invalid_argument("--speculative-config: draft_vocab_size applies to methods medusa and eagle only, not " + method);
   }
+  if (draft_p_min && method == "ngram") {
+    return invalid_argument("--speculative-config: draft_p_min = " + std::to_string(*draft_p_min) +
+                            " does not apply to method ngram (its drafts have no probabilities)");
+  }
   if (draft_vocab < -1) return invalid_argument("--speculative-config: draft_vocab_size = " + std::to_string(draft_vocab) + ": must be >= 0 (0: the whole vocabulary)");
   for (auto [key, v] : {std::pair<const char*, int>{"eagle_topk", eagle_topk}, {"eagle_depth", eagle_depth}}) {
     if (v == -1) continue;
@@ -175,6 +187,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   spec.typical_acceptance = eo->typical_acceptance;
   spec.posterior_threshold = eo->posterior_threshold;
   spec.posterior_alpha = eo->posterior_alpha;
+  spec.draft_p_min = draft_p_min;
   if (method == "ngram") {
     spec.method = SpeculativeMethod::kNgram;
     if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;

@@ -26,7 +26,8 @@ struct SpecArgs {
 /// num_speculative_tokens, prompt_lookup_min/max (ngram), num_layers (layer_skip),
 /// speculative_token_tree (medusa, eagle: vLLM's tree string, parsed when the proposer is
 /// built), eagle_topk / eagle_depth (eagle's dynamic tree, 1..64, not with a static tree),
-/// draft_vocab_size (medusa, eagle: score only ids below it; 0: all),
+/// draft_vocab_size (medusa, eagle: score only ids below it; 0: all), draft_p_min (not ngram: in
+/// [0, 1], the least path probability of a drafted token, EagleOptions::draft_p_min),
 /// disable_by_batch_size, max_model_len (the DRAFT's maximum length, as in vLLM: sets
 /// SpeculativeSpec::max_model_len, never the engine's max_model_len, which is the target's and
 /// comes from --max-model-len), draft_tensor_parallel_size (1), adaptive_k.
