@@ -17,7 +17,7 @@ TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "ra
 
 
 def short_name(name):
-    """A legend label for a run: its --spec JSON shortened to method, k and tree shape (and the
+    """A legend label for a run: its --spec JSON shortened to method, k, tree shape and draft_p_min (and the
     head file's folder when it is not the committed models/heads)."""
     if not name.startswith("{"):
         return name
@@ -33,6 +33,8 @@ def short_name(name):
         parts.append("tree " + s["speculative_token_tree"].replace(" ", ""))
     if "num_layers" in s:
         parts.append(f"{s['num_layers']} layers")
+    if "draft_p_min" in s:
+        parts.append(f"p_min {s['draft_p_min']}")
     model = s.get("model", "")
     if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
         parts.append("[" + model.rsplit("/", 2)[-2] + "]")
