@@ -3,6 +3,7 @@
 // banner), `up --dry-run` listing every problem of a topology (exit 2); and --help showing the
 // defaults of the flags that have one.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,37 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   const CmdResult t = run("bench-spec --threads 1 --questions " + typed + " --max-tokens 2 --batch-sizes 1");
   EXPECT_EQ(t.exit_code, 1) << t.out;
   EXPECT_NE(t.out.find(typed + ":2: needs a string 'category'"), std::string::npos) << t.out;
+  fs::remove_all(dir);
+}
+
+// bench-spec end to end on one question: the JSON's tokens per step (decode tokens / target steps
+// after the first token, every step counted) is 1 for the baseline and, with n-gram drafts, at
+// most the mean accepted tokens of the drafted steps; each step gives 1 + its accepted tokens.
+TEST(CliChecks, BenchSpecReportsTokensPerStepOverEveryStep) {
+  const std::string dir = temp_dir("bench_spec_steps");
+  const std::string q = dir + "/q.jsonl", out = dir + "/r.json";
+  std::ofstream(q) << "{\"question_id\": 7, \"category\": \"writing\", \"turns\": [\"Repeat exactly: one two three four five "
+                      "six seven eight, one two three four five six seven eight, one two three four five six seven eight.\"]}\n";
+  const CmdResult r = run("bench-spec --threads 1 --questions " + q + " --per-task 1 --max-tokens 24 --batch-sizes 1 --spec "
+                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, \"prompt_lookup_max\": 3}' "
+                          "--output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens per step"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  const nlohmann::json& base = j["runs"][0]["overall"];
+  EXPECT_EQ(base["decode_tokens"].get<int64_t>(), 23);
+  EXPECT_EQ(base["decode_steps"].get<int64_t>(), 23);
+  EXPECT_EQ(base["tokens_per_step"].get<double>(), 1.0);
+  const nlohmann::json& ng = j["runs"][1]["overall"];
+  const int64_t tokens = ng["decode_tokens"].get<int64_t>(), steps = ng["decode_steps"].get<int64_t>();
+  EXPECT_EQ(tokens, 23);
+  EXPECT_GT(ng["num_accepted_tokens"].get<int64_t>(), 0) << "n-gram lookup accepted nothing on a repeating prompt";
+  EXPECT_LT(steps, tokens);
+  EXPECT_LE(tokens, steps + ng["num_accepted_tokens"].get<int64_t>());
+  EXPECT_DOUBLE_EQ(ng["tokens_per_step"].get<double>(), static_cast<double>(tokens) / static_cast<double>(steps));
+  EXPECT_LE(ng["tokens_per_step"].get<double>(), ng["mean_accepted_tokens"].get<double>() + 1e-9);
   fs::remove_all(dir);
 }
 

@@ -57,6 +57,10 @@ struct TaskResult {
   double seconds = 0;          ///< wall time of the whole generation, prefill included
   int64_t decode_tokens = 0;   ///< tokens after each sequence's first
   double decode_seconds = 0;   ///< wall time after every sequence of the group had its first token
+  /// Target steps each sequence took after its first token, summed over sequences (a step with
+  /// or without a draft). decode_tokens / decode_steps: tokens per step, Spec-Bench's mean
+  /// accepted tokens counted over every step (SpecStats' mean counts drafted steps only).
+  int64_t decode_steps = 0;
   SpecStats spec;
   int mismatches = 0;
 };
@@ -114,6 +118,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
         for (auto& e : evs) {
           auto& out = rr.outputs[ids[e.seq_id]->id];
           if (out.empty() && !e.tokens.empty()) ++started;
+          if (!out.empty() && !e.tokens.empty()) ++rr.tasks[task].decode_steps;
           out.insert(out.end(), e.tokens.begin(), e.tokens.end());
         }
         if (t_first_all < 0 && started == ids.size()) {
@@ -139,6 +144,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
     rr.total.seconds += tr.seconds;
     rr.total.decode_tokens += tr.decode_tokens;
     rr.total.decode_seconds += tr.decode_seconds;
+    rr.total.decode_steps += tr.decode_steps;
     rr.total.spec.add(tr.spec);
   }
   return rr;
@@ -244,8 +250,8 @@ int run_bench(const BenchArgs& a) {
       runs.push_back(std::move(*r));
     }
     std::printf("\n## batch %d, greedy, %d questions per task, %d tokens each\n\n", batch, a.per_task, a.max_tokens);
-    std::printf("| method | mt_bench | translation | summarization | qa | math_reasoning | rag | overall | overall end-to-end | mean accepted tokens | acceptance rate | decode tokens/s | greedy mismatches |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| method | mt_bench | translation | summarization | qa | math_reasoning | rag | overall | overall end-to-end | mean accepted tokens | tokens per step | acceptance rate | decode tokens/s | greedy mismatches |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const char* order[] = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"};
     for (const auto& r : runs) {
       nlohmann::json jr;
@@ -267,16 +273,20 @@ int run_bench(const BenchArgs& a) {
         jr["tasks"][t] = {{"tokens", x.tokens}, {"seconds", x.seconds}, {"tokens_per_s", tps},
                           {"decode_tokens_per_s", dtps}, {"speedup", dtps / bdtps}, {"speedup_end_to_end", tps / btps},
                           {"mean_accepted_tokens", x.spec.mean_acceptance_length()},
+                          {"decode_tokens", x.decode_tokens}, {"decode_steps", x.decode_steps},
+                          {"tokens_per_step", x.decode_steps ? static_cast<double>(x.decode_tokens) / x.decode_steps : 0.0},
                           {"acceptance_rate", x.spec.acceptance_rate()}, {"accepted_per_pos", x.spec.accepted_per_pos}};
       }
       const double tps = r.total.tokens / r.total.seconds, btps = base->total.tokens / base->total.seconds;
       const double dtps = r.total.decode_tokens / r.total.decode_seconds;
       const double bdtps = base->total.decode_tokens / base->total.decode_seconds;
-      std::printf(" %.2fx | %.2fx | %.2f | %.3f | %.2f | %d |\n", dtps / bdtps, tps / btps, r.total.spec.mean_acceptance_length(),
-                  r.total.spec.acceptance_rate(), dtps, r.total.mismatches);
+      const double per_step = r.total.decode_steps ? static_cast<double>(r.total.decode_tokens) / r.total.decode_steps : 0.0;
+      std::printf(" %.2fx | %.2fx | %.2f | %.2f | %.3f | %.2f | %d |\n", dtps / bdtps, tps / btps, r.total.spec.mean_acceptance_length(),
+                  per_step, r.total.spec.acceptance_rate(), dtps, r.total.mismatches);
       jr["overall"] = {{"tokens", r.total.tokens}, {"seconds", r.total.seconds}, {"tokens_per_s", tps},
                        {"decode_tokens_per_s", dtps}, {"speedup", dtps / bdtps}, {"speedup_end_to_end", tps / btps},
                        {"mean_accepted_tokens", r.total.spec.mean_acceptance_length()},
+                       {"decode_tokens", r.total.decode_tokens}, {"decode_steps", r.total.decode_steps}, {"tokens_per_step", per_step},
                        {"acceptance_rate", r.total.spec.acceptance_rate()}, {"num_drafts", r.total.spec.num_drafts},
                        {"num_draft_tokens", r.total.spec.num_draft_tokens},
                        {"num_accepted_tokens", r.total.spec.num_accepted_tokens},
@@ -285,7 +295,9 @@ int run_bench(const BenchArgs& a) {
     }
     std::printf("\nCells: decode-phase speedup over the baseline of this run (mean accepted tokens per step). Decode phase:\n"
                 "after every sequence of a batch had its first token (prefill is the same for every method and, on 2 CPU\n"
-                "cores, long: end-to-end includes it).\n");
+                "cores, long: end-to-end includes it). Mean accepted tokens: 1 + accepted / drafts over the steps that\n"
+                "drafted (vLLM's); tokens per step: decode tokens / target steps after each sequence's first token, every\n"
+                "step counted (Spec-Bench's measure; lower than the mean when some steps draft nothing, e.g. draft_p_min).\n");
     // Acceptance by depth: the share of verification steps whose draft token at depth i (a
     // chain's i-th token; a tree's accepted node at depth i) was accepted.
     size_t max_depth = 0;
