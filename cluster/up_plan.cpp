@@ -112,9 +112,14 @@ std::string describe_up_plan(const Topology& t) {
        t.models.target.tensor_parallel_size, max_len.c_str(), compute_dtype_name(t.models.target.dtype));
   if (t.models.speculative) {
     const SpeculativeSpec& sp = *t.models.speculative;
-    const std::string draft_len = sp.max_model_len ? ", draft max_model_len " + std::to_string(*sp.max_model_len) : "";
+    std::string extra = sp.max_model_len ? ", draft max_model_len " + std::to_string(*sp.max_model_len) : "";
+    if (sp.draft_p_min) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%g", static_cast<double>(*sp.draft_p_min));
+      extra += std::string(", draft_p_min ") + v;
+    }
     line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
-         sp.model.empty() ? "" : ", model ", sp.model.c_str(), draft_len.c_str());
+         sp.model.empty() ? "" : ", model ", sp.model.c_str(), extra.c_str());
   } else {
     line("speculative: none (plain decoding)");
   }

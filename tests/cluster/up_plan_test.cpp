@@ -77,6 +77,11 @@ TEST(UpPlan, ValidCpuTopologyIsDescribed) {
   const size_t dw = plan.find("draft_worker:");
   ASSERT_NE(dw, std::string::npos);
   EXPECT_EQ(plan.substr(dw, plan.find('\n', dw) - dw).find("rank"), std::string::npos) << plan;
+  // draft_p_min, when set, is shown as it took effect.
+  auto p = parse(testing::default_model_path(), "cpu", "{method: layer_skip, num_speculative_tokens: 3, draft_p_min: 0.35}");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const std::string with_pmin = describe_up_plan(*p);
+  EXPECT_NE(with_pmin.find("speculative: layer_skip, num_speculative_tokens 3, draft_p_min 0.35"), std::string::npos) << with_pmin;
 }
 
 TEST(UpPlan, MissingGpuIsNamedWithItsField) {

@@ -84,7 +84,7 @@ TEST(GenerateCli, SystemWithoutChatIsRefused) {
 // [0, 2^63 - 1] is refused naming the flag and the value, before the model loads.
 TEST(GenerateCli, OutOfRangeSeedsAreRefusedNotClamped) {
   for (const char* seed : {"99999999999999999999", "18446744073709551615", "9223372036854775808", "-1",
-                           "-9223372036854775809", "1.5", "x"}) {
+                           "-9223372036854775809", "1.5", "x", "010", "0x10"}) {
     const CliRun r = run(std::string("--threads 1 --max-tokens 2 --temperature 1 --prompt Hello --seed ") + seed);
     EXPECT_EQ(r.exit_code, 2) << seed << "\n" << r.out;
     EXPECT_NE(r.out.find(std::string("--seed: ") + seed + ": must be an integer in [0, 9223372036854775807]"), std::string::npos)

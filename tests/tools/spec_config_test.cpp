@@ -90,7 +90,7 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": 1.5})", {"draft_p_min = 1.5", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": -0.1})", {"draft_p_min = -0.1", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": "0.5"})", {"draft_p_min", "number", "\"0.5\""}},
-      {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_p_min": 0.5})", {"draft_p_min", "ngram"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_p_min": 0.5})", {"draft_p_min = 0.5 does not apply", "ngram"}},
       // Bug: -1 is the parser's "not given", so these were silently taken as absent (the defaults
       // ran), and 2^64 - 1 wrapped to -1 the same way.
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -1})", {"draft_vocab_size = -1", ">= 0"}},

@@ -23,6 +23,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   bool has_token_tree = false;
   std::optional<int32_t> draft_max_len;
   std::optional<float> draft_p_min;
+  std::string draft_p_min_text;  // as written, for messages
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
     try {
@@ -124,6 +125,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       const double d = v.get<double>();
       if (!(d >= 0 && d <= 1)) return invalid_argument("--speculative-config: draft_p_min = " + v.dump() + ": must be in [0, 1]");
       draft_p_min = static_cast<float>(d);
+      draft_p_min_text = v.dump();
     }
     int dbs = 0, mml = -1, tp = 1;
     SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
@@ -162,7 +164,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     return invalid_argument("--speculative-config: draft_vocab_size applies to methods medusa and eagle only, not " + method);
   }
   if (draft_p_min && method == "ngram") {
-    return invalid_argument("--speculative-config: draft_p_min = " + std::to_string(*draft_p_min) +
+    return invalid_argument("--speculative-config: draft_p_min = " + draft_p_min_text +
                             " does not apply to method ngram (its drafts have no probabilities)");
   }
   if (draft_vocab < -1) return invalid_argument("--speculative-config: draft_vocab_size = " + std::to_string(draft_vocab) + ": must be >= 0 (0: the whole vocabulary)");

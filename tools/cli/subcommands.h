@@ -19,9 +19,9 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
-/// A check for a 64-bit integer flag (--seed): the value must be an integer in [lo, hi], read as
-/// CLI11 reads it (strtoll, base 0); else "VALUE: must be an integer in [LO, HI]" (CLI11 puts
-/// the flag's name first; exit 2).
+/// A check for a 64-bit integer flag (--seed): the value must be a decimal integer in [lo, hi]
+/// without leading zeros (CLI11 reads with base 0: "010" would be 8); else "VALUE: must be an
+/// integer in [LO, HI]" (CLI11 puts the flag's name first; exit 2).
 /// NOTE: CLI11 2.1 reads an int64 with strtoll and ignores ERANGE: 99999999999999999999 became
 /// 9223372036854775807 silently, and CLI::Range checks that clamped value, so it let it through.
 inline CLI::Validator int64_in_range(int64_t lo, int64_t hi) {
@@ -29,8 +29,12 @@ inline CLI::Validator int64_in_range(int64_t lo, int64_t hi) {
       [lo, hi](std::string& v) {
         errno = 0;
         char* end = nullptr;
-        const long long x = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 0);
-        if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || x < lo || x > hi) {
+        // Decimal only: CLI11 itself converts with base 0, so "010" would become 8 and "0x10" 16;
+        // a leading zero or a hex prefix is refused rather than read as another number.
+        const size_t digits = v.find_first_not_of("+-");
+        const bool leading_zero = digits != std::string::npos && v.size() > digits + 1 && v[digits] == '0';
+        const long long x = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || leading_zero || end != v.c_str() + v.size() || errno == ERANGE || x < lo || x > hi) {
           return v + ": must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
         }
         return std::string();
