@@ -130,12 +130,6 @@ nlohmann::json usage_json(const ParsedRequest& req, const std::vector<ChoiceOutp
 
 // ---- field readers the API's parsers share (messages name the field and the value)
 
-/// Parses a request body into *out. Errors (400): "malformed JSON in the request body (in
-/// FIELD): <nlohmann's message with line and column>", and for a number beyond a double
-/// "FIELD = 1e400: the number is beyond the range of a double (byte N of the request body)";
-/// param is the path of the value being read ("temperature", "messages[0].content"), "" when
-/// the error is not inside a field's value.
-std::optional<ApiError> api_parse_body(const std::string& text, nlohmann::json* out);
 /// A 400 invalid_request_error for `param`.
 ApiError api_field_error(const std::string& param, const std::string& message);
 /// "FIELD: expected EXPECTED, got TYPE VALUE" (400).

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/chat_template.h"
+#include "server/request_body.h"
 
 namespace specserve {
 
@@ -15,7 +16,7 @@ namespace {
 // is the served one.
 std::optional<ApiError> read_body(const std::string& text, const ServedModel& model,
                                   std::initializer_list<const char*> known, json* body) {
-  if (auto e = api_parse_body(text, body)) return e;
+  if (auto e = parse_request_body(text, body)) return e;
   if (!body->is_object()) return api_wrong_type("body", *body, "a JSON object");
   for (auto it = body->begin(); it != body->end(); ++it) {
     bool ok = false;
