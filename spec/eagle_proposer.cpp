@@ -58,9 +58,7 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
   if (o.topk < 1 || o.topk > 64) return invalid_argument("eagle_topk = " + std::to_string(o.topk) + ": must be in 1..64");
   if (o.depth < 1 || o.depth > 64) return invalid_argument("eagle_depth = " + std::to_string(o.depth) + ": must be in 1..64");
   if (o.block_size < 1) return invalid_argument("block_size = " + std::to_string(o.block_size) + ": must be >= 1");
-  if (!(o.draft_p_min >= 0 && o.draft_p_min <= 1)) {
-    return invalid_argument("draft_p_min = " + std::to_string(o.draft_p_min) + ": must be in [0, 1]");
-  }
+  SPECSERVE_RETURN_IF_ERROR(check_draft_p_min(o.draft_p_min));
   if (o.draft_vocab_size < 0) {
     return invalid_argument("draft_vocab_size = " + std::to_string(o.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
   }
@@ -439,7 +437,7 @@ Status EagleProposer::propose(const std::vector<DraftRequest>& reqs, std::vector
 
   // Children of a candidate (or of the root, parent = -1) from its logit row. A child whose path
   // probability is below draft_p_min is dropped (its descendants score lower still).
-  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
+  const float min_score = min_path_logprob(opts_.draft_p_min);
   std::vector<int32_t> top;
   auto add_children = [&](Work& w, int32_t parent, const float* row) {
     const float parent_score = parent < 0 ? 0.0f : w.cands[static_cast<size_t>(parent)].score;

@@ -49,9 +49,7 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
   m->d_ = d;
   m->vocab_ = tc.vocab_size;
   m->head_ = &target.output_head();
-  if (!(m->opts_.draft_p_min >= 0 && m->opts_.draft_p_min <= 1)) {
-    return invalid_argument("draft_p_min = " + std::to_string(m->opts_.draft_p_min) + ": must be in [0, 1]");
-  }
+  SPECSERVE_RETURN_IF_ERROR(check_draft_p_min(m->opts_.draft_p_min));
   if (m->opts_.draft_vocab_size < 0) {
     return invalid_argument("draft_vocab_size = " + std::to_string(m->opts_.draft_vocab_size) + ": must be >= 0 (0: the whole vocabulary)");
   }
@@ -202,7 +200,7 @@ Status MedusaProposer::propose(const std::vector<DraftRequest>& reqs, std::vecto
   std::vector<std::vector<float>> best_lp;  // [depth][rank] log-probability of best[j][rank] (draft_p_min)
   std::vector<float> score;                // [nodes] path log-probability (draft_p_min)
   std::vector<int32_t> out_index;          // [nodes] index in the draft, -1: dropped
-  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
+  const float min_score = min_path_logprob(opts_.draft_p_min);
   for (int64_t w = 0; w < W; ++w) {
     const StaticTree& t = trees[static_cast<size_t>(w)];
     best.assign(static_cast<size_t>(t.max_depth()), {});

@@ -29,9 +29,7 @@ Expected<std::unique_ptr<ModelDrafter>> ModelDrafter::create(Transformer& model,
   if (!(o.sparse_keep_mass > 0.0 && o.sparse_keep_mass <= 1.0)) {
     return invalid_argument("sparse_keep_mass = " + std::to_string(o.sparse_keep_mass) + ": must be in (0, 1]");
   }
-  if (!(o.draft_p_min >= 0 && o.draft_p_min <= 1)) {
-    return invalid_argument("draft_p_min = " + std::to_string(o.draft_p_min) + ": must be in [0, 1]");
-  }
+  SPECSERVE_RETURN_IF_ERROR(check_draft_p_min(o.draft_p_min));
   if (o.sparse_max_entries < 0) {
     return invalid_argument("sparse_max_entries = " + std::to_string(o.sparse_max_entries) + ": must be >= 0 (0: no limit)");
   }
@@ -176,7 +174,7 @@ Status ModelDrafter::propose(const std::vector<DraftRequest>& reqs, std::vector<
   // drafts token 0, a valid (if useless) token the target rejects, as the argmax of such a row
   // would.
   auto greedy_on_device = [&](const Work& w) { return !w.st->sampler && usable_vocab == vocab; };
-  const float min_score = opts_.draft_p_min > 0 ? std::log(opts_.draft_p_min) : -INFINITY;
+  const float min_score = min_path_logprob(opts_.draft_p_min);
   // Pass 0: catch up on every token the drafter has not seen (including the last known one).
   for (const Work& w : work) {
     const DraftRequest& r = reqs[w.req];

@@ -8,6 +8,7 @@
 // proposer what was rejected; it sees it in the next call's tokens.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -54,6 +55,17 @@ struct DraftTree {
   /// replacement. Either way sampling stays lossless (spec/tree_verify.h).
   std::vector<std::vector<float>> probs;
 };
+
+/// draft_p_min (EagleOptions, MedusaOptions, DrafterOptions): must be in [0, 1] (NaN refused).
+/// Errors: kInvalidArgument "draft_p_min = V: must be in [0, 1]".
+inline Status check_draft_p_min(float p_min) {
+  if (p_min >= 0 && p_min <= 1) return Status();
+  return invalid_argument("draft_p_min = " + std::to_string(p_min) + ": must be in [0, 1]");
+}
+
+/// The least path log-probability a draft token may have: log(p_min), or -inf when p_min is 0
+/// (no limit). A proposer compares the running sum of its tokens' log-probabilities with it.
+inline float min_path_logprob(float p_min) { return p_min > 0 ? std::log(p_min) : -INFINITY; }
 
 /// Guesses tokens. Not thread-safe: the engine calls it from one thread.
 class Proposer {

@@ -57,6 +57,21 @@ class MedusaTest : public ::testing::Test {
     for (const auto& part : parts) EXPECT_NE(st.message().find(part), std::string::npos) << "'" << part << "' in " << st.message();
   }
   std::vector<float> random_hidden(int n, uint64_t seed) { return gaussian(static_cast<size_t>(n * 64), 1.0f, seed); }
+  /// Sequence 1 with `tokens` (all prompt) asking for k tokens, `hidden` handed over from
+  /// position 0; `sampling` must outlive the request.
+  static DraftRequest request(const std::vector<int32_t>& tokens, const std::vector<float>& hidden, int32_t k,
+                              const SamplingParams* sampling) {
+    DraftRequest r;
+    r.seq_id = 1;
+    r.tokens = tokens;
+    r.prompt_len = static_cast<int32_t>(tokens.size());
+    r.num_tokens = k;
+    r.sampling = sampling;
+    r.hidden_begin = 0;
+    r.hidden = hidden;
+    r.hidden_size = 64;
+    return r;
+  }
 
   Target target_;
   int counter_ = 0;
@@ -215,15 +230,7 @@ TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {
   std::vector<float> hidden = random_hidden(4, 9);  // positions 0..3 (prefill rows)
   SamplingParams greedy;
   greedy.temperature = 0;
-  DraftRequest r;
-  r.seq_id = 1;
-  r.tokens = tokens;
-  r.prompt_len = 5;
-  r.num_tokens = 10;
-  r.sampling = &greedy;
-  r.hidden_begin = 0;
-  r.hidden = hidden;
-  r.hidden_size = 64;
+  DraftRequest r = request(tokens, hidden, 10, &greedy);
   std::vector<DraftTree> out;
   ASSERT_TRUE(m->propose({r}, &out).ok());
   ASSERT_EQ(out.size(), 1u);
@@ -262,13 +269,7 @@ TEST_F(MedusaTest, DraftPMinDropsNodesBelowThePathProbability) {
   std::vector<float> hidden = random_hidden(4, 11);
   SamplingParams greedy;
   greedy.temperature = 0;
-  DraftRequest r;
-  r.seq_id = 1;
-  r.tokens = tokens;
-  r.prompt_len = 5;
-  r.num_tokens = 8;
-  r.sampling = &greedy;
-  r.hidden_size = 64;
+  const DraftRequest r = request(tokens, hidden, 8, &greedy);
   int cut = 0, emptied = 0;
   for (float p_min : {0.0f, 1e-30f, 1e-5f, 1e-4f, 1e-3f, 0.01f, 0.05f, 0.3f, 1.0f}) {
     MedusaOptions o;
@@ -277,8 +278,6 @@ TEST_F(MedusaTest, DraftPMinDropsNodesBelowThePathProbability) {
     std::unique_ptr<MedusaProposer> m;
     MedusaWeights w;
     ASSERT_TRUE(load(spec(), &m, o, nullptr, &w).ok());
-    r.hidden_begin = 0;
-    r.hidden = hidden;
     std::vector<DraftTree> out;
     ASSERT_TRUE(m->propose({r}, &out).ok());
     // The reference: each head's ranked tokens and their log-probabilities (double softmax).
