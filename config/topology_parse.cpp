@@ -87,6 +87,20 @@ const YAML::Node* TopologyParser::scalar(const Fields& f, const std::string& key
   return v;
 }
 
+namespace {
+
+// A quoted scalar ("0.5", 'true') is a string in YAML (1.2, section 7.3): yaml-cpp tags it "!",
+// a plain one "?". Numeric and boolean fields refuse it rather than guess (a value written as
+// "0.5" was taken as 0.5 before; a YAML loader in Python reads it as the string '0.5').
+bool quoted(const YAML::Node& v) { return v.Tag() == "!"; }
+
+std::string quoted_message(const char* expected, const YAML::Node& v) {
+  return std::string("expected ") + expected + ", got the quoted string \"" + v.Scalar() +
+         "\" (quotes make a string in YAML: write the value without them)";
+}
+
+}  // namespace
+
 std::optional<std::string> TopologyParser::read_string(const Fields& f, const std::string& key, bool required) {
   const YAML::Node* v = scalar(f, key, "a string", required);
   if (!v) return std::nullopt;
@@ -101,6 +115,10 @@ std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::stri
                                                 bool required) {
   const YAML::Node* v = scalar(f, key, "an integer", required);
   if (!v) return std::nullopt;
+  if (quoted(*v)) {
+    error(*v, f.path(key), quoted_message("an integer", *v));
+    return std::nullopt;
+  }
   int64_t x = 0;
   if (!parse_int64(v->Scalar(), &x)) {
     error(*v, f.path(key), "expected an integer, got " + describe(*v));
@@ -123,6 +141,10 @@ std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::stri
 std::optional<double> TopologyParser::read_double(const Fields& f, const std::string& key, double min, bool required) {
   const YAML::Node* v = scalar(f, key, "a number", required);
   if (!v) return std::nullopt;
+  if (quoted(*v)) {
+    error(*v, f.path(key), quoted_message("a number", *v));
+    return std::nullopt;
+  }
   const std::string& s = v->Scalar();
   char* end = nullptr;
   errno = 0;
@@ -141,6 +163,10 @@ std::optional<double> TopologyParser::read_double(const Fields& f, const std::st
 std::optional<bool> TopologyParser::read_bool(const Fields& f, const std::string& key) {
   const YAML::Node* v = scalar(f, key, "true or false", false);
   if (!v) return std::nullopt;
+  if (quoted(*v)) {
+    error(*v, f.path(key), quoted_message("true or false", *v));
+    return std::nullopt;
+  }
   const std::string s = lower(v->Scalar());
   if (s == "true") return true;
   if (s == "false") return false;

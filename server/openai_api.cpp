@@ -97,7 +97,11 @@ std::optional<ApiError> read_bool(const json& body, const char* f, bool* out) {
   return std::nullopt;
 }
 
-std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr) {
+// `written` (optional): top-level key -> a number's text as sent (parse_request_body), for the
+// message about a whole number too large for an int64 (max_tokens 18446744073709551616 is the
+// double 1.8446744073709552e19 by then).
+std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr,
+                                 const std::map<std::string, std::string>* written = nullptr) {
   auto it = body.find(f);
   if (it == body.end() || it->is_null()) return std::nullopt;
   int64_t v = 0;
@@ -112,8 +116,15 @@ std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, in
     v = static_cast<int64_t>(u);
   } else if (it->is_number_integer()) {
     v = it->get<int64_t>();
-  } else if (it->is_number_float() && std::isfinite(it->get<double>()) && it->get<double>() == std::floor(it->get<double>()) &&
-             std::fabs(it->get<double>()) < 9e15) {
+  } else if (it->is_number_float() && std::isfinite(it->get<double>()) && it->get<double>() == std::floor(it->get<double>())) {
+    // 5.0 is 5; a whole number past 9e15 is beyond every integer field's range here (and a
+    // double's exact integers): out of range, shown as sent.
+    if (std::fabs(it->get<double>()) >= 9e15) {
+      const auto w = written ? written->find(f) : std::map<std::string, std::string>::const_iterator();
+      std::string text = written && w != written->end() ? w->second : shown(*it);
+      if (text.size() > 80) text = text.substr(0, 77) + "...";
+      return out_of_range(text);
+    }
     v = static_cast<int64_t>(it->get<double>());
   } else {
     return wrong_type(f, *it, "an integer");
@@ -338,7 +349,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     if (!ok) return bad("model", "The model `" + m + "` does not exist (this server serves `" + model.name + "`)", 404, "model_not_found");
   }
   int64_t v = 0;
-  if (auto e = read_int(body, "n", 1, limits.max_n, &v)) return e;
+  if (auto e = read_int(body, "n", 1, limits.max_n, &v, nullptr, &number_text)) return e;
   if (body.contains("n") && !body["n"].is_null()) r.n = static_cast<int32_t>(v);
   if (auto e = check_unsupported(body, kind, r.n)) return e;
   if (auto e = read_bool(body, "stream", &r.stream)) return e;
@@ -361,7 +372,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   if (auto e = read_number(body, "presence_penalty", -2.0, 2.0, &s.presence_penalty)) return e;
   if (auto e = read_number(body, "frequency_penalty", -2.0, 2.0, &s.frequency_penalty)) return e;
   if (auto e = read_number(body, "repetition_penalty", 1e-6, 100.0, &s.repetition_penalty)) return e;
-  if (auto e = read_int(body, "top_k", -1, INT32_MAX, &v)) return e;
+  if (auto e = read_int(body, "top_k", -1, INT32_MAX, &v, nullptr, &number_text)) return e;
   if (body.contains("top_k") && !body["top_k"].is_null()) s.top_k = static_cast<int32_t>(v == 0 ? -1 : v);
   // seed: any integer in [-2^63, 2^64 - 1] (vLLM's seeds are Python ints), a negative one as its
   // two's complement. NOTE: an integer beyond that range parses as a double: refused naming the
@@ -388,7 +399,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   }
   if (auto e = read_bool(body, "ignore_eos", &s.ignore_eos)) return e;
   if (auto e = read_bool(body, "include_stop_str_in_output", &g.include_stop_str)) return e;
-  if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &v)) return e;
+  if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &v, nullptr, &number_text)) return e;
   if (body.contains("priority") && !body["priority"].is_null()) g.priority = static_cast<int32_t>(v);
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) return wrong_type("stop_token_ids", *it, "an array of token ids");
@@ -427,7 +438,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   // top_logprobs.
   if (kind == ApiKind::kCompletion) {
     bool given = false;
-    if (auto e = read_int(body, "logprobs", 0, 20, &v, &given)) return e;
+    if (auto e = read_int(body, "logprobs", 0, 20, &v, &given, &number_text)) return e;
     if (given) {
       r.logprobs = true;
       r.top_logprobs = static_cast<int32_t>(v);
@@ -439,7 +450,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   } else {
     if (auto e = read_bool(body, "logprobs", &r.logprobs)) return e;
     bool given = false;
-    if (auto e = read_int(body, "top_logprobs", 0, 20, &v, &given)) return e;
+    if (auto e = read_int(body, "top_logprobs", 0, 20, &v, &given, &number_text)) return e;
     if (given) {
       if (!r.logprobs && v > 0) return bad("top_logprobs", "top_logprobs: requires logprobs: true");
       r.top_logprobs = static_cast<int32_t>(v);
@@ -450,9 +461,9 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   // max_tokens (max_completion_tokens is the chat API's newer name; both: the latter wins).
   bool max_given = false;
   int64_t max_tokens = 16;
-  if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given)) return e;
+  if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, &number_text)) return e;
   if (kind == ApiKind::kChat) {
-    if (auto e = read_int(body, "max_completion_tokens", 1, INT32_MAX, &max_tokens, &max_given)) return e;
+    if (auto e = read_int(body, "max_completion_tokens", 1, INT32_MAX, &max_tokens, &max_given, &number_text)) return e;
   }
   // The prompts, tokenized here so that their length is checked against the context.
   std::vector<GenerateRequest> prompts;

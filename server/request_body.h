@@ -13,7 +13,7 @@
 namespace specserve {
 
 /// Parses `text` (RFC 8259 JSON, as nlohmann::json::parse reads it: same duplicate-key, depth and
-/// number rules) into *out. Errors (400, ApiError::param = the path of the value being read,
+/// number rules; core/json_reader.h's read_json) into *out. Errors (400, ApiError::param = the path of the value being read,
 /// "temperature" or "messages[0].content", "" outside any field):
 ///  - a number beyond a double: "FIELD = 1e400: the number is beyond the range of a double (byte
 ///    N of the request body)";
@@ -22,8 +22,6 @@ namespace specserve {
 /// `number_text` (optional): top-level key -> the text as written of each top-level number that
 /// parsed as a double (so an error can show what the client sent: 18446744073709551616, not
 /// 1.8446744073709552e19).
-/// NOTE: built on nlohmann::detail::json_sax_dom_parser, the builder json::parse itself uses
-/// (nlohmann 3.11); writing a second one would be the riskier copy.
 std::optional<ApiError> parse_request_body(const std::string& text, nlohmann::json* out,
                                            std::map<std::string, std::string>* number_text = nullptr);
 

@@ -188,6 +188,13 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
       {"method: eagle, " + head + ", draft_p_min: 1.5", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'1.5'", "[0, 1]"}},
       {"method: eagle, " + head + ", draft_p_min: -1", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'-1'", "[0, 1]"}},
       {"method: ngram, num_speculative_tokens: 4, draft_p_min: 0.5", false, {"t.yaml:3:", "models.speculative.draft_p_min", "'ngram'", "'0.5'"}},
+      // Bug: a quoted value (a string in YAML) was read as the number.
+      {"method: eagle, " + head + ", draft_p_min: \"0.5\"", false,
+       {"t.yaml:3:", "models.speculative.draft_p_min", "expected a number, got the quoted string \"0.5\""}},
+      {"method: eagle, " + head + ", eagle_topk: '4'", false,
+       {"t.yaml:3:", "models.speculative.eagle_topk", "expected an integer, got the quoted string \"4\""}},
+      {"method: eagle, " + head + ", adaptive_k: \"true\"", false,
+       {"t.yaml:3:", "models.speculative.adaptive_k", "expected true or false, got the quoted string \"true\""}},
       {"method: ngram, num_speculative_tokens: 4, draft_vocab_size: 8192", false,
        {"t.yaml:3:", "models.speculative.draft_vocab_size", "'ngram'", "'8192'"}},
       {"method: eagle, " + head + ", draft_vocab_size: -1", false, {"t.yaml:3:", "models.speculative.draft_vocab_size", "'-1'"}},

@@ -240,6 +240,15 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
       {R"({"prompt": "x",)", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
       {R"({"prompt": "x"} x)", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
       {"", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
+      // Bug: a whole number past 64 bits parses as a double and was worded "expected an integer,
+      // got number 1.8446744073709552e+19": now out of range, as sent.
+      {R"({"prompt": "x", "max_tokens": 18446744073709551616})", ApiKind::kCompletion, "max_tokens",
+       "max_tokens = 18446744073709551616: must be in [1, 2147483647]"},
+      {R"({"prompt": "x", "top_k": 1e20})", ApiKind::kCompletion, "top_k", "top_k = 1e20: must be in [-1, 2147483647]"},
+      {R"({"prompt": "x", "n": -99999999999999999999})", ApiKind::kCompletion, "n", "n = -99999999999999999999: must be in [1, "},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1E+30})", ApiKind::kChat,
+       "max_completion_tokens", "max_completion_tokens = 1E+30: must be in [1, 2147483647]"},
+      {R"({"prompt": "x", "max_tokens": 5.5})", ApiKind::kCompletion, "max_tokens", "expected an integer"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);

@@ -102,7 +102,12 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "layer_skip", "num_speculative_tokens": 4, "num_layers": -1})", {"num_layers = -1"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": -1})", {"max_model_len = -1", ">= 1"}},
       // Bug: a number beyond a double escaped the parser (exit 1, "[json.exception.out_of_range.406]").
-      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1e400})", {"--speculative-config", "1e400"}},
+      // ... and then named no key: the key, the value as written and where it was.
+      {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1e400})",
+       {"--speculative-config: posterior_alpha = 1e400: the number is beyond the range of a double"}},
+      {R"({"method": "eagle", "model": "e", "draft_p_min": -1e400})", {"draft_p_min = -1e400", "byte 55 of the value"}},
+      {R"({"method": "eagle", "model": "e", "draft_p_min": tru})", {"--speculative-config: malformed JSON in the value (in draft_p_min): ", "column"}},
+      {R"({"method": "eagle", "model": "e",)", {"--speculative-config: malformed JSON in the value: "}},
       // Only the bad one is named, with the value as written (not std::to_string's 0.000000).
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_threshold": 0, "posterior_alpha": 0.3})",
        {"posterior_threshold = 0 must be in (0, 1]"}},

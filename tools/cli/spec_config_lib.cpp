@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_reader.h"
+
 namespace specserve::cli {
 
 Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, EngineOptions* eo) {
@@ -26,12 +28,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   std::string draft_p_min_text;  // as written, for messages
   if (!a.speculative_config.empty()) {
     nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(a.speculative_config);
-    } catch (const nlohmann::json::exception& e) {
-      // parse_error, and out_of_range for a number beyond a double (1e400), which used to escape
-      // to main as "specserve: error: [json.exception.out_of_range.406] ..." with exit status 1.
-      return invalid_argument(std::string("--speculative-config: malformed JSON: ") + e.what());
+    // A number beyond a double (1e400) used to escape to main as "specserve: error:
+    // [json.exception.out_of_range.406] ..." with exit status 1, and then named no key.
+    if (std::optional<JsonReadError> e = read_json(a.speculative_config, &j)) {
+      return invalid_argument("--speculative-config: " + e->describe("the value"));
     }
     if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
