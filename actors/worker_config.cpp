@@ -43,6 +43,7 @@ Expected<EngineOptions> engine_options_for(const Topology& t, const ModelConfig&
     o.num_speculative_tokens = s.num_speculative_tokens;
     o.disable_by_batch_size = s.disable_by_batch_size.value_or(0);
     o.adaptive_k = s.adaptive_k;
+    o.disable_by_goodput = s.disable_by_goodput;
     o.typical_acceptance = s.typical_acceptance;
     o.posterior_threshold = s.posterior_threshold;
     o.posterior_alpha = s.posterior_alpha;

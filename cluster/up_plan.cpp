@@ -118,6 +118,7 @@ std::string describe_up_plan(const Topology& t) {
       std::snprintf(v, sizeof v, "%g", static_cast<double>(*sp.draft_p_min));
       extra += std::string(", draft_p_min ") + v;
     }
+    if (sp.disable_by_goodput) extra += ", disable_by_goodput";
     line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
          sp.model.empty() ? "" : ", model ", sp.model.c_str(), extra.c_str());
   } else {

@@ -107,6 +107,8 @@ struct SpeculativeSpec {
   std::optional<int32_t> max_model_len;
   int32_t draft_tensor_parallel_size = 1;
   bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance
+  /// Per step, only sequences whose drafts pay for their time draft (EngineOptions::disable_by_goodput).
+  bool disable_by_goodput = false;
   /// Medusa's typical acceptance for sampled requests (EngineOptions::typical_acceptance):
   /// LOSSY, off by default.
   bool typical_acceptance = false;

@@ -321,7 +321,7 @@ void TopologyParser::parse_target(const YAML::Node& n) {
 void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
-            "disable_by_batch_size", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
+            "disable_by_batch_size", "disable_by_goodput", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
             "eagle_depth", "draft_vocab_size", "draft_p_min", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
@@ -360,6 +360,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   }
   if (auto v = read_int(f, "max_model_len", 1, INT32_MAX, false)) s.max_model_len = static_cast<int32_t>(*v);
   if (auto a = read_bool(f, "adaptive_k")) s.adaptive_k = *a;
+  if (auto g = read_bool(f, "disable_by_goodput")) s.disable_by_goodput = *g;
   if (auto a = read_bool(f, "typical_acceptance")) s.typical_acceptance = *a;
   for (const char* key : {"posterior_threshold", "posterior_alpha"}) {
     const bool is_threshold = std::string(key) == "posterior_threshold";

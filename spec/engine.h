@@ -32,6 +32,7 @@
 #include "model/sampling.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "spec/goodput.h"
 #include "spec/proposer.h"
 #include "spec/step_policy.h"
 
@@ -47,6 +48,13 @@ struct EngineOptions {
   int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off (a request may only lower it: GenerateParams)
   int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
   bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine_step.cpp)
+  /// Per step, only the decode sequences whose drafts raise the step's tokens per second draft
+  /// (spec/goodput.h: SmartSpec's goodput, with the step time fitted online as a + b * rows and
+  /// each sequence's acceptance so far); the others decode plainly, a left-out one drafting
+  /// again every 8th step to follow its text. Greedy output is unchanged; seeded sampled output
+  /// then repeats in distribution only (which steps draft depends on measured times). Off by
+  /// default.
+  bool disable_by_goodput = false;
   /// > 0: a waiting request's priority improves by one level per this many steps it waited
   /// (spec/step_policy.h), so low priorities are not starved forever; 0: no aging.
   int32_t priority_aging_steps = 100;
@@ -169,6 +177,10 @@ struct EngineStats {
   /// Target logit rows of which the host got only the argmax and its logprob
   /// (EngineOptions::argmax_on_device), not the row itself.
   int64_t argmax_rows = 0;
+  /// disable_by_goodput: decode steps of sequences that could draft (counted per sequence) in
+  /// which the policy asked the proposer for a draft / left the sequence out.
+  int64_t goodput_drafting = 0;
+  int64_t goodput_skipped = 0;
 };
 
 /// A sequence's state for continuing it on another engine (KV migration when a worker drains,
@@ -336,6 +348,7 @@ class Engine {
   std::vector<int64_t> aborted_;
   std::map<int64_t, SpecStats> finished_stats_;
   EngineStats stats_;
+  GoodputModel goodput_;  // disable_by_goodput's step-time fit and averages (spec/goodput.h)
 };
 
 }  // namespace specserve

@@ -37,6 +37,13 @@ struct Engine::Seq {
   int32_t k = 0;                // current speculation length (adaptive), within [1, max_k] once it drafted
   int32_t max_k = 0;            // this request's cap: min(GenerateParams::num_speculative_tokens, the engine's); 0: never drafts
   int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
+  // disable_by_goodput (spec/goodput.h): per step it was asked to draft, its accepted draft
+  // tokens and its draft rows (moving averages, -1: not asked yet), and the decode steps in a
+  // row the policy left it out of.
+  double gp_accepted = -1;
+  double gp_drafted = -1;
+  int32_t gp_skipped = 0;
+  int32_t gp_explore_after = kGoodputExploreEvery;  // doubles after each exploration, up to 64
   // Hidden hand-over (a proposer with needs_hidden(); spec/proposer.h): the target's final-norm
   // hidden states [n, hidden_size] of positions [hidden_begin, hidden_begin + n) not yet handed
   // to the proposer. While it runs, hidden_begin + n == num_cached.

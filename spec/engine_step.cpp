@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "core/logging.h"
 #include "spec/engine.h"
@@ -86,11 +87,40 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   std::map<int64_t, Seq*> by_id;
   for (auto& r : running_) by_id[r->id] = r.get();
 
+  // ---- disable_by_goodput (spec/goodput.h): which decode entries draft in this step ----
+  std::vector<bool> may_propose(plan.scheduled.size(), true);
+  if (opts_.disable_by_goodput) {
+    std::vector<GoodputCandidate> cands;
+    std::vector<size_t> cand_entry;
+    int64_t base_rows = 0, base_tokens = 0;
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const ScheduledSeq& e = plan.scheduled[i];
+      base_rows += e.rows - e.num_draft_tokens;
+      base_tokens += e.completes ? 1 : 0;
+      if (e.num_draft_tokens == 0) continue;
+      const Seq& s = *by_id.at(e.id);
+      cands.push_back({s.gp_accepted, s.gp_drafted, e.num_draft_tokens, s.gp_skipped, s.gp_explore_after});
+      cand_entry.push_back(i);
+    }
+    const std::vector<bool> chosen = goodput_.choose(cands, base_rows, base_tokens);
+    for (size_t j = 0; j < cands.size(); ++j) {
+      Seq& s = *by_id.at(plan.scheduled[cand_entry[j]].id);
+      may_propose[cand_entry[j]] = chosen[j];
+      if (chosen[j] && s.gp_accepted >= 0) {
+        // Chosen as an exploration (its turn came) or on its merits.
+        s.gp_explore_after = s.gp_skipped >= s.gp_explore_after ? std::min(2 * s.gp_explore_after, 64) : kGoodputExploreEvery;
+      }
+      s.gp_skipped = chosen[j] ? 0 : s.gp_skipped + 1;
+      ++(chosen[j] ? stats_.goodput_drafting : stats_.goodput_skipped);
+    }
+  }
+
   // ---- drafts for the decode entries that may speculate ----
   std::vector<DraftTree> drafts(plan.scheduled.size());
   std::vector<DraftRequest> dreqs;
   std::vector<size_t> dreq_entry;
   std::vector<Seq*> dreq_seq;
+  std::set<int64_t> asked;  // sequences asked for a draft of at least one token
   const int32_t hidden_size = static_cast<int32_t>(target_.config().hidden_size);
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
     const ScheduledSeq& e = plan.scheduled[i];
@@ -98,21 +128,26 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     // A decode without draft budget: only a proposer that wants every hidden row is called, with
     // k = 0, to take the rows it has not had yet (Proposer::needs_every_hidden_row). A prefill
     // chunk keeps its rows for the first decode step, as for any proposer.
-    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty();
-    if (e.num_draft_tokens == 0 && !hand_over_only) continue;
+    // A sequence disable_by_goodput left out keeps its rows for its next draft (handed over
+    // then, in one batch): the proposer's pass over them would be all the cost of this step's
+    // speculation. Its backlog is bounded by the exploration interval.
+    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty() && may_propose[i];
+    const int32_t num_draft_tokens = may_propose[i] ? e.num_draft_tokens : 0;
+    if (num_draft_tokens == 0 && !hand_over_only) continue;
     SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
                                                        " draft tokens planned over its cap " + std::to_string(s.max_k));
     DraftRequest r;
     r.seq_id = s.id;
     r.tokens = std::span<const int32_t>(s.tokens);
     r.prompt_len = s.prompt_len;
-    r.num_tokens = e.num_draft_tokens;
+    r.num_tokens = num_draft_tokens;
     r.sampling = &s.params.sampling;
     if (wants_hidden(s)) {
       r.hidden_begin = s.hidden_begin;
       r.hidden = std::span<const float>(s.hidden);
       r.hidden_size = hidden_size;
     }
+    if (num_draft_tokens > 0) asked.insert(s.id);
     dreqs.push_back(r);
     dreq_entry.push_back(i);
     dreq_seq.push_back(&s);
@@ -121,7 +156,13 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     std::vector<DraftTree> proposed(dreqs.size());
     const auto t0 = std::chrono::steady_clock::now();
     Status st = proposer_->propose(dreqs, &proposed);
-    stats_.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.draft_seconds += draft_s;
+    if (opts_.disable_by_goodput) {
+      int64_t drafting = 0;
+      for (const DraftRequest& r : dreqs) drafting += r.num_tokens > 0 ? 1 : 0;
+      goodput_.observe_draft(drafting, draft_s);
+    }
     if (st.ok() && proposed.size() != dreqs.size()) {
       st = internal_error("returned " + std::to_string(proposed.size()) + " drafts for " + std::to_string(dreqs.size()) + " sequences");
     }
@@ -210,7 +251,16 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   ForwardOutput out;
   const auto t0 = std::chrono::steady_clock::now();
   SPECSERVE_RETURN_IF_ERROR(target_.forward(batch, *kv_, &out));
-  stats_.forward_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.forward_seconds += forward_s;
+  if (opts_.disable_by_goodput) {
+    // The step-time fit sees decode steps only (a prefill chunk's attention is not linear in its rows).
+    int64_t rows = 0;
+    bool prefill = false;
+    for (const SequenceInput& in : batch.seqs) rows += static_cast<int64_t>(in.tokens.size());
+    for (const Planned& p : batch_plan) prefill = prefill || p.rows - static_cast<int32_t>(p.draft.tokens.size()) > 1;
+    if (!prefill) goodput_.observe_forward(rows, forward_s);
+  }
 
   // ---- verify and emit ----
   const int32_t vocab = static_cast<int32_t>(out.vocab_size);
@@ -266,6 +316,13 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       accepted = static_cast<int32_t>(path.size());
     } else if (alive) {
       accepted = verify_chain(s, pl.draft, out, static_cast<int32_t>(i), picks, &ev);
+    }
+    if (opts_.disable_by_goodput && asked.count(s.id)) {
+      // Per step it was asked to draft: an empty draft (draft_p_min pruned everything) counts
+      // as 0 rows and 0 accepted, so its draft time is weighed against what it brings.
+      s.gp_accepted = GoodputModel::ema(s.gp_accepted, accepted);
+      s.gp_drafted = GoodputModel::ema(s.gp_drafted, k);
+      goodput_.observe_acceptance(k, accepted);
     }
     if (k > 0) {
       SpecStats step_spec;

@@ -156,6 +156,10 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
   EXPECT_EQ(eagle->models.speculative->eagle_depth, 7);
   EXPECT_FALSE(eagle->models.speculative->draft_vocab_size.has_value());
   EXPECT_FALSE(eagle->models.speculative->draft_p_min.has_value());
+  EXPECT_FALSE(eagle->models.speculative->disable_by_goodput);
+  auto gp = parse_topology(make("method: eagle, " + head + ", disable_by_goodput: true"), "t.yaml");
+  ASSERT_TRUE(gp.ok()) << gp.status().to_string();
+  EXPECT_TRUE(gp->models.speculative->disable_by_goodput);
   auto pmin = parse_topology(make("method: eagle, " + head + ", draft_p_min: 0.3"), "t.yaml");
   ASSERT_TRUE(pmin.ok()) << pmin.status().to_string();
   EXPECT_EQ(pmin->models.speculative->draft_p_min, 0.3f);
@@ -193,6 +197,7 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
        {"t.yaml:3:", "models.speculative.draft_p_min", "expected a number, got the quoted string \"0.5\""}},
       {"method: eagle, " + head + ", eagle_topk: '4'", false,
        {"t.yaml:3:", "models.speculative.eagle_topk", "expected an integer, got the quoted string \"4\""}},
+      {"method: eagle, " + head + ", disable_by_goodput: 1", false, {"t.yaml:3:", "models.speculative.disable_by_goodput", "'1'"}},
       {"method: eagle, " + head + ", adaptive_k: \"true\"", false,
        {"t.yaml:3:", "models.speculative.adaptive_k", "expected true or false, got the quoted string \"true\""}},
       {"method: ngram, num_speculative_tokens: 4, draft_vocab_size: 8192", false,

@@ -77,10 +77,12 @@ class HeadsEngineTest : public ::testing::Test {
   }
 
   /// Runs of the first `num_prompts` prompts, `batch` at a time, k = tree node budget; greedy
-  /// unless `temperature` > 0 (then prompt i samples with seed `seed + i`).
+  /// unless `temperature` > 0 (then prompt i samples with seed `seed + i`); with
+  /// EngineOptions::disable_by_goodput as given.
   static EngineRun run(Proposer* proposer, int32_t k, int32_t batch, int32_t max_tokens, size_t num_prompts,
-                       float temperature = 0.0f, uint64_t seed = 0) {
+                       float temperature = 0.0f, uint64_t seed = 0, bool disable_by_goodput = false) {
     EngineOptions o;
+    o.disable_by_goodput = disable_by_goodput;
     o.max_num_seqs = batch;
     o.max_model_len = 512;
     o.num_speculative_tokens = proposer ? k : 0;

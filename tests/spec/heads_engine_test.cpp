@@ -78,6 +78,33 @@ TEST_F(HeadsEngineTest, DraftPMinKeepsGreedyIdentityAndDraftsLess) {
   }
 }
 
+// disable_by_goodput (spec/goodput.h) on the real head: greedy output is still plain decoding's
+// at batch 1 and 4, while some decode steps draft and some do not (the calibration alone
+// alternates the two; after it, which ones depends on measured times).
+TEST_F(HeadsEngineTest, DisableByGoodputKeepsGreedyIdentityAndSkipsSomeDrafts) {
+  const int32_t kTokens = 24;
+  for (int32_t batch : {1, 4}) {
+    const EngineRun plain = run(nullptr, 0, batch, kTokens, batch);
+    EagleOptions o;
+    o.topk = 4;
+    o.depth = 4;
+    auto e = eagle(o);
+    ASSERT_TRUE(e);
+    const EngineRun gp = run(e.get(), 8, batch, kTokens, batch, 0.0f, 0, /*disable_by_goodput=*/true);
+    const std::string where = "batch " + std::to_string(batch);
+    for (size_t i = 0; i < static_cast<size_t>(batch); ++i) {
+      ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(kTokens)) << where;
+      EXPECT_EQ(gp.tokens[i], plain.tokens[i]) << where << ", prompt " << i;
+    }
+    EXPECT_GT(gp.stats.goodput_drafting, 0) << where;
+    EXPECT_GT(gp.stats.goodput_skipped, 0) << where;
+    EXPECT_EQ(gp.spec.num_drafts, gp.stats.goodput_drafting) << where << ": every sequence asked to draft drafted";
+    std::printf("[heads] %s eagle 4x4 k 8, disable_by_goodput: %lld sequence-steps drafted, %lld left out, accepted %lld\n",
+                where.c_str(), static_cast<long long>(gp.stats.goodput_drafting), static_cast<long long>(gp.stats.goodput_skipped),
+                static_cast<long long>(gp.spec.num_accepted_tokens));
+  }
+}
+
 // Sampled requests: the heads' tokens are deterministic top ranks sent without q, which the
 // engine verifies without replacement (lossless; the distribution itself is checked by the tree
 // chi-square test). Here: drafts are accepted, nothing is refused, and a seeded run repeats.

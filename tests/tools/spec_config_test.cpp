@@ -53,6 +53,13 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ((*v)->draft_vocab_size, 8192);
 
+  EngineOptions geo;
+  auto g = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "disable_by_goodput": true})", &geo);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_TRUE((*g)->disable_by_goodput);
+  EXPECT_TRUE(geo.disable_by_goodput);
+  EXPECT_FALSE((*v)->disable_by_goodput);
+
   auto es = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "speculative_token_tree": "[(0,), (0, 0)]"})");
   ASSERT_TRUE(es.ok()) << es.status().to_string();
   EXPECT_FALSE((*es)->eagle_topk.has_value());
@@ -87,6 +94,7 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "disable_by_goodput": 1})", {"disable_by_goodput must be true or false, got 1"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": 1.5})", {"draft_p_min = 1.5", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": -0.1})", {"draft_p_min = -0.1", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": "0.5"})", {"draft_p_min", "number", "\"0.5\""}},

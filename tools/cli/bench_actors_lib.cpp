@@ -42,6 +42,7 @@ std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
   if (s->draft_vocab_size) o << ", draft_vocab_size: " << *s->draft_vocab_size;
   if (s->draft_p_min) o << ", draft_p_min: " << std::setprecision(9) << *s->draft_p_min << std::setprecision(6);
   if (s->disable_by_batch_size && *s->disable_by_batch_size > 0) o << ", disable_by_batch_size: " << *s->disable_by_batch_size;
+  if (s->disable_by_goodput) o << ", disable_by_goodput: true";
   o << ", adaptive_k: " << (s->adaptive_k ? "true" : "false") << " }\n";
   return o.str();
 }
@@ -53,6 +54,7 @@ std::string spec_name(const SpeculativeSpec& s) {
     n += " lookup " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
   }
   if (!s.adaptive_k) n += " fixed k";
+  if (s.disable_by_goodput) n += " goodput";
   return n;
 }
 

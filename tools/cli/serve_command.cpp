@@ -113,6 +113,7 @@ int run_serve_cmd(const ServeArgs& a) {
     t.models.speculative = **spec;
     t.models.speculative->disable_by_batch_size = eo.disable_by_batch_size;
     t.models.speculative->adaptive_k = eo.adaptive_k;
+    t.models.speculative->disable_by_goodput = eo.disable_by_goodput;
   }
   auto kv = parse_byte_size(a.kv_cache_bytes);
   if (!kv.ok()) return std::fprintf(stderr, "specserve serve: --kv-cache-bytes: %s\n", kv.status().message().c_str()), 2;

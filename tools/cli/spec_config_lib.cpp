@@ -36,7 +36,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
-                                                "draft_tensor_parallel_size", "num_layers", "adaptive_k",
+                                                "draft_tensor_parallel_size", "num_layers", "adaptive_k", "disable_by_goodput",
                                                 "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size", "draft_p_min",
                                                 "typical_acceptance", "posterior_threshold", "posterior_alpha"};
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -94,6 +94,12 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (j.contains("adaptive_k")) {
       if (!j["adaptive_k"].is_boolean()) return invalid_argument("--speculative-config: adaptive_k must be true or false, got " + j["adaptive_k"].dump());
       eo->adaptive_k = j["adaptive_k"].get<bool>();
+    }
+    if (j.contains("disable_by_goodput")) {
+      if (!j["disable_by_goodput"].is_boolean()) {
+        return invalid_argument("--speculative-config: disable_by_goodput must be true or false, got " + j["disable_by_goodput"].dump());
+      }
+      eo->disable_by_goodput = j["disable_by_goodput"].get<bool>();
     }
     if (j.contains("typical_acceptance")) {
       if (!j["typical_acceptance"].is_boolean()) {
@@ -185,6 +191,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   spec.num_speculative_tokens = k;
   spec.model = model;
   spec.adaptive_k = eo->adaptive_k;
+  spec.disable_by_goodput = eo->disable_by_goodput;
   spec.max_model_len = draft_max_len;
   spec.typical_acceptance = eo->typical_acceptance;
   spec.posterior_threshold = eo->posterior_threshold;

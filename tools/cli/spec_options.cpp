@@ -17,7 +17,7 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys (a number shown is the key's default): {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
                  R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5, )"
-                 R"("disable_by_batch_size": N, "max_model_len": N (the DRAFT's max length, as in vLLM; the target's is --max-model-len), )"
+                 R"("disable_by_batch_size": N, "disable_by_goodput": false (per step, draft only for sequences whose drafts raise tokens per second), "max_model_len": N (the DRAFT's max length, as in vLLM; the target's is --max-model-len), )"
                  R"("draft_tensor_parallel_size": 1, "num_layers": N (layer_skip; default half the target's layers), )"
                  R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 4, "draft_vocab_size": N (default 8192 for vocabularies over 16384, else all), )"
                  R"("draft_p_min": 0 (not ngram: draft only tokens whose path probability under the proposer is at least this), )"
@@ -69,6 +69,12 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
                static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
   const std::string per_pos = accepted_per_position_line(s.accepted_per_pos, proposer.drafts_trees(), proposer.max_draft_depth(k));
   std::fprintf(stderr, "--- %s\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", per_pos.c_str(), totals.draft_seconds, totals.forward_seconds);
+  const int64_t asked = totals.goodput_drafting + totals.goodput_skipped;
+  if (asked > 0) {
+    std::fprintf(stderr, "--- disable_by_goodput: drafts asked for in %lld of %lld sequence decode steps that could draft (%.0f %%)\n",
+                 static_cast<long long>(totals.goodput_drafting), static_cast<long long>(asked),
+                 100.0 * static_cast<double>(totals.goodput_drafting) / static_cast<double>(asked));
+  }
 }
 
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help) {
