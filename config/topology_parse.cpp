@@ -90,9 +90,9 @@ const YAML::Node* TopologyParser::scalar(const Fields& f, const std::string& key
 namespace {
 
 // A quoted scalar ("0.5", 'true') is a string in YAML (1.2, section 7.3): yaml-cpp tags it "!",
-// a plain one "?". Numeric and boolean fields refuse it rather than guess (a value written as
+// a plain one "?"; `!!str 0.5` says so explicitly. Numeric and boolean fields refuse it rather than guess (a value written as
 // "0.5" was taken as 0.5 before; a YAML loader in Python reads it as the string '0.5').
-bool quoted(const YAML::Node& v) { return v.Tag() == "!"; }
+bool quoted(const YAML::Node& v) { return v.Tag() == "!" || v.Tag() == "tag:yaml.org,2002:str"; }
 
 std::string quoted_message(const char* expected, const YAML::Node& v) {
   return std::string("expected ") + expected + ", got the quoted string \"" + v.Scalar() +

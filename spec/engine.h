@@ -50,10 +50,10 @@ struct EngineOptions {
   bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine_step.cpp)
   /// Per step, only the decode sequences whose drafts raise the step's tokens per second draft
   /// (spec/goodput.h: SmartSpec's goodput, with the step time fitted online as a + b * rows and
-  /// each sequence's acceptance so far); the others decode plainly, a left-out one drafting
-  /// again every 8th step to follow its text. Greedy output is unchanged; seeded sampled output
-  /// then repeats in distribution only (which steps draft depends on measured times). Off by
-  /// default.
+  /// each sequence's acceptance so far); the others decode plainly. A left-out one explores
+  /// after 8 steps (backing off to 64) when a draft as good as the best lately would pay.
+  /// Greedy output is unchanged; seeded sampled output then repeats in distribution only (which
+  /// steps draft depends on measured times). Off by default.
   bool disable_by_goodput = false;
   /// > 0: a waiting request's priority improves by one level per this many steps it waited
   /// (spec/step_policy.h), so low priorities are not starved forever; 0: no aging.

@@ -102,14 +102,14 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       cands.push_back({s.gp_accepted, s.gp_drafted, e.num_draft_tokens, s.gp_skipped, s.gp_explore_after});
       cand_entry.push_back(i);
     }
-    const std::vector<bool> chosen = goodput_.choose(cands, base_rows, base_tokens);
+    std::vector<bool> explored;
+    const std::vector<bool> chosen = goodput_.choose(cands, base_rows, base_tokens, &explored);
     for (size_t j = 0; j < cands.size(); ++j) {
       Seq& s = *by_id.at(plan.scheduled[cand_entry[j]].id);
       may_propose[cand_entry[j]] = chosen[j];
-      if (chosen[j] && s.gp_accepted >= 0) {
-        // Chosen as an exploration (its turn came) or on its merits.
-        s.gp_explore_after = s.gp_skipped >= s.gp_explore_after ? std::min(2 * s.gp_explore_after, 64) : kGoodputExploreEvery;
-      }
+      // Explorations back off (8, 16, 32, 64 steps); drafting on its merits resets the interval.
+      if (explored[j]) s.gp_explore_after = std::min(2 * s.gp_explore_after, kGoodputExploreMax);
+      if (chosen[j] && !explored[j]) s.gp_explore_after = kGoodputExploreEvery;
       s.gp_skipped = chosen[j] ? 0 : s.gp_skipped + 1;
       ++(chosen[j] ? stats_.goodput_drafting : stats_.goodput_skipped);
     }
@@ -128,10 +128,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     // A decode without draft budget: only a proposer that wants every hidden row is called, with
     // k = 0, to take the rows it has not had yet (Proposer::needs_every_hidden_row). A prefill
     // chunk keeps its rows for the first decode step, as for any proposer.
-    // A sequence disable_by_goodput left out keeps its rows for its next draft (handed over
-    // then, in one batch): the proposer's pass over them would be all the cost of this step's
-    // speculation. Its backlog is bounded by the exploration interval.
-    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty() && may_propose[i];
+    // (A sequence disable_by_goodput leaves out is such a decode too. Medusa and EAGLE, which
+    // are not called then, get its rows with its next draft request: at most its whole length,
+    // as after a long prompt.)
+    const bool hand_over_only = !e.is_prefill && wants_every_hidden_row(s) && !s.hidden.empty();
     const int32_t num_draft_tokens = may_propose[i] ? e.num_draft_tokens : 0;
     if (num_draft_tokens == 0 && !hand_over_only) continue;
     SPECSERVE_CHECK(e.num_draft_tokens <= s.max_k, "seq " + std::to_string(s.id) + ": " + std::to_string(e.num_draft_tokens) +
@@ -170,6 +170,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       // NOTE: a failing proposer degrades this step to plain decoding; the requests go on.
       get_logger("spec")->warn("proposer {} failed, decoding without drafts this step: {}", proposer_->name(), st.to_string());
       proposed.assign(dreqs.size(), DraftTree{});
+      asked.clear();  // not what drafting brings: disable_by_goodput learns nothing from it
     } else {
       // The hidden rows are handed over; a failed call gets them again with the next ones.
       for (size_t j = 0; j < dreqs.size(); ++j) {
@@ -188,6 +189,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         get_logger("spec")->warn("seq {}: proposer {} returned an invalid draft; ignored: {}", dreqs[i].seq_id, proposer_->name(),
                                  valid.message());
         d = DraftTree{};
+        asked.erase(dreqs[i].seq_id);
       }
       if (d.tokens.empty()) d = DraftTree{};  // no guess: a plain decode row
       drafts[dreq_entry[i]] = std::move(d);
@@ -256,10 +258,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
   if (opts_.disable_by_goodput) {
     // The step-time fit sees decode steps only (a prefill chunk's attention is not linear in its rows).
     int64_t rows = 0;
-    bool prefill = false;
     for (const SequenceInput& in : batch.seqs) rows += static_cast<int64_t>(in.tokens.size());
-    for (const Planned& p : batch_plan) prefill = prefill || p.rows - static_cast<int32_t>(p.draft.tokens.size()) > 1;
-    if (!prefill) goodput_.observe_forward(rows, forward_s);
+    if (std::none_of(plan.scheduled.begin(), plan.scheduled.end(), [](const ScheduledSeq& e) { return e.is_prefill; })) {
+      goodput_.observe_forward(rows, forward_s);
+    }
   }
 
   // ---- verify and emit ----

@@ -3,13 +3,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <numeric>
 
 namespace specserve {
 
+namespace {
+constexpr int64_t kCalibrationSteps = 16;  // see goodput.h, Calibration
+}  // namespace
+
 GoodputModel::GoodputModel(double forget, int32_t explore_every, double min_spread)
-    : forget_(forget), explore_every_(std::max(1, explore_every)), min_spread_(min_spread) {}
+    : forget_(forget > 0 && forget <= 1 ? forget : 1.0),
+      explore_every_(std::max(1, explore_every)),
+      min_spread_(min_spread >= 0 ? min_spread : 0.0) {}
 
 void GoodputModel::observe_forward(int64_t rows, double seconds) {
   if (rows <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
@@ -26,11 +30,12 @@ void GoodputModel::observe_forward(int64_t rows, double seconds) {
 }
 
 void GoodputModel::refit() {
-  // Weighted variance of the row counts: b is told only where they differ enough (the spread
-  // seen long ago fades with its weight).
+  if (!have_fit_ && !(r_max_ - r_min_ >= min_spread_ && r_max_ > r_min_)) return;
+  // The weighted variance of the row counts fades when every recent step had the same rows: then
+  // b cannot be told again, and the last fit stays.
   const double mean = s1_ / s0_;
   const double var = s2_ / s0_ - mean * mean;
-  if (!(var >= 0.25 * min_spread_ * min_spread_)) return;  // keeps the last fit, if any
+  if (!(var > 1e-6 * std::max(1.0, mean * mean))) return;
   double b = (s0_ * sxy_ - s1_ * sy_) / (s0_ * s2_ - s1_ * s1_);
   double a = (sy_ - b * s1_) / s0_;
   // A step costs something and a row never saves time: noise or a curve that is not a line
@@ -47,8 +52,6 @@ void GoodputModel::refit() {
   have_fit_ = true;
 }
 
-bool GoodputModel::fitted() const { return have_fit_; }
-
 void GoodputModel::observe_draft(int64_t seqs, double seconds) {
   if (seqs <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
   draft_per_seq_ = ema(draft_per_seq_, seconds / static_cast<double>(seqs));
@@ -61,13 +64,21 @@ void GoodputModel::observe_acceptance(int32_t drafted, int32_t accepted) {
   accepted_high_ = std::max<double>(accepted, accepted_high_ < 0 ? accepted : 0.99 * accepted_high_ + 0.01 * accepted);
 }
 
-std::vector<bool> GoodputModel::choose(const std::vector<GoodputCandidate>& c, int64_t base_rows, int64_t base_tokens) {
-  ++calls_;
+std::vector<bool> GoodputModel::choose(const std::vector<GoodputCandidate>& c, int64_t base_rows, int64_t base_tokens,
+                                       std::vector<bool>* explored) {
   std::vector<bool> out(c.size(), false);
+  if (explored) explored->assign(c.size(), false);
   if (c.empty()) return out;
-  if (!fitted()) {
-    // Calibration: whole steps with drafts (odd calls) and without (even calls).
-    std::fill(out.begin(), out.end(), calls_ % 2 == 1);
+  if (!have_fit_ && calibration_steps_ >= kCalibrationSteps && any_) {
+    // Drafts never added rows: b cannot matter; the mean step time is a.
+    a_ = sy_ / s0_;
+    b_ = 0;
+    have_fit_ = true;
+  }
+  if (!have_fit_) {
+    // Calibration: whole steps with drafts (the 1st, 3rd, ... with candidates) and without.
+    std::fill(out.begin(), out.end(), calibration_steps_ % 2 == 0);
+    ++calibration_steps_;
     return out;
   }
   const double d = std::max(0.0, draft_per_seq_);
@@ -85,10 +96,15 @@ std::vector<bool> GoodputModel::choose(const std::vector<GoodputCandidate>& c, i
     rows = std::min(rows, static_cast<double>(c[i].max_rows));
     const double cost = b_ * rows + d;
     const bool turn = c[i].skipped >= (c[i].explore_after > 0 ? c[i].explore_after : explore_every_);
-    if (e < 0 || (turn && (accepted_high_ < 0 || accepted_high_ * t_base > n_base * cost))) {
+    // The best lately, but at least one token: a run whose first drafts found nothing (n-gram
+    // lookup early in a text) must not lock every later sequence out.
+    const double best = std::max(1.0, accepted_high_);
+    const bool explore = e >= 0 && turn && best * t_base > n_base * cost;
+    if (e < 0 || explore) {
       // Nothing known yet, or its turn to explore and a draft as good as the best lately would
       // pay: it drafts, and the others are judged against the step with it.
       out[i] = true;
+      if (explored) (*explored)[i] = explore;
       n += std::max(0.0, e);
       t += cost;
       continue;

@@ -19,14 +19,22 @@
 // best ratio is a prefix of the sequences ordered by e_s / (b n_s + d) (fractional programming:
 // a sequence joins while its own ratio beats the set's), which is what choose() returns.
 //
-// Exploration: a sequence left out for `explore_every` steps (GoodputCandidate::explore_after)
-// drafts in the next one anyway, so its e_s follows its text (acceptance changes along a
-// generation) — provided that the best acceptance seen lately (accepted_high(): the largest
-// accepted counts per drafted step, fading slowly) would pay for its draft in this step. A draft
-// that could not pay even then is not tried: 8 sequences exploring 9-row trees together made a
-// batch-8 step on a CPU several times as long as a plain one. Until the fit has seen two
-// row counts at least `min_spread` apart it cannot tell b, and choose() alternates whole steps
-// with and without drafts (the first one drafts) to get them.
+// Exploration: a sequence left out for `explore_every` steps (GoodputCandidate::explore_after,
+// which the engine doubles after each exploration up to 64 and resets when the sequence drafts
+// on its merits) drafts in the next one anyway, so its e_s follows its text (acceptance changes
+// along a generation) — provided that the best acceptance seen lately (accepted_high(): the
+// largest accepted counts per drafted step, fading slowly; at least 1 token, so that early
+// drafts that found nothing cannot shut exploration off for good) would pay for its draft in
+// this step.
+// A draft that could not pay even then is not tried (8 sequences exploring 9-row trees together
+// made a batch-8 step on a CPU several times as long as a plain one): where drafting cannot pay,
+// as in large batches on a CPU, a sequence may never draft again while that holds.
+//
+// Calibration: until the fit has seen two row counts at least `min_spread` apart (1 and 2 rows
+// are enough) it cannot tell b, and choose() alternates whole steps with and without drafts
+// (counting only the steps that have candidates; the first drafts) to get them. If 16 such
+// steps pass without two row counts (every draft came back empty, so drafts add no rows), the
+// fit takes b = 0 and the mean step time as a: only the draft time then weighs against drafts.
 //
 // Greedy output does not depend on which steps draft (every accepted token is the target's own
 // argmax). Seeded SAMPLED output is drawn from the target's distribution either way, but the
@@ -43,6 +51,8 @@ namespace specserve {
 
 /// Steps a sequence is left out of before it explores (GoodputModel's default, the engine's first interval).
 inline constexpr int32_t kGoodputExploreEvery = 8;
+/// The longest interval the engine backs off to.
+inline constexpr int32_t kGoodputExploreMax = 64;
 
 /// One decode sequence that may draft this step.
 struct GoodputCandidate {
@@ -60,9 +70,10 @@ struct GoodputCandidate {
 /// The linear step-time fit and the moving averages, fed by the engine after each step.
 class GoodputModel {
  public:
-  /// `forget` in (0, 1]: weight kept by the past at each new observation; `explore_every` >= 1;
-  /// `min_spread` > 0: rows between the smallest and largest observed row count before b is used.
-  explicit GoodputModel(double forget = 0.97, int32_t explore_every = kGoodputExploreEvery, double min_spread = 1.5);
+  /// `forget` in (0, 1] (clamped there): weight kept by the past at each new observation;
+  /// `explore_every` >= 1; `min_spread` >= 0: rows between the smallest and largest observed row
+  /// count before the fit is used.
+  explicit GoodputModel(double forget = 0.97, int32_t explore_every = kGoodputExploreEvery, double min_spread = 1.0);
 
   /// A forward pass of `rows` rows without prefill rows took `seconds` (> 0, finite; others ignored).
   void observe_forward(int64_t rows, double seconds);
@@ -74,12 +85,15 @@ class GoodputModel {
   /// The moving-average step of the per-sequence and engine-wide averages (0.3).
   static double ema(double old_value, double x) { return old_value < 0 ? x : old_value + 0.3 * (x - old_value); }
 
-  /// Which candidates draft in a step whose rows without drafts are `base_rows` and which
-  /// samples `base_tokens` tokens without drafts (true: it drafts). Deterministic in its inputs
-  /// and the state fed so far; every call counts one step for the alternation above.
-  std::vector<bool> choose(const std::vector<GoodputCandidate>& c, int64_t base_rows, int64_t base_tokens);
+  /// Which candidates draft in a step whose rows without drafts are `base_rows` (prefill chunks
+  /// included, priced by the decode-step fit) and which samples `base_tokens` tokens without
+  /// drafts (true: it drafts). `explored` (optional) gets, per candidate, whether it drafts as
+  /// an exploration (its turn came) rather than on its merits or as unknown. Deterministic in
+  /// its inputs and the state fed so far; a call with candidates counts one calibration step.
+  std::vector<bool> choose(const std::vector<GoodputCandidate>& c, int64_t base_rows, int64_t base_tokens,
+                           std::vector<bool>* explored = nullptr);
 
-  bool fitted() const;      ///< two row counts at least min_spread apart have been seen
+  bool fitted() const { return have_fit_; }  ///< see Calibration above
   double a() const { return a_; }  ///< seconds per step (intercept), valid when fitted()
   double b() const { return b_; }  ///< seconds per row, >= 0, valid when fitted()
   double draft_seconds_per_seq() const { return draft_per_seq_; }  ///< < 0 until observed
@@ -96,11 +110,11 @@ class GoodputModel {
   double s0_ = 0, s1_ = 0, s2_ = 0, sy_ = 0, sxy_ = 0;
   double r_min_ = 0, r_max_ = 0;
   bool any_ = false;
+  int64_t calibration_steps_ = 0;
   double a_ = 0, b_ = 0;
   bool have_fit_ = false;
   double draft_per_seq_ = -1;
   double mean_accepted_ = -1, mean_drafted_ = -1, accepted_high_ = -1;
-  int64_t calls_ = 0;
 };
 
 }  // namespace specserve

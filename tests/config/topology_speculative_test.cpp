@@ -197,6 +197,8 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
        {"t.yaml:3:", "models.speculative.draft_p_min", "expected a number, got the quoted string \"0.5\""}},
       {"method: eagle, " + head + ", eagle_topk: '4'", false,
        {"t.yaml:3:", "models.speculative.eagle_topk", "expected an integer, got the quoted string \"4\""}},
+      {"method: eagle, " + head + ", draft_p_min: !!str 0.5", false,
+       {"t.yaml:3:", "models.speculative.draft_p_min", "expected a number, got the quoted string \"0.5\""}},
       {"method: eagle, " + head + ", disable_by_goodput: 1", false, {"t.yaml:3:", "models.speculative.disable_by_goodput", "'1'"}},
       {"method: eagle, " + head + ", adaptive_k: \"true\"", false,
        {"t.yaml:3:", "models.speculative.adaptive_k", "expected true or false, got the quoted string \"true\""}},
