@@ -3,8 +3,7 @@
 # Medusa and EAGLE (the committed heads in models/heads/; EAGLE as the 8-node tree and as the
 # 2-token chain that is fastest on the CPU, bench/results/eagle_sharegpt_2026-12-02.md; both trees
 # also with draft_p_min, which drops the nodes the heads are unsure of) beside ngram, layer_skip and draft_model,
-# then ngram, Medusa and the EAGLE trees again with disable_by_goodput (spec/goodput.h), all in one
-# run against the same baseline; per task and overall the decode speedup, mean accepted
+# all in one run against the same baseline; per task and overall the decode speedup, mean accepted
 # tokens per step and acceptance by depth; greedy outputs checked token for token against the baseline.
 #   batch 1: the first 2 questions of each of the six tasks (first turn, chat template), 64 tokens;
 #   batch 8: the first 8 questions of each task, 32 tokens, batches of 8 questions of one task.
@@ -34,11 +33,6 @@ specs=(
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":2,\"eagle_topk\":1,\"eagle_depth\":2,\"draft_vocab_size\":8192}"
   --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":8,\"draft_vocab_size\":8192,\"draft_p_min\":0.3}"
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192,\"draft_p_min\":0.5}"
-  # disable_by_goodput (spec/goodput.h): the same methods, drafting only where it pays.
-  --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5,"disable_by_goodput":true}'
-  --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":4,\"draft_vocab_size\":8192,\"disable_by_goodput\":true}"
-  --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192,\"disable_by_goodput\":true}"
-  --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192,\"draft_p_min\":0.5,\"disable_by_goodput\":true}"
 )
 b1="$here/bench/results/spec_trees_b1_$day"
 "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 2 --max-tokens 64 \
