@@ -95,8 +95,21 @@ namespace {
 bool quoted(const YAML::Node& v) { return v.Tag() == "!" || v.Tag() == "tag:yaml.org,2002:str"; }
 
 std::string quoted_message(const char* expected, const YAML::Node& v) {
-  return std::string("expected ") + expected + ", got the quoted string \"" + v.Scalar() +
-         "\" (quotes make a string in YAML: write the value without them)";
+  if (v.Tag() == "!") {
+    return std::string("expected ") + expected + ", got the quoted string \"" + v.Scalar() +
+           "\" (quotes make a string in YAML: write the value without them)";
+  }
+  return std::string("expected ") + expected + ", got the string \"" + v.Scalar() + "\" (tagged !!str: drop the tag)";
+}
+
+// Digits with an optional sign: an integer, whatever its size.
+bool integer_text(const std::string& s) {
+  size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  if (i == s.size()) return false;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -121,6 +134,10 @@ std::optional<int64_t> TopologyParser::read_int(const Fields& f, const std::stri
   }
   int64_t x = 0;
   if (!parse_int64(v->Scalar(), &x)) {
+    if (integer_text(v->Scalar())) {  // past 64 bits
+      error(*v, f.path(key), quote(v->Scalar()) + " is out of range " + std::to_string(min) + ".." + std::to_string(max));
+      return std::nullopt;
+    }
     error(*v, f.path(key), "expected an integer, got " + describe(*v));
     return std::nullopt;
   }
@@ -149,6 +166,10 @@ std::optional<double> TopologyParser::read_double(const Fields& f, const std::st
   char* end = nullptr;
   errno = 0;
   const double x = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+  if (!s.empty() && end == s.c_str() + s.size() && errno == ERANGE && !std::isfinite(x)) {
+    error(*v, f.path(key), quote(s) + " is beyond the range of a double");
+    return std::nullopt;
+  }
   if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(x)) {
     error(*v, f.path(key), "expected a number, got " + describe(*v));
     return std::nullopt;

@@ -11,8 +11,8 @@ namespace {
 
 // Builds the JSON with nlohmann's own DOM builder (so that duplicate keys, depth and every other
 // detail behave exactly as json::parse) while keeping the path to the value being read, so that a
-// parse error can say in which field it happened, and the text as written of each top-level
-// number that parsed as a double ("seed": 18446744073709551616 is the double
+// parse error can say in which field it happened, and the text as written of each number that
+// parsed as a double ("seed": 18446744073709551616 is the double
 // 1.8446744073709552e19; an error should show what was sent).
 // NOTE: json_sax_dom_parser is in nlohmann's detail namespace; it is the builder json::parse
 // itself uses (3.11), and writing a second one would be the riskier copy.
@@ -25,7 +25,7 @@ class LocatingSax {
   bool number_integer(json::number_integer_t v) { return value_read() && dom_.number_integer(v); }
   bool number_unsigned(json::number_unsigned_t v) { return value_read() && dom_.number_unsigned(v); }
   bool number_float(json::number_float_t v, const std::string& text) {
-    if (path_.size() == 1 && path_[0].object && path_[0].has_key) top_level_number_text_[path_[0].key] = text;
+    if (number_text_.size() < 256) number_text_[where()] = text;
     return value_read() && dom_.number_float(v, text);
   }
   bool string(std::string& v) { return value_read() && dom_.string(v); }
@@ -58,8 +58,8 @@ class LocatingSax {
   }
 
   const std::optional<JsonReadError>& error() const { return error_; }
-  /// Top-level key -> the number's text as written, for numbers that parsed as doubles.
-  const std::map<std::string, std::string>& top_level_number_text() const { return top_level_number_text_; }
+  /// Path -> the number's text as written, for numbers that parsed as doubles (the first 256).
+  const std::map<std::string, std::string>& number_text() const { return number_text_; }
 
  private:
   struct Level {
@@ -97,7 +97,7 @@ class LocatingSax {
 
   nlohmann::detail::json_sax_dom_parser<json> dom_;
   std::vector<Level> path_;
-  std::map<std::string, std::string> top_level_number_text_;
+  std::map<std::string, std::string> number_text_;
   std::optional<JsonReadError> error_;
 };
 
@@ -115,7 +115,7 @@ std::string JsonReadError::describe(const std::string& source) const {
   return "malformed JSON in " + source + (path.empty() ? std::string() : " (in " + path + ")") + ": " + w;
 }
 
-std::optional<JsonReadError> read_json(const std::string& text, json* out, std::map<std::string, std::string>* top_level_number_text) {
+std::optional<JsonReadError> read_json(const std::string& text, json* out, std::map<std::string, std::string>* number_text) {
   LocatingSax sax(out);
   bool ok = false;
   try {
@@ -124,7 +124,7 @@ std::optional<JsonReadError> read_json(const std::string& text, json* out, std::
     return JsonReadError{"", 0, "", e.what(), e.id};
   }
   if (ok) {
-    if (top_level_number_text) *top_level_number_text = sax.top_level_number_text();
+    if (number_text) *number_text = sax.number_text();
     return std::nullopt;
   }
   if (sax.error()) return *sax.error();

@@ -29,12 +29,12 @@ struct JsonReadError {
 
 /// Parses `text` (RFC 8259 JSON, exactly as nlohmann::json::parse reads it: same duplicate-key
 /// (the last wins), depth and number rules) into *out; on an error returns where it happened.
-/// `top_level_number_text` (optional): top-level key -> the text as written of each top-level
-/// number that parsed as a double, so a message can show what was sent (18446744073709551616,
-/// not 1.8446744073709552e19).
+/// `number_text` (optional): path ("seed", "stop_token_ids[0]", as JsonReadError::path) -> the
+/// text as written of each number that parsed as a double (the first 256), so a message can show
+/// what was sent (18446744073709551616, not 1.8446744073709552e19).
 /// NOTE: built on nlohmann::detail::json_sax_dom_parser, the builder json::parse itself uses
 /// (nlohmann 3.11); writing a second one would be the riskier copy.
 std::optional<JsonReadError> read_json(const std::string& text, nlohmann::json* out,
-                                       std::map<std::string, std::string>* top_level_number_text = nullptr);
+                                       std::map<std::string, std::string>* number_text = nullptr);
 
 }  // namespace specserve

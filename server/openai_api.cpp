@@ -404,9 +404,16 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) return wrong_type("stop_token_ids", *it, "an array of token ids");
     const int32_t vocab = model.tokenizer ? model.tokenizer->vocab_size() : INT32_MAX;
-    for (const json& t : *it) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-        return bad("stop_token_ids", "stop_token_ids: " + shown(t) + " is not a token id of this model (vocabulary " + std::to_string(vocab) + ")");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                             : t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
+      if (!ok) {
+        // The element named, its value as sent (a number past 64 bits is a double by now).
+        const std::string where = "stop_token_ids[" + std::to_string(i) + "]";
+        const auto w = number_text.find(where);
+        return bad(where, where + " = " + (w != number_text.end() ? w->second : shown(t)) + ": not a token id of this model (vocabulary " +
+                              std::to_string(vocab) + ")");
       }
       s.stop_token_ids.push_back(t.get<int32_t>());
     }

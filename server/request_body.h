@@ -19,9 +19,9 @@ namespace specserve {
 ///    N of the request body)";
 ///  - anything else: "malformed JSON in the request body (in FIELD): <nlohmann's message with line
 ///    and column, at most 300 bytes>".
-/// `number_text` (optional): top-level key -> the text as written of each top-level number that
-/// parsed as a double (so an error can show what the client sent: 18446744073709551616, not
-/// 1.8446744073709552e19).
+/// `number_text` (optional): path ("seed", "stop_token_ids[0]") -> the text as written of each
+/// number that parsed as a double, the first 256 (so an error can show what the client sent:
+/// 18446744073709551616, not 1.8446744073709552e19).
 std::optional<ApiError> parse_request_body(const std::string& text, nlohmann::json* out,
                                            std::map<std::string, std::string>* number_text = nullptr);
 

@@ -90,11 +90,20 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
        {"speculative_token_tree", "\"\""}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "speculative_token_tree": "[(0,)]", "eagle_depth": 3})",
        {"eagle_depth = 3", "static", "[(0,)]"}},
-      {R"({"method": "eagle3", "model": "e", "num_speculative_tokens": 4})", {"method 'eagle3'", "medusa, eagle"}},
+      {R"({"method": "eagle3", "model": "e", "num_speculative_tokens": 4})", {"method \"eagle3\"", "medusa, eagle"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_vocab_size": 100})", {"draft_vocab_size", "medusa and eagle", "ngram"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_vocab_size": -5})", {"draft_vocab_size = -5"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_top_k": 4})", {"unknown key 'eagle_top_k'"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "disable_by_goodput": 1})", {"disable_by_goodput must be true or false, got 1"}},
+      // Bug (a fresh user's try): keys without a method, model or k were dropped silently.
+      {R"({"disable_by_goodput": true})", {"disable_by_goodput given without speculation"}},
+      {R"({"draft_p_min": 0.5})", {"draft_p_min given without speculation"}},
+      // ... a whole number past 64 bits was "must be an integer, got 1.8446744073709552e+19".
+      {R"({"method": "ngram", "num_speculative_tokens": 18446744073709551616})", {"num_speculative_tokens = 18446744073709551616 is out of range"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -99999999999999999999})",
+       {"prompt_lookup_min = -99999999999999999999 is out of range"}},
+      // ... and a NUL in a method cut the message short.
+      {R"({"method": "ngr\u0000am", "num_speculative_tokens": 4})", {"method \"ngr\\u0000am\" is not one of"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": 1.5})", {"draft_p_min = 1.5", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": -0.1})", {"draft_p_min = -0.1", "[0, 1]"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "draft_p_min": "0.5"})", {"draft_p_min", "number", "\"0.5\""}},
@@ -176,7 +185,7 @@ TEST(SpecConfig, ZeroSpeculativeTokensEchoesTheValueAndItsSource) {
   // An unknown method is named before the missing k.
   auto u = parse(R"({"method": "foo"})");
   ASSERT_FALSE(u.ok());
-  EXPECT_NE(u.status().message().find("method 'foo' is not one of"), std::string::npos) << u.status().message();
+  EXPECT_NE(u.status().message().find("method \"foo\" is not one of"), std::string::npos) << u.status().message();
 }
 
 TEST(SpecConfig, MaxModelLenIsTheDraftsNotTheTargets) {

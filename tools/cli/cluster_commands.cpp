@@ -457,13 +457,14 @@ void add_cluster_commands(CLI::App& app) {
         "`autoscale` section the head starts min_replicas ready replicas plus warm_pool standby ones (loaded and "
         "warmed up, not routed) and scales between min_replicas and max_replicas: a standby replica is promoted "
         "at once on load, the pool is refilled by cold starts, idle replicas drain back to the pool or stop");
-    sub->add_option("config", o->config_path, "Topology file (see examples/cluster-local.yaml)")->required();
+    // Also as --config, as node, status and client take it (a user tried `up --config FILE`).
+    sub->add_option("config,--config", o->config_path, "Topology file (see examples/cluster-local.yaml); positional or --config")->required();
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
         ->check(seconds_validator("--drain-timeout"))
         ->capture_default_str();
-    sub->add_option("--ready-file", o->ready_file, "Write HOST:PORT to this file once the cluster serves: every declared replica ready, or with "
-                    "autoscale min_replicas ready");
+    sub->add_option("--ready-file", o->ready_file, "Write the head's actor endpoint HOST:PORT (for `client --connect`) to this file once the "
+                    "cluster serves: every declared replica ready, or with autoscale min_replicas ready");
     sub->add_flag("--dry-run", o->dry_run,
                   "Only check the topology (fields, ports free, this host's devices, model and head files, trees: every "
                   "problem listed, exit 2; `up` runs the same checks before it starts), print the plan and exit "

@@ -219,7 +219,7 @@ void add_serve_command(CLI::App& app) {
     sub->add_option("--drain-timeout", a->drain_timeout, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
         ->check(seconds_validator("--drain-timeout"))
         ->capture_default_str();
-    sub->add_option("--ready-file", a->ready_file, "Write HOST:PORT to this file once ready");
+    sub->add_option("--ready-file", a->ready_file, "Write the actor endpoint HOST:PORT (for `client --connect`; the HTTP port is --port) to this file once ready");
     add_spec_options(*sub, &a->spec);
     add_http_flags(sub, &a->http, /*with_port=*/true);
     register_command("serve", [a] { return run_serve_cmd(*a); });

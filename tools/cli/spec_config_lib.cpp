@@ -2,7 +2,9 @@
 #include "tools/cli/spec_config_lib.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -30,7 +32,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     nlohmann::json j;
     // A number beyond a double (1e400) used to escape to main as "specserve: error:
     // [json.exception.out_of_range.406] ..." with exit status 1, and then named no key.
-    if (std::optional<JsonReadError> e = read_json(a.speculative_config, &j)) {
+    std::map<std::string, std::string> written;  // top-level key -> a double's text as given
+    if (std::optional<JsonReadError> e = read_json(a.speculative_config, &j, &written)) {
       return invalid_argument("--speculative-config: " + e->describe("the value"));
     }
     if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
@@ -47,6 +50,13 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     // negative value, so a negative one is refused with the key and the value as written.
     auto get_int = [&](const char* key, int* dst, int64_t min = 0) -> Status {
       if (!j.contains(key)) return Status();
+      if (j[key].is_number_float() && std::isfinite(j[key].get<double>()) && j[key].get<double>() == std::floor(j[key].get<double>()) &&
+          std::fabs(j[key].get<double>()) >= 9e18) {
+        // A whole number past 64 bits (a double by now): out of range, as written.
+        const auto w = written.find(key);
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + (w != written.end() ? w->second : j[key].dump()) +
+                                " is out of range");
+      }
       if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
       if (j[key].is_number_unsigned() ? j[key].get<uint64_t>() > 1000000 : j[key].get<int64_t>() > 1000000) {
         return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range");
@@ -148,10 +158,23 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     }
   }
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
-  if (method.empty()) return std::optional<SpeculativeSpec>();
+  if (method.empty()) {
+    // Keys without a method, model or k (`{"disable_by_goodput": true}`) used to be dropped
+    // silently: plain decoding ran.
+    if (!a.speculative_config.empty()) {
+      nlohmann::json j;
+      if (!read_json(a.speculative_config, &j) && j.is_object() && !j.empty()) {
+        return invalid_argument("--speculative-config: " + j.begin().key() +
+                                " given without speculation: set method (and model) or num_speculative_tokens");
+      }
+    }
+    return std::optional<SpeculativeSpec>();
+  }
   // An unknown method first: it is the mistake to fix, whatever else is missing.
   if (method != "ngram" && method != "draft_model" && method != "layer_skip" && method != "medusa" && method != "eagle") {
-    return invalid_argument("--speculative-config: method '" + method + "' is not one of ngram, draft_model, layer_skip, medusa, eagle");
+    // Shown as JSON: a NUL or an escape sequence in it must not cut or colour the message.
+    return invalid_argument("--speculative-config: method " + nlohmann::json(method).dump() +
+                            " is not one of ngram, draft_model, layer_skip, medusa, eagle");
   }
   if (!k_given) return invalid_argument("speculative method " + method + " needs num_speculative_tokens (--num-speculative-tokens K, 1..64)");
   if (k < 1 || k > 64) {
