@@ -170,7 +170,8 @@ std::optional<double> TopologyParser::read_double(const Fields& f, const std::st
     error(*v, f.path(key), quote(s) + " is beyond the range of a double");
     return std::nullopt;
   }
-  if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(x)) {
+  // (ERANGE with a finite result: an underflow, 1e-400 is 0 and 1e-310 a denormal: taken as read.)
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(x)) {
     error(*v, f.path(key), "expected a number, got " + describe(*v));
     return std::nullopt;
   }

@@ -25,7 +25,10 @@ class LocatingSax {
   bool number_integer(json::number_integer_t v) { return value_read() && dom_.number_integer(v); }
   bool number_unsigned(json::number_unsigned_t v) { return value_read() && dom_.number_unsigned(v); }
   bool number_float(json::number_float_t v, const std::string& text) {
-    if (number_text_.size() < 256) number_text_[where()] = text;
+    if (std::string p = where(); number_text_.size() < 256 || number_text_.count(p)) {
+      // At most 80 bytes: JSON allows a number of any length (a fraction of megabytes of zeros).
+      number_text_[p] = text.size() > 80 ? text.substr(0, 77) + "..." : text;
+    }
     return value_read() && dom_.number_float(v, text);
   }
   bool string(std::string& v) { return value_read() && dom_.string(v); }

@@ -30,8 +30,9 @@ struct JsonReadError {
 /// Parses `text` (RFC 8259 JSON, exactly as nlohmann::json::parse reads it: same duplicate-key
 /// (the last wins), depth and number rules) into *out; on an error returns where it happened.
 /// `number_text` (optional): path ("seed", "stop_token_ids[0]", as JsonReadError::path) -> the
-/// text as written of each number that parsed as a double (the first 256), so a message can show
-/// what was sent (18446744073709551616, not 1.8446744073709552e19).
+/// text as written of each number that parsed as a double (the first 256 paths; a text over 80
+/// bytes is cut to 77 and "..."), so a message can show what was sent (18446744073709551616, not
+/// 1.8446744073709552e19).
 /// NOTE: built on nlohmann::detail::json_sax_dom_parser, the builder json::parse itself uses
 /// (nlohmann 3.11); writing a second one would be the riskier copy.
 std::optional<JsonReadError> read_json(const std::string& text, nlohmann::json* out,

@@ -2,6 +2,7 @@
 #include "server/api_fields.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace specserve::api_fields {
 

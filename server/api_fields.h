@@ -1,6 +1,6 @@
 // specserve server: reading and checking the fields of a JSON request body, for the OpenAI API
-// (server/openai_api.cpp) and the tokenizer endpoints. Every error is an ApiError naming the field
-// (OpenAI's `param`) and the value as sent, shortened.
+// (server/openai_api.cpp; the tokenizer endpoints reach them through its api_* wrappers). Every
+// error is an ApiError naming the field (OpenAI's `param`) and the value as sent, shortened.
 #pragma once
 
 #include <cstdint>
@@ -27,15 +27,16 @@ ApiError wrong_type(const std::string& field, const nlohmann::json& v, const cha
 /// Optional boolean body[f] into *out (absent or null: unchanged).
 std::optional<ApiError> read_bool(const nlohmann::json& body, const char* f, bool* out);
 /// Optional integer body[f] in [lo, hi] into *out (absent or null: unchanged; *given set when
-/// read). A whole double (5.0) is the integer; a whole number past 9e15 (a double by then, which
-/// every integer field here exceeds) is out of range, shown as in `written` (path -> text as sent,
+/// read). A whole double (5.0) is the integer; a whole double of magnitude >= 9e15 (an integer
+/// past 64 bits is one by then) is out of range, shown as in `written` (path -> text as sent,
 /// from parse_request_body) when there; an unsigned value past INT64_MAX is never wrapped.
+/// Precondition: lo and hi within +-9e15 (every field here is 32-bit).
 std::optional<ApiError> read_int(const nlohmann::json& body, const char* f, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr,
                                  const std::map<std::string, std::string>* written = nullptr);
 /// Optional number body[f] in [lo, hi] into *out as a float (absent or null: unchanged).
 std::optional<ApiError> read_number(const nlohmann::json& body, const char* f, double lo, double hi, float* out);
 /// True when every lead byte of `s` is followed by all its continuation bytes (the structure of
-/// UTF-8; overlong forms and surrogates are not looked for).
+/// UTF-8; overlong forms, surrogates and code points past U+10FFFF are not looked for).
 bool valid_utf8(const std::string& s);
 
 }  // namespace specserve::api_fields

@@ -158,7 +158,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     Status st = proposer_->propose(dreqs, &proposed);
     const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.draft_seconds += draft_s;
-    if (opts_.disable_by_goodput) {
+    if (opts_.disable_by_goodput && st.ok()) {
       int64_t drafting = 0;
       for (const DraftRequest& r : dreqs) drafting += r.num_tokens > 0 ? 1 : 0;
       goodput_.observe_draft(drafting, draft_s);

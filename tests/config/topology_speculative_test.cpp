@@ -157,6 +157,10 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
   EXPECT_FALSE(eagle->models.speculative->draft_vocab_size.has_value());
   EXPECT_FALSE(eagle->models.speculative->draft_p_min.has_value());
   EXPECT_FALSE(eagle->models.speculative->disable_by_goodput);
+  // An underflow (strtod's ERANGE with a finite result) is the number it reads as.
+  auto tiny = parse_topology(make("method: eagle, " + head + ", draft_p_min: 1e-400"), "t.yaml");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().to_string();
+  EXPECT_EQ(tiny->models.speculative->draft_p_min, 0.0f);
   auto gp = parse_topology(make("method: eagle, " + head + ", disable_by_goodput: true"), "t.yaml");
   ASSERT_TRUE(gp.ok()) << gp.status().to_string();
   EXPECT_TRUE(gp->models.speculative->disable_by_goodput);

@@ -261,7 +261,11 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
     EXPECT_EQ(e->param, c.param) << e->message;
     EXPECT_NE(e->message.find(c.in_message), std::string::npos) << e->message;
   }
-  // A long number or key is shown shortened.
+  // A long number or key is shown shortened (a number's text as sent, too: any length is valid JSON).
+  auto s = parse(R"({"prompt": "x", "stop_token_ids": [1.)" + std::string(100000, '0') + "]}", ApiKind::kCompletion);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->param, "stop_token_ids[0]");
+  EXPECT_LE(s->message.size(), 200u) << s->message.substr(0, 300);
   auto e = parse(R"({"prompt": "x", "temperature": 1)" + std::string(5000, '0') + "}", ApiKind::kCompletion);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "temperature");

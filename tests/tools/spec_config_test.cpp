@@ -53,6 +53,13 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ((*v)->draft_vocab_size, 8192);
 
+  // num_speculative_tokens 0 alone still means plain decoding (no error).
+  auto off = parse(R"({"num_speculative_tokens": 0})");
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+  EXPECT_FALSE(off->has_value());
+  auto empty = parse("{}");
+  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  EXPECT_FALSE(empty->has_value());
   EngineOptions geo;
   auto g = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "disable_by_goodput": true})", &geo);
   ASSERT_TRUE(g.ok()) << g.status().to_string();
@@ -98,6 +105,8 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       // Bug (a fresh user's try): keys without a method, model or k were dropped silently.
       {R"({"disable_by_goodput": true})", {"disable_by_goodput given without speculation"}},
       {R"({"draft_p_min": 0.5})", {"draft_p_min given without speculation"}},
+      {R"({"draft_p_min": 0.5, "adaptive_k": false})", {"adaptive_k, draft_p_min given without speculation"}},
+      {R"({"method": "", "num_speculative_tokens": 4})", {"method is empty"}},
       // ... a whole number past 64 bits was "must be an integer, got 1.8446744073709552e+19".
       {R"({"method": "ngram", "num_speculative_tokens": 18446744073709551616})", {"num_speculative_tokens = 18446744073709551616 is out of range"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -99999999999999999999})",

@@ -32,7 +32,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     nlohmann::json j;
     // A number beyond a double (1e400) used to escape to main as "specserve: error:
     // [json.exception.out_of_range.406] ..." with exit status 1, and then named no key.
-    std::map<std::string, std::string> written;  // top-level key -> a double's text as given
+    std::map<std::string, std::string> written;  // path (a top-level key here) -> a double's text as given
     if (std::optional<JsonReadError> e = read_json(a.speculative_config, &j, &written)) {
       return invalid_argument("--speculative-config: " + e->describe("the value"));
     }
@@ -69,6 +69,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (j.contains("method")) {
       if (!j["method"].is_string()) return invalid_argument("--speculative-config: method must be a string, got " + j["method"].dump());
       method = j["method"].get<std::string>();
+      // An empty method (an unset variable in a script) is not "no method" (it fell back to n-gram).
+      if (method.empty()) return invalid_argument("--speculative-config: method is empty: one of ngram, draft_model, layer_skip, medusa, eagle");
     }
     if (j.contains("model")) {
       if (!j["model"].is_string()) return invalid_argument("--speculative-config: model must be a string, got " + j["model"].dump());
@@ -160,12 +162,14 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   if (method.empty()) method = model.empty() ? (k > 0 ? "ngram" : "") : "draft_model";
   if (method.empty()) {
     // Keys without a method, model or k (`{"disable_by_goodput": true}`) used to be dropped
-    // silently: plain decoding ran.
-    if (!a.speculative_config.empty()) {
+    // silently: plain decoding ran. num_speculative_tokens 0 given (flag or key) still means off.
+    if (!a.speculative_config.empty() && !k_given) {
       nlohmann::json j;
       if (!read_json(a.speculative_config, &j) && j.is_object() && !j.empty()) {
-        return invalid_argument("--speculative-config: " + j.begin().key() +
-                                " given without speculation: set method (and model) or num_speculative_tokens");
+        std::string keys;
+        for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+        return invalid_argument("--speculative-config: " + keys +
+                                " given without speculation: set method (and model, for model-based methods) or num_speculative_tokens");
       }
     }
     return std::optional<SpeculativeSpec>();
