@@ -1,5 +1,5 @@
 // specserve server: reading and checking the fields of a JSON request body, for the OpenAI API
-// (server/openai_api.cpp; the tokenizer endpoints reach them through its api_* wrappers). Every
+// (server/openai_api.cpp), the tokenizer endpoints and the body reader. Every
 // error is an ApiError naming the field (OpenAI's `param`) and the value as sent, shortened.
 #pragma once
 

@@ -191,10 +191,7 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
 
 }  // namespace
 
-// The field readers (server/api_fields.h) and read_messages, for the API's other parsers (server/tokenize_api.cpp).
-ApiError api_field_error(const std::string& param, const std::string& message) { return bad(param, message); }
-ApiError api_wrong_type(const std::string& field, const json& v, const char* expected) { return wrong_type(field, v, expected); }
-std::optional<ApiError> api_read_bool(const json& body, const char* field, bool* out) { return read_bool(body, field, out); }
+// read_messages, for the tokenizer endpoints (server/tokenize_api.cpp).
 std::optional<ApiError> api_read_messages(const json& body, std::vector<ChatTurn>* out) { return read_messages(body, out); }
 
 std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKind kind, const ServedModel& model,

@@ -128,14 +128,8 @@ nlohmann::json completion_response(const ParsedRequest& req, const ServedModel& 
 /// The usage object for `choices` (prompt tokens counted once per prompt).
 nlohmann::json usage_json(const ParsedRequest& req, const std::vector<ChoiceOutput>& choices);
 
-// ---- field readers the API's parsers share (messages name the field and the value)
+// ---- shared with the tokenizer endpoints (the field readers are server/api_fields.h)
 
-/// A 400 invalid_request_error for `param`.
-ApiError api_field_error(const std::string& param, const std::string& message);
-/// "FIELD: expected EXPECTED, got TYPE VALUE" (400).
-ApiError api_wrong_type(const std::string& field, const nlohmann::json& v, const char* expected);
-/// body[field] into *out when present and not null; an error when it is not a boolean.
-std::optional<ApiError> api_read_bool(const nlohmann::json& body, const char* field, bool* out);
 /// body["messages"] as chat's messages (roles system / developer / user / assistant, string or
 /// text-part contents); an error naming messages[i] and its field otherwise.
 std::optional<ApiError> api_read_messages(const nlohmann::json& body, std::vector<ChatTurn>* out);

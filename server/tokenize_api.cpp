@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/chat_template.h"
+#include "server/api_fields.h"
 #include "server/request_body.h"
 
 namespace specserve {
@@ -17,23 +18,23 @@ namespace {
 std::optional<ApiError> read_body(const std::string& text, const ServedModel& model,
                                   std::initializer_list<const char*> known, json* body) {
   if (auto e = parse_request_body(text, body)) return e;
-  if (!body->is_object()) return api_wrong_type("body", *body, "a JSON object");
+  if (!body->is_object()) return api_fields::wrong_type("body", *body, "a JSON object");
   for (auto it = body->begin(); it != body->end(); ++it) {
     bool ok = false;
     for (const char* k : known) ok = ok || it.key() == k;
     if (!ok) {
-      ApiError e = api_field_error(it.key(), "Unrecognized request argument supplied: " + it.key());
+      ApiError e = api_fields::bad(it.key(), "Unrecognized request argument supplied: " + it.key());
       e.code = "unknown_parameter";
       return e;
     }
   }
   if (auto it = body->find("model"); it != body->end() && !it->is_null()) {
-    if (!it->is_string()) return api_wrong_type("model", *it, "a string");
+    if (!it->is_string()) return api_fields::wrong_type("model", *it, "a string");
     const std::string m = it->get<std::string>();
     bool ok = m == model.name;
     for (const auto& a : model.aliases) ok = ok || m == a;
     if (!ok) {
-      ApiError e = api_field_error("model", "The model `" + m + "` does not exist (this server serves `" + model.name + "`)");
+      ApiError e = api_fields::bad("model", "The model `" + m + "` does not exist (this server serves `" + model.name + "`)");
       e.http_status = 404;
       e.code = "model_not_found";
       return e;
@@ -53,18 +54,18 @@ std::optional<ApiError> tokenize_response(const std::string& text, const ServedM
   }
   const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
-  if (has_prompt == has_messages) return api_field_error("prompt", "give exactly one of prompt and messages");
+  if (has_prompt == has_messages) return api_fields::bad("prompt", "give exactly one of prompt and messages");
   if (has_prompt && body.contains("add_generation_prompt")) {
-    return api_field_error("add_generation_prompt", "add_generation_prompt: only with messages");
+    return api_fields::bad("add_generation_prompt", "add_generation_prompt: only with messages");
   }
   bool add_special = true, add_generation_prompt = true, token_strs = false;
-  if (auto e = api_read_bool(body, "add_special_tokens", &add_special)) return e;
-  if (auto e = api_read_bool(body, "add_generation_prompt", &add_generation_prompt)) return e;
-  if (auto e = api_read_bool(body, "return_token_strs", &token_strs)) return e;
+  if (auto e = api_fields::read_bool(body, "add_special_tokens", &add_special)) return e;
+  if (auto e = api_fields::read_bool(body, "add_generation_prompt", &add_generation_prompt)) return e;
+  if (auto e = api_fields::read_bool(body, "return_token_strs", &token_strs)) return e;
   const Tokenizer& tok = *model.tokenizer;
   std::vector<int32_t> ids;
   if (has_prompt) {
-    if (!body["prompt"].is_string()) return api_wrong_type("prompt", body["prompt"], "a string");
+    if (!body["prompt"].is_string()) return api_fields::wrong_type("prompt", body["prompt"], "a string");
     ids = tok.encode(body["prompt"].get<std::string>(), add_special, /*parse_special=*/true);
   } else {
     std::vector<ChatTurn> turns;
@@ -73,7 +74,7 @@ std::optional<ApiError> tokenize_response(const std::string& text, const ServedM
     msgs.reserve(turns.size());
     for (ChatTurn& t : turns) msgs.push_back({std::move(t.role), std::move(t.content)});
     auto rendered = apply_chat_template(*model.gguf, msgs, add_generation_prompt);
-    if (!rendered.ok()) return api_field_error("messages", "messages: " + rendered.status().message());
+    if (!rendered.ok()) return api_fields::bad("messages", "messages: " + rendered.status().message());
     ids = tok.encode(*rendered, add_special, /*parse_special=*/true);
   }
   json strs = nullptr;
@@ -92,20 +93,20 @@ std::optional<ApiError> detokenize_response(const std::string& text, const Serve
   json body;
   if (auto e = read_body(text, model, {"model", "tokens"}, &body)) return e;
   auto it = body.find("tokens");
-  if (it == body.end() || it->is_null()) return api_field_error("tokens", "tokens: required");
-  if (!it->is_array()) return api_wrong_type("tokens", *it, "an array of token ids");
+  if (it == body.end() || it->is_null()) return api_fields::bad("tokens", "tokens: required");
+  if (!it->is_array()) return api_fields::wrong_type("tokens", *it, "an array of token ids");
   const int32_t vocab = model.tokenizer->vocab_size();
   std::vector<int32_t> ids;
   ids.reserve(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
     const json& t = (*it)[i];
     const std::string where = "tokens[" + std::to_string(i) + "]";
-    if (!t.is_number_integer()) return api_wrong_type(where, t, "a token id (an integer)");
+    if (!t.is_number_integer()) return api_fields::wrong_type(where, t, "a token id (an integer)");
     // NOTE: unsigned first: get<int64_t> of 2^64 - 1 is -1.
     const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
                                                  : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
     if (!in_range) {
-      return api_field_error(where, where + " = " + t.dump() + ": not a token id of this model (vocabulary " +
+      return api_fields::bad(where, where + " = " + t.dump() + ": not a token id of this model (vocabulary " +
                                         std::to_string(vocab) + ")");
     }
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
