@@ -41,6 +41,10 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:spec_decode_draft_seconds", K::kCounter, "Seconds spent proposing draft tokens.");
   metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
                   "Seconds spent in target forward passes, which verify the drafts (prefill included).");
+  metrics.declare("specserve:spec_decode_goodput_drafting", K::kCounter,
+                  "disable_by_goodput: sequence-steps in which the policy let a sequence that could draft draft.");
+  metrics.declare("specserve:spec_decode_goodput_skipped", K::kCounter,
+                  "disable_by_goodput: sequence-steps in which the policy left a sequence that could draft out.");
   // Families with labels only appear once observed: give the histograms their zero series.
   metrics.observe("specserve:time_to_first_token_seconds", labels, 0, 0);
   metrics.observe("specserve:inter_token_latency_seconds", labels, 0, 0);
@@ -105,7 +109,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   if (!st) return;
   int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
-  double pc_queries = 0, pc_hits = 0;
+  double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0;
   std::vector<double> per_pos;
   for (const ReplicaStatus& r : st->replicas) {
     const ShardLoad& l = r.load;
@@ -126,6 +130,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     forward_s += l.forward_seconds;
     pc_queries += static_cast<double>(l.prefix_cache_queries);
     pc_hits += static_cast<double>(l.prefix_cache_hits);
+    gp_drafting += static_cast<double>(l.goodput_drafting);
+    gp_skipped += static_cast<double>(l.goodput_skipped);
     if (per_pos.size() < l.accepted_per_pos.size()) per_pos.resize(l.accepted_per_pos.size(), 0.0);
     for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) per_pos[i] += static_cast<double>(l.accepted_per_pos[i]);
   }
@@ -142,6 +148,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   metrics.set_counter_at_least("specserve:spec_decode_verify_seconds", labels, forward_s);
   metrics.set_counter_at_least("specserve:prefix_cache_queries", labels, pc_queries);
   metrics.set_counter_at_least("specserve:prefix_cache_hits", labels, pc_hits);
+  metrics.set_counter_at_least("specserve:spec_decode_goodput_drafting", labels, gp_drafting);
+  metrics.set_counter_at_least("specserve:spec_decode_goodput_skipped", labels, gp_skipped);
   for (size_t i = 0; i < per_pos.size(); ++i) {
     MetricLabels l = labels;
     l.emplace_back("position", std::to_string(i));

@@ -335,6 +335,8 @@ TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) 
   }
   EXPECT_LE(l.accepted_per_pos[0], l.num_drafts);
   EXPECT_EQ(st.max_model_len, 512);
+  EXPECT_EQ(l.goodput_drafting, 0) << "disable_by_goodput is off";
+  EXPECT_EQ(l.goodput_skipped, 0) << "disable_by_goodput is off";
 }
 
 TEST_F(ActorsNgram, StatusReportsPrefixCacheQueriesAndHits) {
@@ -362,6 +364,33 @@ TEST_F(ActorsNgram, StatusReportsPrefixCacheQueriesAndHits) {
   // At least the second request's whole blocks before its last token.
   EXPECT_GE(l.prefix_cache_hits - b.prefix_cache_hits, (n - 1) / 16 * 16);
   EXPECT_LE(l.prefix_cache_hits, l.prefix_cache_queries);
+}
+
+// disable_by_goodput through the actors: greedy output stays the target's, and the shard's load
+// (the status, /metrics) carries the policy's counters.
+TEST(ActorsNgramGoodput, GreedyIdentityAndTheLoadCarriesThePolicyCounters) {
+  SpeculativeSpec spec = ngram_spec();
+  spec.disable_by_goodput = true;
+  Cluster cluster(spec, false);
+  auto ps = prompts(cluster.head());
+  int64_t drafts = 0;
+  for (const auto& p : ps) {
+    auto r = cluster.client().generate(greedy(p, 24));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->tokens, testing::greedy_reference(p, 24));
+    drafts += r->num_drafts;
+  }
+  const ClusterStatus st = status_when(cluster.client(), [&](const ShardLoad& l) {
+    return l.num_running == 0 && l.num_drafts >= drafts && l.goodput_drafting + l.goodput_skipped > 0;
+  });
+  ASSERT_EQ(st.replicas.size(), 1u);
+  const ShardLoad& l = st.replicas[0].load;
+  EXPECT_GT(l.goodput_drafting + l.goodput_skipped, 0) << "no decode step was decided by the policy";
+  // A sequence the policy let draft may still find no n-gram match; one it left out never drafts.
+  EXPECT_LE(l.num_drafts, l.goodput_drafting);
+  std::printf("[actors] disable_by_goodput: %lld sequence-steps drafting, %lld left out, %lld drafts\n",
+              static_cast<long long>(l.goodput_drafting), static_cast<long long>(l.goodput_skipped),
+              static_cast<long long>(l.num_drafts));
 }
 
 TEST_F(ActorsNgram, CancelAndTimeout) {

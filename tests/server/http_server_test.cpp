@@ -45,6 +45,8 @@ struct FakeCluster {
   int32_t max_model_len = 1024;
   int64_t prefix_cache_queries = 0;  // reported in each replica's load
   int64_t prefix_cache_hits = 0;
+  int64_t goodput_drafting = 0;      // disable_by_goodput counters, in each replica's load
+  int64_t goodput_skipped = 0;
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
   int32_t idle_min_replicas = -1;    // >= 0: an autoscaled cluster with no replica ready (both standby), this min
 
@@ -106,6 +108,8 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
         r.ready = true;
         r.load.prefix_cache_queries = fc->prefix_cache_queries;
         r.load.prefix_cache_hits = fc->prefix_cache_hits;
+        r.load.goodput_drafting = fc->goodput_drafting;
+        r.load.goodput_skipped = fc->goodput_skipped;
         s.replicas.push_back(r);
         r.replica = 1;  // a second replica, down: its counters still count in the totals
         r.ready = false;
@@ -690,6 +694,19 @@ TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
   EXPECT_NE(m->body.find("# TYPE specserve:prefix_cache_queries_total counter"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("specserve:prefix_cache_queries_total{model_name=\"fake\"} 2000\n"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
+}
+
+// disable_by_goodput's counters: the replicas' totals, as *_total counters.
+TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {
+  fc_->goodput_drafting = 30;
+  fc_->goodput_skipped = 7;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("# TYPE specserve:spec_decode_goodput_drafting_total counter"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_drafting_total{model_name=\"fake\"} 60\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_skipped_total{model_name=\"fake\"} 14\n"), std::string::npos) << m->body;
 }
 
 // The replica lifecycle as metrics: a one-hot state gauge and the seconds spent in each state
