@@ -42,9 +42,9 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
                   "Seconds spent in target forward passes, which verify the drafts (prefill included).");
   metrics.declare("specserve:spec_decode_goodput_drafting", K::kCounter,
-                  "disable_by_goodput: sequence-steps in which the policy let a sequence that could draft draft.");
+                  "Sequence-steps that could draft in which disable_by_goodput asked for a draft.");
   metrics.declare("specserve:spec_decode_goodput_skipped", K::kCounter,
-                  "disable_by_goodput: sequence-steps in which the policy left a sequence that could draft out.");
+                  "Sequence-steps that could draft in which disable_by_goodput left the sequence out.");
   // Families with labels only appear once observed: give the histograms their zero series.
   metrics.observe("specserve:time_to_first_token_seconds", labels, 0, 0);
   metrics.observe("specserve:inter_token_latency_seconds", labels, 0, 0);

@@ -35,6 +35,9 @@
 // (counting only the steps that have candidates; the first drafts) to get them. If 16 such
 // steps pass without two row counts (every draft came back empty, so drafts add no rows), the
 // fit takes b = 0 and the mean step time as a: only the draft time then weighs against drafts.
+// If none of those 16 steps was timed at all (every forward pass had prefill rows: requests
+// arriving in every step), every candidate drafts, as without the policy, until steps without
+// prefill come and give the fit its data.
 //
 // Greedy output does not depend on which steps draft (every accepted token is the target's own
 // argmax). Seeded SAMPLED output is drawn from the target's distribution either way, but the

@@ -288,6 +288,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   for (const auto& r : j["replicas"]) {
     ++json_states[r["state"].get<std::string>()];
     EXPECT_EQ(r["state_seconds_total"].size(), 7u) << r.dump();
+    EXPECT_TRUE(r["goodput_drafting"].is_number_integer() && r["goodput_skipped"].is_number_integer()) << r.dump();
     for (const char* k : {"starting", "loading", "warming", "ready", "draining", "standby", "stopped"}) {
       EXPECT_TRUE(r["state_seconds_total"].contains(k)) << k << " in " << r.dump();
     }

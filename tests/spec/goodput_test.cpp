@@ -108,6 +108,22 @@ TEST(Goodput, CalibrationEndsWhenDraftsNeverAddRows) {
   EXPECT_EQ(m.b(), 0.0);
 }
 
+// Bug (known since the policy landed): when every step had prefill rows (arrivals in every
+// step) the fit was never fed and the policy alternated drafting steps forever. After the
+// calibration steps without a single timed step, every candidate drafts, until one is timed.
+TEST(Goodput, WithoutTimedStepsAfterCalibrationEveryCandidateDrafts) {
+  GoodputModel m;
+  const std::vector<GoodputCandidate> c = {cand(0.0, 4, 4), cand(2.0, 4, 4)};
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(m.choose(c, 2, 2)[0], i % 2 == 0) << "step " << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(m.choose(c, 2, 2), std::vector<bool>({true, true})) << "step " << 16 + i;
+  EXPECT_FALSE(m.fitted());
+  // Timed steps of one row count: the 16 calibration steps are over, so the mean time becomes a.
+  m.observe_forward(2, 0.010);
+  m.choose(c, 2, 2);
+  ASSERT_TRUE(m.fitted());
+  EXPECT_EQ(m.b(), 0.0);
+}
+
 // a = 10 ms, b = 2.5 ms per row, no draft time: one sequence (1 row, 1 token) alone runs at
 // 1 / 12.5 ms; with a draft of 8 rows accepting e tokens, (1 + e) / 32.5 ms: worth it for e > 1.6.
 TEST(Goodput, ASequenceDraftsOnlyWhenItRaisesTokensPerSecond) {

@@ -1,0 +1,79 @@
+// actors/messages.h: what crosses a process boundary survives CAF's binary serialisation. The
+// in-process actor tests never serialise (CAF passes local messages by reference), so a field
+// missing from an inspect() list would pass them and be lost between hosts.
+#include "actors/messages.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace specserve {
+namespace {
+
+template <class T>
+T round_trip(T x) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  EXPECT_FALSE(sink(x)) << "serialising failed";
+  T y;
+  caf::binary_deserializer source{nullptr, buf};
+  EXPECT_FALSE(source(y)) << "deserialising failed";
+  EXPECT_EQ(source.remaining(), 0u) << "bytes left over";
+  return y;
+}
+
+// Every field set to a value of its own, so a field left out of inspect() (then default) or two
+// fields swapped in it show.
+TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
+  ShardLoad l;
+  l.replica = 3;
+  l.free_kv_blocks = 11;
+  l.total_kv_blocks = 12;
+  l.num_running = 13;
+  l.num_waiting = 14;
+  l.num_steps = 15;
+  l.generated_tokens = 16;
+  l.num_drafts = 17;
+  l.num_draft_tokens = 18;
+  l.num_accepted_tokens = 19;
+  l.forward_seconds = 2.5;
+  l.draft_seconds = 3.5;
+  l.finished = {20, 21};
+  l.received = 22;
+  l.prompt_tokens = 23;
+  l.accepted_per_pos = {24, 25, 26};
+  l.prefix_cache_queries = 27;
+  l.prefix_cache_hits = 28;
+  l.kv_imported_tokens = 29;
+  l.kv_recomputed_tokens = 30;
+  l.num_reclaims = 31;
+  l.goodput_drafting = 32;
+  l.goodput_skipped = 33;
+  const ShardLoad r = round_trip(l);
+  EXPECT_EQ(r.replica, 3);
+  EXPECT_EQ(r.free_kv_blocks, 11);
+  EXPECT_EQ(r.total_kv_blocks, 12);
+  EXPECT_EQ(r.num_running, 13);
+  EXPECT_EQ(r.num_waiting, 14);
+  EXPECT_EQ(r.num_steps, 15);
+  EXPECT_EQ(r.generated_tokens, 16);
+  EXPECT_EQ(r.num_drafts, 17);
+  EXPECT_EQ(r.num_draft_tokens, 18);
+  EXPECT_EQ(r.num_accepted_tokens, 19);
+  EXPECT_EQ(r.forward_seconds, 2.5);
+  EXPECT_EQ(r.draft_seconds, 3.5);
+  EXPECT_EQ(r.finished, (std::vector<int64_t>{20, 21}));
+  EXPECT_EQ(r.received, 22);
+  EXPECT_EQ(r.prompt_tokens, 23);
+  EXPECT_EQ(r.accepted_per_pos, (std::vector<int64_t>{24, 25, 26}));
+  EXPECT_EQ(r.prefix_cache_queries, 27);
+  EXPECT_EQ(r.prefix_cache_hits, 28);
+  EXPECT_EQ(r.kv_imported_tokens, 29);
+  EXPECT_EQ(r.kv_recomputed_tokens, 30);
+  EXPECT_EQ(r.num_reclaims, 31);
+  EXPECT_EQ(r.goodput_drafting, 32);
+  EXPECT_EQ(r.goodput_skipped, 33);
+}
+
+}  // namespace
+}  // namespace specserve
