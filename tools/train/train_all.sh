@@ -15,7 +15,7 @@
 # Usage: tools/train/train_all.sh [--work DIR] [--prompt-source S] [--num-prompts N]
 #          [--extra-templates N] [--max-new-tokens N] [--medusa-epochs N] [--eagle-epochs N]
 #          [--eagle-init GGUF] [--eagle-lr LR] [--max-minutes M] [--threads N] [--parallel]
-#          [--skip-build] [--skip-dump] [--tag T]
+#          [--conversations N] [--seed S] [--eagle-only] [--skip-build] [--skip-dump] [--tag T]
 #   --work DIR          scratch space for prompts, the dump (float16 hidden states: ~0.5 GB for
 #                       1,800 prompts of 96 new tokens), checkpoints and the new heads
 #                       (default ~/.cache/specserve/train)
@@ -25,6 +25,19 @@
 #                       for the task kinds Spec-Bench weighs more than ShareGPT does (translation,
 #                       summarisation, math, extraction)
 #   --max-new-tokens N  greedy continuation per prompt (default 96)
+#   --conversations N   also N whole ShareGPT exchanges (first human turn and its reply,
+#                       make_prompts.py --with-reply), run teacher-forced through the target
+#                       (dump-hidden --max-new-tokens 1 --max-prompt-tokens 1024) into
+#                       WORK/dump-conv: EAGLE's fixed-data recipe, about 6x the rows per CPU
+#                       second of greedy generation. EAGLE trains on both dumps; Medusa (which
+#                       learns the target's own continuations) on the generated one only. The
+#                       --num-prompts generation prompts are then the user turns of further
+#                       exchanges of the same sample (one make_prompts.py call of N +
+#                       --num-prompts, split in file order), so no prompt is in both dumps.
+#                       Default 0 (generation only); needs --prompt-source sharegpt.
+#   --seed S            make_prompts.py's sampling seed (default 0)
+#   --eagle-only        train only the EAGLE head; the committed Medusa head stays (and is what
+#                       the references of step 6 are computed for)
 #   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
 #   --eagle-init GGUF   start EAGLE from this exported head (train_eagle.py --init; default: random)
 #   --eagle-lr LR       EAGLE learning rate (default 1e-3)
@@ -38,7 +51,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${SPECSERVE_CACHE:-$HOME/.cache/specserve}/train"
 prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=8 threads=2 parallel=0 skip_build=0 skip_dump=0
-extra_templates=0 max_minutes=40 tag="$(date +%F)" eagle_extra=()
+extra_templates=0 max_minutes=40 tag="$(date +%F)" eagle_extra=() conversations=0 seed=0 eagle_only=0
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +67,9 @@ while [ $# -gt 0 ]; do
     --max-minutes) max_minutes="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --parallel) parallel=1; shift ;;
+    --conversations) conversations="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    --eagle-only) eagle_only=1; shift ;;
     --skip-build) skip_build=1; shift ;;
     --skip-dump) skip_dump=1; shift ;;
     --tag) tag="$2"; shift 2 ;;
@@ -73,9 +89,26 @@ fi
 bin="${SPECSERVE_BUILD_DIR:-$here/build}/bin/specserve"
 py="$(tools/train/venv.sh | tail -1)"
 
-if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
-  log "prompts: $num_prompts ($prompt_source)"
-  "$py" tools/train/make_prompts.py --source "$prompt_source" --out "$work/prompts.jsonl" --num "$num_prompts" --seed 0
+if [ "$conversations" -gt 0 ] && [ "$prompt_source" != sharegpt ]; then
+  echo "train_all.sh: --conversations needs --prompt-source sharegpt" >&2; exit 2
+fi
+eagle_dumps=("$work/dump")
+[ "$conversations" -gt 0 ] && eagle_dumps+=("$work/dump-conv")
+if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ] ||
+   { [ "$conversations" -gt 0 ] && [ ! -f "$work/dump-conv/index.json" ]; }; then
+  if [ "$conversations" -gt 0 ]; then
+    log "prompts: $conversations whole ShareGPT exchanges, then $num_prompts user turns of further ones (seed $seed)"
+    "$py" tools/train/make_prompts.py --source sharegpt --with-reply --out "$work/exchanges.jsonl" \
+      --num "$((conversations + num_prompts))" --seed "$seed"
+    head -n "$conversations" "$work/exchanges.jsonl" > "$work/conversations.jsonl"
+    tail -n "+$((conversations + 1))" "$work/exchanges.jsonl" |
+      "$py" -c 'import json, sys
+for line in sys.stdin:
+    r = json.loads(line); r["messages"] = r["messages"][:1]; print(json.dumps(r, ensure_ascii=False))' > "$work/prompts.jsonl"
+  else
+    log "prompts: $num_prompts ($prompt_source)"
+    "$py" tools/train/make_prompts.py --source "$prompt_source" --out "$work/prompts.jsonl" --num "$num_prompts" --seed "$seed"
+  fi
   if [ "$extra_templates" -gt 0 ]; then
     log "extra templated prompts: $extra_templates"
     "$py" tools/train/make_prompts.py --source templates --out "$work/prompts-templates.jsonl" --num "$extra_templates" --seed 0
@@ -84,6 +117,11 @@ if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ]; then
   log "dump-hidden (greedy continuations of $max_new tokens, hidden states recorded as they are generated)"
   "$bin" dump-hidden --model "$model" --prompts "$work/prompts.jsonl" --out "$work/dump" \
     --max-new-tokens "$max_new" --max-num-seqs 32 --threads "$threads"
+  if [ "$conversations" -gt 0 ]; then
+    log "dump-hidden, teacher-forced over $conversations exchanges (prompt rows only)"
+    "$bin" dump-hidden --model "$model" --prompts "$work/conversations.jsonl" --out "$work/dump-conv" \
+      --max-new-tokens 1 --max-prompt-tokens 1024 --max-num-seqs 8 --threads "$threads"
+  fi
 fi
 
 mkdir -p "$work/heads"
@@ -91,10 +129,14 @@ medusa_out="$work/heads/medusa-smollm2-135m.gguf" eagle_out="$work/heads/eagle-s
 medusa_cmd=("$py" tools/train/train_medusa.py --dump "$work/dump" --out "$medusa_out"
             --epochs "$medusa_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_medusa_$tag"
             --save-torch "$work/medusa.pt")
-eagle_cmd=("$py" tools/train/train_eagle.py --dump "$work/dump" --out "$eagle_out"
+eagle_cmd=("$py" tools/train/train_eagle.py --dump "${eagle_dumps[@]}" --out "$eagle_out"
            --epochs "$eagle_epochs" --max-minutes "$max_minutes" --curves "bench/results/train_eagle_$tag"
            --save-torch "$work/eagle.pt" ${eagle_extra[@]+"${eagle_extra[@]}"})
-if [ "$parallel" = 1 ]; then
+if [ "$eagle_only" = 1 ]; then
+  log "training EAGLE only; Medusa stays models/heads/medusa-smollm2-135m.gguf"
+  cp models/heads/medusa-smollm2-135m.gguf "$medusa_out"
+  "${eagle_cmd[@]}" --threads "$threads"
+elif [ "$parallel" = 1 ]; then
   log "training Medusa and EAGLE in parallel (1 thread each); logs in $work/train_{medusa,eagle}.log"
   "${medusa_cmd[@]}" --threads 1 > "$work/train_medusa.log" 2>&1 &
   mpid=$!
