@@ -296,7 +296,7 @@ def english_looking(text):
 def make_sharegpt(num, seed, path=None, exclude=None, min_chars=16, max_chars=1500, with_reply=False,
                   max_reply_chars=3000):
     """`num` first human turns of ShareGPT (see the module docstring), in file order. With
-    `with_reply`, each with the reply that follows it (the first "gpt" turn after it, stripped,
+    `with_reply`, each with the reply that follows it (the very next turn, which must be "gpt"; stripped,
     16..max_reply_chars characters, English-looking, sharing no text with Spec-Bench) as an
     assistant message; conversations without such a reply are dropped."""
     if path:
@@ -393,7 +393,7 @@ def main():
     a = ap.parse_args()
     if a.with_reply and a.source != "sharegpt":
         ap.error("--with-reply needs --source sharegpt")
-    if a.max_reply_chars < 16:
+    if a.with_reply and a.max_reply_chars < 16:
         ap.error(f"--max-reply-chars {a.max_reply_chars}: must be >= 16 (replies shorter than 16 characters are dropped)")
     if a.num < 0:
         ap.error(f"--num {a.num}: must be >= 0")

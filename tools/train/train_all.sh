@@ -28,16 +28,19 @@
 #   --conversations N   also N whole ShareGPT exchanges (first human turn and its reply,
 #                       make_prompts.py --with-reply), run teacher-forced through the target
 #                       (dump-hidden --max-new-tokens 1 --max-prompt-tokens 1024) into
-#                       WORK/dump-conv: EAGLE's fixed-data recipe, about 6x the rows per CPU
-#                       second of greedy generation. EAGLE trains on both dumps; Medusa (which
+#                       WORK/dump-conv: EAGLE's fixed-data recipe (here 297 rows/s against 178
+#                       generated tokens/s of greedy generation). EAGLE trains on both dumps; Medusa (which
 #                       learns the target's own continuations) on the generated one only. The
 #                       --num-prompts generation prompts are then the user turns of further
 #                       exchanges of the same sample (one make_prompts.py call of N +
 #                       --num-prompts, split in file order), so no prompt is in both dumps.
-#                       Default 0 (generation only); needs --prompt-source sharegpt.
+#                       Default 0 (generation only); needs --prompt-source sharegpt and
+#                       --num-prompts >= 1. With --skip-dump both dumps are reused only when
+#                       both exist; otherwise the prompts and both dumps are made again.
 #   --seed S            make_prompts.py's sampling seed (default 0)
 #   --eagle-only        train only the EAGLE head; the committed Medusa head stays (and is what
-#                       the references of step 6 are computed for)
+#                       the references of step 6 are computed for); --parallel and
+#                       --medusa-epochs do not apply
 #   --medusa-epochs N   (default 10)     --eagle-epochs N (default 8)
 #   --eagle-init GGUF   start EAGLE from this exported head (train_eagle.py --init; default: random)
 #   --eagle-lr LR       EAGLE learning rate (default 1e-3)
@@ -77,6 +80,14 @@ while [ $# -gt 0 ]; do
     *) echo "train_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$conversations" in ''|*[!0-9]*) echo "train_all.sh: --conversations $conversations: must be a whole number >= 0" >&2; exit 2 ;; esac
+case "$num_prompts" in ''|*[!0-9]*) echo "train_all.sh: --num-prompts $num_prompts: must be a whole number" >&2; exit 2 ;; esac
+if [ "$conversations" -gt 0 ] && [ "$prompt_source" != sharegpt ]; then
+  echo "train_all.sh: --conversations needs --prompt-source sharegpt" >&2; exit 2
+fi
+if [ "$conversations" -gt 0 ] && [ "$num_prompts" -lt 1 ]; then
+  echo "train_all.sh: --conversations needs --num-prompts >= 1 (the generations carry the held-out measure)" >&2; exit 2
+fi
 cd "$here"
 mkdir -p "$work" models/heads bench/results
 log() { echo "[train-all $(date +%T)] $*" >&2; }
@@ -89,9 +100,6 @@ fi
 bin="${SPECSERVE_BUILD_DIR:-$here/build}/bin/specserve"
 py="$(tools/train/venv.sh | tail -1)"
 
-if [ "$conversations" -gt 0 ] && [ "$prompt_source" != sharegpt ]; then
-  echo "train_all.sh: --conversations needs --prompt-source sharegpt" >&2; exit 2
-fi
 eagle_dumps=("$work/dump")
 [ "$conversations" -gt 0 ] && eagle_dumps+=("$work/dump-conv")
 if [ "$skip_dump" = 0 ] || [ ! -f "$work/dump/index.json" ] ||
@@ -157,9 +165,11 @@ log "reference outputs and checksums"
   --eagle "$eagle_out" --out "$work/heads/heads_reference.json" --command "$cmdline"
 "$py" tools/train/eagle_chain_reference.py --dump "$work/dump" --eagle "$eagle_out" \
   --cases-only --cases 6 --window 6 --depth 4 --cases-out "$work/heads/eagle_chain_reference.json" \
-  --command "$cmdline; tools/train/eagle_chain_reference.py --dump DUMP --eagle models/heads/eagle-smollm2-135m.gguf --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json (DUMP: train_all's dump; the first 6 held-out sequences whose chains have no near-tie)"
+  --command "$cmdline; tools/train/eagle_chain_reference.py --dump DUMP --eagle models/heads/eagle-smollm2-135m.gguf --cases-only --cases 6 --window 6 --depth 4 --cases-out tests/data/eagle_chain_reference.json (DUMP: train_all's generation dump; the first 6 sequences held out by that dump's own split, which under --conversations is not the trainer's, whose chains have no near-tie)"
 log "installing the new heads over models/heads/ and their references over tests/data/"
 cp "$medusa_out" "$eagle_out" models/heads/
 cp "$work/heads/heads_reference.json" "$work/heads/eagle_chain_reference.json" tests/data/
 (cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf > SHA256SUMS && cat SHA256SUMS >&2)
-log "done: models/heads/, bench/results/train_{medusa,eagle}_$tag.{json,png}, tests/data/{heads,eagle_chain}_reference.json"
+curves="train_{medusa,eagle}_$tag"
+[ "$eagle_only" = 1 ] && curves="train_eagle_$tag"
+log "done: models/heads/, bench/results/$curves.{json,png}, tests/data/{heads,eagle_chain}_reference.json"
