@@ -362,6 +362,11 @@ struct ClusterStatus {
   int64_t kv_migrated_tokens = 0;    ///< tokens whose KV arrived with them (not recomputed)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
   int32_t tensor_parallel_size = 1;  ///< ranks per replica (models.target.tensor_parallel_size)
+  /// The counters (tokens, speculative and prefix-cache counters, seconds, accepted_per_pos,
+  /// goodput decisions) of replica incarnations that ended: a replica's load starts again from 0
+  /// when its shard stops, dies or is retired, and its last totals are added here. The cluster's
+  /// totals are these plus every replica's load, and never go back. Gauge fields stay 0.
+  ShardLoad ended;
 };
 
 // ---- inspect (CAF 0.17's serialization hook) ----
@@ -480,7 +485,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
   return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
            x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.autoscale, x.migrated, x.kv_migrated_tokens,
-           x.kv_recomputed_tokens, x.tensor_parallel_size);
+           x.kv_recomputed_tokens, x.tensor_parallel_size, x.ended);
 }
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----

@@ -268,6 +268,7 @@ void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
   r.pending_blocks = 0;
   r.sent = 0;
   r.in_flight.clear();
+  add_load_counters(s.ended, r.load);
   r.load = ShardLoad{};
   r.reclaims_sent = r.reclaims_done = 0;
   set_state(self, replica_id, ReplicaState::kStopped);

@@ -136,6 +136,7 @@ struct SchedulerState {
   double held_deficit_since = -1;       // a scale-up's cold start held back (CPU host) since this decision
   bool deficit_by_wanted = false;       // cold starts were held: AutoscaleInput::deficit_by_wanted
   AutoscaleStatus as;                   // counters and recent measurements for `status`
+  ShardLoad ended;                      // ClusterStatus::ended: counters of replica loads that were reset
 };
 
 using SchedSelf = caf::stateful_actor<SchedulerState>*;
@@ -224,6 +225,9 @@ void autoscale_tick(SchedSelf self);
 
 /// The cluster as `status` shows it (StatusQuery): workers, replicas, queue and autoscaler.
 ClusterStatus make_status(SchedSelf self);
+
+/// Adds the counters of `l` (ClusterStatus::ended lists them) to `into`; gauges are left alone.
+void add_load_counters(ShardLoad& into, const ShardLoad& l);
 
 }  // namespace scheduler_internal
 }  // namespace specserve

@@ -42,6 +42,7 @@ void retire(SchedSelf self, int32_t rid) {
   r.shard_ready = false;
   r.shard_hello = WorkerHello{};
   r.draft_hello = WorkerHello{};
+  add_load_counters(s.ended, r.load);
   r.load = ShardLoad{};
   r.lost = false;
   r.draining_out = false;
@@ -369,6 +370,25 @@ void autoscale_tick(SchedSelf self) {
   dispatch(self);
 }
 
+void add_load_counters(ShardLoad& into, const ShardLoad& l) {
+  into.num_steps += l.num_steps;
+  into.generated_tokens += l.generated_tokens;
+  into.num_drafts += l.num_drafts;
+  into.num_draft_tokens += l.num_draft_tokens;
+  into.num_accepted_tokens += l.num_accepted_tokens;
+  into.forward_seconds += l.forward_seconds;
+  into.draft_seconds += l.draft_seconds;
+  into.prompt_tokens += l.prompt_tokens;
+  if (into.accepted_per_pos.size() < l.accepted_per_pos.size()) into.accepted_per_pos.resize(l.accepted_per_pos.size(), 0);
+  for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) into.accepted_per_pos[i] += l.accepted_per_pos[i];
+  into.prefix_cache_queries += l.prefix_cache_queries;
+  into.prefix_cache_hits += l.prefix_cache_hits;
+  into.kv_imported_tokens += l.kv_imported_tokens;
+  into.kv_recomputed_tokens += l.kv_recomputed_tokens;
+  into.goodput_drafting += l.goodput_drafting;
+  into.goodput_skipped += l.goodput_skipped;
+}
+
 ClusterStatus make_status(SchedSelf self) {
   auto& s = self->state;
   ClusterStatus c;
@@ -417,6 +437,9 @@ ClusterStatus make_status(SchedSelf self) {
   c.finished = s.finished;
   c.requeued = s.requeued;
   c.migrated = s.migrated;
+  c.ended = s.ended;
+  c.kv_migrated_tokens = s.ended.kv_imported_tokens;
+  c.kv_recomputed_tokens = s.ended.kv_recomputed_tokens;
   for (const auto& [rid, r] : s.replicas) {
     c.kv_migrated_tokens += r.load.kv_imported_tokens;
     c.kv_recomputed_tokens += r.load.kv_recomputed_tokens;

@@ -111,8 +111,12 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
   double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0;
   std::vector<double> per_pos;
+  // Counters: the loads of replica incarnations that ended (ClusterStatus::ended) plus every
+  // replica's own, down ones included (they stay in the status), so they never go back.
+  std::vector<const ShardLoad*> loads{&st->ended};
   for (const ReplicaStatus& r : st->replicas) {
     const ShardLoad& l = r.load;
+    loads.push_back(&l);
     if (r.ready) {
       ++ready;
       running += l.num_running;
@@ -120,7 +124,9 @@ void HttpServer::Impl::refresh_cluster_metrics() {
       used += l.total_kv_blocks - l.free_kv_blocks;
       total += l.total_kv_blocks;
     }
-    // Counters: every replica's totals, down ones included (they stay in the status).
+  }
+  for (const ShardLoad* lp : loads) {
+    const ShardLoad& l = *lp;
     prompt += static_cast<double>(l.prompt_tokens);
     gen += static_cast<double>(l.generated_tokens);
     drafts += static_cast<double>(l.num_drafts);

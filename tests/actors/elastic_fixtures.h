@@ -70,6 +70,8 @@ struct FakeSpec {
   int32_t total_kv_blocks = 64;
   bool first_token = true;      // a request that runs (within max_num_seqs) gets one token at once
   bool keeps_running = false;   // reclaim gives no running request (as when all are near their end)
+  int64_t prompt_tokens = 0;     // counters every load reports (ShardLoad), as an engine's totals
+  int64_t goodput_drafting = 0;
   caf::actor scheduler;
   Recorder* rec = nullptr;
 };
@@ -114,6 +116,8 @@ inline void send_load(FakeSelf self, std::vector<int64_t> finished = {}) {
   l.num_waiting = static_cast<int32_t>(s.held.size()) - l.num_running;
   l.received = s.received;
   l.num_reclaims = s.num_reclaims;
+  l.prompt_tokens = s.spec.prompt_tokens;
+  l.goodput_drafting = s.spec.goodput_drafting;
   l.finished = std::move(finished);
   self->send(s.spec.scheduler, std::move(l));
 }
@@ -165,6 +169,7 @@ inline caf::behavior fake_worker(FakeSelf self, FakeSpec spec) {
         }
         send_load(self);
       },
+      [self](step_atom) { send_load(self); },  // the test asks for a load report
       [self](migrate_atom, bool) {
         auto& s = self->state;
         s.spec.rec->add(tag(s.spec) + ": migrate");

@@ -2,7 +2,8 @@
 //  - a draft worker that registers after the head gave up its replica's start is told to quit
 //    (it would otherwise run on unattached, and block the slot's next start), the real draft
 //    worker actor included;
-//  - a replica whose target shard dies loses its draft worker too (a restart starts both).
+//  - a replica whose target shard dies loses its draft worker too (a restart starts both);
+//  - the counters of a replica whose shard died stay in the cluster's totals (ClusterStatus::ended).
 #include "tests/actors/elastic_fixtures.h"
 
 namespace specserve {
@@ -152,6 +153,48 @@ TEST(ElasticLifecycle, ShardDownTakesItsDraftWorkerWithIt) {
   caf::anon_send_exit(shards[1], caf::exit_reason::kill);
   EXPECT_TRUE(until(5, [&] { return rec.count("r1/draft_worker: retire") == 1; })) << rec.dump();
   EXPECT_EQ(rec.count("r0/draft_worker: retire"), 0);
+  client.reset();
+  (*head)->stop();
+}
+
+// A replica's load starts again from 0 when its shard dies (the next shard's engine counts from
+// 0); what the dead one had counted moves to ClusterStatus::ended, so the cluster's totals
+// (/metrics) never go back.
+TEST(ElasticLifecycle, CountersOfADeadShardStayInTheClusterTotals) {
+  Recorder rec;
+  ActorRuntime rt;
+  Topology t = make_topology(1, /*drafts=*/false);
+  auto head = Head::start(rt, t, kToken, /*publish=*/false);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  caf::actor sched = (*head)->scheduler();
+  auto client = Client::in_process(rt.system(), sched, kToken);
+  FakeSpec f;
+  f.replica = 0;
+  f.scheduler = sched;
+  f.rec = &rec;
+  f.prompt_tokens = 100;
+  f.goodput_drafting = 7;
+  caf::actor shard = rt.system().spawn(fake_worker, f);
+  ASSERT_TRUE(until(5, [&] {
+    auto st = client->status();
+    return st.ok() && state_of(*st, 0) == "ready";
+  }));
+  caf::anon_send(shard, step_atom::value);
+  ASSERT_TRUE(until(5, [&] {
+    auto st = client->status();
+    return st.ok() && st->replicas.size() == 1 && st->replicas[0].load.prompt_tokens == 100;
+  }));
+  caf::anon_send_exit(shard, caf::exit_reason::kill);
+  ClusterStatus last;
+  EXPECT_TRUE(until(5, [&] {
+    auto st = client->status();
+    if (st.ok()) last = *st;
+    return st.ok() && st->replicas.size() == 1 && st->replicas[0].load.prompt_tokens == 0 &&
+           st->ended.prompt_tokens == 100;
+  })) << "replica load " << (last.replicas.empty() ? -1 : last.replicas[0].load.prompt_tokens) << ", ended "
+      << last.ended.prompt_tokens;
+  EXPECT_EQ(last.ended.goodput_drafting, 7);
+  EXPECT_EQ(last.ended.num_running, 0) << "gauges are not carried";
   client.reset();
   (*head)->stop();
 }

@@ -75,5 +75,20 @@ TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
   EXPECT_EQ(r.goodput_skipped, 33);
 }
 
+TEST(Messages, ClusterStatusKeepsTheEndedCounters) {
+  ClusterStatus c;
+  c.kv_recomputed_tokens = 4;
+  c.tensor_parallel_size = 2;
+  c.ended.prompt_tokens = 5;
+  c.ended.accepted_per_pos = {6, 7};
+  c.ended.goodput_skipped = 8;
+  const ClusterStatus r = round_trip(c);
+  EXPECT_EQ(r.kv_recomputed_tokens, 4);
+  EXPECT_EQ(r.tensor_parallel_size, 2);
+  EXPECT_EQ(r.ended.prompt_tokens, 5);
+  EXPECT_EQ(r.ended.accepted_per_pos, (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(r.ended.goodput_skipped, 8);
+}
+
 }  // namespace
 }  // namespace specserve

@@ -47,6 +47,7 @@ struct FakeCluster {
   int64_t prefix_cache_hits = 0;
   int64_t goodput_drafting = 0;      // disable_by_goodput counters, in each replica's load
   int64_t goodput_skipped = 0;
+  ShardLoad ended;                   // ClusterStatus::ended (replica loads that were reset)
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
   int32_t idle_min_replicas = -1;    // >= 0: an autoscaled cluster with no replica ready (both standby), this min
 
@@ -110,6 +111,7 @@ caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_ptr<FakeC
         r.load.prefix_cache_hits = fc->prefix_cache_hits;
         r.load.goodput_drafting = fc->goodput_drafting;
         r.load.goodput_skipped = fc->goodput_skipped;
+        s.ended = fc->ended;
         s.replicas.push_back(r);
         r.replica = 1;  // a second replica, down: its counters still count in the totals
         r.ready = false;
@@ -696,17 +698,21 @@ TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
   EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
 }
 
-// disable_by_goodput's counters: the replicas' totals, as *_total counters.
+// disable_by_goodput's counters: the replicas' totals plus those of ended replica loads, as
+// *_total counters.
 TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {
   fc_->goodput_drafting = 30;
   fc_->goodput_skipped = 7;
+  fc_->ended.goodput_drafting = 5;  // a replica incarnation that ended: still counted
+  fc_->ended.prompt_tokens = 11;
   start();
   auto c = client();
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("# TYPE specserve:spec_decode_goodput_drafting_total counter"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_drafting_total{model_name=\"fake\"} 60\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_drafting_total{model_name=\"fake\"} 65\n"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("specserve:spec_decode_goodput_skipped_total{model_name=\"fake\"} 14\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prompt_tokens_total{model_name=\"fake\"} 11\n"), std::string::npos) << m->body;
 }
 
 // The replica lifecycle as metrics: a one-hot state gauge and the seconds spent in each state
