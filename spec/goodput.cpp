@@ -78,7 +78,8 @@ std::vector<bool> GoodputModel::choose(const std::vector<GoodputCandidate>& c, i
   if (!have_fit_ && calibration_steps_ >= kCalibrationSteps && !any_) {
     // No step without prefill rows was timed (arrivals in every step): nothing to judge by, so
     // every candidate drafts, as without the policy, until such steps come.
-    return out.assign(c.size(), true), out;
+    out.assign(c.size(), true);
+    return out;
   }
   if (!have_fit_) {
     // Calibration: whole steps with drafts (the 1st, 3rd, ... with candidates) and without.

@@ -284,6 +284,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   const std::string js = run_output(std::string(SPECSERVE_BIN) + " status --config " + config + " --json");
   const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << "specserve status --json printed no JSON: " << js;
+  EXPECT_TRUE(j["ended"]["generated_tokens"].is_number_integer() && j["ended"]["accepted_per_pos"].is_array()) << js;
   std::map<std::string, int> json_states;
   for (const auto& r : j["replicas"]) {
     ++json_states[r["state"].get<std::string>()];

@@ -356,7 +356,23 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     };
     // No TTFT sample in the window: null, not 0.
     const std::string p90_json = a.ttft_p90_seconds > 0 ? fmt::format("{:.4f}", a.ttft_p90_seconds) : std::string("null");
-    std::printf("], \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
+    // Counters of replica incarnations that ended (ClusterStatus::ended): with the replicas' own
+    // they give the cluster's totals, which never go back (what /metrics exports).
+    const ShardLoad& e = s.ended;
+    std::printf("], \"ended\": {\"generated_tokens\": %lld, \"prompt_tokens\": %lld, \"num_drafts\": %lld, "
+                "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prefix_cache_queries\": %lld, "
+                "\"prefix_cache_hits\": %lld, \"goodput_drafting\": %lld, \"goodput_skipped\": %lld, "
+                "\"accepted_per_pos\": [",
+                static_cast<long long>(e.generated_tokens), static_cast<long long>(e.prompt_tokens),
+                static_cast<long long>(e.num_drafts), static_cast<long long>(e.num_draft_tokens),
+                static_cast<long long>(e.num_accepted_tokens), static_cast<long long>(e.prefix_cache_queries),
+                static_cast<long long>(e.prefix_cache_hits), static_cast<long long>(e.goodput_drafting),
+                static_cast<long long>(e.goodput_skipped));
+    for (size_t p = 0; p < e.accepted_per_pos.size(); ++p) {
+      std::printf("%s%lld", p ? ", " : "", static_cast<long long>(e.accepted_per_pos[p]));
+    }
+    std::printf("]");
+    std::printf("}, \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
                 "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %s, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
                 "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
