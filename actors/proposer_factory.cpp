@@ -8,6 +8,7 @@
 #include "model/model_fingerprint.h"
 #include "spec/eagle_proposer.h"
 #include "spec/head_common.h"
+#include "spec/lookup_first_proposer.h"
 #include "spec/medusa_proposer.h"
 #include "spec/model_drafter.h"
 #include "spec/ngram_proposer.h"
@@ -140,8 +141,11 @@ std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpe
   return problems;
 }
 
-Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
-                                                   const ProposerBuildOptions& b) {
+namespace {
+
+// The method's own proposer (build_proposer without lookup_first).
+Expected<std::unique_ptr<Proposer>> build_method_proposer(const SpeculativeSpec& spec, LoadedModel& target,
+                                                          Backend& backend, const ProposerBuildOptions& b) {
   switch (spec.method) {
     case SpeculativeMethod::kNgram:
       return std::unique_ptr<Proposer>(new NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max));
@@ -189,6 +193,16 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
       return build_head_proposer(spec, target, b);
   }
   return unsupported(std::string("method = ") + speculative_method_name(spec.method) + ": unknown");
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,
+                                                   const ProposerBuildOptions& b) {
+  auto p = build_method_proposer(spec, target, backend, b);
+  if (!p.ok() || !spec.lookup_first || spec.method == SpeculativeMethod::kNgram) return p;
+  return std::unique_ptr<Proposer>(
+      new LookupFirstProposer(std::move(*p), spec.prompt_lookup_min, spec.prompt_lookup_max));
 }
 
 }  // namespace specserve

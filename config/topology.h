@@ -83,8 +83,14 @@ struct SpeculativeSpec {
   SpeculativeMethod method = SpeculativeMethod::kNgram;
   std::string model;                      ///< absolute path; set exactly for draft_model, medusa, eagle
   int32_t num_speculative_tokens = 0;     ///< k, 1..64
-  int32_t prompt_lookup_min = 5;          ///< ngram only; 1 <= min <= max; vLLM's default 5 (= max when only max is given)
-  int32_t prompt_lookup_max = 5;          ///< ngram only; vLLM's default 5 (= min when only min is given)
+  /// ngram: the lookup's n-gram lengths, 1 <= min <= max; vLLM's defaults 5 and 5 (one given
+  /// sets the other). Other methods: used when lookup_first is set.
+  int32_t prompt_lookup_min = 5;
+  int32_t prompt_lookup_max = 5;
+  /// Not ngram: prompt lookup first, the method's proposer where it finds nothing
+  /// (spec/lookup_first_proposer.h). Set by giving prompt_lookup_min / prompt_lookup_max with a
+  /// model-based method.
+  bool lookup_first = false;
   std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
   /// medusa / eagle only: vLLM's static tree, e.g. "[(0,), (0, 0), (0, 1)]" (paths of candidate
   /// ranks; spec/token_tree.h parses it when the proposer is built). Empty: medusa uses Medusa's

@@ -429,20 +429,14 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   } else if (const YAML::Node* m = f.get("model")) {
     error(*m, f.path("model"), "method " + method + " takes no model, got " + describe(*m));
   }
-  if (s.method == SpeculativeMethod::kNgram) {
-    if ((lmin || lmax) && s.prompt_lookup_min > s.prompt_lookup_max) {
-      const std::string key = lmax ? "prompt_lookup_max" : "prompt_lookup_min";
-      error(*f.get(key), f.path(key),
-            "prompt_lookup_min " + quote(std::to_string(s.prompt_lookup_min)) + (lmin ? "" : " (default)") +
-                " is greater than prompt_lookup_max " + quote(std::to_string(s.prompt_lookup_max)) +
-                (lmax ? "" : " (default)") + ": need 1 <= min <= max");
-    }
-  } else {
-    for (const char* key : {"prompt_lookup_min", "prompt_lookup_max"}) {
-      if (const YAML::Node* v = f.get(key)) {
-        error(*v, f.path(key), "applies only to method 'ngram', not " + method + "; got " + describe(*v));
-      }
-    }
+  // Given with a model-based method, the lookup runs first (spec/lookup_first_proposer.h).
+  if (s.method != SpeculativeMethod::kNgram && (lmin || lmax)) s.lookup_first = true;
+  if ((lmin || lmax) && s.prompt_lookup_min > s.prompt_lookup_max) {
+    const std::string key = lmax ? "prompt_lookup_max" : "prompt_lookup_min";
+    error(*f.get(key), f.path(key),
+          "prompt_lookup_min " + quote(std::to_string(s.prompt_lookup_min)) + (lmin ? "" : " (default)") +
+              " is greater than prompt_lookup_max " + quote(std::to_string(s.prompt_lookup_max)) +
+              (lmax ? "" : " (default)") + ": need 1 <= min <= max");
   }
   if (s.method != SpeculativeMethod::kLayerSkip) {
     if (const YAML::Node* v = f.get("num_layers")) {

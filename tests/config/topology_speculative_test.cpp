@@ -32,6 +32,30 @@ TEST(TopologyNgramDefaults, FollowVllm) {
   EXPECT_EQ(only_max->models.speculative->prompt_lookup_min, 3);
 }
 
+// prompt_lookup_min / max with a model-based method: the lookup runs first
+// (spec/lookup_first_proposer.h); without them, or for ngram itself, it does not.
+TEST(TopologyLookupFirst, SetByTheLookupBoundsOnAModelMethod) {
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n  speculative: {" + spec +
+           "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto layer_skip = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, prompt_lookup_min: 2, prompt_lookup_max: 4"), "t.yaml");
+  ASSERT_TRUE(layer_skip.ok()) << layer_skip.status().to_string();
+  EXPECT_TRUE(layer_skip->models.speculative->lookup_first);
+  EXPECT_EQ(layer_skip->models.speculative->prompt_lookup_min, 2);
+  EXPECT_EQ(layer_skip->models.speculative->prompt_lookup_max, 4);
+  auto only_min = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, prompt_lookup_min: 3"), "t.yaml");
+  ASSERT_TRUE(only_min.ok()) << only_min.status().to_string();
+  EXPECT_TRUE(only_min->models.speculative->lookup_first);
+  EXPECT_EQ(only_min->models.speculative->prompt_lookup_max, 3);
+  for (const char* spec : {"method: layer_skip, num_speculative_tokens: 3", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1"}) {
+    auto t = parse_topology(make(spec), "t.yaml");
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_FALSE(t->models.speculative->lookup_first) << spec;
+  }
+}
+
 // models.speculative.max_model_len is the draft's limit (vLLM's meaning); the target keeps its own.
 TEST(TopologySpeculativeMaxModelLen, IsTheDraftsLimit) {
   auto make = [&](const std::string& spec) {

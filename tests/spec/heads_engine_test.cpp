@@ -4,6 +4,7 @@
 // per method, batch 1 and 4, longer outputs) is heads_engine_slow_test.cpp.
 #include <cstdio>
 
+#include "spec/lookup_first_proposer.h"
 #include "tests/spec/heads_engine_fixture.h"
 
 namespace specserve::heads_testing {
@@ -44,6 +45,34 @@ TEST_F(HeadsEngineTest, GreedyIdentityAtBatch1StaticEagleChainAndMedusaTree) {
   EXPECT_EQ(chain.tokens[0], plain.tokens[0]);
   EXPECT_EQ(tree.tokens[0], plain.tokens[0]);
   EXPECT_GT(chain.spec.num_accepted_tokens + tree.spec.num_accepted_tokens, 0);
+}
+
+// Prompt lookup first, the real EAGLE head where it finds nothing (spec/lookup_first_proposer.h):
+// greedy output still plain decoding's at batch 1 and 4; both sources drafted and something was
+// accepted.
+TEST_F(HeadsEngineTest, LookupFirstWithEagleKeepsGreedyIdentity) {
+  const int32_t kTokens = 24;
+  for (int32_t batch : {1, 4}) {
+    const EngineRun plain = run(nullptr, 0, batch, kTokens, batch);
+    EagleOptions o;
+    o.topk = 4;
+    o.depth = 4;
+    auto e = eagle(o);
+    ASSERT_TRUE(e);
+    LookupFirstProposer lookup(std::move(e), 1, 3);
+    const EngineRun got = run(&lookup, 8, batch, kTokens, batch);
+    const std::string where = "batch " + std::to_string(batch);
+    for (size_t i = 0; i < static_cast<size_t>(batch); ++i) {
+      ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(kTokens)) << where;
+      EXPECT_EQ(got.tokens[i], plain.tokens[i]) << where << ", prompt " << i;
+    }
+    EXPECT_GT(lookup.num_lookup_drafts(), 0) << where;
+    EXPECT_GT(lookup.num_inner_drafts(), 0) << where;
+    EXPECT_GT(got.spec.num_accepted_tokens, 0) << where;
+    std::printf("[heads] %s eagle+ngram: %lld lookup drafts, %lld head drafts, mean accepted length %.2f\n", where.c_str(),
+                static_cast<long long>(lookup.num_lookup_drafts()), static_cast<long long>(lookup.num_inner_drafts()),
+                got.spec.mean_acceptance_length());
+  }
 }
 
 // draft_p_min on the real head: greedy output still plain decoding's, at batch 1 and 4; fewer

@@ -3,11 +3,13 @@
 // reaches the proposer exactly once per (re)computation, in order, equal to the target's own
 // forward hidden state at that position; prefill rows, then the last known token and the
 // accepted tree path each step; starting again from 0 after a preemption; never for proposers
-// that do not ask, nor from a prefix-cache hit. Greedy output stays that of plain decoding.
+// that do not ask, nor from a prefix-cache hit; through spec/lookup_first_proposer.h too. Greedy
+// output stays that of plain decoding.
 #include <gtest/gtest.h>
 
 #include <set>
 
+#include "spec/lookup_first_proposer.h"
 #include "tests/spec/spec_engine_fixtures.h"
 #include "tests/spec/tree_test_util.h"
 
@@ -205,6 +207,27 @@ TEST(HiddenHandover, RestartsFromZeroAfterPreemption) {
   expect_same_outputs(got, reference(), "small KV cache");
   EXPECT_GT(rec.restarts_, 0) << "no sequence was preempted after drafting: the test is vacuous";
   expect_hidden_matches(rec, "small KV cache");
+}
+
+TEST(HiddenHandover, LookupFirstHandsEveryRowToItsInnerProposer) {
+  // spec/lookup_first_proposer.h drafts by prompt lookup on some steps without asking the inner
+  // proposer; the rows of those steps must still reach it, once each and in order, with its next
+  // call (the recorder checks the hand-over contract at each call), also across preemptions.
+  struct Case { const char* name; int32_t batch; int64_t num_kv_blocks; };
+  for (const Case& c : {Case{"batch 4", 4, 0}, Case{"batch 8, small KV cache", 8, 40}}) {
+    auto inner = oracle(default_medusa_tree(6), 36);
+    auto owned = std::make_unique<HiddenRecorder>(inner.get(), true);
+    HiddenRecorder& rec = *owned;
+    LookupFirstProposer lookup(std::move(owned), 1, 3);
+    EngineOptions o = spec_options(6, c.batch);
+    if (c.num_kv_blocks > 0) o.num_kv_blocks = c.num_kv_blocks;
+    const RunResult got = run_engine(target(), tokenizer(), &lookup, o, requests());
+    expect_same_outputs(got, reference(), c.name);
+    EXPECT_GT(lookup.num_lookup_drafts(), 20) << c.name << ": the lookup never drafted, the case is vacuous";
+    EXPECT_GT(lookup.num_inner_drafts(), 20) << c.name;
+    if (c.num_kv_blocks > 0) EXPECT_GT(rec.restarts_, 0) << c.name << ": no preemption, the case is vacuous";
+    expect_hidden_matches(rec, c.name);
+  }
 }
 
 TEST(HiddenHandover, OnlyForProposersThatAskAndNeverFromThePrefixCache) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "spec/engine.h"
+#include "spec/lookup_first_proposer.h"
 #include "spec/model_drafter.h"
 #include "spec/ngram_proposer.h"
 #include "tests/spec/spec_distribution_util.h"
@@ -162,6 +163,29 @@ TEST(SpecDistribution, NgramMatchesTarget) {
     EXPECT_GE(spec.num_drafts, kN) << where << ": the n-gram proposer should draft for every request";
     EXPECT_GT(spec.num_accepted_tokens, 0) << where;
   }
+}
+
+TEST(SpecDistribution, LookupFirstWithDraftModelMatchesTarget) {
+  // Prompt lookup first, the draft model where the lookup finds nothing
+  // (spec/lookup_first_proposer.h): which of the two drafts depends on the tokens sampled so far
+  // (a 2-gram of the prompt recurs or not), and the two verify differently (q one-hot for the
+  // lookup, the draft's sampled q otherwise). The output distribution must stay the target's.
+  // The prompt holds half the vocabulary, each id once: the first draft is the lookup's when the
+  // first generated token is one of them, the draft model's otherwise.
+  Tokens prompt;
+  for (int32_t t = 0; t < kVocab / 2; ++t) prompt.push_back((t * 3 + 1) % (kVocab / 2));
+  const std::vector<double> joint = exact_joint(*models().target.model, prompt);
+  LookupFirstProposer hybrid(draft_proposer(), 1, 3);
+  SpecStats spec;
+  const auto runs = sample_runs(&hybrid, 2, prompt, kN, 9100000, &spec);
+  const std::string where = "draft_model+ngram k=2";
+  expect_fits(pair_counts(runs, 0), pair_marginal(joint, 0), where + ", tokens 0-1");
+  expect_fits(pair_counts(runs, 1), pair_marginal(joint, 1), where + ", tokens 1-2");
+  EXPECT_GT(hybrid.num_lookup_drafts(), kN / 50) << where << ": the lookup rarely drafted, the case is vacuous";
+  EXPECT_GT(hybrid.num_inner_drafts(), kN / 50) << where << ": the draft model rarely drafted, the case is vacuous";
+  EXPECT_GT(spec.num_accepted_tokens, 0) << where;
+  std::printf("[ lookup   ] %s: %lld lookup drafts, %lld draft-model drafts\n", where.c_str(),
+              static_cast<long long>(hybrid.num_lookup_drafts()), static_cast<long long>(hybrid.num_inner_drafts()));
 }
 
 }  // namespace

@@ -72,6 +72,30 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   EXPECT_FALSE((*es)->eagle_topk.has_value());
 }
 
+// prompt_lookup_min / max with a model-based method: the lookup first, the method where it finds
+// nothing (spec/lookup_first_proposer.h); vLLM's n-gram defaults for the bounds.
+TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {
+  auto e = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4})");
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->method, SpeculativeMethod::kEagle);
+  EXPECT_TRUE((*e)->lookup_first);
+  EXPECT_EQ((*e)->prompt_lookup_min, 2);
+  EXPECT_EQ((*e)->prompt_lookup_max, 4);
+  auto only_max = parse(R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "prompt_lookup_max": 3})");
+  ASSERT_TRUE(only_max.ok()) << only_max.status().to_string();
+  EXPECT_TRUE((*only_max)->lookup_first);
+  EXPECT_EQ((*only_max)->prompt_lookup_min, 3);
+  for (const char* json : {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 8})",
+                           R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 5})"}) {
+    auto p = parse(json);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    EXPECT_FALSE((*p)->lookup_first) << json;
+  }
+  auto bad = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "prompt_lookup_min": 4, "prompt_lookup_max": 2})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prompt_lookup_min = 4, prompt_lookup_max = 2"), std::string::npos) << bad.status().to_string();
+}
+
 TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
   struct Case {
     const char* json;

@@ -184,9 +184,6 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   if (k < 1 || k > 64) {
     return invalid_argument(std::string(k_source) + " = " + std::to_string(k) + ": must be in 1..64 when speculating (method " + method + ")");
   }
-  if (method != "ngram" && (lookup_min != -1 || lookup_max != -1)) {
-    return invalid_argument("--speculative-config: prompt_lookup_min/max apply to method ngram only, not " + method);
-  }
   if (method != "layer_skip" && num_layers != -1) {
     return invalid_argument("--speculative-config: num_layers applies to method layer_skip only, not " + method);
   }
@@ -224,8 +221,10 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   spec.posterior_threshold = eo->posterior_threshold;
   spec.posterior_alpha = eo->posterior_alpha;
   spec.draft_p_min = draft_p_min;
-  if (method == "ngram") {
-    spec.method = SpeculativeMethod::kNgram;
+  // ngram: the lookup itself; a model-based method: the lookup first, the method where it finds
+  // nothing (spec/lookup_first_proposer.h).
+  spec.lookup_first = method != "ngram" && (lookup_min != -1 || lookup_max != -1);
+  if (method == "ngram" || spec.lookup_first) {
     if (lookup_min == -1 && lookup_max == -1) lookup_min = lookup_max = 5;
     else if (lookup_min == -1) lookup_min = lookup_max;
     else if (lookup_max == -1) lookup_max = lookup_min;
@@ -235,6 +234,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     }
     spec.prompt_lookup_min = lookup_min;
     spec.prompt_lookup_max = lookup_max;
+  }
+  if (method == "ngram") {
+    spec.method = SpeculativeMethod::kNgram;
   } else if (method == "layer_skip") {
     spec.method = SpeculativeMethod::kLayerSkip;
     if (num_layers != -1) spec.num_layers = num_layers;  // range checked against the model by build_proposer
