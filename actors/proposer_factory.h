@@ -56,7 +56,9 @@ std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpe
 /// spec.speculative_token_tree (default: Medusa's mc_sim_7b_63 for medusa, the dynamic EAGLE-2
 /// tree with eagle_topk / eagle_depth for eagle) and spec.draft_vocab_size (default 8192 when the
 /// vocabulary has more than 16384 ids, else all); spec.draft_p_min for every method but ngram
-/// (DrafterOptions / MedusaOptions / EagleOptions::draft_p_min). Errors name the field and value: num_layers out
+/// (DrafterOptions / MedusaOptions / EagleOptions::draft_p_min). With spec.lookup_first (not ngram)
+/// the proposer is wrapped in a LookupFirstProposer (spec/lookup_first_proposer.h: prompt lookup
+/// with prompt_lookup_min / max first, the method where it finds nothing). Errors name the field and value: num_layers out
 /// of range, a draft model that cannot be loaded or whose vocabulary differs, a malformed tree, a
 /// head file that does not fit the target; those of options.plan_kv (kResourceExhausted).
 Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, LoadedModel& target, Backend& backend,

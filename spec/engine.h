@@ -47,7 +47,9 @@ struct EngineOptions {
   int32_t max_model_len = 0;             ///< 0: the model's context length
   int32_t num_speculative_tokens = 0;    ///< k; 0 turns speculation off (a request may only lower it: GenerateParams)
   int32_t disable_by_batch_size = 0;     ///< > 0: no speculation while more sequences run
-  bool adaptive_k = true;                ///< per-sequence k follows observed acceptance (see engine_step.cpp)
+  /// Per-sequence k follows observed acceptance (see engine_step.cpp); only for proposers that
+  /// draft chains: a tree proposer's k is its node budget and stays.
+  bool adaptive_k = true;
   /// Per step, only the decode sequences whose drafts raise the step's tokens per second draft
   /// (spec/goodput.h: SmartSpec's goodput, with the step time fitted online as a + b * rows and
   /// each sequence's acceptance so far); the others decode plainly. A left-out one explores

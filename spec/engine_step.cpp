@@ -340,8 +340,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         stats_.spec.add(step_spec);
       }
       // NOTE: for a tree, k is the node budget and a branching tree is never wholly accepted:
-      // the heuristic would shrink it to 1, so trees keep their k.
-      if (opts_.adaptive_k && !is_tree) {
+      // the heuristic would shrink it to 1, so trees keep their k — also on the steps where a
+      // tree proposer drafts a chain (a pruned tree, a prompt-lookup chain of
+      // spec/lookup_first_proposer.h): k stays the budget of its next tree.
+      if (opts_.adaptive_k && !is_tree && !proposer_->drafts_trees()) {
         // NOTE: adaptive k follows Hugging Face's assisted-generation heuristic: +2 after a
         // fully accepted draft, -1 after any rejection, kept within [1, the request's cap].
         s.k = accepted == k ? std::min(s.k + 2, s.max_k) : std::max(1, s.k - 1);

@@ -20,9 +20,13 @@
 // in each call, the rows since its own previous call (spec/proposer.h DraftRequest::hidden).
 // The rows handed over on steps that drafted by lookup are therefore kept here, per sequence,
 // and handed to the inner proposer with the next call it gets (its catch-up then covers
-// several positions in one pass). At most kMaxKeptRows rows are kept per sequence: a
-// sequence past that asks the inner proposer this step even when the lookup matched (bounded
-// memory: a row is hidden_size floats).
+// several positions in one pass); a sequence whose rows go straight to the inner proposer keeps
+// nothing here. At most kMaxKeptRows rows are kept per sequence: a sequence past that asks the
+// inner proposer this step even when the lookup matched (bounded memory: a row is hidden_size
+// floats).
+//
+// The speculative max_model_len (the draft's limit) stops the inner proposer's drafts, not the
+// lookup's: the lookup keeps no draft context (as method ngram, which ignores it).
 //
 // Sampling stays lossless: lookup drafts are deterministic (no probs: q one-hot), the inner
 // proposer's carry their own q; the engine verifies each sequence's draft by its own rule.
@@ -42,6 +46,10 @@ class LookupFirstProposer final : public Proposer {
  public:
   /// Rows of hidden states kept per sequence between inner calls before the inner proposer is
   /// asked anyway (see the file comment).
+  /// NOTE: 512 rows are 1.1 MiB at SmolLM2's hidden size 576 (16 MiB at 8192) per sequence, and
+  /// a catch-up pass of 512 rows costs the head about what a 512-token prefill chunk costs it;
+  /// lookup streaks that long are rare outside verbatim copying, where the lookup resumes the
+  /// step after.
   static constexpr int32_t kMaxKeptRows = 512;
 
   /// `inner`: the model-based proposer (not null). 1 <= prompt_lookup_min <= prompt_lookup_max
@@ -51,7 +59,10 @@ class LookupFirstProposer final : public Proposer {
   /// "<inner>+ngram", e.g. "eagle+ngram".
   std::string name() const override;
   /// Lookup first; the other requests go to the inner proposer in one call. An inner failure
-  /// fails the call (the engine then decodes these sequences plainly this step).
+  /// fails the call (the engine then decodes these sequences plainly this step) and leaves the
+  /// kept rows as they were before it. Each seq_id at most once per call (aborts otherwise).
+  /// NOTE: the engine's disable_by_goodput times the whole call: lookup steps (almost free)
+  /// lower its per-sequence drafting cost estimate, which is what a mix of the two costs.
   Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
   bool needs_hidden() const override { return inner_->needs_hidden(); }
   bool needs_every_hidden_row() const override { return inner_->needs_every_hidden_row(); }

@@ -119,7 +119,7 @@ const BadCase kBadCases[] = {
   {"draft_model_needs_model", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5}", "method: draft_model, num_speculative_tokens: 4}", {"t.yaml:5:16:", "models.speculative.model", "missing required field", "'draft_model'"}},
   {"ngram_takes_no_model", "method: ngram,", "method: ngram, model: x.gguf,", {"t.yaml:5:39:", "models.speculative.model", "'x.gguf'"}},
   {"lookup_min_over_max", "prompt_lookup_min: 1, prompt_lookup_max: 5", "prompt_lookup_min: 6, prompt_lookup_max: 5", {"t.yaml:5:100:", "models.speculative.prompt_lookup_max", "'6'", "'5'"}},
-  {"lookup_min_over_max_for_layer_skip", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1", "method: layer_skip, num_speculative_tokens: 4, prompt_lookup_min: 6", {"models.speculative.prompt_lookup_max", "'6'", "'5'"}},
+  {"lookup_min_over_max_for_layer_skip", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1", "method: layer_skip, num_speculative_tokens: 4, prompt_lookup_min: 6", {"t.yaml:5:105:", "models.speculative.prompt_lookup_max", "'6'", "'5'"}},
   {"unknown_method", "method: ngram", "method: lookahead", {"t.yaml:5:25:", "models.speculative.method", "'lookahead'"}},
   {"too_many_spec_tokens", "num_speculative_tokens: 4", "num_speculative_tokens: 65", {"t.yaml:5:56:", "models.speculative.num_speculative_tokens", "'65'", "1..64"}},
   {"zero_block_size", "block_size: 16", "block_size: 0", {"t.yaml:13:73:", "scheduler.block_size", "'0'"}},

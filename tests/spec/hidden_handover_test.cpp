@@ -28,6 +28,7 @@ class HiddenRecorder final : public Proposer {
   std::string name() const override { return "hidden_recorder"; }
   bool needs_hidden() const override { return needs_; }
   bool needs_every_hidden_row() const override { return every_; }
+  bool drafts_trees() const override { return trees_; }
   void release(int64_t seq_id) override {
     if (inner_) inner_->release(seq_id);
     ++releases_;
@@ -39,6 +40,7 @@ class HiddenRecorder final : public Proposer {
       if (released_.erase(r.seq_id))  // only a preempted sequence comes back, starting afresh
         EXPECT_TRUE(!needs_ || r.hidden_begin == 0) << "seq " << r.seq_id << ": proposed after release() without a restart";
       if (r.num_tokens == 0) ++calls_without_budget_;
+      else ++asked_k_[r.num_tokens];
       if (!every_) EXPECT_GE(r.num_tokens, 1) << "only a proposer that wants every row is called without a draft budget";
       if (!needs_) {
         EXPECT_TRUE(r.hidden.empty());
@@ -89,6 +91,8 @@ class HiddenRecorder final : public Proposer {
   std::map<int64_t, Seq> seqs_;
   std::set<int64_t> released_;
   int64_t calls_with_hidden_ = 0, rows_ = 0, restarts_ = 0, releases_ = 0, calls_without_budget_ = 0;
+  std::map<int32_t, int64_t> asked_k_;  // drafting calls per num_tokens
+  bool trees_ = false;                  // what drafts_trees() says
 
  private:
   Proposer* inner_;
@@ -218,8 +222,10 @@ TEST(HiddenHandover, LookupFirstHandsEveryRowToItsInnerProposer) {
     auto inner = oracle(default_medusa_tree(6), 36);
     auto owned = std::make_unique<HiddenRecorder>(inner.get(), true);
     HiddenRecorder& rec = *owned;
+    rec.trees_ = true;  // a tree proposer: k is its node budget
     LookupFirstProposer lookup(std::move(owned), 1, 3);
     EngineOptions o = spec_options(6, c.batch);
+    o.adaptive_k = true;  // the default (the fixture turns it off)
     if (c.num_kv_blocks > 0) o.num_kv_blocks = c.num_kv_blocks;
     const RunResult got = run_engine(target(), tokenizer(), &lookup, o, requests());
     expect_same_outputs(got, reference(), c.name);
@@ -227,6 +233,12 @@ TEST(HiddenHandover, LookupFirstHandsEveryRowToItsInnerProposer) {
     EXPECT_GT(lookup.num_inner_drafts(), 20) << c.name;
     if (c.num_kv_blocks > 0) EXPECT_GT(rec.restarts_, 0) << c.name << ": no preemption, the case is vacuous";
     expect_hidden_matches(rec, c.name);
+    // The lookup's chains (often rejected at 1-grams) must not shrink the tree's budget through
+    // adaptive k: the inner proposer is asked for the full 6 nodes but near the end of a request.
+    int64_t calls = 0;
+    std::string hist;
+    for (const auto& [k, n] : rec.asked_k_) calls += n, hist += " k" + std::to_string(k) + ":" + std::to_string(n);
+    EXPECT_GT(rec.asked_k_[6], calls * 8 / 10) << c.name << ": drafting calls per k:" << hist;
   }
 }
 

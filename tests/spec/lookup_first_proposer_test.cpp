@@ -168,6 +168,36 @@ TEST(LookupFirst, HiddenBeginZeroDropsWhatWasKept) {
   EXPECT_EQ(f.inner->calls[0].hidden, again);
 }
 
+TEST(LookupFirst, AGapInTheRowsDropsWhatWasKept) {
+  // Never sent by the engine, but the contract allows it: rows 6..7 never arrive. The inner
+  // proposer gets what came after the gap (its own gap rule restarts its feature sequence).
+  Fixture f(2, 4);
+  f.propose({request(1, kRepeats, 4, 0, rows(0, 6))});
+  f.propose({request(1, kFresh, 4, 8, rows(8, 10))});
+  ASSERT_EQ(f.inner->calls.size(), 1u);
+  EXPECT_EQ(f.inner->calls[0].hidden_begin, 8);
+  EXPECT_EQ(f.inner->calls[0].hidden, rows(8, 10));
+}
+
+TEST(LookupFirst, WithoutHiddenStatesNothingIsKept) {
+  // An inner proposer that needs no hidden states (draft model, layer skip): requests carry none.
+  Fixture f(2, 4);
+  DraftRequest match = request(1, kRepeats, 4, 0, {});
+  match.hidden_size = 0;
+  DraftRequest miss = request(2, kFresh, 4, 0, {});
+  miss.hidden_size = 0;
+  const auto out = f.propose({match, miss});
+  EXPECT_EQ(out[0].tokens, (Tokens{7, 8, 9}));
+  EXPECT_EQ(out[1].tokens, (Tokens{77}));
+  ASSERT_EQ(f.inner->calls.size(), 1u);
+  EXPECT_EQ(f.inner->calls[0].seq_id, 2);
+  EXPECT_TRUE(f.inner->calls[0].hidden.empty());
+  match.tokens = kFresh;  // then the inner proposer for seq 1 too, still without rows
+  f.propose({match});
+  ASSERT_EQ(f.inner->calls.size(), 2u);
+  EXPECT_TRUE(f.inner->calls[1].hidden.empty());
+}
+
 TEST(LookupFirst, KeptRowsAreBoundedByAskingTheInnerProposer) {
   Fixture f(2, 4);
   const int32_t n = LookupFirstProposer::kMaxKeptRows + 1;

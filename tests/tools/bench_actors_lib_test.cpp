@@ -159,5 +159,28 @@ TEST(BenchActorsSpeculativeYaml, NgramParsesBackToTheSameSpec) {
   EXPECT_TRUE(p.adaptive_k);
 }
 
+TEST(BenchActorsSpeculativeYaml, LookupFirstParsesBackToTheSameSpec) {
+  // Prompt lookup first with a model-based method (spec/lookup_first_proposer.h): the bounds
+  // must reach the cluster's YAML, or the benchmark would run the method alone.
+  SpeculativeSpec s;
+  s.method = SpeculativeMethod::kLayerSkip;
+  s.num_speculative_tokens = 3;
+  s.lookup_first = true;
+  s.prompt_lookup_min = 2;
+  s.prompt_lookup_max = 4;
+  const std::string yaml = "models:\n  target: { path: \"" + testing::default_model_path() + "\" }\n" + speculative_yaml(s) +
+                           "nodes:\n  - { name: n0, devices: [cpu], workers: [ { role: target_shard, device: cpu } ] }\n";
+  auto t = parse_topology(yaml, "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string() << "\n" << yaml;
+  const SpeculativeSpec& p = *t->models.speculative;
+  EXPECT_EQ(p.method, SpeculativeMethod::kLayerSkip);
+  EXPECT_TRUE(p.lookup_first);
+  EXPECT_EQ(p.prompt_lookup_min, 2);
+  EXPECT_EQ(p.prompt_lookup_max, 4);
+  EXPECT_EQ(spec_name(s), "layer_skip k=3 lookup first 2..4");
+  s.lookup_first = false;
+  EXPECT_EQ(speculative_yaml(s).find("prompt_lookup"), std::string::npos) << "layer_skip alone writes no lookup bounds";
+}
+
 }  // namespace
 }  // namespace specserve::cli::bench_actors

@@ -31,7 +31,7 @@ std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
   std::ostringstream o;
   o << "  speculative: { method: " << speculative_method_name(s->method)
     << ", num_speculative_tokens: " << s->num_speculative_tokens;
-  if (s->method == SpeculativeMethod::kNgram) {
+  if (s->method == SpeculativeMethod::kNgram || s->lookup_first) {
     o << ", prompt_lookup_min: " << s->prompt_lookup_min << ", prompt_lookup_max: " << s->prompt_lookup_max;
   }
   if (!s->model.empty()) o << ", model: \"" << s->model << "\"";
@@ -52,6 +52,8 @@ std::string spec_name(const SpeculativeSpec& s) {
   n += " k=" + std::to_string(s.num_speculative_tokens);
   if (s.method == SpeculativeMethod::kNgram) {
     n += " lookup " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
+  } else if (s.lookup_first) {
+    n += " lookup first " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
   }
   if (!s.adaptive_k) n += " fixed k";
   if (s.disable_by_goodput) n += " goodput";

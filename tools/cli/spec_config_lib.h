@@ -23,7 +23,8 @@ struct SpecArgs {
 /// Turns the flags into a `models.speculative` entry (nullopt: no speculation) and sets the
 /// engine's num_speculative_tokens / disable_by_batch_size / adaptive_k.
 /// JSON keys: method (ngram | draft_model | layer_skip | medusa | eagle), model,
-/// num_speculative_tokens, prompt_lookup_min/max (ngram), num_layers (layer_skip),
+/// num_speculative_tokens, prompt_lookup_min/max (ngram; with another method they set
+/// SpeculativeSpec::lookup_first: prompt lookup first), num_layers (layer_skip),
 /// speculative_token_tree (medusa, eagle: vLLM's tree string, parsed when the proposer is
 /// built), eagle_topk / eagle_depth (eagle's dynamic tree, 1..64, not with a static tree),
 /// draft_vocab_size (medusa, eagle: score only ids below it; 0: all), draft_p_min (not ngram: in
