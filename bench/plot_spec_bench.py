@@ -17,8 +17,8 @@ TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "ra
 
 
 def short_name(name):
-    """A legend label for a run: its --spec JSON shortened to method, k, tree shape and draft_p_min (and the
-    head file's folder when it is not the committed models/heads)."""
+    """A legend label for a run: its --spec JSON shortened to method, k, tree shape, draft_p_min, prompt lookup
+    first (and the head file's folder when it is not the committed models/heads)."""
     if not name.startswith("{"):
         return name
     try:
@@ -35,6 +35,10 @@ def short_name(name):
         parts.append(f"{s['num_layers']} layers")
     if "draft_p_min" in s:
         parts.append(f"p_min {s['draft_p_min']}")
+    if s.get("method") != "ngram" and ("prompt_lookup_min" in s or "prompt_lookup_max" in s):
+        lo = s.get("prompt_lookup_min", s.get("prompt_lookup_max"))
+        hi = s.get("prompt_lookup_max", lo)
+        parts.append(f"+ lookup first {lo}..{hi}")  # spec/lookup_first_proposer.h
     model = s.get("model", "")
     if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
         parts.append("[" + model.rsplit("/", 1)[-1].removesuffix(".gguf") + "]")  # which head file
