@@ -1,0 +1,89 @@
+// The HTTP front end's /metrics (server/http_server.h) over a fake scheduler actor whose
+// ClusterStatus the tests set: latency histograms, counters summed over replicas, lifecycle.
+#include "tests/server/http_server_fixture.h"
+
+namespace specserve {
+namespace {
+
+using namespace http_testing;
+
+// The latency histograms follow vLLM V1: one inter-token observation per engine step that
+// produced tokens (a speculative step's chunk holds several), one time-per-output-token and one
+// time-to-first-token observation per request.
+TEST_F(HttpServerTest, LatencyHistogramsCountStepsAndRequests) {
+  fc_->tokens_per_chunk = 3;
+  start();
+  auto c = client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 7})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "aaaaaaa");
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  auto count = [&](const std::string& family) {
+    const std::string key = family + "_count{model_name=\"fake\"} ";
+    const size_t at = m->body.find(key);
+    return at == std::string::npos ? -1L : std::stol(m->body.substr(at + key.size()));
+  };
+  EXPECT_EQ(count("specserve:time_to_first_token_seconds"), 1) << m->body;
+  EXPECT_EQ(count("specserve:inter_token_latency_seconds"), 2) << m->body;  // chunks of 3, 3, 1 tokens
+  EXPECT_EQ(count("specserve:request_time_per_output_token_seconds"), 1) << m->body;
+  EXPECT_EQ(count("specserve:e2e_request_latency_seconds"), 1) << m->body;
+}
+
+// vLLM V1's prefix-cache counters: the replicas' totals (ShardLoad) summed, as *_total counters.
+TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
+  fc_->prefix_cache_queries = 1000;
+  fc_->prefix_cache_hits = 250;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("# TYPE specserve:prefix_cache_queries_total counter"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prefix_cache_queries_total{model_name=\"fake\"} 2000\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
+}
+
+// disable_by_goodput's counters: the replicas' totals plus those of ended replica loads, as
+// *_total counters.
+TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {
+  fc_->goodput_drafting = 30;
+  fc_->goodput_skipped = 7;
+  fc_->ended.goodput_drafting = 5;  // a replica incarnation that ended: still counted
+  fc_->ended.prompt_tokens = 11;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("# TYPE specserve:spec_decode_goodput_drafting_total counter"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_drafting_total{model_name=\"fake\"} 65\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:spec_decode_goodput_skipped_total{model_name=\"fake\"} 14\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:prompt_tokens_total{model_name=\"fake\"} 11\n"), std::string::npos) << m->body;
+}
+
+// The replica lifecycle as metrics: a one-hot state gauge and the seconds spent in each state
+// per replica, the warm pool's size, and the last promotion's three times.
+TEST_F(HttpServerTest, LifecycleMetricsShowStatesTimeInEachAndPromotionTimes) {
+  fc_->lifecycle = true;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string& b = m->body;
+  auto has = [&](const std::string& line) { return b.find(line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="0",state="ready"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="0",state="standby"} 0)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state{model_name="fake",replica="1",state="standby"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="0",state="loading"} 1.5)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="0",state="ready"} 10)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_state_seconds_total{model_name="fake",replica="1",state="standby"} 12)")) << b;
+  EXPECT_TRUE(has(R"(specserve:num_replicas_standby{model_name="fake"} 1)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_cold_start_seconds{model_name="fake",replica="0"} 2.25)")) << b;
+  EXPECT_TRUE(has(R"(specserve:replica_promotion_seconds{model_name="fake",replica="0"} 0.04)")) << b;
+  EXPECT_NE(b.find(R"(specserve:replica_promotion_routable_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
+  EXPECT_NE(b.find(R"(specserve:replica_promotion_dispatch_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
+  EXPECT_TRUE(has(R"(specserve:autoscaler_promotions_total{model_name="fake"} 1)")) << b;
+}
+
+}  // namespace
+}  // namespace specserve
