@@ -119,6 +119,11 @@ std::string describe_up_plan(const Topology& t) {
       extra += std::string(", draft_p_min ") + v;
     }
     if (sp.disable_by_goodput) extra += ", disable_by_goodput";
+    if (sp.method == SpeculativeMethod::kNgram) {
+      extra += ", prompt_lookup " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
+    } else if (sp.lookup_first) {
+      extra += ", prompt lookup first " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
+    }
     line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
          sp.model.empty() ? "" : ", model ", sp.model.c_str(), extra.c_str());
   } else {

@@ -112,7 +112,7 @@ struct SpeculativeSpec {
   /// models.target.max_model_len (--max-model-len). Unset: the target's limit.
   std::optional<int32_t> max_model_len;
   int32_t draft_tensor_parallel_size = 1;
-  bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance
+  bool adaptive_k = true;                 ///< per-sequence k follows observed acceptance (chain proposers; EngineOptions::adaptive_k)
   /// Per step, only sequences whose drafts pay for their time draft (EngineOptions::disable_by_goodput).
   bool disable_by_goodput = false;
   /// Medusa's typical acceptance for sampled requests (EngineOptions::typical_acceptance):

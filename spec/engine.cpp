@@ -204,7 +204,8 @@ Expected<int64_t> Engine::add_migrated(GenerateParams params, SequenceImport imp
   if (!id.ok()) return id.status();
   Seq& s = *waiting_.back();
   if (!import.rng_state.empty()) SPECSERVE_CHECK(s.sampler->set_rng_state(import.rng_state).ok(), "rng state checked above");
-  if (s.max_k > 0 && import.k >= 1) s.k = std::min(import.k, s.max_k);
+  // A tree proposer's k is its node budget and stays at the cap (EngineOptions::adaptive_k).
+  if (s.max_k > 0 && import.k >= 1 && !(proposer_ && proposer_->drafts_trees())) s.k = std::min(import.k, s.max_k);
   s.spec.add(import.spec);
   // NOTE: a proposer that needs hidden states needs them for every position, which only a
   // recompute gives: such a sequence recomputes its KV instead of loading it.

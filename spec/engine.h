@@ -123,7 +123,8 @@ struct GenerateParams {
   ///         propose() nor release() call for its sequence). Greedy output is the same either way.
   ///  1..64  at most this many draft tokens per step, and never more than the engine's
   ///         num_speculative_tokens: the request's cap is min(this, engine's). Adaptive k starts at
-  ///         the cap and moves within [1, cap]; without adaptive_k every step asks for the cap.
+  ///         the cap and moves within [1, cap] (a chain proposer's; a tree proposer's k is its node
+  ///         budget and stays at the cap); without adaptive_k every step asks for the cap.
   /// The cap also sizes SpecStats::accepted_per_pos. On an engine without a proposer (or with
   /// num_speculative_tokens 0) a value > 0 is accepted and drafts nothing: there is nothing to
   /// draft with. Batch-level rules still apply on top (disable_by_batch_size, the token budget,

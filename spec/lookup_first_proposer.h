@@ -70,10 +70,12 @@ class LookupFirstProposer final : public Proposer {
   int32_t max_draft_depth(int32_t k) const override { return inner_->max_draft_depth(k); }
   void release(int64_t seq_id) override;
 
-  /// Steps (sequence-steps with k >= 1) drafted by lookup / handed to the inner proposer, since
-  /// construction (for tests and benchmarks).
+  /// Sequence-steps with k >= 1 drafted by the lookup / handed to the inner proposer (which may
+  /// still draft nothing) since construction, counting successful calls only (`generate` prints
+  /// them).
   int64_t num_lookup_drafts() const { return num_lookup_; }
   int64_t num_inner_drafts() const { return num_inner_; }
+  const Proposer& inner() const { return *inner_; }
 
  private:
   /// Hidden rows handed over since the inner proposer's last call for a sequence.

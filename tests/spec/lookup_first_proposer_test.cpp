@@ -145,6 +145,7 @@ TEST(LookupFirst, AFailedInnerCallIsUndoneSoTheResentRowsAreNotRepeated) {
   Status st;
   f.propose({request(1, kFresh, 4, 6, rows(6, 7)), request(2, kRepeats, 4, 0, rows(0, 6))}, &st);
   EXPECT_FALSE(st.ok());
+  EXPECT_EQ(f.p.num_lookup_drafts(), 1) << "seq 2's lookup draft of the failed call is not counted";
   // The engine hands the same rows over again (spec/engine_step.cpp), plus the next one.
   f.propose({request(1, kFresh, 4, 6, rows(6, 8)), request(2, kFresh, 4, 0, rows(0, 7))});
   ASSERT_EQ(f.inner->calls.size(), 3u);  // the failed call (seq 1), then seq 1 and seq 2
@@ -199,6 +200,9 @@ TEST(LookupFirst, WithoutHiddenStatesNothingIsKept) {
 }
 
 TEST(LookupFirst, KeptRowsAreBoundedByAskingTheInnerProposer) {
+  Fixture at_bound(2, 4);
+  at_bound.propose({request(1, kRepeats, 4, 0, rows(0, LookupFirstProposer::kMaxKeptRows))});
+  EXPECT_TRUE(at_bound.inner->calls.empty()) << "kMaxKeptRows rows may be kept";
   Fixture f(2, 4);
   const int32_t n = LookupFirstProposer::kMaxKeptRows + 1;
   f.propose({request(1, kRepeats, 4, 0, rows(0, n))});
@@ -227,6 +231,16 @@ TEST(LookupFirst, HandOverOnlyCallsGoToTheInnerProposer) {
   ASSERT_EQ(f.inner->calls.size(), 1u);
   EXPECT_EQ(f.inner->calls[0].num_tokens, 0);
   EXPECT_EQ(f.p.num_inner_drafts(), 0) << "a hand-over is not a draft";
+}
+
+TEST(LookupFirstDeathTest, ASequenceTwiceInOneCallIsABug) {
+  // The engine asks once per sequence and step; twice would hand rows over twice.
+  EXPECT_DEATH(
+      {
+        Fixture f(2, 4);
+        f.propose({request(1, kFresh, 4, 0, rows(0, 6)), request(1, kFresh, 4, 0, rows(0, 6))});
+      },
+      "asked twice");
 }
 
 }  // namespace

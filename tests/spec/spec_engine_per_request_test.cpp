@@ -5,6 +5,7 @@
 // (RunningSeq::k 0 gets no drafts) is a row of step_policy_test.cpp.
 #include <cstdint>
 
+#include "spec/lookup_first_proposer.h"
 #include "tests/spec/spec_engine_fixtures.h"
 
 namespace specserve {
@@ -19,6 +20,8 @@ class RecordingProposer final : public Proposer {
  public:
   explicit RecordingProposer(Proposer* inner) : inner_(inner) {}
   std::string name() const override { return "recording"; }
+  bool drafts_trees() const override { return inner_->drafts_trees(); }
+  int32_t max_draft_depth(int32_t k) const override { return inner_->max_draft_depth(k); }
   Status propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) override {
     for (const DraftRequest& r : reqs) asked[r.seq_id].push_back(r.num_tokens);
     return inner_->propose(reqs, out);
@@ -170,6 +173,69 @@ TEST(SpecEnginePerRequest, CapHoldsUnderAdaptiveK) {
   EXPECT_EQ(p.max_asked(seq_id_of(3)), 5);
   // Fewer tokens per step, so more steps: the capped requests draft more often.
   EXPECT_GT(got.requests[0].spec.num_drafts, got.requests[2].spec.num_drafts);
+}
+
+/// Always wrong: drafts token ids the reference never holds, as a chain or (`trees`) as that
+/// many children of the last known token (a tree proposer).
+class WrongProposer final : public Proposer {
+ public:
+  WrongProposer(const Tokens& ref, bool trees) : trees_(trees) {
+    for (int32_t t = 511; static_cast<int32_t>(bad_.size()) < 64 && t >= 0; --t) {
+      if (std::find(ref.begin(), ref.end(), t) == ref.end()) bad_.push_back(t);
+    }
+  }
+  std::string name() const override { return "wrong"; }
+  bool drafts_trees() const override { return trees_; }
+  int32_t max_draft_depth(int32_t k) const override { return trees_ ? 1 : k; }
+  Status propose(const std::vector<DraftRequest>& reqs, std::vector<DraftTree>* out) override {
+    out->assign(reqs.size(), DraftTree{});
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      (*out)[i].tokens.assign(bad_.begin(), bad_.begin() + reqs[i].num_tokens);
+      if (trees_) (*out)[i].parents.assign(static_cast<size_t>(reqs[i].num_tokens), -1);
+    }
+    return Status();
+  }
+
+ private:
+  bool trees_;
+  Tokens bad_;
+};
+
+TEST(SpecEnginePerRequest, AdaptiveKShrinksChainsNotTreeBudgets) {
+  // Adaptive k (EngineOptions::adaptive_k): -1 after each rejected chain, down to 1; a tree
+  // proposer's k is its node budget and stays. Also behind a prompt lookup
+  // (spec/lookup_first_proposer.h) whose chains a tree proposer's k must not follow.
+  // The prompt holds a quarter of the vocabulary, each id once: the 1-gram lookup drafts whenever the
+  // last token is one of them.
+  OracleSetup s;
+  for (int32_t t = 0; t < 128; ++t) s.prompt.push_back((t * 37 + 11) % 128);
+  s.ref = run_engine(target(), nullptr, nullptr, spec_options(0, 1), {greedy_request(s.prompt, 40)}).requests.at(0).tokens;
+  for (bool trees : {false, true}) {
+    for (bool behind_lookup : {false, true}) {
+      WrongProposer wrong(s.ref, trees);
+      auto recording = std::make_unique<RecordingProposer>(&wrong);
+      RecordingProposer& rec = *recording;
+      std::unique_ptr<LookupFirstProposer> lookup;
+      if (behind_lookup) lookup = std::make_unique<LookupFirstProposer>(std::move(recording), 1, 2);
+      EngineOptions o = spec_options(8, 1);
+      o.adaptive_k = true;
+      RunResult got = run_engine(target(), nullptr, lookup ? static_cast<Proposer*>(lookup.get()) : &rec, o, {greedy_request(s.prompt, 40)});
+      const std::string where = std::string(trees ? "tree" : "chain") + (behind_lookup ? " behind the lookup" : "");
+      EXPECT_EQ(got.requests.at(0).tokens, s.ref) << where;
+      const std::vector<int32_t>& asked = rec.asked[seq_id_of(0)];
+      ASSERT_GE(asked.size(), 12u) << where;
+      // (Behind the lookup a chain may start lower: a rejected lookup chain came first.)
+      if (trees || !behind_lookup) EXPECT_EQ(asked.front(), 8) << where;
+      if (lookup) EXPECT_GE(lookup->num_lookup_drafts(), 3) << where << ": the lookup never drafted, the case is vacuous";
+      if (trees) {
+        // Every ask but the last few (the request's remaining tokens cap them) is the budget.
+        for (size_t i = 0; i + 8 < asked.size(); ++i) EXPECT_EQ(asked[i], 8) << where << ", ask " << i;
+      } else {
+        EXPECT_EQ(*std::min_element(asked.begin(), asked.end()), 1) << where << ": k never shrank";
+        EXPECT_EQ(asked[asked.size() / 2], 1) << where;
+      }
+    }
+  }
 }
 
 TEST(SpecEnginePerRequest, CapAboveTheEnginesIsTheEngines) {

@@ -148,6 +148,8 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "eagle_depth": 18446744073709551615})",
        {"eagle_depth = 18446744073709551615", "out of range"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -1})", {"prompt_lookup_min = -1"}},
+      {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "prompt_lookup_min": 0})", {"--speculative-config: prompt_lookup_min = 0: must be >= 1"}},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 2147483647})", {"prompt_lookup_max = 2147483647 is out of range (at most 1000000)"}},
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "prompt_lookup_max": -1})", {"prompt_lookup_max = -1"}},
       {R"({"method": "layer_skip", "num_speculative_tokens": 4, "num_layers": -1})", {"num_layers = -1"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": -1})", {"max_model_len = -1", ">= 1"}},

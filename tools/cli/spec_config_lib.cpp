@@ -59,7 +59,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       }
       if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
       if (j[key].is_number_unsigned() ? j[key].get<uint64_t>() > 1000000 : j[key].get<int64_t>() > 1000000) {
-        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range");
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range (at most 1000000)");
       }
       const int64_t v = j[key].get<int64_t>();
       if (v < min) return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + ": must be >= " + std::to_string(min));
@@ -89,8 +89,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       k_given = true;
       k_source = "--speculative-config num_speculative_tokens";
     }
-    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min));
-    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max));
+    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min, 1));
+    SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max, 1));
     SPECSERVE_RETURN_IF_ERROR(get_int("num_layers", &num_layers));
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_topk", &eagle_topk));
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_depth", &eagle_depth));
@@ -229,7 +229,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     else if (lookup_min == -1) lookup_min = lookup_max;
     else if (lookup_max == -1) lookup_max = lookup_min;
     if (lookup_min < 1 || lookup_max < lookup_min) {
-      return invalid_argument("prompt_lookup_min = " + std::to_string(lookup_min) + ", prompt_lookup_max = " +
+      return invalid_argument("--speculative-config: prompt_lookup_min = " + std::to_string(lookup_min) + ", prompt_lookup_max = " +
                               std::to_string(lookup_max) + ": need 1 <= min <= max");
     }
     spec.prompt_lookup_min = lookup_min;

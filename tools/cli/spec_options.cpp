@@ -7,6 +7,7 @@
 #include "actors/backend_factory.h"
 #include "actors/proposer_factory.h"
 #include "core/dtype.h"
+#include "spec/lookup_first_proposer.h"
 
 namespace specserve::cli {
 
@@ -16,7 +17,7 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
                  "(both given: they must agree)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys (a number shown is the key's default): {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
-                 R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5 (ngram; with another method: prompt lookup first, that method where it finds nothing), )"
+                 R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5 (ngram's lookup; one given sets the other. With another method, not given by default: given, the lookup runs first and that method only where it finds nothing), )"
                  R"("disable_by_batch_size": N, "disable_by_goodput": false (per step, draft only for sequences whose drafts raise tokens per second), "max_model_len": N (the DRAFT's max length, as in vLLM; the target's is --max-model-len), )"
                  R"("draft_tensor_parallel_size": 1, "num_layers": N (layer_skip; default half the target's layers), )"
                  R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 4, "draft_vocab_size": N (default 8192 for vocabularies over 16384, else all), )"
@@ -69,6 +70,13 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
                static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
   const std::string per_pos = accepted_per_position_line(s.accepted_per_pos, proposer.drafts_trees(), proposer.max_draft_depth(k));
   std::fprintf(stderr, "--- %s\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", per_pos.c_str(), totals.draft_seconds, totals.forward_seconds);
+  if (const auto* lookup = dynamic_cast<const LookupFirstProposer*>(&proposer)) {
+    const int64_t both = lookup->num_lookup_drafts() + lookup->num_inner_drafts();
+    std::fprintf(stderr, "--- prompt lookup first: %lld of %lld drafting steps drafted by the lookup (%.0f %%), %lld asked of %s\n",
+                 static_cast<long long>(lookup->num_lookup_drafts()), static_cast<long long>(both),
+                 both > 0 ? 100.0 * static_cast<double>(lookup->num_lookup_drafts()) / static_cast<double>(both) : 0.0,
+                 static_cast<long long>(lookup->num_inner_drafts()), lookup->inner().name().c_str());
+  }
   const int64_t asked = totals.goodput_drafting + totals.goodput_skipped;
   if (asked > 0) {
     std::fprintf(stderr, "--- disable_by_goodput: drafts asked for in %lld of %lld sequence decode steps that could draft (%.0f %%)\n",
