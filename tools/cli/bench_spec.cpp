@@ -21,6 +21,7 @@
 #include "cpu/matmul.h"
 #include "model/chat_template.h"
 #include "spec/engine.h"
+#include "spec/lookup_first_proposer.h"
 #include "tools/cli/common.h"
 #include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
@@ -69,6 +70,9 @@ struct RunResult {
   std::string name;
   int batch = 1;
   int32_t max_depth = 0;  ///< the deepest draft (Proposer::max_draft_depth): a tree's depth, not k
+  /// Prompt lookup first (spec/lookup_first_proposer.h) only: drafting steps the lookup drafted
+  /// and steps handed to the method; both -1 for other proposers.
+  int64_t lookup_drafts = -1, inner_drafts = -1;
   std::map<std::string, TaskResult> tasks;
   std::map<int, std::vector<int32_t>> outputs;
   TaskResult total;
@@ -146,6 +150,10 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
     rr.total.decode_seconds += tr.decode_seconds;
     rr.total.decode_steps += tr.decode_steps;
     rr.total.spec.add(tr.spec);
+  }
+  if (const auto* lookup = dynamic_cast<const LookupFirstProposer*>(proposer->get())) {
+    rr.lookup_drafts = lookup->num_lookup_drafts();
+    rr.inner_drafts = lookup->num_inner_drafts();
   }
   return rr;
 }
@@ -291,6 +299,10 @@ int run_bench(const BenchArgs& a) {
                        {"num_draft_tokens", r.total.spec.num_draft_tokens},
                        {"num_accepted_tokens", r.total.spec.num_accepted_tokens},
                        {"accepted_per_pos", r.total.spec.accepted_per_pos}, {"greedy_mismatches", r.total.mismatches}};
+      if (r.lookup_drafts >= 0) {
+        jr["overall"]["lookup_drafts"] = r.lookup_drafts;
+        jr["overall"]["inner_drafts"] = r.inner_drafts;
+      }
       report["runs"].push_back(jr);
     }
     std::printf("\nCells: decode-phase speedup over the baseline of this run (mean accepted tokens per step). Decode phase:\n"
@@ -321,6 +333,18 @@ int run_bench(const BenchArgs& a) {
           }
         }
         std::printf("\n");
+      }
+    }
+    bool any_lookup = false;
+    for (const auto& r : runs) any_lookup = any_lookup || r.lookup_drafts >= 0;
+    if (any_lookup) {
+      std::printf("\nPrompt lookup first: drafting steps drafted by the lookup and handed to the method:\n\n"
+                  "| method | by the lookup | by the method | lookup share |\n|---|---|---|---|\n");
+      for (const auto& r : runs) {
+        if (r.lookup_drafts < 0) continue;
+        const int64_t both = r.lookup_drafts + r.inner_drafts;
+        std::printf("| %s | %lld | %lld | %.3f |\n", r.name.c_str(), static_cast<long long>(r.lookup_drafts),
+                    static_cast<long long>(r.inner_drafts), both ? static_cast<double>(r.lookup_drafts) / static_cast<double>(both) : 0.0);
       }
     }
     std::fflush(stdout);
