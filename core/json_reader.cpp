@@ -1,6 +1,7 @@
 // See json_reader.h.
 #include "core/json_reader.h"
 
+#include <string_view>
 #include <vector>
 
 namespace specserve {
@@ -22,22 +23,24 @@ class LocatingSax {
 
   bool null() { return value_read() && dom_.null(); }
   bool boolean(bool v) { return value_read() && dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return value_read() && dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return value_read() && dom_.number_unsigned(v); }
+  bool number_integer(json::number_integer_t v) { return number_read(std::to_string(v)) && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return number_read(std::to_string(v)) && dom_.number_unsigned(v); }
   bool number_float(json::number_float_t v, const std::string& text) {
     if (std::string p = where(); number_text_.size() < 256 || number_text_.count(p)) {
       // At most 80 bytes: JSON allows a number of any length (a fraction of megabytes of zeros).
       number_text_[p] = text.size() > 80 ? text.substr(0, 77) + "..." : text;
     }
-    return value_read() && dom_.number_float(v, text);
+    return number_read(text) && dom_.number_float(v, text);
   }
   bool string(std::string& v) { return value_read() && dom_.string(v); }
   bool binary(json::binary_t& v) { return value_read() && dom_.binary(v); }
   bool start_object(std::size_t n) {
+    last_number_path_.reset();
     path_.push_back(Level{true, false, {}, 0});
     return dom_.start_object(n);
   }
   bool key(std::string& k) {
+    last_number_path_.reset();
     path_.back().key = k;
     path_.back().has_key = true;
     return dom_.key(k);
@@ -47,6 +50,7 @@ class LocatingSax {
     return value_read() && dom_.end_object();
   }
   bool start_array(std::size_t n) {
+    last_number_path_.reset();
     path_.push_back(Level{false, false, {}, 0});
     return dom_.start_array(n);
   }
@@ -56,7 +60,13 @@ class LocatingSax {
   }
   template <class Exception>
   bool parse_error(std::size_t byte, const std::string& last_token, const Exception& e) {
-    error_ = JsonReadError{where(), byte, last_token, e.what(), e.id};
+    // A number followed at once by what cannot follow it ("max_tokens": 0x10) reads as the number
+    // 0, then a bad literal whose token starts with that number's text: the error is in that
+    // number's value. (A malformed number itself, "1." or 1e999, gives no number event first.)
+    const std::string_view what = e.what();
+    const bool in_number = last_number_path_ && e.id == 101 && what.find("invalid literal") != std::string_view::npos &&
+                           last_token.size() > last_number_text_.size() && last_token.rfind(last_number_text_, 0) == 0;
+    error_ = JsonReadError{in_number ? *last_number_path_ : where(), byte, last_token, e.what(), e.id};
     return dom_.parse_error(byte, last_token, e);
   }
 
@@ -71,8 +81,17 @@ class LocatingSax {
     std::string key;  // object: that key
     size_t index;     // array: the index of the element being read
   };
+  // A number was read: remembered until the next event (see parse_error).
+  bool number_read(std::string text) {
+    std::string p = where();
+    value_read();
+    last_number_path_ = std::move(p);
+    last_number_text_ = std::move(text);
+    return true;
+  }
   // A value was read (a scalar, or a container now closed): its parent moves on.
   bool value_read() {
+    last_number_path_.reset();
     if (path_.empty()) return true;
     Level& l = path_.back();
     if (l.object) {
@@ -101,6 +120,8 @@ class LocatingSax {
   nlohmann::detail::json_sax_dom_parser<json> dom_;
   std::vector<Level> path_;
   std::map<std::string, std::string> number_text_;
+  std::optional<std::string> last_number_path_;  // the path of the number just read, until the next event
+  std::string last_number_text_;                 // and its text
   std::optional<JsonReadError> error_;
 };
 

@@ -240,6 +240,11 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
       {R"({"prompt": "x", "temperature": tru})", ApiKind::kCompletion, "temperature",
        "malformed JSON in the request body (in temperature): [json.exception.parse_error.101] parse error at line 1, column 35"},
       {R"({"prompt": "x", "stop": ["a", ]})", ApiKind::kCompletion, "stop[1]", "malformed JSON in the request body (in stop[1])"},
+      // Bug: a number followed by what cannot follow it (a hex literal) named no field.
+      {R"({"prompt": "x", "max_tokens": 0x10})", ApiKind::kCompletion, "max_tokens", "malformed JSON in the request body (in max_tokens)"},
+      {R"({"prompt": [1, 2x]})", ApiKind::kCompletion, "prompt[1]", "malformed JSON in the request body (in prompt[1])"},
+      {R"({"prompt": [3, 1.]})", ApiKind::kCompletion, "prompt[1]", "malformed JSON in the request body (in prompt[1])"},
+      {R"({"prompt": "x", "max_tokens": 5 "n": 1})", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
       {R"({"prompt": "x",)", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
       {R"({"prompt": "x"} x)", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
       {"", ApiKind::kCompletion, "", "malformed JSON in the request body: "},
