@@ -148,7 +148,7 @@ Expected<std::unique_ptr<Proposer>> build_method_proposer(const SpeculativeSpec&
                                                           Backend& backend, const ProposerBuildOptions& b) {
   switch (spec.method) {
     case SpeculativeMethod::kNgram:
-      return std::unique_ptr<Proposer>(new NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max));
+      return std::unique_ptr<Proposer>(new NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.lookup_cached_requests));
     case SpeculativeMethod::kLayerSkip: {
       const int64_t total = target.model->config().num_layers;
       const int64_t n = spec.num_layers ? *spec.num_layers : total / 2;
@@ -202,7 +202,7 @@ Expected<std::unique_ptr<Proposer>> build_proposer(const SpeculativeSpec& spec, 
   auto p = build_method_proposer(spec, target, backend, b);
   if (!p.ok() || !spec.lookup_first || spec.method == SpeculativeMethod::kNgram) return p;
   return std::unique_ptr<Proposer>(
-      new LookupFirstProposer(std::move(*p), spec.prompt_lookup_min, spec.prompt_lookup_max));
+      new LookupFirstProposer(std::move(*p), spec.prompt_lookup_min, spec.prompt_lookup_max, spec.lookup_cached_requests));
 }
 
 }  // namespace specserve

@@ -124,6 +124,7 @@ std::string describe_up_plan(const Topology& t) {
     } else if (sp.lookup_first) {
       extra += ", prompt lookup first " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
     }
+    if (sp.lookup_cached_requests > 0) extra += ", lookup_cached_requests " + std::to_string(sp.lookup_cached_requests);
     line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
          sp.model.empty() ? "" : ", model ", sp.model.c_str(), extra.c_str());
   } else {

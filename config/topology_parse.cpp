@@ -344,7 +344,8 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   Fields f(*this, n, "models.speculative",
            {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "num_layers",
             "disable_by_batch_size", "disable_by_goodput", "draft_tensor_parallel_size", "adaptive_k", "speculative_token_tree", "eagle_topk",
-            "eagle_depth", "draft_vocab_size", "draft_p_min", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len"});
+            "eagle_depth", "draft_vocab_size", "draft_p_min", "typical_acceptance", "posterior_threshold", "posterior_alpha", "max_model_len",
+            "lookup_cached_requests"});
   if (!f.is_map()) return;
   SpeculativeSpec s;
   bool method_ok = false;
@@ -408,6 +409,8 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (auto v = read_int(f, "eagle_topk", 1, 64, false)) s.eagle_topk = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "eagle_depth", 1, 64, false)) s.eagle_depth = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "draft_vocab_size", 0, INT32_MAX, false)) s.draft_vocab_size = static_cast<int32_t>(*v);
+  const auto cached = read_int(f, "lookup_cached_requests", 0, 1000000, false);
+  if (cached) s.lookup_cached_requests = static_cast<int32_t>(*cached);
   if (auto v = read_double(f, "draft_p_min", std::numeric_limits<double>::lowest(), false)) {
     if (*v < 0 || *v > 1) {
       error(*f.get("draft_p_min"), f.path("draft_p_min"), quote(f.get("draft_p_min")->Scalar()) + " must be in [0, 1]");
@@ -431,6 +434,11 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   }
   // Given with a model-based method, the lookup runs first (spec/lookup_first_proposer.h).
   if (s.method != SpeculativeMethod::kNgram && (lmin || lmax)) s.lookup_first = true;
+  if (cached && *cached > 0 && s.method != SpeculativeMethod::kNgram && !s.lookup_first) {
+    error(*f.get("lookup_cached_requests"), f.path("lookup_cached_requests"),
+          "applies to method 'ngram' or with prompt_lookup_min / prompt_lookup_max (prompt lookup first), not to " + method +
+              " alone; got " + describe(*f.get("lookup_cached_requests")));
+  }
   if ((lmin || lmax) && s.prompt_lookup_min > s.prompt_lookup_max) {
     const std::string key = lmax ? "prompt_lookup_max" : "prompt_lookup_min";
     error(*f.get(key), f.path(key),

@@ -9,8 +9,11 @@
 namespace specserve {
 
 LookupFirstProposer::LookupFirstProposer(std::unique_ptr<Proposer> inner, int32_t prompt_lookup_min,
-                                         int32_t prompt_lookup_max)
-    : inner_(std::move(inner)), min_n_(prompt_lookup_min), max_n_(prompt_lookup_max) {
+                                         int32_t prompt_lookup_max, int32_t lookup_cached_requests)
+    : inner_(std::move(inner)),
+      min_n_(prompt_lookup_min),
+      max_n_(prompt_lookup_max),
+      outputs_(lookup_cached_requests, prompt_lookup_min, prompt_lookup_max) {
   SPECSERVE_CHECK(inner_ != nullptr, "LookupFirstProposer needs an inner proposer");
   SPECSERVE_CHECK(min_n_ >= 1 && min_n_ <= max_n_, "prompt_lookup_min/max out of order");
 }
@@ -48,7 +51,9 @@ Status LookupFirstProposer::propose(const std::vector<DraftRequest>& requests, s
     if (r.num_tokens > 0 && num_kept <= static_cast<size_t>(kMaxKeptRows)) {
       const int32_t depth = std::clamp(inner_->max_draft_depth(r.num_tokens), 1, r.num_tokens);
       chain = NgramProposer::lookup(r.tokens, min_n_, max_n_, depth);
+      if (chain.empty()) chain = outputs_.lookup(r.tokens, depth);
     }
+    outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
     if (!chain.empty()) {
       (*out)[i].tokens = std::move(chain);
       ++lookups;
@@ -104,6 +109,7 @@ Status LookupFirstProposer::propose(const std::vector<DraftRequest>& requests, s
 
 void LookupFirstProposer::release(int64_t seq_id) {
   kept_.erase(seq_id);
+  outputs_.release(seq_id);
   inner_->release(seq_id);
 }
 

@@ -28,6 +28,10 @@
 // The speculative max_model_len (the draft's limit) stops the inner proposer's drafts, not the
 // lookup's: the lookup keeps no draft context (as method ngram, which ignores it).
 //
+// With lookup_cached_requests > 0 the lookup also searches earlier requests' outputs
+// (spec/lookup_history.h) when the sequence's own text has no match; such a draft counts as a
+// lookup draft.
+//
 // Sampling stays lossless: lookup drafts are deterministic (no probs: q one-hot), the inner
 // proposer's carry their own q; the engine verifies each sequence's draft by its own rule.
 // Thread-safety: none (the engine calls a proposer from one thread).
@@ -38,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "spec/lookup_history.h"
 #include "spec/proposer.h"
 
 namespace specserve {
@@ -53,8 +58,11 @@ class LookupFirstProposer final : public Proposer {
   static constexpr int32_t kMaxKeptRows = 512;
 
   /// `inner`: the model-based proposer (not null). 1 <= prompt_lookup_min <= prompt_lookup_max
-  /// (checked by the caller's config validation).
-  LookupFirstProposer(std::unique_ptr<Proposer> inner, int32_t prompt_lookup_min, int32_t prompt_lookup_max);
+  /// (checked by the caller's config validation). lookup_cached_requests > 0: where the
+  /// sequence's own text has no match, the outputs of that many earlier finished requests are
+  /// searched too (spec/lookup_history.h) before the inner proposer is asked.
+  LookupFirstProposer(std::unique_ptr<Proposer> inner, int32_t prompt_lookup_min, int32_t prompt_lookup_max,
+                      int32_t lookup_cached_requests = 0);
 
   /// "<inner>+ngram", e.g. "eagle+ngram".
   std::string name() const override;
@@ -86,6 +94,7 @@ class LookupFirstProposer final : public Proposer {
 
   std::unique_ptr<Proposer> inner_;
   int32_t min_n_, max_n_;
+  SequenceOutputs outputs_;
   std::unordered_map<int64_t, Kept> kept_;
   int64_t num_lookup_ = 0, num_inner_ = 0;
 };

@@ -20,13 +20,21 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
   return {};
 }
 
+NgramProposer::NgramProposer(int32_t prompt_lookup_min, int32_t prompt_lookup_max, int32_t lookup_cached_requests)
+    : min_n_(prompt_lookup_min), max_n_(prompt_lookup_max), outputs_(lookup_cached_requests, prompt_lookup_min, prompt_lookup_max) {}
+
 Status NgramProposer::propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) {
   out->resize(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
+    const DraftRequest& r = requests[i];
     (*out)[i] = DraftTree{};
-    (*out)[i].tokens = lookup(requests[i].tokens, min_n_, max_n_, requests[i].num_tokens);
+    (*out)[i].tokens = lookup(r.tokens, min_n_, max_n_, r.num_tokens);
+    if ((*out)[i].tokens.empty()) (*out)[i].tokens = outputs_.lookup(r.tokens, r.num_tokens);
+    outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
   }
   return Status();
 }
+
+void NgramProposer::release(int64_t seq_id) { outputs_.release(seq_id); }
 
 }  // namespace specserve

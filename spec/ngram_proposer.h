@@ -3,25 +3,37 @@
 //
 // For n from prompt_lookup_max down to prompt_lookup_min, find the most recent earlier
 // occurrence of the sequence's last n tokens in prompt + output and propose the (up to k)
-// tokens that followed it. No model, no state; q is one-hot (deterministic proposer).
+// tokens that followed it. No model; q is one-hot (deterministic proposer). With
+// lookup_cached_requests > 0, where the sequence's own text has no match the outputs of that many
+// earlier finished requests are searched the same way (spec/lookup_history.h).
 #pragma once
 
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "spec/lookup_history.h"
 #include "spec/proposer.h"
 
 namespace specserve {
 
 class NgramProposer final : public Proposer {
  public:
-  /// 1 <= prompt_lookup_min <= prompt_lookup_max (checked by the caller's config validation).
-  NgramProposer(int32_t prompt_lookup_min, int32_t prompt_lookup_max) : min_n_(prompt_lookup_min), max_n_(prompt_lookup_max) {}
+  /// 1 <= prompt_lookup_min <= prompt_lookup_max (checked by the caller's config validation);
+  /// lookup_cached_requests >= 0 (0: the sequence's own text only).
+  NgramProposer(int32_t prompt_lookup_min, int32_t prompt_lookup_max, int32_t lookup_cached_requests = 0);
   std::string name() const override { return "ngram"; }
   Status propose(const std::vector<DraftRequest>& requests, std::vector<DraftTree>* out) override;
+  /// With lookup_cached_requests: the sequence's output (as of its last propose()) joins the
+  /// searched outputs.
+  void release(int64_t seq_id) override;
 
   /// The lookup for one token list (exposed for tests): up to k tokens, possibly none.
   static std::vector<int32_t> lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k);
 
  private:
   int32_t min_n_, max_n_;
+  SequenceOutputs outputs_;
 };
 
 }  // namespace specserve

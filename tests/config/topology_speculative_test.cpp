@@ -49,6 +49,12 @@ TEST(TopologyLookupFirst, SetByTheLookupBoundsOnAModelMethod) {
   ASSERT_TRUE(only_min.ok()) << only_min.status().to_string();
   EXPECT_TRUE(only_min->models.speculative->lookup_first);
   EXPECT_EQ(only_min->models.speculative->prompt_lookup_max, 3);
+  auto hist = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, prompt_lookup_min: 2, lookup_cached_requests: 50"), "t.yaml");
+  ASSERT_TRUE(hist.ok()) << hist.status().to_string();
+  EXPECT_EQ(hist->models.speculative->lookup_cached_requests, 50);
+  auto alone = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, lookup_cached_requests: 50"), "t.yaml");
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("models.speculative.lookup_cached_requests"), std::string::npos) << alone.status().to_string();
   for (const char* spec : {"method: layer_skip, num_speculative_tokens: 3", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1"}) {
     auto t = parse_topology(make(spec), "t.yaml");
     ASSERT_TRUE(t.ok()) << t.status().to_string();

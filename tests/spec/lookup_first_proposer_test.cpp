@@ -233,6 +233,25 @@ TEST(LookupFirst, HandOverOnlyCallsGoToTheInnerProposer) {
   EXPECT_EQ(f.p.num_inner_drafts(), 0) << "a hand-over is not a draft";
 }
 
+TEST(LookupFirst, CachedRequestsAreSearchedBeforeTheInnerProposer) {
+  // lookup_cached_requests: seq 1's output, once released, drafts for seq 2, whose own text has
+  // no match.
+  Fixture f(std::make_unique<FakeInner>(), 2, 4);  // without: the inner proposer
+  LookupFirstProposer with(std::make_unique<FakeInner>(), 2, 4, /*lookup_cached_requests=*/8);
+  const Tokens first = {1, 2, 30, 31, 32, 33, 34};  // prompt {1, 2}, output 30..34
+  std::vector<DraftTree> out;
+  ASSERT_TRUE(with.propose({request(1, first, 4, 0, rows(0, 6))}, &out).ok());
+  with.release(1);
+  const Tokens second = {5, 6, 7, 31, 32};  // ends with [31, 32]: in seq 1's output
+  ASSERT_TRUE(with.propose({request(2, second, 4, 0, rows(0, 4))}, &out).ok());
+  EXPECT_EQ(out[0].tokens, (Tokens{33, 34}));
+  EXPECT_EQ(with.num_lookup_drafts(), 1);
+  EXPECT_EQ(with.num_inner_drafts(), 1) << "seq 1 itself had no match";
+  f.p.propose({request(1, first, 4, 0, rows(0, 6))}, &out);
+  f.p.release(1);
+  EXPECT_EQ(f.propose({request(2, second, 4, 0, rows(0, 4))})[0].tokens, (Tokens{77})) << "no history without the option";
+}
+
 TEST(LookupFirstDeathTest, ASequenceTwiceInOneCallIsABug) {
   // The engine asks once per sequence and step; twice would hand rows over twice.
   EXPECT_DEATH(

@@ -79,5 +79,37 @@ TEST(NgramProposer, ProposeFillsEveryRequest) {
   }
 }
 
+TEST(NgramProposer, CachedRequestsAreSearchedWhenTheSequenceHasNoMatch) {
+  // lookup_cached_requests 4: a released sequence's output drafts for a later one.
+  NgramProposer p(2, 3, 4);
+  DraftRequest r1;
+  r1.seq_id = 1;
+  const Tokens t1 = {1, 2, 40, 41, 42, 43};
+  r1.tokens = t1;
+  r1.prompt_len = 2;
+  r1.num_tokens = 3;
+  std::vector<DraftTree> out;
+  ASSERT_TRUE(p.propose({r1}, &out).ok());
+  EXPECT_TRUE(out[0].tokens.empty());
+  p.release(1);
+  DraftRequest r2 = r1;
+  r2.seq_id = 2;
+  const Tokens t2 = {9, 8, 40, 41};
+  r2.tokens = t2;
+  ASSERT_TRUE(p.propose({r2}, &out).ok());
+  EXPECT_EQ(out[0].tokens, (Tokens{42, 43}));
+  // The sequence's own text first: [8, 9] recurs in it.
+  const Tokens t3 = {8, 9, 5, 8, 9};
+  r2.tokens = t3;
+  ASSERT_TRUE(p.propose({r2}, &out).ok());
+  EXPECT_EQ(out[0].tokens, (Tokens{5, 8, 9}));
+  NgramProposer plain(2, 3);
+  r2.tokens = t2;
+  ASSERT_TRUE(plain.propose({r1}, &out).ok());
+  plain.release(1);
+  ASSERT_TRUE(plain.propose({r2}, &out).ok());
+  EXPECT_TRUE(out[0].tokens.empty()) << "without the option nothing is kept";
+}
+
 }  // namespace
 }  // namespace specserve

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "spec/lookup_first_proposer.h"
+#include "spec/ngram_proposer.h"
 #include "tests/spec/spec_engine_fixtures.h"
 
 namespace specserve {
@@ -236,6 +237,23 @@ TEST(SpecEnginePerRequest, AdaptiveKShrinksChainsNotTreeBudgets) {
       }
     }
   }
+}
+
+TEST(SpecEngineLookupHistory, CachedRequestsDraftMoreAndKeepGreedyIdentity) {
+  // lookup_cached_requests (spec/lookup_history.h): one request after another, each finished
+  // output joins the searched text of the next ones. Greedy output stays plain decoding's.
+  SpecStats without, with;
+  for (int32_t cached : {0, 64}) {
+    NgramProposer p(2, 3, cached);
+    const RunResult got = run_engine(target(), tokenizer(), &p, spec_options(4, 1), requests());
+    expect_same_outputs(got, reference(), "lookup_cached_requests " + std::to_string(cached));
+    (cached ? with : without) = got.stats.spec;
+  }
+  EXPECT_GT(with.num_drafts, without.num_drafts) << "earlier outputs never drafted";
+  EXPECT_GT(with.num_accepted_tokens, without.num_accepted_tokens);
+  std::printf("[ history  ] drafts %lld -> %lld, accepted %lld -> %lld\n", static_cast<long long>(without.num_drafts),
+              static_cast<long long>(with.num_drafts), static_cast<long long>(without.num_accepted_tokens),
+              static_cast<long long>(with.num_accepted_tokens));
 }
 
 TEST(SpecEnginePerRequest, CapAboveTheEnginesIsTheEngines) {

@@ -91,6 +91,16 @@ TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {
     ASSERT_TRUE(p.ok()) << p.status().to_string();
     EXPECT_FALSE((*p)->lookup_first) << json;
   }
+  auto hist = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "lookup_cached_requests": 100})");
+  ASSERT_TRUE(hist.ok()) << hist.status().to_string();
+  EXPECT_EQ((*hist)->lookup_cached_requests, 100);
+  auto ngram_hist = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "lookup_cached_requests": 7})");
+  ASSERT_TRUE(ngram_hist.ok()) << ngram_hist.status().to_string();
+  EXPECT_EQ((*ngram_hist)->lookup_cached_requests, 7);
+  auto alone = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 2, "lookup_cached_requests": 100})");
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("lookup_cached_requests = 100 applies to method ngram or with prompt_lookup_min"), std::string::npos)
+      << alone.status().to_string();
   auto bad = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "prompt_lookup_min": 4, "prompt_lookup_max": 2})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("prompt_lookup_min = 4, prompt_lookup_max = 2"), std::string::npos) << bad.status().to_string();

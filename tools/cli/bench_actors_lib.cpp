@@ -33,6 +33,7 @@ std::string speculative_yaml(const std::optional<SpeculativeSpec>& s) {
     << ", num_speculative_tokens: " << s->num_speculative_tokens;
   if (s->method == SpeculativeMethod::kNgram || s->lookup_first) {
     o << ", prompt_lookup_min: " << s->prompt_lookup_min << ", prompt_lookup_max: " << s->prompt_lookup_max;
+    if (s->lookup_cached_requests > 0) o << ", lookup_cached_requests: " << s->lookup_cached_requests;
   }
   if (!s->model.empty()) o << ", model: \"" << s->model << "\"";
   if (s->num_layers) o << ", num_layers: " << *s->num_layers;
@@ -55,6 +56,7 @@ std::string spec_name(const SpeculativeSpec& s) {
   } else if (s.lookup_first) {
     n += " lookup first " + std::to_string(s.prompt_lookup_min) + ".." + std::to_string(s.prompt_lookup_max);
   }
+  if (s.lookup_cached_requests > 0) n += " history " + std::to_string(s.lookup_cached_requests);
   if (!s.adaptive_k) n += " fixed k";
   if (s.disable_by_goodput) n += " goodput";
   return n;

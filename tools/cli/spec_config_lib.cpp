@@ -22,7 +22,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
   const char* k_source = "--num-speculative-tokens";
   bool k_given = k >= 0;
   // vLLM's defaults: both 5 when neither is given; one given sets the other.
-  int lookup_min = -1, lookup_max = -1, num_layers = -1, eagle_topk = -1, eagle_depth = -1, draft_vocab = -1;
+  int lookup_min = -1, lookup_max = -1, num_layers = -1, eagle_topk = -1, eagle_depth = -1, draft_vocab = -1, cached = -1;
   std::string token_tree;
   bool has_token_tree = false;
   std::optional<int32_t> draft_max_len;
@@ -41,7 +41,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
                                                 "draft_tensor_parallel_size", "num_layers", "adaptive_k", "disable_by_goodput",
                                                 "speculative_token_tree", "eagle_topk", "eagle_depth", "draft_vocab_size", "draft_p_min",
-                                                "typical_acceptance", "posterior_threshold", "posterior_alpha"};
+                                                "typical_acceptance", "posterior_threshold", "posterior_alpha",
+                                                "lookup_cached_requests"};
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
@@ -95,6 +96,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_topk", &eagle_topk));
     SPECSERVE_RETURN_IF_ERROR(get_int("eagle_depth", &eagle_depth));
     SPECSERVE_RETURN_IF_ERROR(get_int("draft_vocab_size", &draft_vocab));
+    SPECSERVE_RETURN_IF_ERROR(get_int("lookup_cached_requests", &cached));
     if (j.contains("speculative_token_tree")) {
       if (!j["speculative_token_tree"].is_string()) {
         return invalid_argument("--speculative-config: speculative_token_tree must be a string such as \"[(0,), (0, 0)]\", got " +
@@ -235,6 +237,12 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     spec.prompt_lookup_min = lookup_min;
     spec.prompt_lookup_max = lookup_max;
   }
+  if (cached > 0 && method != "ngram" && !spec.lookup_first) {
+    return invalid_argument("--speculative-config: lookup_cached_requests = " + std::to_string(cached) +
+                            " applies to method ngram or with prompt_lookup_min / prompt_lookup_max (prompt lookup first), not to " +
+                            method + " alone");
+  }
+  if (cached > 0) spec.lookup_cached_requests = cached;
   if (method == "ngram") {
     spec.method = SpeculativeMethod::kNgram;
   } else if (method == "layer_skip") {
