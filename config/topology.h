@@ -93,7 +93,7 @@ struct SpeculativeSpec {
   bool lookup_first = false;
   /// ngram, or with lookup_first: where a sequence's own text has no match, the outputs of this
   /// many earlier finished requests of the same worker are searched too (spec/lookup_history.h;
-  /// after SuffixDecoding). 0: off (the default).
+  /// after SuffixDecoding), 0..10000. 0: off (the default).
   int32_t lookup_cached_requests = 0;
   std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
   /// medusa / eagle only: vLLM's static tree, e.g. "[(0,), (0, 0), (0, 1)]" (paths of candidate

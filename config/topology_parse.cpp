@@ -409,7 +409,7 @@ void TopologyParser::parse_speculative(const YAML::Node& n) {
   if (auto v = read_int(f, "eagle_topk", 1, 64, false)) s.eagle_topk = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "eagle_depth", 1, 64, false)) s.eagle_depth = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "draft_vocab_size", 0, INT32_MAX, false)) s.draft_vocab_size = static_cast<int32_t>(*v);
-  const auto cached = read_int(f, "lookup_cached_requests", 0, 1000000, false);
+  const auto cached = read_int(f, "lookup_cached_requests", 0, 10000, false);
   if (cached) s.lookup_cached_requests = static_cast<int32_t>(*cached);
   if (auto v = read_double(f, "draft_p_min", std::numeric_limits<double>::lowest(), false)) {
     if (*v < 0 || *v > 1) {

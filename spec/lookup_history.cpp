@@ -5,11 +5,12 @@
 namespace specserve {
 
 LookupHistory::LookupHistory(int32_t max_requests, int32_t min_n, int32_t max_n)
-    : max_requests_(std::max(max_requests, 1)), min_n_(min_n), max_n_(max_n) {}
+    : max_requests_(std::max(max_requests, 1)),
+      min_n_(std::max(min_n, kMinN)),
+      max_n_(std::max(std::max(min_n, kMinN), std::min(max_n, kMaxN))) {}
 
 uint64_t LookupHistory::key(std::span<const int32_t> ngram) {
-  // splitmix64 over (n, tokens): n-grams of different lengths never share a key by design; a
-  // collision between equal-length ones is caught by comparing the tokens in lookup().
+  // splitmix64 over (n, tokens); a collision is caught in lookup() by comparing n and the tokens.
   uint64_t h = 0x9E3779B97F4A7C15ull * (ngram.size() + 1);
   for (int32_t t : ngram) {
     h ^= static_cast<uint32_t>(t);
@@ -21,16 +22,18 @@ uint64_t LookupHistory::key(std::span<const int32_t> ngram) {
   return h;
 }
 
-void LookupHistory::index_output(const Output& o) {
+void LookupHistory::index_output(Output& o) {
   const int32_t len = static_cast<int32_t>(o.tokens.size());
-  for (int32_t n = min_n_; n <= max_n_; ++n) {
+  o.num_entries = 0;
+  for (int32_t n = min_n_; n <= std::min(max_n_, len - 1); ++n) {
     // Earlier positions first, so the most recent occurrence wins.
     for (int32_t end = n; end < len; ++end) {
       index_[key(std::span<const int32_t>(o.tokens).subspan(static_cast<size_t>(end - n), static_cast<size_t>(n)))] =
-          Where{o.serial, end};
-      ++live_entries_;
+          Where{o.serial, end, n};
+      ++o.num_entries;
     }
   }
+  live_entries_ += o.num_entries;
 }
 
 void LookupHistory::add(std::span<const int32_t> output) {
@@ -42,17 +45,14 @@ void LookupHistory::add(std::span<const int32_t> output) {
   ring_.push_back(std::move(o));
   index_output(ring_.back());
   if (static_cast<int32_t>(ring_.size()) > max_requests_) {
+    live_entries_ -= ring_.front().num_entries;
     ring_.pop_front();
-    // Rebuilt once stale entries (of evicted outputs, or overwritten) are as many as live ones.
-    live_entries_ = 0;
-    for (const Output& r : ring_) {
-      const int32_t len = static_cast<int32_t>(r.tokens.size());
-      for (int32_t n = min_n_; n <= max_n_; ++n) live_entries_ += static_cast<size_t>(std::max(0, len - n));
-    }
+    // Rebuilt once stale entries (of evicted outputs) are as many as live ones: amortised, each
+    // entry is rebuilt about once per time it is added.
     if (index_.size() > 2 * live_entries_ + 1024) {
       index_.clear();
       live_entries_ = 0;
-      for (const Output& r : ring_) index_output(r);
+      for (Output& r : ring_) index_output(r);
     }
   }
 }
@@ -72,7 +72,7 @@ std::vector<int32_t> LookupHistory::lookup(std::span<const int32_t> context, int
     if (it == index_.end()) continue;
     const Output* o = find(it->second.serial);
     const int32_t end = it->second.end;
-    if (o == nullptr || !std::equal(tail.begin(), tail.end(), o->tokens.begin() + (end - n))) continue;
+    if (o == nullptr || it->second.n != n || !std::equal(tail.begin(), tail.end(), o->tokens.begin() + (end - n))) continue;
     const int32_t take = std::min<int32_t>(k, static_cast<int32_t>(o->tokens.size()) - end);
     return std::vector<int32_t>(o->tokens.begin() + end, o->tokens.begin() + end + take);
   }
@@ -86,7 +86,12 @@ SequenceOutputs::SequenceOutputs(int32_t max_requests, int32_t min_n, int32_t ma
 void SequenceOutputs::observe(int64_t seq_id, std::span<const int32_t> tokens, int32_t prompt_len) {
   if (!history_) return;
   const size_t from = std::min(tokens.size(), static_cast<size_t>(std::max(prompt_len, 0)));
-  last_[seq_id].assign(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end());
+  const size_t len = std::min(tokens.size() - from, static_cast<size_t>(LookupHistory::kMaxTokensPerRequest));
+  std::vector<int32_t>& out = last_[seq_id];
+  if (len < out.size()) out.clear();  // started again (a new sequence under a reused id)
+  // Outputs only grow, token for token: append what is new.
+  out.insert(out.end(), tokens.begin() + static_cast<std::ptrdiff_t>(from + out.size()),
+             tokens.begin() + static_cast<std::ptrdiff_t>(from + len));
 }
 
 void SequenceOutputs::release(int64_t seq_id) {

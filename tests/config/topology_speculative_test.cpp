@@ -55,6 +55,9 @@ TEST(TopologyLookupFirst, SetByTheLookupBoundsOnAModelMethod) {
   auto alone = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, lookup_cached_requests: 50"), "t.yaml");
   ASSERT_FALSE(alone.ok());
   EXPECT_NE(alone.status().message().find("models.speculative.lookup_cached_requests"), std::string::npos) << alone.status().to_string();
+  auto too_many = parse_topology(make("method: ngram, num_speculative_tokens: 4, lookup_cached_requests: 10001"), "t.yaml");
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("'10001'"), std::string::npos) << too_many.status().to_string();
   for (const char* spec : {"method: layer_skip, num_speculative_tokens: 3", "method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1"}) {
     auto t = parse_topology(make(spec), "t.yaml");
     ASSERT_TRUE(t.ok()) << t.status().to_string();

@@ -94,15 +94,16 @@ TEST(NgramProposer, CachedRequestsAreSearchedWhenTheSequenceHasNoMatch) {
   p.release(1);
   DraftRequest r2 = r1;
   r2.seq_id = 2;
-  const Tokens t2 = {9, 8, 40, 41};
+  const Tokens t2 = {9, 8, 40, 41, 42};
   r2.tokens = t2;
   ASSERT_TRUE(p.propose({r2}, &out).ok());
-  EXPECT_EQ(out[0].tokens, (Tokens{42, 43}));
-  // The sequence's own text first: [8, 9] recurs in it.
-  const Tokens t3 = {8, 9, 5, 8, 9};
+  EXPECT_EQ(out[0].tokens, (Tokens{43}));
+  // The sequence's own text first: [41, 42] recurs in it (-> 7), though [40, 41, 42] is in the
+  // history too (-> 43).
+  const Tokens t3 = {41, 42, 7, 40, 41, 42};
   r2.tokens = t3;
   ASSERT_TRUE(p.propose({r2}, &out).ok());
-  EXPECT_EQ(out[0].tokens, (Tokens{5, 8, 9}));
+  EXPECT_EQ(out[0].tokens, (Tokens{7, 40, 41}));
   NgramProposer plain(2, 3);
   r2.tokens = t2;
   ASSERT_TRUE(plain.propose({r1}, &out).ok());

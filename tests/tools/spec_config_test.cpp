@@ -97,6 +97,13 @@ TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {
   auto ngram_hist = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "lookup_cached_requests": 7})");
   ASSERT_TRUE(ngram_hist.ok()) << ngram_hist.status().to_string();
   EXPECT_EQ((*ngram_hist)->lookup_cached_requests, 7);
+  auto too_many = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "lookup_cached_requests": 10001})");
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("lookup_cached_requests = 10001: must be in 0..10000"), std::string::npos)
+      << too_many.status().to_string();
+  auto negative = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "lookup_cached_requests": -3})");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("lookup_cached_requests = -3"), std::string::npos) << negative.status().to_string();
   auto alone = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 2, "lookup_cached_requests": 100})");
   ASSERT_FALSE(alone.ok());
   EXPECT_NE(alone.status().message().find("lookup_cached_requests = 100 applies to method ngram or with prompt_lookup_min"), std::string::npos)

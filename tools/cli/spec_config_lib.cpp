@@ -237,6 +237,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     spec.prompt_lookup_min = lookup_min;
     spec.prompt_lookup_max = lookup_max;
   }
+  if (cached > 10000) {
+    return invalid_argument("--speculative-config: lookup_cached_requests = " + std::to_string(cached) + ": must be in 0..10000");
+  }
   if (cached > 0 && method != "ngram" && !spec.lookup_first) {
     return invalid_argument("--speculative-config: lookup_cached_requests = " + std::to_string(cached) +
                             " applies to method ngram or with prompt_lookup_min / prompt_lookup_max (prompt lookup first), not to " +
