@@ -18,7 +18,7 @@ TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "ra
 
 def short_name(name):
     """A legend label for a run: its --spec JSON shortened to method, k, tree shape, draft_p_min, prompt lookup
-    first (and the head file's folder when it is not the committed models/heads)."""
+    first, lookup history (and the head file's folder when it is not the committed models/heads)."""
     if not name.startswith("{"):
         return name
     try:
@@ -39,6 +39,8 @@ def short_name(name):
         lo = s.get("prompt_lookup_min", s.get("prompt_lookup_max"))
         hi = s.get("prompt_lookup_max", lo)
         parts.append(f"+ lookup first {lo}..{hi}")  # spec/lookup_first_proposer.h
+    if s.get("lookup_cached_requests"):
+        parts.append(f"+ history {s['lookup_cached_requests']}")  # spec/lookup_history.h
     model = s.get("model", "")
     if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
         parts.append("[" + model.rsplit("/", 1)[-1].removesuffix(".gguf") + "]")  # which head file
