@@ -17,7 +17,7 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
                  "(both given: they must agree)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys (a number shown is the key's default): {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
-                 R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5 (ngram's lookup; one given sets the other. With another method, not given by default: given, the lookup runs first and that method only where it finds nothing), "lookup_cached_requests": 0 (ngram or lookup first: also search the outputs of this many earlier finished requests), )"
+                 R"("num_speculative_tokens": K, "prompt_lookup_min": 5, "prompt_lookup_max": 5 (ngram's lookup; one given sets the other. With another method, not given by default: given, the lookup runs first and that method only where it finds nothing), "lookup_cached_requests": 0 (0..10000; ngram or lookup first: also search, where the sequence's own text has no match, the outputs of this many earlier finished requests of this worker, in memory, 3+ matching tokens), )"
                  R"("disable_by_batch_size": N, "disable_by_goodput": false (per step, draft only for sequences whose drafts raise tokens per second), "max_model_len": N (the DRAFT's max length, as in vLLM; the target's is --max-model-len), )"
                  R"("draft_tensor_parallel_size": 1, "num_layers": N (layer_skip; default half the target's layers), )"
                  R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 4, "draft_vocab_size": N (default 8192 for vocabularies over 16384, else all), )"
