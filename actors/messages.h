@@ -190,7 +190,17 @@ struct ShardLoad {
   /// policy let the sequence draft / left it out. Both 0 when the policy is off.
   int64_t goodput_drafting = 0;
   int64_t goodput_skipped = 0;
+  /// [DraftSource] (spec/proposer.h): EngineStats::by_source, engine totals counted at each
+  /// verification step. Empty from a worker that sent none.
+  std::vector<int64_t> drafts_by_source, draft_tokens_by_source, accepted_by_source;
 };
+
+/// into[i] += from[i], into grown to from's size (summing ShardLoad's per-position and
+/// per-source counters).
+inline void add_counts(std::vector<int64_t>& into, const std::vector<int64_t>& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+}
 
 /// Worker -> scheduler: registration and every later state change.
 struct WorkerHello {
@@ -426,7 +436,7 @@ typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
            x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
            x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens, x.num_reclaims, x.goodput_drafting,
-           x.goodput_skipped);
+           x.goodput_skipped, x.drafts_by_source, x.draft_tokens_by_source, x.accepted_by_source);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {

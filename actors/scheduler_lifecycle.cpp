@@ -379,8 +379,10 @@ void add_load_counters(ShardLoad& into, const ShardLoad& l) {
   into.forward_seconds += l.forward_seconds;
   into.draft_seconds += l.draft_seconds;
   into.prompt_tokens += l.prompt_tokens;
-  if (into.accepted_per_pos.size() < l.accepted_per_pos.size()) into.accepted_per_pos.resize(l.accepted_per_pos.size(), 0);
-  for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) into.accepted_per_pos[i] += l.accepted_per_pos[i];
+  add_counts(into.accepted_per_pos, l.accepted_per_pos);
+  add_counts(into.drafts_by_source, l.drafts_by_source);
+  add_counts(into.draft_tokens_by_source, l.draft_tokens_by_source);
+  add_counts(into.accepted_by_source, l.accepted_by_source);
   into.prefix_cache_queries += l.prefix_cache_queries;
   into.prefix_cache_hits += l.prefix_cache_hits;
   into.kv_imported_tokens += l.kv_imported_tokens;

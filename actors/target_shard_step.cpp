@@ -80,6 +80,11 @@ ShardLoad load_of(ShardState& s) {
   l.num_reclaims = s.num_reclaims;
   l.goodput_drafting = st.goodput_drafting;
   l.goodput_skipped = st.goodput_skipped;
+  for (const DraftSourceStats& b : st.by_source) {
+    l.drafts_by_source.push_back(b.num_drafts);
+    l.draft_tokens_by_source.push_back(b.num_draft_tokens);
+    l.accepted_by_source.push_back(b.num_accepted_tokens);
+  }
   return l;
 }
 

@@ -7,6 +7,7 @@
 
 #include "server/http_server_internal.h"
 #include "server/metrics.h"
+#include "spec/proposer.h"
 
 namespace specserve {
 
@@ -35,6 +36,10 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:spec_decode_num_accepted_tokens", K::kCounter, "Number of accepted tokens.");
   metrics.declare("specserve:spec_decode_num_accepted_tokens_per_pos", K::kCounter,
                   "Accepted tokens per draft position.");
+  metrics.declare("specserve:spec_decode_num_drafts_by_source", K::kCounter,
+                  "Drafts by who drafted them (source: model, prompt_lookup, cached_requests), counted at each verification step.");
+  metrics.declare("specserve:spec_decode_num_draft_tokens_by_source", K::kCounter, "Draft tokens by who drafted them.");
+  metrics.declare("specserve:spec_decode_num_accepted_tokens_by_source", K::kCounter, "Accepted tokens by who drafted them.");
   metrics.declare("specserve:prefix_cache_queries", K::kCounter,
                   "Prefix cache queries: tokens looked up in the prefix cache at admission.");
   metrics.declare("specserve:prefix_cache_hits", K::kCounter, "Prefix cache hits: tokens found in the prefix cache.");
@@ -110,7 +115,8 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
   double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0;
-  std::vector<double> per_pos;
+  std::vector<int64_t> per_pos;
+  std::vector<int64_t> by_source[3];  // drafts, draft tokens, accepted tokens; [DraftSource]
   // Counters: the loads of replica incarnations that ended (ClusterStatus::ended) plus every
   // replica's own, down ones included (they stay in the status), so they never go back.
   std::vector<const ShardLoad*> loads{&st->ended};
@@ -138,8 +144,10 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     pc_hits += static_cast<double>(l.prefix_cache_hits);
     gp_drafting += static_cast<double>(l.goodput_drafting);
     gp_skipped += static_cast<double>(l.goodput_skipped);
-    if (per_pos.size() < l.accepted_per_pos.size()) per_pos.resize(l.accepted_per_pos.size(), 0.0);
-    for (size_t i = 0; i < l.accepted_per_pos.size(); ++i) per_pos[i] += static_cast<double>(l.accepted_per_pos[i]);
+    add_counts(per_pos, l.accepted_per_pos);
+    add_counts(by_source[0], l.drafts_by_source);
+    add_counts(by_source[1], l.draft_tokens_by_source);
+    add_counts(by_source[2], l.accepted_by_source);
   }
   metrics.set("specserve:num_requests_running", labels, static_cast<double>(running));
   metrics.set("specserve:num_requests_waiting", labels, static_cast<double>(waiting));
@@ -159,7 +167,19 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   for (size_t i = 0; i < per_pos.size(); ++i) {
     MetricLabels l = labels;
     l.emplace_back("position", std::to_string(i));
-    metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens_per_pos", l, per_pos[i]);
+    metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens_per_pos", l, static_cast<double>(per_pos[i]));
+  }
+  // A source's series appear once it has drafted (the `ngram` method never drafts as "model").
+  for (size_t src = 0; src < by_source[0].size() && src < static_cast<size_t>(kNumDraftSources); ++src) {
+    if (by_source[0][src] == 0) continue;
+    MetricLabels l = labels;
+    l.emplace_back("source", draft_source_name(static_cast<DraftSource>(src)));
+    const char* names[3] = {"specserve:spec_decode_num_drafts_by_source", "specserve:spec_decode_num_draft_tokens_by_source",
+                            "specserve:spec_decode_num_accepted_tokens_by_source"};
+    for (int f = 0; f < 3; ++f) {
+      const double v = src < by_source[f].size() ? static_cast<double>(by_source[f][src]) : 0.0;
+      metrics.set_counter_at_least(names[f], l, v);
+    }
   }
   refresh_lifecycle_metrics(*st);
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -161,9 +162,20 @@ struct SeqEvent {
   std::string error;                ///< finish == kError: why
 };
 
+/// The speculative counters of one DraftSource (EngineStats::by_source).
+struct DraftSourceStats {
+  int64_t num_drafts = 0;           ///< verification steps with a draft from this source
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+};
+
 /// Engine-wide counters.
 struct EngineStats {
   SpecStats spec;
+  /// [DraftSource]: spec's drafts split by who drafted them (spec/proposer.h), counted at each
+  /// verification step — spec itself is counted when a sequence finishes, so the two agree once
+  /// no sequence is running (a migrated sequence's steps count on the engine that ran them).
+  std::array<DraftSourceStats, kNumDraftSources> by_source{};
   int64_t num_steps = 0;
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;

@@ -334,6 +334,10 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       step_spec.accepted_per_pos.assign(static_cast<size_t>(k), 0);
       for (int32_t a = 0; a < accepted; ++a) step_spec.accepted_per_pos[static_cast<size_t>(a)] = 1;
       s.spec.add(step_spec);
+      DraftSourceStats& by = stats_.by_source[static_cast<size_t>(pl.draft.source)];
+      ++by.num_drafts;
+      by.num_draft_tokens += k;
+      by.num_accepted_tokens += accepted;
       if (s.finish != FinishReason::kNone) {
         // finish() (from emit) already recorded this sequence's counters: add this step's too.
         finished_stats_[s.id].add(step_spec);

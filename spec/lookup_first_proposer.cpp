@@ -47,15 +47,14 @@ Status LookupFirstProposer::propose(const std::vector<DraftRequest>& requests, s
       it = kept_.end();
     }
     const size_t num_kept = (it == kept_.end() ? 0 : it->second.rows.size() / d) + (d ? r.hidden.size() / d : 0);
-    std::vector<int32_t> chain;
+    DraftTree chain;
     if (r.num_tokens > 0 && num_kept <= static_cast<size_t>(kMaxKeptRows)) {
       const int32_t depth = std::clamp(inner_->max_draft_depth(r.num_tokens), 1, r.num_tokens);
-      chain = NgramProposer::lookup(r.tokens, min_n_, max_n_, depth);
-      if (chain.empty()) chain = outputs_.lookup(r.tokens, depth);
+      chain = ngram_draft(r.tokens, min_n_, max_n_, depth, outputs_);
     }
     outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
-    if (!chain.empty()) {
-      (*out)[i].tokens = std::move(chain);
+    if (!chain.tokens.empty()) {
+      (*out)[i] = std::move(chain);
       ++lookups;
       if (d > 0) {  // kept for the inner proposer's next call
         if (it == kept_.end()) {

@@ -20,6 +20,17 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
   return {};
 }
 
+DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history) {
+  DraftTree d;
+  d.source = DraftSource::kPromptLookup;
+  d.tokens = NgramProposer::lookup(tokens, min_n, max_n, k);
+  if (d.tokens.empty()) {
+    d.tokens = history.lookup(tokens, k);
+    if (!d.tokens.empty()) d.source = DraftSource::kCachedRequests;
+  }
+  return d;
+}
+
 NgramProposer::NgramProposer(int32_t prompt_lookup_min, int32_t prompt_lookup_max, int32_t lookup_cached_requests)
     : min_n_(prompt_lookup_min), max_n_(prompt_lookup_max), outputs_(lookup_cached_requests, prompt_lookup_min, prompt_lookup_max) {}
 
@@ -27,9 +38,7 @@ Status NgramProposer::propose(const std::vector<DraftRequest>& requests, std::ve
   out->resize(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const DraftRequest& r = requests[i];
-    (*out)[i] = DraftTree{};
-    (*out)[i].tokens = lookup(r.tokens, min_n_, max_n_, r.num_tokens);
-    if ((*out)[i].tokens.empty()) (*out)[i].tokens = outputs_.lookup(r.tokens, r.num_tokens);
+    (*out)[i] = ngram_draft(r.tokens, min_n_, max_n_, r.num_tokens, outputs_);
     outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
   }
   return Status();

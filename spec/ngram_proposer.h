@@ -17,6 +17,13 @@
 
 namespace specserve {
 
+/// The n-gram draft of one sequence (NgramProposer and spec/lookup_first_proposer.h): up to k
+/// tokens that followed the most recent earlier occurrence of the sequence's last n tokens
+/// (NgramProposer::lookup over `tokens`, source kPromptLookup), or, where its own text has no
+/// match, of the last n tokens in earlier requests' outputs (`history.lookup`, source
+/// kCachedRequests). Empty tokens: no match anywhere, or k < 1.
+DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history);
+
 class NgramProposer final : public Proposer {
  public:
   /// 1 <= prompt_lookup_min <= prompt_lookup_max (checked by the caller's config validation);

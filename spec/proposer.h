@@ -38,6 +38,23 @@ struct DraftRequest {
   int32_t hidden_size = 0;
 };
 
+/// Who drafted a DraftTree, for the acceptance counters by source (EngineStats::by_source,
+/// /metrics specserve:spec_decode_*_by_source): kModel, the configured method's own drafting
+/// (a draft model, layer skip, Medusa or EAGLE heads); kPromptLookup, an n-gram match in the
+/// sequence's own prompt and output (the `ngram` method, or prompt lookup first in front of a
+/// model method); kCachedRequests, a match in earlier requests' outputs (lookup_cached_requests).
+enum class DraftSource : uint8_t { kModel = 0, kPromptLookup = 1, kCachedRequests = 2 };
+inline constexpr int kNumDraftSources = 3;
+/// "model", "prompt_lookup", "cached_requests" (the `source` label of /metrics).
+inline const char* draft_source_name(DraftSource source) {
+  switch (source) {
+    case DraftSource::kModel: return "model";
+    case DraftSource::kPromptLookup: return "prompt_lookup";
+    case DraftSource::kCachedRequests: return "cached_requests";
+  }
+  return "?";
+}
+
 /// A proposer's answer for one sequence. tokens.size() <= k (may be empty: no guess); for a
 /// tree, k is the node budget. The engine ignores (with a warning) a draft that breaks these
 /// rules (spec/tree_verify.h validate_draft_tree).
@@ -54,6 +71,7 @@ struct DraftTree {
   /// siblings deterministically (top-k) sends no probs: they are then verified without
   /// replacement. Either way sampling stays lossless (spec/tree_verify.h).
   std::vector<std::vector<float>> probs;
+  DraftSource source = DraftSource::kModel;  ///< who drafted it (counters only)
 };
 
 /// draft_p_min (EagleOptions, MedusaOptions, DrafterOptions): must be in [0, 1] (NaN refused).

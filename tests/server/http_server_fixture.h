@@ -47,6 +47,7 @@ struct FakeCluster {
   int64_t goodput_drafting = 0;      // disable_by_goodput counters, in each replica's load
   int64_t goodput_skipped = 0;
   ShardLoad ended;                   // ClusterStatus::ended (replica loads that were reset)
+  ShardLoad by_source;               // its *_by_source vectors, in each replica's load
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
   int32_t idle_min_replicas = -1;    // >= 0: an autoscaled cluster with no replica ready (both standby), this min
 
@@ -110,6 +111,9 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
         r.load.prefix_cache_hits = fc->prefix_cache_hits;
         r.load.goodput_drafting = fc->goodput_drafting;
         r.load.goodput_skipped = fc->goodput_skipped;
+        r.load.drafts_by_source = fc->by_source.drafts_by_source;
+        r.load.draft_tokens_by_source = fc->by_source.draft_tokens_by_source;
+        r.load.accepted_by_source = fc->by_source.accepted_by_source;
         s.ended = fc->ended;
         s.replicas.push_back(r);
         r.replica = 1;  // a second replica, down: its counters still count in the totals

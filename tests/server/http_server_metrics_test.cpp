@@ -61,6 +61,29 @@ TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {
   EXPECT_NE(m->body.find("specserve:prompt_tokens_total{model_name=\"fake\"} 11\n"), std::string::npos) << m->body;
 }
 
+// Drafts by who drafted them (spec/proposer.h DraftSource): one series per source that drafted,
+// summed over the replicas (two here) and the ended loads; a source that never drafted has none.
+TEST_F(HttpServerTest, DraftCountersBySourceSumTheReplicas) {
+  fc_->by_source.drafts_by_source = {7, 20, 0};  // model, prompt_lookup, cached_requests
+  fc_->by_source.draft_tokens_by_source = {14, 60, 0};
+  fc_->by_source.accepted_by_source = {3, 25, 0};
+  fc_->ended.drafts_by_source = {0, 1, 2};
+  fc_->ended.draft_tokens_by_source = {0, 4, 6};
+  fc_->ended.accepted_by_source = {0, 2, 5};
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string& b = m->body;
+  EXPECT_NE(b.find("# TYPE specserve:spec_decode_num_drafts_by_source_total counter"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_drafts_by_source_total{model_name=\"fake\",source=\"model\"} 14\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_drafts_by_source_total{model_name=\"fake\",source=\"prompt_lookup\"} 41\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_drafts_by_source_total{model_name=\"fake\",source=\"cached_requests\"} 2\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_draft_tokens_by_source_total{model_name=\"fake\",source=\"prompt_lookup\"} 124\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_accepted_tokens_by_source_total{model_name=\"fake\",source=\"model\"} 6\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:spec_decode_num_accepted_tokens_by_source_total{model_name=\"fake\",source=\"cached_requests\"} 5\n"), std::string::npos) << b;
+}
+
 // The replica lifecycle as metrics: a one-hot state gauge and the seconds spent in each state
 // per replica, the warm pool's size, and the last promotion's three times.
 TEST_F(HttpServerTest, LifecycleMetricsShowStatesTimeInEachAndPromotionTimes) {

@@ -231,6 +231,16 @@ TEST(HiddenHandover, LookupFirstHandsEveryRowToItsInnerProposer) {
     expect_same_outputs(got, reference(), c.name);
     EXPECT_GT(lookup.num_lookup_drafts(), 20) << c.name << ": the lookup never drafted, the case is vacuous";
     EXPECT_GT(lookup.num_inner_drafts(), 20) << c.name;
+    // The engine's drafts by source: the lookup's chains and the inner proposer's trees, adding
+    // up to the totals (also across preemptions); no history configured.
+    const auto& by = got.stats.by_source;
+    const DraftSourceStats& model = by[static_cast<size_t>(DraftSource::kModel)];
+    const DraftSourceStats& own = by[static_cast<size_t>(DraftSource::kPromptLookup)];
+    EXPECT_EQ(own.num_drafts, lookup.num_lookup_drafts()) << c.name;
+    EXPECT_GT(model.num_drafts, 20) << c.name;
+    EXPECT_EQ(by[static_cast<size_t>(DraftSource::kCachedRequests)].num_drafts, 0) << c.name;
+    EXPECT_EQ(model.num_drafts + own.num_drafts, got.stats.spec.num_drafts) << c.name;
+    EXPECT_EQ(model.num_accepted_tokens + own.num_accepted_tokens, got.stats.spec.num_accepted_tokens) << c.name;
     if (c.num_kv_blocks > 0) EXPECT_GT(rec.restarts_, 0) << c.name << ": no preemption, the case is vacuous";
     expect_hidden_matches(rec, c.name);
     // The lookup's chains (often rejected at 1-grams) must not shrink the tree's budget through

@@ -245,15 +245,19 @@ TEST(LookupFirst, CachedRequestsAreSearchedBeforeTheInnerProposer) {
   const Tokens second = {5, 6, 30, 31, 32};  // ends with [30, 31, 32]: in seq 1's output
   ASSERT_TRUE(with.propose({request(2, second, 4, 0, rows(0, 4))}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{33, 34}));
+  EXPECT_EQ(out[0].source, DraftSource::kCachedRequests);
   // The sequence's own text first: [30, 31, 32] recurs in it (-> 9), and in the history (-> 33).
   const Tokens own = {30, 31, 32, 9, 30, 31, 32};
   ASSERT_TRUE(with.propose({request(3, own, 4, 0, rows(0, 6))}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{9, 30, 31}));
+  EXPECT_EQ(out[0].source, DraftSource::kPromptLookup);
   EXPECT_EQ(with.num_lookup_drafts(), 2);
   EXPECT_EQ(with.num_inner_drafts(), 1) << "seq 1 itself had no match";
   f.p.propose({request(1, first, 4, 0, rows(0, 6))}, &out);
   f.p.release(1);
-  EXPECT_EQ(f.propose({request(2, second, 4, 0, rows(0, 4))})[0].tokens, (Tokens{77})) << "no history without the option";
+  const std::vector<DraftTree> inner = f.propose({request(2, second, 4, 0, rows(0, 4))});
+  EXPECT_EQ(inner[0].tokens, (Tokens{77})) << "no history without the option";
+  EXPECT_EQ(inner[0].source, DraftSource::kModel);
 }
 
 TEST(LookupFirstDeathTest, ASequenceTwiceInOneCallIsABug) {

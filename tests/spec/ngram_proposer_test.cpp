@@ -98,12 +98,14 @@ TEST(NgramProposer, CachedRequestsAreSearchedWhenTheSequenceHasNoMatch) {
   r2.tokens = t2;
   ASSERT_TRUE(p.propose({r2}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{43}));
+  EXPECT_EQ(out[0].source, DraftSource::kCachedRequests);
   // The sequence's own text first: [41, 42] recurs in it (-> 7), though [40, 41, 42] is in the
   // history too (-> 43).
   const Tokens t3 = {41, 42, 7, 40, 41, 42};
   r2.tokens = t3;
   ASSERT_TRUE(p.propose({r2}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{7, 40, 41}));
+  EXPECT_EQ(out[0].source, DraftSource::kPromptLookup);
   NgramProposer plain(2, 3);
   r2.tokens = t2;
   ASSERT_TRUE(plain.propose({r1}, &out).ok());

@@ -248,6 +248,21 @@ TEST(SpecEngineLookupHistory, CachedRequestsDraftMoreAndKeepGreedyIdentity) {
     const RunResult got = run_engine(target(), tokenizer(), &p, spec_options(4, 1), requests());
     expect_same_outputs(got, reference(), "lookup_cached_requests " + std::to_string(cached));
     (cached ? with : without) = got.stats.spec;
+    // Drafts by source (counted per step) add up to the totals (counted at finish) once every
+    // request finished; the history drafts only when it is on; ngram never drafts as a model.
+    const auto& by = got.stats.by_source;
+    const DraftSourceStats& own = by[static_cast<size_t>(DraftSource::kPromptLookup)];
+    const DraftSourceStats& hist = by[static_cast<size_t>(DraftSource::kCachedRequests)];
+    EXPECT_EQ(by[static_cast<size_t>(DraftSource::kModel)].num_drafts, 0);
+    EXPECT_GT(own.num_drafts, 0);
+    EXPECT_EQ(own.num_drafts + hist.num_drafts, got.stats.spec.num_drafts);
+    EXPECT_EQ(own.num_draft_tokens + hist.num_draft_tokens, got.stats.spec.num_draft_tokens);
+    EXPECT_EQ(own.num_accepted_tokens + hist.num_accepted_tokens, got.stats.spec.num_accepted_tokens);
+    if (cached) {
+      EXPECT_GT(hist.num_drafts, 0) << "earlier outputs never drafted";
+    } else {
+      EXPECT_EQ(hist.num_drafts, 0);
+    }
   }
   EXPECT_GT(with.num_drafts, without.num_drafts) << "earlier outputs never drafted";
   EXPECT_GT(with.num_accepted_tokens, without.num_accepted_tokens);

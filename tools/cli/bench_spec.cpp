@@ -73,6 +73,9 @@ struct RunResult {
   /// Prompt lookup first (spec/lookup_first_proposer.h) only: drafting steps the lookup drafted
   /// and steps handed to the method; both -1 for other proposers.
   int64_t lookup_drafts = -1, inner_drafts = -1;
+  /// The engine's drafts by who drafted them (EngineStats::by_source).
+  DraftSourceCounts by_source{};
+  std::string model_name;  ///< what drafted as DraftSource::kModel (the method, or the inner one)
   std::map<std::string, TaskResult> tasks;
   std::map<int, std::vector<int32_t>> outputs;
   TaskResult total;
@@ -151,9 +154,12 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
     rr.total.decode_steps += tr.decode_steps;
     rr.total.spec.add(tr.spec);
   }
+  rr.by_source = (*engine)->stats().by_source;
+  rr.model_name = *proposer ? (*proposer)->name() : "";
   if (const auto* lookup = dynamic_cast<const LookupFirstProposer*>(proposer->get())) {
     rr.lookup_drafts = lookup->num_lookup_drafts();
     rr.inner_drafts = lookup->num_inner_drafts();
+    rr.model_name = lookup->inner().name();
   }
   return rr;
 }
@@ -299,6 +305,7 @@ int run_bench(const BenchArgs& a) {
                        {"num_draft_tokens", r.total.spec.num_draft_tokens},
                        {"num_accepted_tokens", r.total.spec.num_accepted_tokens},
                        {"accepted_per_pos", r.total.spec.accepted_per_pos}, {"greedy_mismatches", r.total.mismatches}};
+      jr["overall"]["drafts_by_source"] = nlohmann::json::parse(draft_sources_json(r.by_source));
       if (r.lookup_drafts >= 0) {
         jr["overall"]["lookup_drafts"] = r.lookup_drafts;
         jr["overall"]["inner_drafts"] = r.inner_drafts;
@@ -335,16 +342,30 @@ int run_bench(const BenchArgs& a) {
         std::printf("\n");
       }
     }
-    bool any_lookup = false;
-    for (const auto& r : runs) any_lookup = any_lookup || r.lookup_drafts >= 0;
-    if (any_lookup) {
-      std::printf("\nPrompt lookup first: drafting steps drafted by the lookup and handed to the method:\n\n"
-                  "| method | by the lookup | by the method | lookup share |\n|---|---|---|---|\n");
+    // Who drafted, for the methods that look up n-grams (ngram, prompt lookup first, earlier
+    // requests' outputs).
+    auto mixed = [](const RunResult& r) {
+      return r.by_source[static_cast<size_t>(DraftSource::kPromptLookup)].num_drafts +
+                 r.by_source[static_cast<size_t>(DraftSource::kCachedRequests)].num_drafts > 0;
+    };
+    if (std::any_of(runs.begin(), runs.end(), mixed)) {
+      std::printf("\nDrafts by source (verification steps whose draft came from each source; acceptance: accepted / drafted\n"
+                  "tokens; tokens per step: 1 + accepted / drafts):\n\n"
+                  "| method | source | drafts | share of drafts | acceptance | tokens per step |\n|---|---|---|---|---|---|\n");
       for (const auto& r : runs) {
-        if (r.lookup_drafts < 0) continue;
-        const int64_t both = r.lookup_drafts + r.inner_drafts;
-        std::printf("| %s | %lld | %lld | %.3f |\n", r.name.c_str(), static_cast<long long>(r.lookup_drafts),
-                    static_cast<long long>(r.inner_drafts), both ? static_cast<double>(r.lookup_drafts) / static_cast<double>(both) : 0.0);
+        if (!mixed(r)) continue;
+        int64_t all = 0;
+        for (const DraftSourceStats& b : r.by_source) all += b.num_drafts;
+        for (size_t i = 0; i < r.by_source.size(); ++i) {
+          const DraftSourceStats& b = r.by_source[i];
+          if (b.num_drafts == 0) continue;
+          const auto src = static_cast<DraftSource>(i);
+          std::printf("| %s | %s | %lld | %.3f | %.3f | %.2f |\n", r.name.c_str(),
+                      src == DraftSource::kModel ? r.model_name.c_str() : draft_source_name(src), static_cast<long long>(b.num_drafts),
+                      static_cast<double>(b.num_drafts) / static_cast<double>(all),
+                      b.num_draft_tokens ? static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_draft_tokens) : 0.0,
+                      1.0 + static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_drafts));
+        }
       }
     }
     std::fflush(stdout);

@@ -63,6 +63,16 @@ Expected<std::unique_ptr<Client>> connect_client(const std::string& connect, con
   return Client::connect(hp->first, hp->second, *token);
 }
 
+// ShardLoad's *_by_source vectors as EngineStats::by_source (missing entries 0).
+DraftSourceCounts draft_source_counts(const ShardLoad& l) {
+  DraftSourceCounts c{};
+  auto at = [](const std::vector<int64_t>& v, size_t i) { return i < v.size() ? v[i] : 0; };
+  for (size_t i = 0; i < c.size(); ++i) {
+    c[i] = {at(l.drafts_by_source, i), at(l.draft_tokens_by_source, i), at(l.accepted_by_source, i)};
+  }
+  return c;
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (unsigned char c : s) {
@@ -332,8 +342,8 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       for (size_t p = 0; p < r.load.accepted_per_pos.size(); ++p) {
         std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.load.accepted_per_pos[p]));
       }
-      std::printf("], \"state\": \"%s\", \"state_seconds\": %.3f, \"state_seconds_total\": {", r.state.c_str(),
-                  r.state_seconds);
+      std::printf("], \"drafts_by_source\": %s, \"state\": \"%s\", \"state_seconds\": %.3f, \"state_seconds_total\": {",
+                  draft_sources_json(draft_source_counts(r.load)).c_str(), r.state.c_str(), r.state_seconds);
       for (size_t k = 0; k < r.state_seconds_total.size() && k < kNumReplicaStates; ++k) {
         std::printf("%s\"%s\": %.3f", k ? ", " : "", replica_state_name(static_cast<ReplicaState>(k)),
                     r.state_seconds_total[k]);
@@ -371,7 +381,7 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     for (size_t p = 0; p < e.accepted_per_pos.size(); ++p) {
       std::printf("%s%lld", p ? ", " : "", static_cast<long long>(e.accepted_per_pos[p]));
     }
-    std::printf("]");
+    std::printf("], \"drafts_by_source\": %s", draft_sources_json(draft_source_counts(e)).c_str());
     std::printf("}, \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
                 "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %s, \"num_promotions\": %lld, "
                 "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
@@ -421,6 +431,14 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                 r.state.c_str(), r.state_seconds, r.ready ? "yes" : "no", r.assigned, l.num_running, l.num_waiting, kv.c_str(),
                 static_cast<long long>(l.generated_tokens), acc, mal, hit, cold.c_str(), promo.c_str());
   }
+  ShardLoad all = s.ended;
+  for (const auto& r : s.replicas) {
+    add_counts(all.drafts_by_source, r.load.drafts_by_source);
+    add_counts(all.draft_tokens_by_source, r.load.draft_tokens_by_source);
+    add_counts(all.accepted_by_source, r.load.accepted_by_source);
+  }
+  const std::string sources = draft_sources_text(draft_source_counts(all), s.speculative_method);
+  if (!sources.empty()) std::printf("drafts by source (every replica, ended ones included): %s\n", sources.c_str());
   // Time spent in each lifecycle state (the current one included), per replica.
   for (const auto& r : s.replicas) {
     std::string line;

@@ -1,6 +1,8 @@
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -70,12 +72,12 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
                static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
   const std::string per_pos = accepted_per_position_line(s.accepted_per_pos, proposer.drafts_trees(), proposer.max_draft_depth(k));
   std::fprintf(stderr, "--- %s\n--- time drafting %.3f s | verifying (target forward) %.3f s\n", per_pos.c_str(), totals.draft_seconds, totals.forward_seconds);
-  if (const auto* lookup = dynamic_cast<const LookupFirstProposer*>(&proposer)) {
-    const int64_t both = lookup->num_lookup_drafts() + lookup->num_inner_drafts();
-    std::fprintf(stderr, "--- prompt lookup first: %lld of %lld drafting steps drafted by the lookup (%.0f %%), %lld asked of %s\n",
-                 static_cast<long long>(lookup->num_lookup_drafts()), static_cast<long long>(both),
-                 both > 0 ? 100.0 * static_cast<double>(lookup->num_lookup_drafts()) / static_cast<double>(both) : 0.0,
-                 static_cast<long long>(lookup->num_inner_drafts()), lookup->inner().name().c_str());
+  // Who drafted, where it is not just the method itself: the n-gram lookup, prompt lookup first,
+  // earlier requests' outputs.
+  const auto& by = totals.by_source;
+  if (by[static_cast<size_t>(DraftSource::kPromptLookup)].num_drafts + by[static_cast<size_t>(DraftSource::kCachedRequests)].num_drafts > 0) {
+    const auto* lookup = dynamic_cast<const LookupFirstProposer*>(&proposer);
+    std::fprintf(stderr, "--- drafts by source: %s\n", draft_sources_text(by, lookup ? lookup->inner().name() : method).c_str());
   }
   const int64_t asked = totals.goodput_drafting + totals.goodput_skipped;
   if (asked > 0) {
@@ -83,6 +85,31 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
                  static_cast<long long>(totals.goodput_drafting), static_cast<long long>(asked),
                  100.0 * static_cast<double>(totals.goodput_drafting) / static_cast<double>(asked));
   }
+}
+
+std::string draft_sources_text(const DraftSourceCounts& c, const std::string& model_name) {
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const DraftSourceStats& b = c[i];
+    if (b.num_drafts == 0) continue;
+    const auto src = static_cast<DraftSource>(i);
+    out += fmt::format("{}{} {} drafts, {:.3f} of {} tokens accepted, {:.2f} tokens per step", out.empty() ? "" : " | ",
+                       src == DraftSource::kModel ? model_name : std::string(draft_source_name(src)), b.num_drafts,
+                       b.num_draft_tokens ? static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_draft_tokens) : 0.0,
+                       b.num_draft_tokens, 1.0 + static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_drafts));
+  }
+  return out;
+}
+
+std::string draft_sources_json(const DraftSourceCounts& c) {
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const DraftSourceStats& b = c[i];
+    if (b.num_drafts == 0) continue;
+    out += fmt::format("{}\"{}\": {{\"num_drafts\": {}, \"num_draft_tokens\": {}, \"num_accepted_tokens\": {}}}", out.empty() ? "" : ", ",
+                       draft_source_name(static_cast<DraftSource>(i)), b.num_drafts, b.num_draft_tokens, b.num_accepted_tokens);
+  }
+  return "{" + out + "}";
 }
 
 CLI::Option* add_gpu_memory_utilization_option(CLI::App& sub, double* value, const std::string& help) {

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,5 +73,16 @@ CLI::Validator seconds_validator(const std::string& flag);
 /// position for a chain, per tree depth (up to proposer.max_draft_depth(k)) for a tree.
 /// `k`: the engine's num_speculative_tokens.
 void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, const EngineStats& totals);
+
+/// EngineStats::by_source (ShardLoad's *_by_source vectors), indexed by DraftSource.
+using DraftSourceCounts = std::array<DraftSourceStats, kNumDraftSources>;
+
+/// The sources that drafted, one clause each, "prompt_lookup 120 drafts, 0.480 of 310 tokens
+/// accepted, 2.24 tokens per step | eagle 300 drafts, ..." (the model source named `model_name`;
+/// tokens per step: 1 + accepted / drafts). "" when nothing drafted.
+std::string draft_sources_text(const DraftSourceCounts& c, const std::string& model_name);
+/// The same as a JSON object keyed by draft_source_name(): {"prompt_lookup": {"num_drafts": N,
+/// "num_draft_tokens": N, "num_accepted_tokens": N}, ...}; only sources that drafted; "{}" for none.
+std::string draft_sources_json(const DraftSourceCounts& c);
 
 }  // namespace specserve::cli
