@@ -1,3 +1,5 @@
+// specserve cluster: the launcher commands (launch.h) — what `up`, `node`, `worker` and `serve` check
+// and start; what up and serve do around the running head is in launch_lifecycle.cpp.
 #include "cluster/launch.h"
 
 #include <unistd.h>
@@ -6,9 +8,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 
@@ -22,6 +21,7 @@
 #include "actors/target_shard.h"
 #include "actors/tp_group.h"
 #include "actors/tp_rank.h"
+#include "cluster/launch_lifecycle.h"
 #include "cluster/node_supervisor.h"
 #include "cluster/process.h"
 #include "cluster/up_plan.h"
@@ -35,11 +35,6 @@ int fail(const char* cmd, const Status& st) {
   return 1;
 }
 
-int32_t default_threads(int32_t workers_here) {
-  const int32_t cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, workers_here));
-}
-
 bool has_draft_worker(const Topology& t, int32_t replica) {
   for (const NodeSpec& n : t.nodes) {
     for (const WorkerSpec& w : n.workers) {
@@ -47,217 +42,6 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
     }
   }
   return false;
-}
-
-// Starts the worker processes of one replica on this host when the head's autoscaler asks
-// (a cold start). The request comes on the scheduler actor's thread and is only queued there;
-// the launcher's main loop spawns (pump()), so that every worker is a child of the main thread.
-// NOTE: PR_SET_PDEATHSIG (exit_with_parent) fires when the *thread* that forked the child
-// exits, so children must not be spawned from a CAF worker thread; the queue costs at most one
-// poll interval (50 ms) of a cold start that takes seconds, and the head measures it.
-//
-// A start that fails here is reported to the scheduler (launch_err_atom): spawn_child failed, the
-// replica still has a live worker process (a retired one not gone yet: never two processes of one
-// replica), or a worker exited before the replica was started again. The scheduler ignores a
-// report for a replica that is not `starting` any more (it registered: its down message counts).
-class WorkerLauncher {
- public:
-  WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker)
-      : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker) {}
-
-  /// Where start failures are reported; set once the head runs (before the first pump()).
-  void set_scheduler(caf::actor scheduler) { scheduler_ = std::move(scheduler); }
-
-  /// Thread-safe: queues `replica` for pump(). kUnavailable when none of its workers is on a
-  /// node this launcher starts (nodes on other hosts start their own workers).
-  Status request(int32_t replica) {
-    if (!has_local_workers(replica)) {
-      return unavailable("replica " + std::to_string(replica) +
-                         " has no worker on a node of this host: start its node there (specserve node --join)");
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    queued_.emplace_back(replica, ++generation_[replica]);
-    return Status();
-  }
-  /// Main thread: reaps exited workers (their lines go to `exited`), reports the exit of a worker
-  /// of the replica's latest start, then spawns the queued replicas' workers (once `endpoint` is
-  /// known).
-  void pump(const std::string& endpoint, std::vector<std::string>* exited = nullptr) {
-    std::vector<Child> before = children_;
-    for (auto& line : reap_children(&children_)) {
-      if (exited) exited->push_back(std::move(line));
-    }
-    for (const Child& c : before) {
-      bool alive = false;
-      for (const Child& n : children_) alive = alive || n.pid == c.pid;
-      if (alive) continue;
-      auto it = owner_.find(c.pid);
-      if (it == owner_.end()) continue;
-      const auto [replica, gen] = it->second;
-      owner_.erase(it);
-      bool latest = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        latest = generation_[replica] == gen;  // not started again since: the exit is news
-      }
-      if (latest) report(replica, c.name + " (pid " + std::to_string(c.pid) + ") exited");
-    }
-    std::vector<std::pair<int32_t, int64_t>> q;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      q.swap(queued_);
-    }
-    for (const auto& [replica, gen] : q) spawn(replica, gen, endpoint);
-  }
-  std::vector<Child>* children() { return &children_; }
-
- private:
-  bool local(const NodeSpec& n) const { return is_loopback_host(n.host) || n.host == topo_.head.host; }
-  bool has_local_workers(int32_t replica) const {
-    for (const NodeSpec& n : topo_.nodes) {
-      if (!local(n)) continue;
-      for (const WorkerSpec& w : n.workers) {
-        if (w.replica == replica) return true;
-      }
-    }
-    return false;
-  }
-  void report(int32_t replica, const std::string& why) {
-    // Info: the head decides whether it matters (a retired worker's exit does not).
-    get_logger("cluster")->info("replica {}: {}", replica, why);
-    if (scheduler_) caf::anon_send(scheduler_, launch_err_atom::value, replica, why);
-  }
-  void spawn(int32_t replica, int64_t gen, const std::string& endpoint) {
-    // NOTE: never two processes of one replica (they would share its device and KV budget):
-    // the head waits for a retired worker's down message, which can come before its process
-    // has exited; the start is refused and the head retries after a backoff.
-    for (const auto& [pid, owner] : owner_) {
-      if (owner.first == replica) {
-        report(replica, "cannot start it: its worker pid " + std::to_string(pid) + " has not exited yet");
-        return;
-      }
-    }
-    for (const NodeSpec& n : topo_.nodes) {
-      if (!local(n)) continue;
-      const int32_t threads = threads_per_worker_ > 0 ? threads_per_worker_
-                                                      : default_threads(static_cast<int32_t>(n.workers.size()));
-      for (size_t j = 0; j < n.workers.size(); ++j) {
-        const WorkerSpec& w = n.workers[j];
-        if (w.replica != replica) continue;
-        std::vector<std::string> argv = {self_executable(), "worker", "--join", endpoint, "--node", n.name, "--config",
-                                         config_path_, "--index", std::to_string(j), "--threads", std::to_string(threads)};
-        const std::string name = "worker " + n.name + "/" + std::to_string(j) + " " + worker_role_name(w.role) +
-                                 " (replica " + std::to_string(replica) + ")";
-        auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}}, name);
-        if (!c.ok()) {
-          report(replica, "cannot start " + name + ": " + c.status().message());
-          continue;
-        }
-        get_logger("cluster")->info("started {} (pid {})", name, c->pid);
-        children_.push_back(*c);
-        owner_[c->pid] = {replica, gen};
-      }
-    }
-  }
-
-  const Topology& topo_;
-  std::string config_path_;
-  int32_t threads_per_worker_ = 0;
-  caf::actor scheduler_;
-  std::mutex mu_;
-  std::vector<std::pair<int32_t, int64_t>> queued_;  // (replica, generation)
-  std::map<int32_t, int64_t> generation_;            // replica -> start requests so far (under mu_)
-  std::vector<Child> children_;                      // main thread only
-  std::map<pid_t, std::pair<int32_t, int64_t>> owner_;  // live child -> (replica, generation); main thread
-};
-
-// Polls the head until `replicas` replicas are ready (or a stop signal / `timeout_s`).
-// `children` (may be null): processes that must stay alive until then. `launcher` (may be null):
-// pumped while waiting (the autoscaler starts the first replicas through it).
-bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed, std::vector<Child>* children = nullptr,
-                WorkerLauncher* launcher = nullptr, const std::string& endpoint = "") {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  std::string last;
-  while (std::chrono::steady_clock::now() < end && !stop_requested()) {
-    if (launcher) {
-      // A worker of an autoscaled replica that exits is reported to the head, which starts the
-      // replica again (with a backoff): not a reason to give up the launch.
-      std::vector<std::string> exited;
-      launcher->pump(endpoint, &exited);
-      for (const auto& line : exited) get_logger("cluster")->warn("{}", line);
-    }
-    if (children && !launcher) {
-      auto exited = reap_children(children);
-      if (!exited.empty()) {
-        for (const auto& line : exited) std::fprintf(stderr, "specserve: %s before the cluster was ready\n", line.c_str());
-        *failed = true;
-        return false;
-      }
-    }
-    auto st = client.status(std::chrono::seconds(5));
-    if (st.ok()) {
-      size_t ready = 0;
-      for (const auto& r : st->replicas) ready += r.ready;
-      for (const auto& w : st->workers) {
-        if (w.state == "failed") {
-          std::fprintf(stderr, "specserve: worker %s of replica %d on node %s failed: %s\n", w.role.c_str(), w.replica,
-                       w.node.c_str(), w.error.c_str());
-          *failed = true;
-          return false;
-        }
-      }
-      std::string line = "waiting for replicas: " + std::to_string(ready) + "/" + std::to_string(replicas) + " ready, " +
-                         std::to_string(st->workers.size()) + " worker(s) registered";
-      if (line != last) std::fprintf(stderr, "specserve: %s\n", line.c_str());
-      last = line;
-      if (ready >= replicas) return true;
-    }
-    if (!launcher) {
-      wait_for_stop(0.25);
-      continue;
-    }
-    for (int i = 0; i < 5 && !stop_requested(); ++i) {
-      std::vector<std::string> exited;
-      launcher->pump(endpoint, &exited);
-      for (const auto& line : exited) get_logger("cluster")->warn("{}", line);
-      wait_for_stop(0.05);
-    }
-  }
-  return false;
-}
-
-void write_ready_file(const std::string& path, const std::string& endpoint) {
-  if (path.empty()) return;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << endpoint << "\n";
-  }
-  std::rename(tmp.c_str(), path.c_str());
-}
-
-void print_status_line(Client& client) {
-  auto st = client.status(std::chrono::seconds(5));
-  if (!st.ok()) return;
-  for (const auto& w : st->workers) {
-    std::fprintf(stderr, "  %-13s replica %d rank %d on %-8s pid %-7d %-8s load %.2f s  warm-up %.2f s  %s\n", w.role.c_str(),
-                 w.replica, w.rank, w.node.c_str(), w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds,
-                 w.compute.c_str());
-  }
-}
-
-// Drains (the HTTP front end keeps streaming the in-flight requests; new ones are refused),
-// stops the front end, the head, then the children.
-void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s, std::shared_ptr<void>* front_end) {
-  std::fprintf(stderr, "specserve: stopping: draining in-flight requests (up to %.0f s)...\n", drain_timeout_s);
-  Status st = head.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
-  if (!st.ok()) std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
-  if (front_end) front_end->reset();
-  head.stop();
-  // NOTE: longer than a node gives its workers (10 s), so a node is never killed before it has
-  // stopped its workers (which would orphan a worker still finishing a step).
-  if (children) stop_children(children, 15.0);
-  std::fprintf(stderr, "specserve: stopped\n");
 }
 
 }  // namespace
