@@ -171,6 +171,7 @@ ProposeReply propose(Self self, ProposeMsg& m) {
     DraftTree& d = out[j];
     r.tokens = std::move(d.tokens);
     r.parents = std::move(d.parents);
+    r.source = static_cast<int32_t>(d.source);
     for (const auto& q : d.probs) {
       std::vector<int32_t> ids;
       std::vector<float> vals;

@@ -264,6 +264,7 @@ struct DraftReplySeq {
   std::vector<std::vector<int32_t>> prob_ids;
   std::vector<std::vector<float>> prob_values;
   bool resync = false;  ///< the worker's copy of the tokens did not match `offset`: send them all again
+  int32_t source = 0;   ///< DraftTree::source (spec/proposer.h DraftSource), for the counters by source
 };
 
 struct ProposeReply {
@@ -459,7 +460,7 @@ typename Inspector::result_type inspect(Inspector& f, ProposeMsg& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DraftReplySeq& x) {
-  return f(caf::meta::type_name("DraftReplySeq"), x.tokens, x.parents, x.prob_ids, x.prob_values, x.resync);
+  return f(caf::meta::type_name("DraftReplySeq"), x.tokens, x.parents, x.prob_ids, x.prob_values, x.resync, x.source);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ProposeReply& x) {

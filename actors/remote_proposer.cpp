@@ -68,6 +68,8 @@ Status RemoteProposer::propose(const std::vector<DraftRequest>& requests, std::v
     DraftTree& d = (*out)[i];
     d.tokens = std::move(r.tokens);
     d.parents = std::move(r.parents);
+    // A value this build does not know (a newer worker) counts as the model's.
+    d.source = r.source >= 0 && r.source < kNumDraftSources ? static_cast<DraftSource>(r.source) : DraftSource::kModel;
     if (!r.prob_ids.empty()) {
       if (r.prob_ids.size() != d.tokens.size() || r.prob_values.size() != d.tokens.size()) {
         return internal_error("draft worker: probabilities for " + std::to_string(r.prob_ids.size()) + " of " +

@@ -172,9 +172,10 @@ struct DraftSourceStats {
 /// Engine-wide counters.
 struct EngineStats {
   SpecStats spec;
-  /// [DraftSource]: spec's drafts split by who drafted them (spec/proposer.h), counted at each
-  /// verification step — spec itself is counted when a sequence finishes, so the two agree once
-  /// no sequence is running (a migrated sequence's steps count on the engine that ran them).
+  /// [DraftSource]: every verified draft by who drafted it (spec/proposer.h), counted at each
+  /// verification step. spec is counted when a sequence finishes, with what a migrated sequence
+  /// brought from its earlier engine; so the two agree only once no sequence runs and none came
+  /// from (or left for) another engine.
   std::array<DraftSourceStats, kNumDraftSources> by_source{};
   int64_t num_steps = 0;
   int64_t prompt_tokens = 0;

@@ -15,6 +15,9 @@ std::vector<int32_t> TreeIndex::path_to(int32_t v) const {
 
 Status validate_draft_tree(const DraftTree& d, int32_t max_nodes, int64_t vocab) {
   const size_t n = d.tokens.size();
+  if (static_cast<int>(d.source) >= kNumDraftSources) {
+    return invalid_argument("source = " + std::to_string(static_cast<int>(d.source)) + " is not a DraftSource");
+  }
   if (static_cast<int64_t>(n) > max_nodes) {
     return invalid_argument("tokens: " + std::to_string(n) + " draft tokens exceed the budget of " + std::to_string(max_nodes));
   }

@@ -337,6 +337,15 @@ TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) 
   EXPECT_EQ(st.max_model_len, 512);
   EXPECT_EQ(l.goodput_drafting, 0) << "disable_by_goodput is off";
   EXPECT_EQ(l.goodput_skipped, 0) << "disable_by_goodput is off";
+  // Drafts by source: all the n-gram lookup's own-text matches (no history configured), equal
+  // to the totals once no request runs.
+  const auto src = [](DraftSource d) { return static_cast<size_t>(d); };
+  ASSERT_EQ(l.drafts_by_source.size(), static_cast<size_t>(kNumDraftSources));
+  EXPECT_EQ(l.drafts_by_source[src(DraftSource::kPromptLookup)], l.num_drafts);
+  EXPECT_EQ(l.draft_tokens_by_source[src(DraftSource::kPromptLookup)], l.num_draft_tokens);
+  EXPECT_EQ(l.accepted_by_source[src(DraftSource::kPromptLookup)], l.num_accepted_tokens);
+  EXPECT_EQ(l.drafts_by_source[src(DraftSource::kModel)], 0);
+  EXPECT_EQ(l.drafts_by_source[src(DraftSource::kCachedRequests)], 0);
 }
 
 TEST_F(ActorsNgram, StatusReportsPrefixCacheQueriesAndHits) {
@@ -549,6 +558,39 @@ TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {
   ASSERT_TRUE(r2.ok()) << r2.status().to_string();
   EXPECT_EQ(r2->completion_tokens, 12);
   EXPECT_GT(r2->num_draft_tokens, 0);
+}
+
+TEST(ActorsDraftWorker, LookupFirstOnTheDraftWorkerKeepsEachDraftsSource) {
+  // Prompt lookup first runs on the draft worker; who drafted travels back with each draft
+  // (DraftReplySeq::source), so the shard counts the lookup's drafts apart from the model's.
+  SpeculativeSpec s;
+  s.method = SpeculativeMethod::kDraftModel;
+  s.model = testing::default_model_path();
+  s.num_speculative_tokens = 3;
+  s.lookup_first = true;
+  s.prompt_lookup_min = 2;
+  s.prompt_lookup_max = 4;
+  Cluster c(s, /*draft_worker=*/true);
+  auto ps = prompts(c.head());
+  int64_t drafts = 0;
+  for (size_t i : {size_t{0}, size_t{2}}) {  // repetitive text (lookup matches), then a story
+    auto r = c.client().generate(greedy(ps[i], 24));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->tokens, testing::greedy_reference(ps[i], 24)) << "prompt " << i;
+    drafts += r->num_drafts;
+  }
+  const ClusterStatus st = status_when(c.client(), [&](const ShardLoad& l) { return l.num_drafts >= drafts; });
+  ASSERT_EQ(st.replicas.size(), 1u);
+  const ShardLoad& l = st.replicas[0].load;
+  ASSERT_EQ(l.drafts_by_source.size(), static_cast<size_t>(kNumDraftSources));
+  const int64_t lookup = l.drafts_by_source[static_cast<size_t>(DraftSource::kPromptLookup)];
+  const int64_t model = l.drafts_by_source[static_cast<size_t>(DraftSource::kModel)];
+  EXPECT_GT(lookup, 0) << "the lookup never drafted on repetitive text";
+  EXPECT_GT(model, 0) << "the draft model never drafted";
+  EXPECT_EQ(lookup + model, l.num_drafts);
+  // The draft model is the target itself: its drafts are always accepted.
+  EXPECT_EQ(l.accepted_by_source[static_cast<size_t>(DraftSource::kModel)],
+            l.draft_tokens_by_source[static_cast<size_t>(DraftSource::kModel)]);
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
   l.num_reclaims = 31;
   l.goodput_drafting = 32;
   l.goodput_skipped = 33;
+  l.drafts_by_source = {34, 35, 36};
+  l.draft_tokens_by_source = {37, 38, 39};
+  l.accepted_by_source = {40, 41, 42};
   const ShardLoad r = round_trip(l);
   EXPECT_EQ(r.replica, 3);
   EXPECT_EQ(r.free_kv_blocks, 11);
@@ -73,6 +76,26 @@ TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
   EXPECT_EQ(r.num_reclaims, 31);
   EXPECT_EQ(r.goodput_drafting, 32);
   EXPECT_EQ(r.goodput_skipped, 33);
+  EXPECT_EQ(r.drafts_by_source, (std::vector<int64_t>{34, 35, 36}));
+  EXPECT_EQ(r.draft_tokens_by_source, (std::vector<int64_t>{37, 38, 39}));
+  EXPECT_EQ(r.accepted_by_source, (std::vector<int64_t>{40, 41, 42}));
+}
+
+TEST(Messages, DraftReplySeqKeepsEveryFieldThroughSerialisation) {
+  DraftReplySeq d;
+  d.tokens = {1, 2};
+  d.parents = {-1, 0};
+  d.prob_ids = {{3}, {4, 5}};
+  d.prob_values = {{0.5f}, {0.25f, 0.75f}};
+  d.resync = true;
+  d.source = 2;
+  const DraftReplySeq r = round_trip(d);
+  EXPECT_EQ(r.tokens, d.tokens);
+  EXPECT_EQ(r.parents, d.parents);
+  EXPECT_EQ(r.prob_ids, d.prob_ids);
+  EXPECT_EQ(r.prob_values, d.prob_values);
+  EXPECT_TRUE(r.resync);
+  EXPECT_EQ(r.source, 2);
 }
 
 TEST(Messages, ClusterStatusKeepsTheEndedCounters) {
@@ -82,12 +105,14 @@ TEST(Messages, ClusterStatusKeepsTheEndedCounters) {
   c.ended.prompt_tokens = 5;
   c.ended.accepted_per_pos = {6, 7};
   c.ended.goodput_skipped = 8;
+  c.ended.drafts_by_source = {9, 10};
   const ClusterStatus r = round_trip(c);
   EXPECT_EQ(r.kv_recomputed_tokens, 4);
   EXPECT_EQ(r.tensor_parallel_size, 2);
   EXPECT_EQ(r.ended.prompt_tokens, 5);
   EXPECT_EQ(r.ended.accepted_per_pos, (std::vector<int64_t>{6, 7}));
   EXPECT_EQ(r.ended.goodput_skipped, 8);
+  EXPECT_EQ(r.ended.drafts_by_source, (std::vector<int64_t>{9, 10}));
 }
 
 }  // namespace

@@ -70,7 +70,18 @@ TEST_F(HttpServerTest, DraftCountersBySourceSumTheReplicas) {
   fc_->ended.drafts_by_source = {0, 1, 2};
   fc_->ended.draft_tokens_by_source = {0, 4, 6};
   fc_->ended.accepted_by_source = {0, 2, 5};
-  start();
+  {
+    // First scrape: cached_requests has not drafted yet, so it has no series.
+    const std::vector<int64_t> saved = fc_->ended.drafts_by_source;
+    fc_->ended.drafts_by_source = {0, 1, 0};
+    start();
+    auto m = client().Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_NE(m->body.find("source=\"prompt_lookup\"} 41\n"), std::string::npos) << m->body;
+    EXPECT_EQ(m->body.find("source=\"cached_requests\""), std::string::npos) << m->body;
+    std::lock_guard<std::mutex> lock(fc_->mu);
+    fc_->ended.drafts_by_source = saved;
+  }
   auto c = client();
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);

@@ -26,6 +26,9 @@ TEST(TreeVerify, ValidatesDrafts) {
   EXPECT_TRUE(validate_draft_tree(d, 3, 10).ok());
   auto msg = [&](int32_t max_nodes, int64_t vocab) { return validate_draft_tree(d, max_nodes, vocab).message(); };
   EXPECT_NE(msg(2, 10).find("exceed the budget of 2"), std::string::npos) << msg(2, 10);
+  d.source = static_cast<DraftSource>(kNumDraftSources);  // a value no proposer may send
+  EXPECT_NE(msg(3, 10).find("source = 3"), std::string::npos) << msg(3, 10);
+  d.source = DraftSource::kCachedRequests;
   EXPECT_NE(msg(3, 3).find("tokens[2] = 3"), std::string::npos) << msg(3, 3);
   d.parents = {-1, 1, 0};
   EXPECT_NE(msg(3, 10).find("parents[1] = 1"), std::string::npos) << msg(3, 10);
