@@ -4,6 +4,9 @@ acceptance by draft position (fraction of drafts whose token at position i was a
 
 Command: $(scripts/venv.sh --with-plot) bench/plot_spec_bench.py bench/results/spec_bench_<date>.json
 Writes <input>.png next to the JSON.
+
+A/B of two builds (each run's speedup is against its own file's baseline):
+  bench/plot_spec_bench.py A.json B.json --labels "rule A" "rule B" --output AB.png
 """
 import json
 import sys
@@ -47,13 +50,38 @@ def short_name(name):
     return " ".join(parts)
 
 
-def main():
-    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+def parse_args(argv):
+    """(paths, labels, output): labels are given for every path or for none."""
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        sys.exit(0 if len(sys.argv) == 2 else 2)
-    path = sys.argv[1]
-    report = json.load(open(path))
-    runs = [r for r in report["runs"] if r["name"] != "baseline"]
+        sys.exit(0 if argv else 2)
+    paths, labels, output, mode = [], [], None, "paths"
+    for a in argv:
+        if a == "--labels":
+            mode = "labels"
+        elif a == "--output":
+            mode = "output"
+        elif mode == "labels":
+            labels.append(a)
+        elif mode == "output":
+            output, mode = a, "paths"
+        else:
+            paths.append(a)
+    if not paths or (labels and len(labels) != len(paths)) or (len(paths) > 1 and not output):
+        sys.exit("plot_spec_bench.py: give one JSON, or several with --output PNG (and --labels, one per JSON)")
+    return paths, labels, output or paths[0].rsplit(".", 1)[0] + ".png"
+
+
+def main():
+    paths, labels, out = parse_args(sys.argv[1:])
+    runs = []
+    for i, path in enumerate(paths):
+        for r in json.load(open(path))["runs"]:
+            if r["name"] == "baseline":
+                continue
+            r = dict(r)
+            r["label"] = short_name(r["name"]) + (f" [{labels[i]}]" if labels else "")
+            runs.append(r)
     batches = sorted({r["batch"] for r in runs})
     fig, axes = plt.subplots(len(batches), 2, figsize=(14, 5.5 * len(batches)), squeeze=False)
     for row, b in enumerate(batches):
@@ -63,7 +91,7 @@ def main():
         for i, r in enumerate(rb):
             xs = [t + i * width for t in range(len(TASKS) + 1)]
             ys = [r.get("tasks", {}).get(t, {}).get("speedup", 0) for t in TASKS] + [r["overall"]["speedup"]]
-            ax.bar(xs, ys, width, label=short_name(r["name"]))
+            ax.bar(xs, ys, width, label=r["label"])
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([t + 0.4 - width / 2 for t in range(len(TASKS) + 1)])
         ax.set_xticklabels(TASKS + ["overall"], rotation=20)
@@ -76,14 +104,13 @@ def main():
             n = max(1, o["num_drafts"])
             pos = o.get("accepted_per_pos", [])
             if pos:
-                ax.plot(range(1, len(pos) + 1), [p / n for p in pos], marker="o", label=short_name(r["name"]))
+                ax.plot(range(1, len(pos) + 1), [p / n for p in pos], marker="o", label=r["label"])
         ax.set_xlabel("draft position")
         ax.set_ylabel("fraction of drafts accepted up to this position")
         ax.set_ylim(0, 1)
         ax.set_title(f"Acceptance by position, batch {b}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    out = path.rsplit(".", 1)[0] + ".png"
     fig.savefig(out, dpi=90)
     print(out)
 

@@ -29,8 +29,8 @@
 // lookup's: the lookup keeps no draft context (as method ngram, which ignores it).
 //
 // With lookup_cached_requests > 0 the lookup also searches earlier requests' outputs
-// (spec/lookup_history.h) when the sequence's own text has no match; such a draft counts as a
-// lookup draft.
+// (spec/lookup_history.h; the longer match of the two drafts, spec/ngram_proposer.h ngram_draft);
+// such a draft counts as a lookup draft.
 //
 // Sampling stays lossless: lookup drafts are deterministic (no probs: q one-hot), the inner
 // proposer's carry their own q; the engine verifies each sequence's draft by its own rule.
@@ -58,9 +58,9 @@ class LookupFirstProposer final : public Proposer {
   static constexpr int32_t kMaxKeptRows = 512;
 
   /// `inner`: the model-based proposer (not null). 1 <= prompt_lookup_min <= prompt_lookup_max
-  /// (checked by the caller's config validation). lookup_cached_requests > 0: where the
-  /// sequence's own text has no match, the outputs of that many earlier finished requests are
-  /// searched too (spec/lookup_history.h) before the inner proposer is asked.
+  /// (checked by the caller's config validation). lookup_cached_requests > 0: the outputs of
+  /// that many earlier finished requests are searched too (spec/lookup_history.h) before the
+  /// inner proposer is asked.
   LookupFirstProposer(std::unique_ptr<Proposer> inner, int32_t prompt_lookup_min, int32_t prompt_lookup_max,
                       int32_t lookup_cached_requests = 0);
 

@@ -63,7 +63,8 @@ const LookupHistory::Output* LookupHistory::find(uint64_t serial) const {
   return i < ring_.size() ? &ring_[static_cast<size_t>(i)] : nullptr;
 }
 
-std::vector<int32_t> LookupHistory::lookup(std::span<const int32_t> context, int32_t k) const {
+std::vector<int32_t> LookupHistory::lookup(std::span<const int32_t> context, int32_t k, int32_t* matched) const {
+  if (matched) *matched = 0;
   if (k < 1) return {};
   const int32_t len = static_cast<int32_t>(context.size());
   for (int32_t n = std::min(max_n_, len); n >= min_n_; --n) {
@@ -74,6 +75,7 @@ std::vector<int32_t> LookupHistory::lookup(std::span<const int32_t> context, int
     const int32_t end = it->second.end;
     if (o == nullptr || it->second.n != n || !std::equal(tail.begin(), tail.end(), o->tokens.begin() + (end - n))) continue;
     const int32_t take = std::min<int32_t>(k, static_cast<int32_t>(o->tokens.size()) - end);
+    if (matched) *matched = n;
     return std::vector<int32_t>(o->tokens.begin() + end, o->tokens.begin() + end + take);
   }
   return {};
@@ -101,8 +103,10 @@ void SequenceOutputs::release(int64_t seq_id) {
   last_.erase(it);
 }
 
-std::vector<int32_t> SequenceOutputs::lookup(std::span<const int32_t> context, int32_t k) const {
-  return history_ ? history_->lookup(context, k) : std::vector<int32_t>{};
+std::vector<int32_t> SequenceOutputs::lookup(std::span<const int32_t> context, int32_t k, int32_t* matched) const {
+  if (history_) return history_->lookup(context, k, matched);
+  if (matched) *matched = 0;
+  return {};
 }
 
 }  // namespace specserve

@@ -1,5 +1,5 @@
-// specserve spec: the outputs of earlier requests, searched by the n-gram lookup when a
-// sequence's own text has no match (`lookup_cached_requests`).
+// specserve spec: the outputs of earlier requests, searched by the n-gram lookup besides the
+// sequence's own text (`lookup_cached_requests`; the longer match drafts, spec/ngram_proposer.h).
 //
 // The idea is SuffixDecoding's (Oliaro et al. 2024, "SuffixDecoding: A Model-Free Approach to
 // Speeding Up Large Language Model Inference"; vLLM's `suffix` method): a serving engine's
@@ -10,7 +10,9 @@
 // draft. No suffix tree, no frequency scores.
 // NOTE: at least kMinN = 3 tokens must match: another request's text is a weaker guide than the
 // sequence's own (on Spec-Bench outputs, a 2-token match from earlier outputs predicted the next
-// token about half the time, a 3-token one about three times in four).
+// token about half the time, a 3-token one about three times in four). So a 1- or 2-token match
+// of the sequence's own loses to any match here; drafts from here were accepted about twice as
+// often as own-text ones in bench/results/lookup_longer_match_b1_2026-12-05.md.
 //
 // Memory: at most max_requests outputs of at most kMaxTokensPerRequest tokens each, and an index
 // entry (~60 bytes) per (position, n): about 0.25 MB for an output of 1,000 tokens with n 3..5.
@@ -46,8 +48,8 @@ class LookupHistory {
 
   /// For n from max_n down to min_n: the most recent earlier output holding the last n tokens of
   /// `context` followed by at least one token gives up to k of the tokens that followed. Empty:
-  /// no match (or k < 1).
-  std::vector<int32_t> lookup(std::span<const int32_t> context, int32_t k) const;
+  /// no match (or k < 1). `matched`, when given, gets that n (0: no match).
+  std::vector<int32_t> lookup(std::span<const int32_t> context, int32_t k, int32_t* matched = nullptr) const;
 
   int32_t num_requests() const { return static_cast<int32_t>(ring_.size()); }
   size_t index_size() const { return index_.size(); }
@@ -90,8 +92,8 @@ class SequenceOutputs {
   /// preempted sequence finishes; the later copy wins). The tokens of its last step, never seen
   /// by propose(), are not in it.
   void release(int64_t seq_id);
-  /// LookupHistory::lookup, empty when off.
-  std::vector<int32_t> lookup(std::span<const int32_t> context, int32_t k) const;
+  /// LookupHistory::lookup, empty (matched 0) when off.
+  std::vector<int32_t> lookup(std::span<const int32_t> context, int32_t k, int32_t* matched = nullptr) const;
   const LookupHistory* history() const { return history_.get(); }
 
  private:

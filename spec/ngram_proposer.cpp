@@ -4,7 +4,9 @@
 
 namespace specserve {
 
-std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k) {
+std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k,
+                                           int32_t* matched) {
+  if (matched) *matched = 0;
   const int64_t len = static_cast<int64_t>(tokens.size());
   for (int32_t n = std::min<int64_t>(max_n, len - 1); n >= min_n; --n) {
     const int32_t* tail = tokens.data() + len - n;
@@ -13,6 +15,7 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
       if (std::equal(tail, tail + n, tokens.data() + start)) {
         const int64_t from = start + n;
         const int64_t take = std::min<int64_t>(k, len - from);
+        if (matched) *matched = n;
         return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + take);
       }
     }
@@ -23,10 +26,14 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
 DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history) {
   DraftTree d;
   d.source = DraftSource::kPromptLookup;
-  d.tokens = NgramProposer::lookup(tokens, min_n, max_n, k);
-  if (d.tokens.empty()) {
-    d.tokens = history.lookup(tokens, k);
-    if (!d.tokens.empty()) d.source = DraftSource::kCachedRequests;
+  int32_t own_n = 0, history_n = 0;
+  d.tokens = NgramProposer::lookup(tokens, min_n, max_n, k, &own_n);
+  // NOTE: the longer match wins; a tie goes to the sequence's own text (the stronger guide).
+  // A 1- or 2-token match of its own loses to any earlier output's (those need 3 or more).
+  std::vector<int32_t> earlier = history.lookup(tokens, k, &history_n);
+  if (history_n > own_n) {
+    d.tokens = std::move(earlier);
+    d.source = DraftSource::kCachedRequests;
   }
   return d;
 }

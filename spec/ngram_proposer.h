@@ -4,8 +4,8 @@
 // For n from prompt_lookup_max down to prompt_lookup_min, find the most recent earlier
 // occurrence of the sequence's last n tokens in prompt + output and propose the (up to k)
 // tokens that followed it. No model; q is one-hot (deterministic proposer). With
-// lookup_cached_requests > 0, where the sequence's own text has no match the outputs of that many
-// earlier finished requests are searched the same way (spec/lookup_history.h).
+// lookup_cached_requests > 0 the outputs of that many earlier finished requests are searched too
+// (spec/lookup_history.h), and the longer of the two matches drafts (ngram_draft).
 #pragma once
 
 #include <memory>
@@ -18,10 +18,10 @@
 namespace specserve {
 
 /// The n-gram draft of one sequence (NgramProposer and spec/lookup_first_proposer.h): up to k
-/// tokens that followed the most recent earlier occurrence of the sequence's last n tokens
-/// (NgramProposer::lookup over `tokens`, source kPromptLookup), or, where its own text has no
-/// match, of the last n tokens in earlier requests' outputs (`history.lookup`, source
-/// kCachedRequests). Empty tokens: no match anywhere, or k < 1.
+/// tokens that followed the most recent earlier occurrence of the sequence's last n tokens in
+/// its own text (NgramProposer::lookup, source kPromptLookup) or in earlier requests' outputs
+/// (`history.lookup`, source kCachedRequests), whichever matched more tokens (the own text on a
+/// tie). Empty tokens: no match anywhere, or k < 1.
 DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history);
 
 class NgramProposer final : public Proposer {
@@ -36,7 +36,9 @@ class NgramProposer final : public Proposer {
   void release(int64_t seq_id) override;
 
   /// The lookup for one token list (exposed for tests): up to k tokens, possibly none.
-  static std::vector<int32_t> lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k);
+  /// `matched`, when given, gets the n that matched (0: none).
+  static std::vector<int32_t> lookup(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k,
+                                     int32_t* matched = nullptr);
 
  private:
   int32_t min_n_, max_n_;

@@ -246,7 +246,8 @@ TEST(LookupFirst, CachedRequestsAreSearchedBeforeTheInnerProposer) {
   ASSERT_TRUE(with.propose({request(2, second, 4, 0, rows(0, 4))}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{33, 34}));
   EXPECT_EQ(out[0].source, DraftSource::kCachedRequests);
-  // The sequence's own text first: [30, 31, 32] recurs in it (-> 9), and in the history (-> 33).
+  // A tie goes to the sequence's own text: [30, 31, 32] recurs in it (-> 9) and in the history
+  // (-> 33).
   const Tokens own = {30, 31, 32, 9, 30, 31, 32};
   ASSERT_TRUE(with.propose({request(3, own, 4, 0, rows(0, 6))}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{9, 30, 31}));

@@ -99,10 +99,16 @@ TEST(NgramProposer, CachedRequestsAreSearchedWhenTheSequenceHasNoMatch) {
   ASSERT_TRUE(p.propose({r2}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{43}));
   EXPECT_EQ(out[0].source, DraftSource::kCachedRequests);
-  // The sequence's own text first: [41, 42] recurs in it (-> 7), though [40, 41, 42] is in the
-  // history too (-> 43).
+  // The longer match wins: [41, 42] recurs in the sequence's own text (-> 7), but the history
+  // holds all of [40, 41, 42] (-> 43).
   const Tokens t3 = {41, 42, 7, 40, 41, 42};
   r2.tokens = t3;
+  ASSERT_TRUE(p.propose({r2}, &out).ok());
+  EXPECT_EQ(out[0].tokens, (Tokens{43}));
+  EXPECT_EQ(out[0].source, DraftSource::kCachedRequests);
+  // A tie goes to the sequence's own text: [40, 41, 42] recurs in it (-> 7) and in the history.
+  const Tokens t4 = {40, 41, 42, 7, 40, 41, 42};
+  r2.tokens = t4;
   ASSERT_TRUE(p.propose({r2}, &out).ok());
   EXPECT_EQ(out[0].tokens, (Tokens{7, 40, 41}));
   EXPECT_EQ(out[0].source, DraftSource::kPromptLookup);
