@@ -72,6 +72,30 @@ TEST(SpecConfig, MedusaAndEagleWithTheirKeys) {
   EXPECT_FALSE((*es)->eagle_topk.has_value());
 }
 
+TEST(SpecConfig, NullIsNotGiven) {
+  // vLLM's speculative_config takes None as "use the default"; so does a YAML null here.
+  auto n = parse(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": null, "prompt_lookup_max": 4,
+                     "draft_p_min": null, "lookup_cached_requests": null, "model": null, "adaptive_k": null})");
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  ASSERT_TRUE(n->has_value());
+  EXPECT_EQ((*n)->prompt_lookup_min, 4) << "the other bound's value, as when it is left out";
+  EXPECT_EQ((*n)->prompt_lookup_max, 4);
+  EXPECT_FALSE((*n)->draft_p_min.has_value());
+  EXPECT_EQ((*n)->lookup_cached_requests, 0);
+  auto e = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "prompt_lookup_min": null, "prompt_lookup_max": null})");
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_FALSE((*e)->lookup_first) << "null bounds are not given: no lookup in front of the method";
+  // A null that leaves a required key missing is refused as if the key were left out.
+  auto m = parse(R"({"method": "eagle", "model": null, "num_speculative_tokens": 4})");
+  auto missing = parse(R"({"method": "eagle", "num_speculative_tokens": 4})");
+  ASSERT_FALSE(m.ok());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(m.status().message(), missing.status().message());
+  auto null_only = parse(R"({"method": null})");
+  ASSERT_TRUE(null_only.ok()) << null_only.status().to_string();
+  EXPECT_FALSE(null_only->has_value()) << "like {}";
+}
+
 // prompt_lookup_min / max with a model-based method: the lookup first, the method where it finds
 // nothing (spec/lookup_first_proposer.h); vLLM's n-gram defaults for the bounds.
 TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {

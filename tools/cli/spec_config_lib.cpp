@@ -46,6 +46,8 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (!kKeys.count(it.key())) return invalid_argument("--speculative-config: unknown key '" + it.key() + "'");
     }
+    // A key given as null is not given (vLLM: None is the field's default; YAML's null here too).
+    for (auto it = j.begin(); it != j.end();) it = it->is_null() ? j.erase(it) : std::next(it);
     // NOTE: -1 means "not given" in the variables below, so a key given as -1 (or as 2^64 - 1,
     // which get<int64_t> wrapped to -1) was silently taken as absent: no key here takes a
     // negative value, so a negative one is refused with the key and the value as written.
@@ -167,9 +169,13 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     // silently: plain decoding ran. num_speculative_tokens 0 given (flag or key) still means off.
     if (!a.speculative_config.empty() && !k_given) {
       nlohmann::json j;
-      if (!read_json(a.speculative_config, &j) && j.is_object() && !j.empty()) {
-        std::string keys;
-        for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+      std::string keys;  // those given a value (null is not given)
+      if (!read_json(a.speculative_config, &j) && j.is_object()) {
+        for (auto it = j.begin(); it != j.end(); ++it) {
+          if (!it->is_null()) keys += (keys.empty() ? "" : ", ") + it.key();
+        }
+      }
+      if (!keys.empty()) {
         return invalid_argument("--speculative-config: " + keys +
                                 " given without speculation: set method (and model, for model-based methods) or num_speculative_tokens");
       }
