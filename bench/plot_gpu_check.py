@@ -57,7 +57,7 @@ def main():
             runs[key] = {x["name"]: x["overall"]["decode_tokens_per_s"] for x in load(p)["runs"] if x.get("batch") == 1}
     if runs:
         methods = list(next(iter(runs.values())).keys())
-        short = [m if len(m) < 20 else json.loads(m).get("method", m) for m in methods]
+        short = [m if len(m) < 20 else (json.loads(m).get("method") or m) for m in methods]
         width = 0.8 / len(runs)
         for i, (key, vals) in enumerate(runs.items()):
             xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(methods))]

@@ -28,6 +28,9 @@ def short_name(name):
         s = json.loads(name)
     except ValueError:
         return name[:40]
+    if not isinstance(s, dict):
+        return name[:40]
+    s = {k: v for k, v in s.items() if v is not None}  # null is not given (as bench-spec reads it)
     parts = [s.get("method", "?"), f"k={s.get('num_speculative_tokens', '?')}"]
     if "eagle_topk" in s or "eagle_depth" in s:
         topk, depth = s.get("eagle_topk"), s.get("eagle_depth")
@@ -55,20 +58,23 @@ def parse_args(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if argv else 2)
+    # JSON paths first, then --labels L... (one per path) and/or --output PNG, in either order.
     paths, labels, output, mode = [], [], None, "paths"
     for a in argv:
-        if a == "--labels":
-            mode = "labels"
-        elif a == "--output":
-            mode = "output"
-        elif mode == "labels":
+        if a in ("--labels", "--output"):
+            mode = a
+        elif mode == "--labels":
             labels.append(a)
-        elif mode == "output":
-            output, mode = a, "paths"
+        elif mode == "--output":
+            if output is not None:
+                sys.exit(f"plot_spec_bench.py: '{a}' after --output {output}: put the JSON paths first")
+            output = a
         else:
             paths.append(a)
-    if not paths or (labels and len(labels) != len(paths)) or (len(paths) > 1 and not output):
-        sys.exit("plot_spec_bench.py: give one JSON, or several with --output PNG (and --labels, one per JSON)")
+    if mode == "--output" and output is None:
+        sys.exit("plot_spec_bench.py: --output needs a PNG path")
+    if not paths or (len(paths) > 1 and (not output or len(labels) != len(paths))) or (len(paths) == 1 and labels and len(labels) != 1):
+        sys.exit("plot_spec_bench.py: give one JSON, or several followed by --labels (one per JSON) and --output PNG")
     return paths, labels, output or paths[0].rsplit(".", 1)[0] + ".png"
 
 

@@ -91,9 +91,9 @@ struct SpeculativeSpec {
   /// (spec/lookup_first_proposer.h). Set by giving prompt_lookup_min / prompt_lookup_max with a
   /// model-based method.
   bool lookup_first = false;
-  /// ngram, or with lookup_first: where a sequence's own text has no match, the outputs of this
-  /// many earlier finished requests of the same worker are searched too (spec/lookup_history.h;
-  /// after SuffixDecoding), 0..10000. 0: off (the default).
+  /// ngram, or with lookup_first: the outputs of this many earlier finished requests of the same
+  /// worker are searched too, and the longer match (own text or earlier output) drafts
+  /// (spec/lookup_history.h; after SuffixDecoding), 0..10000. 0: off (the default).
   int32_t lookup_cached_requests = 0;
   std::optional<int32_t> num_layers;      ///< layer_skip only; unset: half the target's layers
   /// medusa / eagle only: vLLM's static tree, e.g. "[(0,), (0, 0), (0, 1)]" (paths of candidate

@@ -21,7 +21,8 @@ namespace specserve {
 /// tokens that followed the most recent earlier occurrence of the sequence's last n tokens in
 /// its own text (NgramProposer::lookup, source kPromptLookup) or in earlier requests' outputs
 /// (`history.lookup`, source kCachedRequests), whichever matched more tokens (the own text on a
-/// tie). Empty tokens: no match anywhere, or k < 1.
+/// tie; with prompt_lookup_max <= 2 any earlier output's match, 3+ tokens, beats the own text's).
+/// Empty tokens: no match anywhere, or k < 1.
 DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history);
 
 class NgramProposer final : public Proposer {

@@ -79,7 +79,7 @@ TEST(NgramProposer, ProposeFillsEveryRequest) {
   }
 }
 
-TEST(NgramProposer, CachedRequestsAreSearchedWhenTheSequenceHasNoMatch) {
+TEST(NgramProposer, CachedRequestsAreSearchedAndTheLongerMatchDrafts) {
   // lookup_cached_requests 4: a released sequence's output drafts for a later one.
   NgramProposer p(2, 3, 4);
   DraftRequest r1;
