@@ -254,7 +254,7 @@ TEST(LookupFirst, CachedRequestsAreSearchedBeforeTheInnerProposer) {
   EXPECT_EQ(out[0].source, DraftSource::kPromptLookup);
   EXPECT_EQ(with.num_lookup_drafts(), 2);
   EXPECT_EQ(with.num_inner_drafts(), 1) << "seq 1 itself had no match";
-  f.p.propose({request(1, first, 4, 0, rows(0, 6))}, &out);
+  ASSERT_TRUE(f.p.propose({request(1, first, 4, 0, rows(0, 6))}, &out).ok());
   f.p.release(1);
   const std::vector<DraftTree> inner = f.propose({request(2, second, 4, 0, rows(0, 4))});
   EXPECT_EQ(inner[0].tokens, (Tokens{77})) << "no history without the option";

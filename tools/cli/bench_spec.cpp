@@ -361,7 +361,7 @@ int run_bench(const BenchArgs& a) {
           if (b.num_drafts == 0) continue;
           const auto src = static_cast<DraftSource>(i);
           std::printf("| %s | %s | %lld | %.3f | %.3f | %.2f |\n", r.name.c_str(),
-                      src == DraftSource::kModel ? r.model_name.c_str() : draft_source_name(src), static_cast<long long>(b.num_drafts),
+                      draft_source_label(src, r.model_name).c_str(), static_cast<long long>(b.num_drafts),
                       static_cast<double>(b.num_drafts) / static_cast<double>(all),
                       b.num_draft_tokens ? static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_draft_tokens) : 0.0,
                       1.0 + static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_drafts));

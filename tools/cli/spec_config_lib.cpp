@@ -36,7 +36,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
     if (std::optional<JsonReadError> e = read_json(a.speculative_config, &j, &written)) {
       return invalid_argument("--speculative-config: " + e->describe("the value"));
     }
-    if (!j.is_object()) return invalid_argument("--speculative-config: must be a JSON object");
+    if (!j.is_object()) return invalid_argument(std::string("--speculative-config: must be a JSON object, got ") + j.type_name());
     static const std::set<std::string> kKeys = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                                                 "prompt_lookup_max", "disable_by_batch_size", "max_model_len",
                                                 "draft_tensor_parallel_size", "num_layers", "adaptive_k", "disable_by_goodput",

@@ -87,16 +87,21 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
   }
 }
 
+std::string draft_source_label(DraftSource source, const std::string& model_name) {
+  if (source != DraftSource::kModel || model_name.empty()) return draft_source_name(source);
+  return std::string(draft_source_name(source)) + " (" + model_name + ")";
+}
+
 std::string draft_sources_text(const DraftSourceCounts& c, const std::string& model_name) {
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const DraftSourceStats& b = c[i];
     if (b.num_drafts == 0) continue;
     const auto src = static_cast<DraftSource>(i);
-    out += fmt::format("{}{} {} drafts, {:.3f} of {} tokens accepted, {:.2f} tokens per step", out.empty() ? "" : " | ",
-                       src == DraftSource::kModel ? model_name : std::string(draft_source_name(src)), b.num_drafts,
+    out += fmt::format("{}{} {} drafts, {} of {} tokens accepted ({:.3f}), {:.2f} tokens per step", out.empty() ? "" : " | ",
+                       draft_source_label(src, model_name), b.num_drafts, b.num_accepted_tokens, b.num_draft_tokens,
                        b.num_draft_tokens ? static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_draft_tokens) : 0.0,
-                       b.num_draft_tokens, 1.0 + static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_drafts));
+                       1.0 + static_cast<double>(b.num_accepted_tokens) / static_cast<double>(b.num_drafts));
   }
   return out;
 }

@@ -77,9 +77,12 @@ void print_spec_stats(const SpecStats& s, const Proposer& proposer, int32_t k, c
 /// EngineStats::by_source (ShardLoad's *_by_source vectors), indexed by DraftSource.
 using DraftSourceCounts = std::array<DraftSourceStats, kNumDraftSources>;
 
-/// The sources that drafted, one clause each, "prompt_lookup 120 drafts, 0.480 of 310 tokens
-/// accepted, 2.24 tokens per step | eagle 300 drafts, ..." (the model source named `model_name`;
-/// tokens per step: 1 + accepted / drafts). "" when nothing drafted.
+/// "model (eagle)" for the model source with model_name "eagle"; else draft_source_name().
+std::string draft_source_label(DraftSource source, const std::string& model_name);
+
+/// The sources that drafted, one clause each, "model (eagle) 300 drafts, 120 of 310 tokens
+/// accepted (0.387), 1.40 tokens per step | prompt_lookup 120 drafts, ..." (labels:
+/// draft_source_label; tokens per step: 1 + accepted / drafts). "" when nothing drafted.
 std::string draft_sources_text(const DraftSourceCounts& c, const std::string& model_name);
 /// The same as a JSON object keyed by draft_source_name(): {"prompt_lookup": {"num_drafts": N,
 /// "num_draft_tokens": N, "num_accepted_tokens": N}, ...}; only sources that drafted; "{}" for none.
