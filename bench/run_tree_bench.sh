@@ -2,7 +2,9 @@
 # The tree-speculation benchmark of issue 6 on Spec-Bench (../shared/data/spec_bench/question.jsonl):
 # Medusa and EAGLE (the committed heads in models/heads/; EAGLE as the 8-node tree and as the
 # 2-token chain that is fastest on the CPU, bench/results/eagle_sharegpt_2026-12-02.md; both trees
-# also with draft_p_min, which drops the nodes the heads are unsure of) beside ngram, layer_skip and draft_model,
+# also with draft_p_min, which drops the nodes the heads are unsure of; the chain and the pruned Medusa
+# tree also behind prompt lookup first with earlier requests' outputs) beside ngram (also with those
+# outputs), layer_skip and draft_model,
 # all in one run against the same baseline; per task and overall the decode speedup, mean accepted
 # tokens per step and acceptance by depth; greedy outputs checked token for token against the baseline.
 #   batch 1: the first 2 questions of each of the six tasks (first turn, chat template), 64 tokens;
@@ -13,7 +15,7 @@
 # SPECSERVE_CPU_MATMUL set (e.g. amx, cpu/matmul.h) the names end in -<kernel>.
 # Usage: bench/run_tree_bench.sh [THREADS]     (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,16p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
@@ -33,6 +35,11 @@ specs=(
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":2,\"eagle_topk\":1,\"eagle_depth\":2,\"draft_vocab_size\":8192}"
   --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":8,\"draft_vocab_size\":8192,\"draft_p_min\":0.3}"
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192,\"draft_p_min\":0.5}"
+  # The hybrids: prompt lookup first (spec/lookup_first_proposer.h) and earlier requests' outputs
+  # (lookup_cached_requests, spec/lookup_history.h; they grow over the run's questions).
+  --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5,"lookup_cached_requests":1000}'
+  --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":2,\"eagle_topk\":1,\"eagle_depth\":2,\"draft_vocab_size\":8192,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5,\"lookup_cached_requests\":1000}"
+  --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":8,\"draft_vocab_size\":8192,\"draft_p_min\":0.3,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5,\"lookup_cached_requests\":1000}"
 )
 b1="$here/bench/results/spec_trees_b1_$day"
 "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 2 --max-tokens 64 \
