@@ -398,6 +398,7 @@ int run_serve(const ServeOptions& o) {
   wc.scheduler = (*head)->scheduler();
   // A tensor-parallel target: its ranks are actors of this process, each with its share of the
   // CPU threads, meeting over loopback Gloo (actors/tp_group.h).
+  get_logger("cluster")->info("serve: speculative {}", describe_speculative(t));
   const int32_t tp = t.models.target.tensor_parallel_size;
   if (tp > 1) {
     const int32_t cores = o.threads > 0 ? o.threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));

@@ -97,6 +97,27 @@ std::vector<Status> check_up_plan(const Topology& t) {
   return problems;
 }
 
+std::string describe_speculative(const Topology& t) {
+  if (!t.models.speculative) return "none (plain decoding)";
+  const SpeculativeSpec& sp = *t.models.speculative;
+  std::string s = std::string(speculative_method_name(sp.method)) + ", num_speculative_tokens " + std::to_string(sp.num_speculative_tokens);
+  if (!sp.model.empty()) s += ", model " + sp.model;
+  if (sp.max_model_len) s += ", draft max_model_len " + std::to_string(*sp.max_model_len);
+  if (sp.draft_p_min) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", static_cast<double>(*sp.draft_p_min));
+    s += std::string(", draft_p_min ") + v;
+  }
+  if (sp.disable_by_goodput) s += ", disable_by_goodput";
+  if (sp.method == SpeculativeMethod::kNgram) {
+    s += ", prompt_lookup " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
+  } else if (sp.lookup_first) {
+    s += ", prompt lookup first " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
+  }
+  if (sp.lookup_cached_requests > 0) s += ", lookup_cached_requests " + std::to_string(sp.lookup_cached_requests);
+  return s;
+}
+
 std::string describe_up_plan(const Topology& t) {
   std::string s;
   auto line = [&s](const char* fmt, auto... args) {
@@ -110,26 +131,7 @@ std::string describe_up_plan(const Topology& t) {
   std::string max_len = t.models.target.max_model_len ? std::to_string(*t.models.target.max_model_len) : "the model's";
   line("target: %s (tensor_parallel_size %d, max_model_len %s, dtype %s)", t.models.target.path.c_str(),
        t.models.target.tensor_parallel_size, max_len.c_str(), compute_dtype_name(t.models.target.dtype));
-  if (t.models.speculative) {
-    const SpeculativeSpec& sp = *t.models.speculative;
-    std::string extra = sp.max_model_len ? ", draft max_model_len " + std::to_string(*sp.max_model_len) : "";
-    if (sp.draft_p_min) {
-      char v[32];
-      std::snprintf(v, sizeof v, "%g", static_cast<double>(*sp.draft_p_min));
-      extra += std::string(", draft_p_min ") + v;
-    }
-    if (sp.disable_by_goodput) extra += ", disable_by_goodput";
-    if (sp.method == SpeculativeMethod::kNgram) {
-      extra += ", prompt_lookup " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
-    } else if (sp.lookup_first) {
-      extra += ", prompt lookup first " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
-    }
-    if (sp.lookup_cached_requests > 0) extra += ", lookup_cached_requests " + std::to_string(sp.lookup_cached_requests);
-    line("speculative: %s, num_speculative_tokens %d%s%s%s", speculative_method_name(sp.method), sp.num_speculative_tokens,
-         sp.model.empty() ? "" : ", model ", sp.model.c_str(), extra.c_str());
-  } else {
-    line("speculative: none (plain decoding)");
-  }
+  line("speculative: %s", describe_speculative(t).c_str());
   for (const NodeSpec& n : t.nodes) {
     std::string devs;
     for (const DeviceSpec& d : n.devices) devs += (devs.empty() ? "" : ", ") + d.to_string();

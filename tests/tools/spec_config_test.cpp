@@ -249,7 +249,7 @@ TEST(SpecConfig, FlagAndJsonKMustAgree) {
 TEST(SpecConfig, ZeroSpeculativeTokensEchoesTheValueAndItsSource) {
   auto j = parse(R"({"method": "medusa", "model": "m", "num_speculative_tokens": 0})");
   ASSERT_FALSE(j.ok());
-  EXPECT_NE(j.status().message().find("--speculative-config num_speculative_tokens = 0"), std::string::npos) << j.status().message();
+  EXPECT_NE(j.status().message().find("--speculative-config: num_speculative_tokens = 0"), std::string::npos) << j.status().message();
   EXPECT_NE(j.status().message().find("1..64"), std::string::npos) << j.status().message();
   auto f = parse_with_flag(0, R"({"method": "ngram"})");
   ASSERT_FALSE(f.ok());

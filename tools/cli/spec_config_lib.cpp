@@ -90,7 +90,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       }
       k = k_json;
       k_given = true;
-      k_source = "--speculative-config num_speculative_tokens";
+      k_source = "--speculative-config: num_speculative_tokens";
     }
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_min", &lookup_min, 1));
     SPECSERVE_RETURN_IF_ERROR(get_int("prompt_lookup_max", &lookup_max, 1));
