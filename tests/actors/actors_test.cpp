@@ -318,9 +318,7 @@ TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) 
     accepted += r->num_accepted_tokens;
   }
   ASSERT_GT(accepted, 0) << "the n-gram proposer never had a draft accepted on repetitive prompts";
-  // An idle shard's load: the scheduler may still hold one sent during the last request (its
-  // final chunk can reach the client first), whose counters are not all in yet; the drafts by
-  // source, counted per step, then run ahead of the totals, counted at the end.
+  // An idle shard's load: one sent during the last request has the by-source counts ahead.
   const ClusterStatus st = status_when(cluster_->client(), [&](const ShardLoad& l) {
     return l.prompt_tokens >= prompt_before + prompt_sum && l.num_accepted_tokens >= accepted_before + accepted &&
            l.num_running == 0 && l.num_waiting == 0;
@@ -341,8 +339,7 @@ TEST_F(ActorsNgram, StatusReportsPromptTokensAcceptedPerPositionAndMaxModelLen) 
   EXPECT_EQ(st.max_model_len, 512);
   EXPECT_EQ(l.goodput_drafting, 0) << "disable_by_goodput is off";
   EXPECT_EQ(l.goodput_skipped, 0) << "disable_by_goodput is off";
-  // Drafts by source: all the n-gram lookup's own-text matches (no history configured), equal
-  // to the totals once no request runs.
+  // Drafts by source: all own-text n-gram matches (no history), equal to the idle totals.
   const auto src = [](DraftSource d) { return static_cast<size_t>(d); };
   ASSERT_EQ(l.drafts_by_source.size(), static_cast<size_t>(kNumDraftSources));
   EXPECT_EQ(l.drafts_by_source[src(DraftSource::kPromptLookup)], l.num_drafts);
