@@ -35,6 +35,7 @@
 
 #include "actors/kv_messages.h"  // IWYU pragma: export
 #include "model/sampling.h"
+#include "spec/proposer.h"
 
 namespace specserve {
 
@@ -194,6 +195,13 @@ struct ShardLoad {
   /// verification step. Empty from a worker that sent none.
   std::vector<int64_t> drafts_by_source, draft_tokens_by_source, accepted_by_source;
 };
+
+/// The `source` name of entry i of ShardLoad's *_by_source vectors (spec/proposer.h
+/// draft_source_name: "model", "prompt_lookup", "cached_requests"); nullptr past the last source.
+/// For the front ends, which may not include spec/ (../shared/DESIGN.md).
+inline const char* load_source_name(size_t i) {
+  return i < static_cast<size_t>(kNumDraftSources) ? draft_source_name(static_cast<DraftSource>(i)) : nullptr;
+}
 
 /// into[i] += from[i], into grown to from's size (summing ShardLoad's per-position and
 /// per-source counters).

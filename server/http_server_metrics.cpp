@@ -7,7 +7,6 @@
 
 #include "server/http_server_internal.h"
 #include "server/metrics.h"
-#include "spec/proposer.h"
 
 namespace specserve {
 
@@ -116,7 +115,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
   double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0;
   std::vector<int64_t> per_pos;
-  std::vector<int64_t> by_source[3];  // drafts, draft tokens, accepted tokens; [DraftSource]
+  std::vector<int64_t> by_source[3];  // drafts, draft tokens, accepted tokens; [source] (load_source_name)
   // Counters: the loads of replica incarnations that ended (ClusterStatus::ended) plus every
   // replica's own, down ones included (they stay in the status), so they never go back.
   std::vector<const ShardLoad*> loads{&st->ended};
@@ -170,10 +169,10 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     metrics.set_counter_at_least("specserve:spec_decode_num_accepted_tokens_per_pos", l, static_cast<double>(per_pos[i]));
   }
   // A source's series appear once it has drafted (the `ngram` method never drafts as "model").
-  for (size_t src = 0; src < by_source[0].size() && src < static_cast<size_t>(kNumDraftSources); ++src) {
+  for (size_t src = 0; src < by_source[0].size() && load_source_name(src) != nullptr; ++src) {
     if (by_source[0][src] == 0) continue;
     MetricLabels l = labels;
-    l.emplace_back("source", draft_source_name(static_cast<DraftSource>(src)));
+    l.emplace_back("source", load_source_name(src));
     const char* names[3] = {"specserve:spec_decode_num_drafts_by_source", "specserve:spec_decode_num_draft_tokens_by_source",
                             "specserve:spec_decode_num_accepted_tokens_by_source"};
     for (int f = 0; f < 3; ++f) {
