@@ -3,6 +3,8 @@
 #include <string>
 
 #include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 
 namespace specserve {
 
@@ -30,11 +32,8 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
     }
     ids = req.prompt_token_ids;
   } else if (!req.messages.empty()) {
-    std::vector<ChatMessage> msgs;
-    msgs.reserve(req.messages.size());
-    for (const ChatTurn& t : req.messages) msgs.push_back({t.role, t.content});
-    auto text = apply_chat_template(gguf, msgs, /*add_generation_prompt=*/true);
-    if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
+    auto text = PromptCodec(gguf, tokenizer).render_chat(req.messages, /*add_generation_prompt=*/true);
+    if (!text.ok()) return text.status();
     ids = tokenizer.encode(*text, /*add_special=*/true, /*parse_special=*/true);
   } else {
     ids = tokenizer.encode(req.prompt, /*add_special=*/true, /*parse_special=*/true);
@@ -42,5 +41,30 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
   if (ids.empty()) return invalid_argument("prompt: empty after tokenization");
   return ids;
 }
+
+Expected<std::vector<int32_t>> PromptCodec::tokenize(const GenerateRequest& request) const {
+  return tokenize_prompt(*gguf_, *tokenizer_, request);
+}
+
+std::vector<int32_t> PromptCodec::encode(std::string_view text, bool add_special) const {
+  return tokenizer_->encode(text, add_special, /*parse_special=*/true);
+}
+
+Expected<std::string> PromptCodec::render_chat(const std::vector<ChatTurn>& turns, bool add_generation_prompt) const {
+  std::vector<ChatMessage> msgs;
+  msgs.reserve(turns.size());
+  for (const ChatTurn& t : turns) msgs.push_back({t.role, t.content});
+  auto text = apply_chat_template(*gguf_, msgs, add_generation_prompt);
+  if (!text.ok()) return Status(text.status().code(), "messages: " + text.status().message());
+  return text;
+}
+
+std::string PromptCodec::decode(const std::vector<int32_t>& ids) const { return tokenizer_->decode(ids, /*special=*/true); }
+
+std::string PromptCodec::token_piece(int32_t id) const { return tokenizer_->token_to_piece(id, /*special=*/true); }
+
+const std::string& PromptCodec::token_text(int32_t id) const { return tokenizer_->token_text(id); }
+
+int32_t PromptCodec::vocab_size() const { return tokenizer_->vocab_size(); }
 
 }  // namespace specserve

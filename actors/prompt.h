@@ -1,5 +1,6 @@
 // specserve actors: a request's prompt in token space — the one place where `prompt`,
-// `messages` and `prompt_token_ids` of a GenerateRequest become token ids.
+// `messages` and `prompt_token_ids` of a GenerateRequest become token ids — and PromptCodec,
+// the served model's text side as a front end (server/) sees it.
 //
 // The head's scheduler calls it for every SubmitMsg, and a front end (the OpenAI HTTP server)
 // may call it first to count prompt tokens or refuse a request before it is submitted: both
@@ -8,14 +9,17 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/messages.h"
 #include "core/status.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 
 namespace specserve {
+
+class GgufFile;
+class Tokenizer;
 
 /// The prompt of `request` as token ids:
 ///  - `prompt_token_ids`: used as given, after a vocabulary check;
@@ -37,5 +41,38 @@ namespace specserve {
 /// replicas).
 Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Tokenizer& tokenizer,
                                                const GenerateRequest& request);
+
+/// The served model's tokenizer and chat template behind the few calls a front end makes
+/// (DESIGN.md: server/ includes actors/ and config/, not model/). A view: copies share the
+/// GGUF and tokenizer, which must outlive it; read-only and thread-safe. Every call but
+/// loaded() needs loaded(). Token ids are the target's; text is UTF-8 bytes as the tokenizer
+/// produces them (a piece may be part of a UTF-8 sequence).
+class PromptCodec {
+ public:
+  PromptCodec() = default;  ///< no model: loaded() is false
+  PromptCodec(const GgufFile& gguf, const Tokenizer& tokenizer) : gguf_(&gguf), tokenizer_(&tokenizer) {}
+
+  bool loaded() const { return gguf_ != nullptr && tokenizer_ != nullptr; }
+  /// tokenize_prompt(gguf, tokenizer, request): the ids the scheduler will see, same errors.
+  Expected<std::vector<int32_t>> tokenize(const GenerateRequest& request) const;
+  /// `text` encoded with parse_special = true (special-token text becomes its id, as in
+  /// tokenize_prompt); add_special: the model's BOS rule.
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+  /// `turns` rendered with the GGUF's chat template (model/chat_template.h), a trailing
+  /// assistant prompt when add_generation_prompt. Errors: the template's, as "messages: ...".
+  Expected<std::string> render_chat(const std::vector<ChatTurn>& turns, bool add_generation_prompt) const;
+  /// `ids` as text, special tokens rendered (Tokenizer::decode(ids, special = true)).
+  std::string decode(const std::vector<int32_t>& ids) const;
+  /// The bytes id decodes to alone, special tokens rendered (Tokenizer::token_to_piece).
+  std::string token_piece(int32_t id) const;
+  /// The vocabulary's own text of id (Tokenizer::token_text; GPT-2 byte-encoded for BPE).
+  /// Aborts when id is outside 0 .. vocab_size()-1.
+  const std::string& token_text(int32_t id) const;
+  int32_t vocab_size() const;
+
+ private:
+  const GgufFile* gguf_ = nullptr;
+  const Tokenizer* tokenizer_ = nullptr;
+};
 
 }  // namespace specserve

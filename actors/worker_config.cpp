@@ -3,8 +3,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "actors/backend_factory.h"
+#include "actors/proposer_factory.h"
+#include "model/gguf.h"
+#include "model/model_loader.h"
 
 namespace specserve {
 
@@ -97,6 +101,32 @@ Status check_target_fits(const Topology& t, const ModelConfig& m, const std::str
   if (!eo.ok()) return eo.status();
   SPECSERVE_RETURN_IF_ERROR(check_kv_holds_one_sequence(t, *eo, m));
   return check_memory ? check_kv_fits_memory(t) : Status();
+}
+
+std::vector<ModelFileProblem> check_model_files(const Topology& t, bool cpu_pool, bool check_memory) {
+  std::vector<ModelFileProblem> problems;
+  const std::string& target_path = t.models.target.path;
+  std::optional<GgufFile> target;
+  if (auto f = GgufFile::open(target_path); !f.ok()) {
+    problems.push_back({"models.target.path", target_path, f.status()});
+  } else {
+    target.emplace(std::move(*f));
+    if (Status st = check_model_file(*target); !st.ok()) {
+      problems.push_back({"models.target.path", target_path, st});
+    } else if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
+      if (Status st = check_target_fits(t, *cfg, target_path, cpu_pool, check_memory); !st.ok()) {
+        problems.push_back({"", "", st});
+      }
+    }
+  }
+  if (t.models.speculative) {
+    const SpeculativeSpec& sp = *t.models.speculative;
+    for (const SpeculativeFileProblem& p : check_speculative_files(sp, target ? &*target : nullptr)) {
+      const std::string value = p.field == "model" ? sp.model : "\"" + sp.speculative_token_tree + "\"";
+      problems.push_back({"models.speculative." + p.field, value, p.status});
+    }
+  }
+  return problems;
 }
 
 }  // namespace specserve

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <string>
+#include <vector>
 
 #include "actors/messages.h"
 #include "config/topology.h"
@@ -87,5 +88,23 @@ Status check_kv_fits_memory(const Topology& topology);
 /// source: "--max-model-len" for serve, the YAML position and path for up), or OK.
 Status check_target_fits(const Topology& topology, const ModelConfig& model, const std::string& model_path, bool cpu_pool,
                          bool check_memory);
+
+/// One problem check_model_files() found: `field` is the topology key ("models.target.path",
+/// "models.speculative.model", "models.speculative.speculative_token_tree"), `value` what it
+/// was given (a path, or a quoted tree); empty `field`: `status`' message is whole and names
+/// its own fields (check_target_fits').
+struct ModelFileProblem {
+  std::string field;
+  std::string value;
+  Status status;
+};
+
+/// The model files of `topology` checked without loading a weight (`up --dry-run`), every
+/// problem found: models.target.path opens as GGUF and is a model load_model() accepts
+/// (model/model_loader.h check_model_file); then check_target_fits(topology, its config, path,
+/// cpu_pool, check_memory); then, with models.speculative, check_speculative_files (against the
+/// target's fingerprint when the target opened). Errors come as the GGUF reader's and the
+/// checks' own statuses (kNotFound, kCorruptData, kInvalidArgument, kUnsupported).
+std::vector<ModelFileProblem> check_model_files(const Topology& topology, bool cpu_pool, bool check_memory);
 
 }  // namespace specserve

@@ -8,8 +8,6 @@
 #include "actors/proposer_factory.h"
 #include "actors/runtime.h"
 #include "actors/worker_config.h"
-#include "model/gguf.h"
-#include "model/model_loader.h"
 
 namespace specserve {
 namespace {
@@ -59,33 +57,13 @@ std::vector<Status> check_up_plan(const Topology& t) {
       }
     }
   }
-  const std::string& target_path = t.models.target.path;
-  std::optional<GgufFile> target;
-  if (auto f = GgufFile::open(target_path); !f.ok()) {
-    problems.push_back(field_error(t, "models.target.path", target_path, f.status()));
-  } else {
-    target.emplace(std::move(*f));
-    if (Status st = check_model_file(*target); !st.ok()) {
-      problems.push_back(field_error(t, "models.target.path", target_path, st));
-    } else if (auto cfg = ModelConfig::from_gguf(*target); cfg.ok()) {
-      // What would fail only after the cluster is up: a context past the model's (the worker
-      // refuses it), a CPU KV pool that cannot hold one sequence of it (requests fail halfway).
-      // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
-      // The block count is the same on every host; the memory is this host's.
-      const bool cpu_pool = t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false);
-      if (Status st = check_target_fits(t, *cfg, target_path, cpu_pool, /*check_memory=*/cpu_target(t, /*here_only=*/true));
-          !st.ok()) {
-        problems.push_back(st);
-      }
-    }
-  }
-  if (t.models.speculative) {
-    const SpeculativeSpec& sp = *t.models.speculative;
-    for (const SpeculativeFileProblem& p : check_speculative_files(sp, target ? &*target : nullptr)) {
-      const std::string field = "models.speculative." + p.field;
-      const std::string value = p.field == "model" ? sp.model : "\"" + sp.speculative_token_tree + "\"";
-      problems.push_back(field_error(t, field, value, p.status));
-    }
+  // What would fail only after the cluster is up: a context past the model's (the worker
+  // refuses it), a CPU KV pool that cannot hold one sequence of it (requests fail halfway).
+  // NOTE: tensor_parallel_size 1 only: a rank's KV pool counts its own share of the heads.
+  // The block count is the same on every host; the memory is this host's.
+  const bool cpu_pool = t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false);
+  for (const ModelFileProblem& p : check_model_files(t, cpu_pool, /*check_memory=*/cpu_target(t, /*here_only=*/true))) {
+    problems.push_back(p.field.empty() ? p.status : field_error(t, p.field, p.value, p.status));
   }
   // An existing cluster.token_file that `up` would refuse (a directory, a device, readable by
   // others, empty); a missing one is fine: `up` creates it.

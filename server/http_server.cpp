@@ -77,7 +77,7 @@ const char* allowed_methods(const std::string& p) {
 
 Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, caf::actor_system& sys,
                                                         caf::actor scheduler, std::string token,
-                                                        const Tokenizer& tokenizer, const GgufFile& gguf) {
+                                                        PromptCodec text) {
   SPECSERVE_RETURN_IF_ERROR(options.validate());
   auto impl = std::make_unique<Impl>();
   Impl* d = impl.get();
@@ -92,8 +92,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   }
   if (!options.model_path.empty()) d->model.aliases.push_back(options.model_path);
   d->model.created = unix_now();
-  d->model.tokenizer = &tokenizer;
-  d->model.gguf = &gguf;
+  d->model.text = text;
   d->labels = {{"model_name", d->model.name}};
   d->declare_metrics();
 

@@ -24,9 +24,8 @@
 #include <memory>
 #include <string>
 
+#include "actors/prompt.h"
 #include "core/status.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "server/openai_api.h"
 
 namespace specserve {
@@ -51,11 +50,10 @@ class HttpServer {
  public:
   /// Binds host:port and serves on its own threads until stop(). `sys` and `scheduler` are
   /// the head's (the scheduler is asked for status and receives the requests, with `token`);
-  /// `tokenizer` and `gguf` (chat template) must outlive the server. Errors: invalid options
+  /// `text` (the served model's tokenizer and chat template) must outlive the server. Errors: invalid options
   /// (naming the field), the port cannot be bound (kUnavailable naming host:port).
   static Expected<std::unique_ptr<HttpServer>> start(const HttpServerOptions& options, caf::actor_system& sys,
-                                                     caf::actor scheduler, std::string token, const Tokenizer& tokenizer,
-                                                     const GgufFile& gguf);
+                                                     caf::actor scheduler, std::string token, PromptCodec text);
   ~HttpServer();
 
   /// The port actually bound.

@@ -285,7 +285,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
           s->watch->stop_reading();  // after the writes (cpp-httplib takes a read end as a gone client)
           return ok;
         }
-        const Tokenizer& tok = *s->model.tokenizer;
+        const PromptCodec& tok = s->model.text;
         if (!s->started) {
           s->started = true;
           for (size_t i = 0; i < num_choices; ++i) {

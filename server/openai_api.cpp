@@ -271,7 +271,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   if (body.contains("priority") && !body["priority"].is_null()) g.priority = static_cast<int32_t>(v);
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) return wrong_type("stop_token_ids", *it, "an array of token ids");
-    const int32_t vocab = model.tokenizer ? model.tokenizer->vocab_size() : INT32_MAX;
+    const int32_t vocab = model.text.loaded() ? model.text.vocab_size() : INT32_MAX;
     for (size_t i = 0; i < it->size(); ++i) {
       const json& t = (*it)[i];
       const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
@@ -359,15 +359,15 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   for (size_t i = 0; i < prompts.size(); ++i) {
     ParsedPrompt pp;
     pp.text = texts[i];
-    if (!model.tokenizer || !model.gguf) return bad("", "the server has no tokenizer", 500, "internal_error");
-    auto toks = tokenize_prompt(*model.gguf, *model.tokenizer, prompts[i]);
+    if (!model.text.loaded()) return bad("", "the server has no tokenizer", 500, "internal_error");
+    auto toks = model.text.tokenize(prompts[i]);
     if (!toks.ok()) {
       const bool size = toks.status().code() == StatusCode::kOutOfRange;
       return bad(prompt_field, toks.status().message(), size ? 413 : 400);
     }
     pp.tokens = std::move(*toks);
     // echo of a prompt given as token ids: its text (it echoed nothing, as vLLM echoes the prompt).
-    if (r.echo && pp.text.empty()) pp.text = model.tokenizer->decode(pp.tokens, /*special=*/true);
+    if (r.echo && pp.text.empty()) pp.text = model.text.decode(pp.tokens);
     const int64_t len = static_cast<int64_t>(pp.tokens.size());
     if (model.max_model_len > 0) {
       const int64_t room = model.max_model_len - len;
@@ -420,8 +420,8 @@ void ChoiceOutput::add(const StreamChunk& c) {
   }
 }
 
-std::string logprob_token_string(const Tokenizer& tok, int32_t id) {
-  std::string piece = tok.token_to_piece(id, /*special=*/true);
+std::string logprob_token_string(const PromptCodec& tok, int32_t id) {
+  std::string piece = tok.token_piece(id);
   if (valid_utf8(piece)) return piece;
   static const char* hex = "0123456789abcdef";
   std::string s = "bytes:";
@@ -435,15 +435,15 @@ std::string logprob_token_string(const Tokenizer& tok, int32_t id) {
 
 namespace {
 
-json bytes_of(const Tokenizer& tok, int32_t id) {
+json bytes_of(const PromptCodec& tok, int32_t id) {
   json b = json::array();
-  for (unsigned char ch : tok.token_to_piece(id, true)) b.push_back(static_cast<int>(ch));
+  for (unsigned char ch : tok.token_piece(id)) b.push_back(static_cast<int>(ch));
   return b;
 }
 
 }  // namespace
 
-json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceOutput& c, size_t begin, size_t end,
+json logprobs_json(const ParsedRequest& req, const PromptCodec& tok, const ChoiceOutput& c, size_t begin, size_t end,
                    size_t text_offset0) {
   if (!req.logprobs) return nullptr;
   end = std::min(end, c.tokens.size());
@@ -476,7 +476,7 @@ json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceO
   }
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
   size_t offset = text_offset0;
-  for (size_t i = 0; i < begin && i < c.tokens.size(); ++i) offset += tok.token_to_piece(c.tokens[i], true).size();
+  for (size_t i = 0; i < begin && i < c.tokens.size(); ++i) offset += tok.token_piece(c.tokens[i]).size();
   for (size_t i = begin; i < end; ++i) {
     tokens.push_back(logprob_token_string(tok, c.tokens[i]));
     token_logprobs.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
@@ -494,7 +494,7 @@ json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceO
     if (!t.contains(tokens.back().get_ref<const std::string&>())) t[tokens.back().get<std::string>()] = token_logprobs.back();
     top.push_back(std::move(t));
     offsets.push_back(offset);
-    offset += tok.token_to_piece(c.tokens[i], true).size();
+    offset += tok.token_piece(c.tokens[i]).size();
   }
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
@@ -529,7 +529,7 @@ json completion_response(const ParsedRequest& req, const ServedModel& model, con
     } else {
       ch["text"] = req.echo ? req.prompts[prompt].text + c.text : c.text;
     }
-    ch["logprobs"] = model.tokenizer ? logprobs_json(req, *model.tokenizer, c, 0, c.tokens.size(), 0) : json(nullptr);
+    ch["logprobs"] = model.text.loaded() ? logprobs_json(req, model.text, c, 0, c.tokens.size(), 0) : json(nullptr);
     ch["finish_reason"] = api_finish_reason(c.finish_reason);
     cs.push_back(ch);
   }

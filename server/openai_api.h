@@ -18,8 +18,7 @@
 #include <vector>
 
 #include "actors/messages.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "actors/prompt.h"
 
 namespace specserve {
 
@@ -40,8 +39,7 @@ struct ServedModel {
   std::vector<std::string> aliases;  ///< also accepted (e.g. the GGUF path)
   int32_t max_model_len = 0;         ///< tokens; 0 = not known yet (the scheduler checks)
   int64_t created = 0;               ///< unix seconds, for /v1/models
-  const Tokenizer* tokenizer = nullptr;
-  const GgufFile* gguf = nullptr;    ///< chat template
+  PromptCodec text;                  ///< tokenizer and chat template (not loaded: requests get 500)
 };
 
 /// Limits the API enforces beyond the model's.
@@ -112,11 +110,11 @@ struct ChoiceOutput {
 /// sampled token alone); chat: {content: [{token, logprob, bytes,
 /// top_logprobs: [{token, logprob, bytes}]}]}. Token strings are the token's UTF-8 text, or
 /// "bytes:\xNN..." when it is not valid UTF-8 on its own (vLLM's convention).
-nlohmann::json logprobs_json(const ParsedRequest& req, const Tokenizer& tok, const ChoiceOutput& c, size_t begin,
+nlohmann::json logprobs_json(const ParsedRequest& req, const PromptCodec& tok, const ChoiceOutput& c, size_t begin,
                              size_t end, size_t text_offset0);
 
 /// The token's text for logprobs (see logprobs_json).
-std::string logprob_token_string(const Tokenizer& tok, int32_t id);
+std::string logprob_token_string(const PromptCodec& tok, int32_t id);
 
 /// Maps the engine's finish reason to the API's ("stop", "length"; "abort" stays "abort").
 std::string api_finish_reason(const std::string& engine_reason);

@@ -3,7 +3,6 @@
 #include <initializer_list>
 #include <vector>
 
-#include "model/chat_template.h"
 #include "server/api_fields.h"
 #include "server/request_body.h"
 
@@ -62,20 +61,17 @@ std::optional<ApiError> tokenize_response(const std::string& text, const ServedM
   if (auto e = api_fields::read_bool(body, "add_special_tokens", &add_special)) return e;
   if (auto e = api_fields::read_bool(body, "add_generation_prompt", &add_generation_prompt)) return e;
   if (auto e = api_fields::read_bool(body, "return_token_strs", &token_strs)) return e;
-  const Tokenizer& tok = *model.tokenizer;
+  const PromptCodec& tok = model.text;
   std::vector<int32_t> ids;
   if (has_prompt) {
     if (!body["prompt"].is_string()) return api_fields::wrong_type("prompt", body["prompt"], "a string");
-    ids = tok.encode(body["prompt"].get<std::string>(), add_special, /*parse_special=*/true);
+    ids = tok.encode(body["prompt"].get<std::string>(), add_special);
   } else {
     std::vector<ChatTurn> turns;
     if (auto e = api_read_messages(body, &turns)) return e;
-    std::vector<ChatMessage> msgs;
-    msgs.reserve(turns.size());
-    for (ChatTurn& t : turns) msgs.push_back({std::move(t.role), std::move(t.content)});
-    auto rendered = apply_chat_template(*model.gguf, msgs, add_generation_prompt);
-    if (!rendered.ok()) return api_fields::bad("messages", "messages: " + rendered.status().message());
-    ids = tok.encode(*rendered, add_special, /*parse_special=*/true);
+    auto rendered = tok.render_chat(turns, add_generation_prompt);
+    if (!rendered.ok()) return api_fields::bad("messages", rendered.status().message());
+    ids = tok.encode(*rendered, add_special);
   }
   json strs = nullptr;
   if (token_strs) {
@@ -95,7 +91,7 @@ std::optional<ApiError> detokenize_response(const std::string& text, const Serve
   auto it = body.find("tokens");
   if (it == body.end() || it->is_null()) return api_fields::bad("tokens", "tokens: required");
   if (!it->is_array()) return api_fields::wrong_type("tokens", *it, "an array of token ids");
-  const int32_t vocab = model.tokenizer->vocab_size();
+  const int32_t vocab = model.text.vocab_size();
   std::vector<int32_t> ids;
   ids.reserve(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
@@ -111,7 +107,7 @@ std::optional<ApiError> detokenize_response(const std::string& text, const Serve
     }
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
-  *out = json{{"prompt", model.tokenizer->decode(ids, /*special=*/true)}};
+  *out = json{{"prompt", model.text.decode(ids)}};
   return std::nullopt;
 }
 

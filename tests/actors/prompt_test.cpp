@@ -1,6 +1,6 @@
-// tokenize_prompt (actors/prompt.h) on the real default model's GGUF: the one tokenization the
-// head and the HTTP front end share. Errors name the field; chat messages go through the
-// model's chat template with its special tokens parsed.
+// tokenize_prompt and PromptCodec (actors/prompt.h) on the real default model's GGUF: the one
+// tokenization the head and the HTTP front end share. Errors name the field; chat messages go
+// through the model's chat template with its special tokens parsed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +8,8 @@
 
 #include "actors/prompt.h"
 #include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -93,6 +95,36 @@ TEST_F(TokenizePrompt, ErrorsNameTheField) {
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kOutOfRange);
   EXPECT_NE(h.status().message().find("more than any context holds"), std::string::npos) << h.status().message();
+}
+
+// The front end's view answers as the tokenizer and template it wraps, with special tokens
+// parsed on encode and rendered on decode.
+TEST_F(TokenizePrompt, PromptCodecIsTheTokenizerAndTemplateItWraps) {
+  EXPECT_FALSE(PromptCodec().loaded());
+  const PromptCodec codec(*gguf_, *tok_);
+  ASSERT_TRUE(codec.loaded());
+  EXPECT_EQ(codec.vocab_size(), tok_->vocab_size());
+  const std::string text = "<|im_start|>user\nHello, world<|im_end|>";
+  const std::vector<int32_t> ids = codec.encode(text, /*add_special=*/false);
+  EXPECT_EQ(ids, tok_->encode(text, false, /*parse_special=*/true));
+  EXPECT_NE(ids, tok_->encode(text, false, /*parse_special=*/false));  // special text became ids
+  EXPECT_EQ(codec.decode(ids), text);
+  for (int32_t id : ids) {
+    EXPECT_EQ(codec.token_piece(id), tok_->token_to_piece(id, /*special=*/true));
+    EXPECT_EQ(codec.token_text(id), tok_->token_text(id));
+  }
+  const std::vector<ChatTurn> turns = {{"system", "Be brief."}, {"user", "Hi"}};
+  for (bool gen : {true, false}) {
+    auto rendered = codec.render_chat(turns, gen);
+    auto want = apply_chat_template(*gguf_, {{"system", "Be brief."}, {"user", "Hi"}}, gen);
+    ASSERT_TRUE(rendered.ok() && want.ok());
+    EXPECT_EQ(*rendered, *want);
+  }
+  GenerateRequest r;
+  r.messages = turns;
+  auto a = codec.tokenize(r), b = tokenize_prompt(*gguf_, *tok_, r);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
 }
 
 }  // namespace

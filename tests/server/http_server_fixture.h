@@ -22,6 +22,8 @@
 
 #include "actors/messages.h"
 #include "actors/runtime.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "server/http_server.h"
 #include "tests/test_util.h"
 
@@ -222,7 +224,7 @@ class HttpServerTest : public ::testing::Test {
     rt_.reset();
   }
   void start() {
-    auto s = HttpServer::start(opts_, rt_->system(), scheduler_, "token", *tok_, *gguf_);
+    auto s = HttpServer::start(opts_, rt_->system(), scheduler_, "token", PromptCodec(*gguf_, *tok_));
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
   }

@@ -8,6 +8,8 @@
 #include <memory>
 
 #include "actors/prompt.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -26,8 +28,7 @@ class OpenAiApi : public ::testing::Test {
     m.name = "smollm";
     m.aliases = {"/models/smollm.gguf"};
     m.max_model_len = max_model_len;
-    m.tokenizer = tok_;
-    m.gguf = gguf_;
+    m.text = PromptCodec(*gguf_, *tok_);
     return m;
   }
   // Parses `body` for `kind`; returns the error (nullopt when it parsed).
@@ -430,7 +431,7 @@ TEST_F(OpenAiApi, CompletionTopLogprobsAlwaysHoldTheSampledToken) {
     }
     chunk.finish_reason = "length";
     c.add(chunk);
-    const json lp = logprobs_json(r, *tok_, c, 0, c.tokens.size(), 0);
+    const json lp = logprobs_json(r, PromptCodec(*gguf_, *tok_), c, 0, c.tokens.size(), 0);
     ASSERT_EQ(lp["tokens"], json::array({" there", "Hello"}));
     ASSERT_EQ(lp["top_logprobs"].size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
@@ -455,9 +456,9 @@ TEST_F(OpenAiApi, TokenStringsThatAreNotUtf8UseBytesNotation) {
     if (p.size() == 1 && static_cast<unsigned char>(p[0]) >= 0x80) id = i;
   }
   ASSERT_GE(id, 0);
-  const std::string s = logprob_token_string(*tok_, id);
+  const std::string s = logprob_token_string(PromptCodec(*gguf_, *tok_), id);
   EXPECT_EQ(s.rfind("bytes:\\x", 0), 0u) << s;
-  EXPECT_EQ(logprob_token_string(*tok_, tok_->encode("Hello", false, false)[0]), "Hello");
+  EXPECT_EQ(logprob_token_string(PromptCodec(*gguf_, *tok_), tok_->encode("Hello", false, false)[0]), "Hello");
   EXPECT_EQ(dump_json(json(std::string("\xff"))), "\"\xEF\xBF\xBD\"");  // replaced, never thrown
 }
 

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "actors/prompt.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -21,8 +23,7 @@ ServedModel served(int32_t max_model_len = 2048) {
   m.name = "smollm";
   m.aliases = {"/models/smollm.gguf"};
   m.max_model_len = max_model_len;
-  m.tokenizer = &specserve::testing::default_tokenizer();
-  m.gguf = &specserve::testing::default_gguf();
+  m.text = PromptCodec(specserve::testing::default_gguf(), specserve::testing::default_tokenizer());
   return m;
 }
 

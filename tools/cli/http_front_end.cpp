@@ -62,7 +62,7 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     } else if (auto cfg = ModelConfig::from_gguf(head.gguf()); cfg.ok()) {
       o.max_model_len = static_cast<int32_t>(std::min<int64_t>(cfg->context_length, INT32_MAX));
     }
-    auto s = HttpServer::start(o, rt.system(), head.scheduler(), token, head.tokenizer(), head.gguf());
+    auto s = HttpServer::start(o, rt.system(), head.scheduler(), token, PromptCodec(head.gguf(), head.tokenizer()));
     if (!s.ok()) {
       const std::string field = a.port >= 0 ? "--port" : t.where("head.http_port") + ": head.http_port";
       return Status(s.status().code(), field + ": " + s.status().message());
