@@ -72,6 +72,16 @@ TEST(GenerateCli, EmptyModelPathsAreRefused) {
   }
 }
 
+// So is an empty or blank --speculative-config: it used to run without speculation silently.
+TEST(GenerateCli, EmptySpeculativeConfigIsRefused) {
+  for (const char* value : {"''", "' '"}) {
+    const CliRun r = run(std::string("--speculative-config ") + value + " --threads 1 --max-tokens 2 --prompt Hello");
+    EXPECT_EQ(r.exit_code, 2) << value << "\n" << r.out;
+    EXPECT_NE(r.out.find("--speculative-config: empty: give a JSON object"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("generated tokens"), std::string::npos) << r.out;
+  }
+}
+
 // --system applies to --chat only: with --prompt it was silently ignored.
 TEST(GenerateCli, SystemWithoutChatIsRefused) {
   const CliRun r = run("--system 'be brief' --prompt Hello --max-tokens 2");

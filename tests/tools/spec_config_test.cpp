@@ -98,6 +98,22 @@ TEST(SpecConfig, NullIsNotGiven) {
 
 // prompt_lookup_min / max with a model-based method: the lookup first, the method where it finds
 // nothing (spec/lookup_first_proposer.h); vLLM's n-gram defaults for the bounds.
+TEST(SpecConfig, WholeNumbersWrittenAsFloatsAreIntegers) {
+  // vLLM's pydantic config takes 3.0 for an integer field; 3.5 stays an error.
+  auto n = parse(R"({"method": "ngram", "num_speculative_tokens": 3.0, "prompt_lookup_max": 4e0, "lookup_cached_requests": 2.0})");
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  ASSERT_TRUE(n->has_value());
+  EXPECT_EQ((*n)->num_speculative_tokens, 3);
+  EXPECT_EQ((*n)->prompt_lookup_max, 4);
+  EXPECT_EQ((*n)->lookup_cached_requests, 2);
+  auto half = parse(R"({"method": "ngram", "num_speculative_tokens": 3.5})");
+  ASSERT_FALSE(half.ok());
+  EXPECT_EQ(half.status().message(), "--speculative-config: num_speculative_tokens must be an integer, got 3.5");
+  auto neg = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -2.0})");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("prompt_lookup_min = -2: must be >= 1"), std::string::npos) << neg.status().message();
+}
+
 TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {
   auto e = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4})");
   ASSERT_TRUE(e.ok()) << e.status().to_string();

@@ -24,7 +24,8 @@ void add_spec_options(CLI::App& sub, SpecArgs* a) {
                  R"("draft_tensor_parallel_size": 1, "num_layers": N (layer_skip; default half the target's layers), )"
                  R"("adaptive_k": true, "speculative_token_tree": "[(0,), (0, 0), (1,)]", "eagle_topk": 4, "eagle_depth": 4, "draft_vocab_size": N (default 8192 for vocabularies over 16384, else all), )"
                  R"("draft_p_min": 0 (not ngram: draft only tokens whose path probability under the proposer is at least this), )"
-                 R"("typical_acceptance": false (lossy: Medusa's), "posterior_threshold": 0.09, "posterior_alpha": 0.3})");
+                 R"("typical_acceptance": false (lossy: Medusa's), "posterior_threshold": 0.09, "posterior_alpha": 0.3})")
+      ->check(non_empty_json());
 }
 
 Expected<std::unique_ptr<Proposer>> make_proposer(const SpecArgs& a, LoadedModel& target, Backend& backend,

@@ -19,6 +19,20 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
+/// A check for a JSON flag (--speculative-config): an empty or all-blank value, as an unset
+/// shell variable gives, is refused (exit 2) instead of being taken as the flag left out (no
+/// speculation), as vLLM's json.loads refuses it.
+inline CLI::Validator non_empty_json() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return v.find_first_not_of(" \t\r\n") == std::string::npos
+                   ? std::string("empty: give a JSON object such as '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+                                 "(leave the flag out for no speculation)")
+                   : std::string();
+      },
+      "JSON");
+}
+
 /// A check for a 64-bit integer flag (--seed): the value must be a decimal integer in [lo, hi]
 /// without leading zeros (CLI11 reads with base 0: "010" would be 8); else "VALUE: must be an
 /// integer in [LO, HI]" (CLI11 puts the flag's name first; exit 2).
