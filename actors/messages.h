@@ -368,6 +368,9 @@ struct ClusterStatus {
   std::string cluster;
   std::string model;
   std::string speculative_method;  ///< "" when none
+  /// The speculative settings in one line (config/topology.h describe_speculative: method, k,
+  /// model, lookup bounds, history), "" when none.
+  std::string speculative;
   std::vector<WorkerStatus> workers;
   std::vector<ReplicaStatus> replicas;
   int32_t queued = 0;
@@ -502,7 +505,7 @@ typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClusterStatus& x) {
-  return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.workers, x.replicas, x.queued,
+  return f(caf::meta::type_name("ClusterStatus"), x.cluster, x.model, x.speculative_method, x.speculative, x.workers, x.replicas, x.queued,
            x.running, x.finished, x.requeued, x.draining, x.max_model_len, x.autoscale, x.migrated, x.kv_migrated_tokens,
            x.kv_recomputed_tokens, x.tensor_parallel_size, x.ended);
 }

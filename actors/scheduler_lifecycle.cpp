@@ -396,7 +396,10 @@ ClusterStatus make_status(SchedSelf self) {
   ClusterStatus c;
   c.cluster = s.cfg.topology.cluster.name;
   c.model = s.cfg.topology.models.target.path;
-  if (s.cfg.topology.models.speculative) c.speculative_method = speculative_method_name(s.cfg.topology.models.speculative->method);
+  if (s.cfg.topology.models.speculative) {
+    c.speculative_method = speculative_method_name(s.cfg.topology.models.speculative->method);
+    c.speculative = describe_speculative(s.cfg.topology);
+  }
   c.tensor_parallel_size = s.cfg.topology.models.target.tensor_parallel_size;
   for (const auto& [addr, w] : s.workers) {
     WorkerStatus ws;

@@ -75,27 +75,6 @@ std::vector<Status> check_up_plan(const Topology& t) {
   return problems;
 }
 
-std::string describe_speculative(const Topology& t) {
-  if (!t.models.speculative) return "none (plain decoding)";
-  const SpeculativeSpec& sp = *t.models.speculative;
-  std::string s = std::string(speculative_method_name(sp.method)) + ", num_speculative_tokens " + std::to_string(sp.num_speculative_tokens);
-  if (!sp.model.empty()) s += ", model " + sp.model;
-  if (sp.max_model_len) s += ", draft max_model_len " + std::to_string(*sp.max_model_len);
-  if (sp.draft_p_min) {
-    char v[32];
-    std::snprintf(v, sizeof v, "%g", static_cast<double>(*sp.draft_p_min));
-    s += std::string(", draft_p_min ") + v;
-  }
-  if (sp.disable_by_goodput) s += ", disable_by_goodput";
-  if (sp.method == SpeculativeMethod::kNgram) {
-    s += ", prompt_lookup " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
-  } else if (sp.lookup_first) {
-    s += ", prompt lookup first " + std::to_string(sp.prompt_lookup_min) + ".." + std::to_string(sp.prompt_lookup_max);
-  }
-  if (sp.lookup_cached_requests > 0) s += ", lookup_cached_requests " + std::to_string(sp.lookup_cached_requests);
-  return s;
-}
-
 std::string describe_up_plan(const Topology& t) {
   std::string s;
   auto line = [&s](const char* fmt, auto... args) {

@@ -33,11 +33,6 @@ namespace specserve {
 /// kInvalidArgument for a head or tree. Nothing is created (no token file, no port bound).
 std::vector<Status> check_up_plan(const Topology& topology);
 
-/// `models.speculative` in one line: "ngram, num_speculative_tokens 4, prompt_lookup 1..5,
-/// lookup_cached_requests 1000" (the method, k, model, the draft limits, the lookup bounds and the
-/// history), or "none (plain decoding)".
-std::string describe_speculative(const Topology& topology);
-
 /// A human-readable plan of `topology`: cluster, head endpoints, models (path, tensor-parallel
 /// size, the speculative method and k), each node (local or remote, its devices) and worker
 /// (role, replica, device; the tensor-parallel rank for target shards only), the scheduler

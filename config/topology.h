@@ -260,4 +260,9 @@ Expected<std::string> expand_user_path(const std::string& path);
 /// True for "localhost", 127.0.0.0/8 and ::1.
 bool is_loopback_host(const std::string& host);
 
+/// `models.speculative` in one line: "ngram, num_speculative_tokens 4, prompt_lookup 1..5,
+/// lookup_cached_requests 1000" (the method, k, model, the draft limits, the lookup bounds and the
+/// history), or "none (plain decoding)". Shown by `up --dry-run`, the serve log and `status`.
+std::string describe_speculative(const Topology& topology);
+
 }  // namespace specserve

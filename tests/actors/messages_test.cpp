@@ -106,7 +106,9 @@ TEST(Messages, ClusterStatusKeepsTheEndedCounters) {
   c.ended.accepted_per_pos = {6, 7};
   c.ended.goodput_skipped = 8;
   c.ended.drafts_by_source = {9, 10};
+  c.speculative = "ngram, num_speculative_tokens 4, prompt_lookup 1..5";
   const ClusterStatus r = round_trip(c);
+  EXPECT_EQ(r.speculative, c.speculative);
   EXPECT_EQ(r.kv_recomputed_tokens, 4);
   EXPECT_EQ(r.tensor_parallel_size, 2);
   EXPECT_EQ(r.ended.prompt_tokens, 5);

@@ -309,10 +309,10 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   if (!st.ok()) return std::fprintf(stderr, "specserve status: %s\n", st.status().message().c_str()), 1;
   const ClusterStatus& s = *st;
   if (json) {
-    std::printf("{\"cluster\": \"%s\", \"model\": \"%s\", \"speculative_method\": \"%s\", \"queued\": %d, \"running\": %d, "
+    std::printf("{\"cluster\": \"%s\", \"model\": \"%s\", \"speculative_method\": \"%s\", \"speculative\": \"%s\", \"queued\": %d, \"running\": %d, "
                 "\"finished\": %lld, \"requeued\": %lld, \"migrated\": %lld, \"kv_migrated_tokens\": %lld, "
                 "\"kv_recomputed_tokens\": %lld, \"draining\": %s, \"max_model_len\": %d, \"tensor_parallel_size\": %d, \"workers\": [",
-                json_escape(s.cluster).c_str(), json_escape(s.model).c_str(), s.speculative_method.c_str(), s.queued,
+                json_escape(s.cluster).c_str(), json_escape(s.model).c_str(), s.speculative_method.c_str(), json_escape(s.speculative).c_str(), s.queued,
                 s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
                 static_cast<long long>(s.migrated), static_cast<long long>(s.kv_migrated_tokens),
                 static_cast<long long>(s.kv_recomputed_tokens), s.draining ? "true" : "false", s.max_model_len,
@@ -400,7 +400,7 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   const std::string tp = s.tensor_parallel_size > 1 ? " | tensor-parallel " + std::to_string(s.tensor_parallel_size) + " ranks" : "";
   std::printf("cluster %s | model %s%s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
               "migrated %lld (KV moved for %lld tokens, recomputed %lld)%s\n",
-              s.cluster.c_str(), s.model.c_str(), tp.c_str(), s.speculative_method.empty() ? "off" : s.speculative_method.c_str(),
+              s.cluster.c_str(), s.model.c_str(), tp.c_str(), s.speculative.empty() ? "off" : s.speculative.c_str(),
               s.queued, s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
               static_cast<long long>(s.migrated), static_cast<long long>(s.kv_migrated_tokens),
               static_cast<long long>(s.kv_recomputed_tokens), s.draining ? " | draining" : "");
