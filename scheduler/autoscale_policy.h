@@ -12,8 +12,8 @@
 //
 // Pure: no threads, no I/O, no clock of its own (`now_s` is an argument); the only state is the
 // pair of hysteresis timers and the target kept in the Autoscaler object, so every rule is tested
-// with a simulated clock as a table of traces (tests/scheduler/autoscale_policy_test.cpp). The
-// signal names follow Ray Serve's autoscaling config (target_ongoing_requests, upscale_delay_s,
+// with a simulated clock as a table of traces (tests/scheduler/autoscale_{policy,trace}_test.cpp).
+// The signal names follow Ray Serve's autoscaling config (target_ongoing_requests, upscale_delay_s,
 // downscale_delay_s, look_back_period_s) and KServe's scale-to-zero behaviour.
 //
 // Rules of tick(), in order (times in seconds on the caller's clock):

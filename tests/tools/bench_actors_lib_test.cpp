@@ -138,7 +138,7 @@ TEST(BenchActorsSpeculativeYaml, WritesOnlyWhatIsSet) {
 TEST(BenchActorsSpeculativeYaml, NgramParsesBackToTheSameSpec) {
   SpeculativeSpec s = ngram_k4();
   s.disable_by_batch_size = 8;
-  // The shape of the benchmark's cluster.yaml (bench_actors.cpp write_topology).
+  // The shape of the benchmark's cluster.yaml (bench_actors_runs.cpp write_topology).
   const std::string yaml = "cluster: { name: t, token_file: /tmp/specserve-test-token }\n"
                            "head: { host: 127.0.0.1, actor_port: 7420, http_port: 8000 }\n"
                            "models:\n  target: { path: \"" + testing::default_model_path() + "\", max_model_len: 4096 }\n" +
