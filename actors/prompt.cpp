@@ -42,15 +42,22 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
   return ids;
 }
 
+const Tokenizer& PromptCodec::tok() const {
+  SPECSERVE_CHECK(loaded(), "PromptCodec used without a GGUF and tokenizer");
+  return *tokenizer_;
+}
+
 Expected<std::vector<int32_t>> PromptCodec::tokenize(const GenerateRequest& request) const {
-  return tokenize_prompt(*gguf_, *tokenizer_, request);
+  const Tokenizer& t = tok();
+  return tokenize_prompt(*gguf_, t, request);
 }
 
 std::vector<int32_t> PromptCodec::encode(std::string_view text, bool add_special) const {
-  return tokenizer_->encode(text, add_special, /*parse_special=*/true);
+  return tok().encode(text, add_special, /*parse_special=*/true);
 }
 
 Expected<std::string> PromptCodec::render_chat(const std::vector<ChatTurn>& turns, bool add_generation_prompt) const {
+  SPECSERVE_CHECK(loaded(), "PromptCodec used without a GGUF and tokenizer");
   std::vector<ChatMessage> msgs;
   msgs.reserve(turns.size());
   for (const ChatTurn& t : turns) msgs.push_back({t.role, t.content});
@@ -59,12 +66,12 @@ Expected<std::string> PromptCodec::render_chat(const std::vector<ChatTurn>& turn
   return text;
 }
 
-std::string PromptCodec::decode(const std::vector<int32_t>& ids) const { return tokenizer_->decode(ids, /*special=*/true); }
+std::string PromptCodec::decode(const std::vector<int32_t>& ids) const { return tok().decode(ids, /*special=*/true); }
 
-std::string PromptCodec::token_piece(int32_t id) const { return tokenizer_->token_to_piece(id, /*special=*/true); }
+std::string PromptCodec::token_piece(int32_t id) const { return tok().token_to_piece(id, /*special=*/true); }
 
-const std::string& PromptCodec::token_text(int32_t id) const { return tokenizer_->token_text(id); }
+const std::string& PromptCodec::token_text(int32_t id) const { return tok().token_text(id); }
 
-int32_t PromptCodec::vocab_size() const { return tokenizer_->vocab_size(); }
+int32_t PromptCodec::vocab_size() const { return tok().vocab_size(); }
 
 }  // namespace specserve

@@ -52,6 +52,7 @@ class PromptCodec {
   PromptCodec() = default;  ///< no model: loaded() is false
   PromptCodec(const GgufFile& gguf, const Tokenizer& tokenizer) : gguf_(&gguf), tokenizer_(&tokenizer) {}
 
+  /// True when it views a GGUF and a tokenizer (every other call aborts otherwise).
   bool loaded() const { return gguf_ != nullptr && tokenizer_ != nullptr; }
   /// tokenize_prompt(gguf, tokenizer, request): the ids the scheduler will see, same errors.
   Expected<std::vector<int32_t>> tokenize(const GenerateRequest& request) const;
@@ -61,16 +62,20 @@ class PromptCodec {
   /// `turns` rendered with the GGUF's chat template (model/chat_template.h), a trailing
   /// assistant prompt when add_generation_prompt. Errors: the template's, as "messages: ...".
   Expected<std::string> render_chat(const std::vector<ChatTurn>& turns, bool add_generation_prompt) const;
-  /// `ids` as text, special tokens rendered (Tokenizer::decode(ids, special = true)).
+  /// `ids` as text, special tokens rendered (Tokenizer::decode(ids, special = true)); an id
+  /// outside the vocabulary decodes to nothing.
   std::string decode(const std::vector<int32_t>& ids) const;
-  /// The bytes id decodes to alone, special tokens rendered (Tokenizer::token_to_piece).
+  /// The bytes id decodes to alone, special tokens rendered (Tokenizer::token_to_piece); "" for
+  /// an id outside the vocabulary.
   std::string token_piece(int32_t id) const;
   /// The vocabulary's own text of id (Tokenizer::token_text; GPT-2 byte-encoded for BPE).
   /// Aborts when id is outside 0 .. vocab_size()-1.
   const std::string& token_text(int32_t id) const;
+  /// Token ids are 0 .. vocab_size()-1.
   int32_t vocab_size() const;
 
  private:
+  const Tokenizer& tok() const;  ///< aborts unless loaded()
   const GgufFile* gguf_ = nullptr;
   const Tokenizer* tokenizer_ = nullptr;
 };

@@ -2,10 +2,8 @@
 #include "cluster/up_plan.h"
 
 #include <cstdio>
-#include <optional>
 
 #include "actors/backend_factory.h"
-#include "actors/proposer_factory.h"
 #include "actors/runtime.h"
 #include "actors/worker_config.h"
 

@@ -34,7 +34,7 @@ namespace specserve {
 std::vector<Status> check_up_plan(const Topology& topology);
 
 /// A human-readable plan of `topology`: cluster, head endpoints, models (path, tensor-parallel
-/// size, the speculative method and k), each node (local or remote, its devices) and worker
+/// size, the speculative settings: describe_speculative), each node (local or remote, its devices) and worker
 /// (role, replica, device; the tensor-parallel rank for target shards only), the scheduler
 /// budgets and the autoscaler's bounds. Lines end in '\n'.
 std::string describe_up_plan(const Topology& topology);

@@ -79,6 +79,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
                                                         caf::actor scheduler, std::string token,
                                                         PromptCodec text) {
   SPECSERVE_RETURN_IF_ERROR(options.validate());
+  if (!text.loaded()) return invalid_argument("the HTTP server needs the served model's tokenizer and chat template");
   auto impl = std::make_unique<Impl>();
   Impl* d = impl.get();
   d->opts = options;

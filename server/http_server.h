@@ -50,7 +50,8 @@ class HttpServer {
  public:
   /// Binds host:port and serves on its own threads until stop(). `sys` and `scheduler` are
   /// the head's (the scheduler is asked for status and receives the requests, with `token`);
-  /// `text` (the served model's tokenizer and chat template) must outlive the server. Errors: invalid options
+  /// `text` views the served model's tokenizer and chat template (the GGUF and tokenizer it
+  /// points at must outlive the server). Errors: kInvalidArgument when text is not loaded;: invalid options
   /// (naming the field), the port cannot be bound (kUnavailable naming host:port).
   static Expected<std::unique_ptr<HttpServer>> start(const HttpServerOptions& options, caf::actor_system& sys,
                                                      caf::actor scheduler, std::string token, PromptCodec text);

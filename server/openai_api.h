@@ -39,7 +39,9 @@ struct ServedModel {
   std::vector<std::string> aliases;  ///< also accepted (e.g. the GGUF path)
   int32_t max_model_len = 0;         ///< tokens; 0 = not known yet (the scheduler checks)
   int64_t created = 0;               ///< unix seconds, for /v1/models
-  PromptCodec text;                  ///< tokenizer and chat template (not loaded: requests get 500)
+  /// The tokenizer and chat template: loaded in a started server (HttpServer::start refuses
+  /// one that is not); not loaded, parse_openai_request answers 500.
+  PromptCodec text;
 };
 
 /// Limits the API enforces beyond the model's.

@@ -2,7 +2,6 @@
 // target shard, and (in one suite) a draft worker as a separate actor, driven through the
 // Client API. Outputs are compared with the Engine called directly, without speculation.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <chrono>
@@ -175,7 +174,8 @@ TEST_F(ActorsNgram, WorkerReportsReadyWithLoadAndWarmupTimes) {
   EXPECT_GT(st->workers[0].load_seconds, 0.0);
   EXPECT_GT(st->workers[0].warmup_seconds, 0.0);
   EXPECT_EQ(st->workers[0].pid, static_cast<int32_t>(::getpid()));
-  EXPECT_TRUE(st->speculative_method == "ngram" && st->speculative.starts_with("ngram, num_speculative_tokens ")) << st->speculative;
+  EXPECT_EQ(st->speculative_method, "ngram");
+  EXPECT_TRUE(st->speculative.starts_with("ngram, num_speculative_tokens ")) << st->speculative;
 }
 
 TEST_F(ActorsNgram, ConcurrentGreedyRequestsMatchTheTargetAlone) {

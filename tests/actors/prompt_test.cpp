@@ -127,5 +127,22 @@ TEST_F(TokenizePrompt, PromptCodecIsTheTokenizerAndTemplateItWraps) {
   EXPECT_EQ(*a, *b);
 }
 
+// A GGUF without a chat template (a trained head file): messages are refused with the template's
+// error, prefixed "messages: " once, by render_chat and by tokenize alike.
+TEST_F(TokenizePrompt, MissingChatTemplateIsNamedOnce) {
+  auto head = GgufFile::open(std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/medusa-smollm2-135m.gguf");
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  const PromptCodec codec(*head, *tok_);
+  auto r = codec.render_chat({{"user", "Hi"}}, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(), "messages: " + head->path() + ": no tokenizer.chat_template in the GGUF metadata");
+  GenerateRequest g;
+  g.messages = {{"user", "Hi"}};
+  auto t = codec.tokenize(g);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().message(), r.status().message());
+}
+
 }  // namespace
 }  // namespace specserve

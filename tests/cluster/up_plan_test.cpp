@@ -84,16 +84,6 @@ TEST(UpPlan, ValidCpuTopologyIsDescribed) {
   EXPECT_NE(with_pmin.find("speculative: layer_skip, num_speculative_tokens 3, draft_p_min 0.35"), std::string::npos) << with_pmin;
 }
 
-TEST(UpPlan, SpeculativeLineShowsTheLookupBoundsAndTheHistory) {
-  // The line `serve` also logs at start-up (cluster/launch.cpp).
-  auto t = parse(testing::default_model_path(), "cpu",
-                 "{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5, lookup_cached_requests: 100}");
-  ASSERT_TRUE(t.ok()) << t.status().to_string();
-  EXPECT_EQ(describe_speculative(*t), "ngram, num_speculative_tokens 4, prompt_lookup 1..5, lookup_cached_requests 100");
-  t->models.speculative.reset();
-  EXPECT_EQ(describe_speculative(*t), "none (plain decoding)");
-}
-
 TEST(UpPlan, MissingGpuIsNamedWithItsField) {
   auto t = parse(testing::default_model_path(), "cuda:63");
   ASSERT_TRUE(t.ok()) << t.status().to_string();

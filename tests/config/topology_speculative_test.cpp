@@ -257,5 +257,25 @@ TEST(TopologyHeadMethods, TreeKeysAndNoDraftWorker) {
   }
 }
 
+// describe_speculative: the one line `up --dry-run` prints, `serve` logs at start-up and
+// `specserve status` shows.
+TEST(TopologyDescribeSpeculative, ShowsTheLookupBoundsAndTheHistory) {
+  auto make = [&](const std::string& spec) {
+    return "models:\n  target: {path: " + std::string(SPECSERVE_SOURCE_DIR) +
+           "/models/SmolLM2-135M-Instruct.Q4_1.gguf}\n  speculative: {" + spec +
+           "}\nnodes:\n  - {name: n0, devices: [cpu], workers: [{role: target_shard, device: cpu}]}\n";
+  };
+  auto t = parse_topology(make("method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 1, prompt_lookup_max: 5, "
+                               "lookup_cached_requests: 100"),
+                          "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(describe_speculative(*t), "ngram, num_speculative_tokens 4, prompt_lookup 1..5, lookup_cached_requests 100");
+  auto l = parse_topology(make("method: layer_skip, num_speculative_tokens: 3, prompt_lookup_max: 4, draft_p_min: 0.25"), "t.yaml");
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_EQ(describe_speculative(*l), "layer_skip, num_speculative_tokens 3, draft_p_min 0.25, prompt lookup first 4..4");
+  t->models.speculative.reset();
+  EXPECT_EQ(describe_speculative(*t), "none (plain decoding)");
+}
+
 }  // namespace
 }  // namespace specserve

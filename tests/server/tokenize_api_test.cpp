@@ -103,6 +103,20 @@ TEST(TokenizeApi, BadBodiesNameTheFieldAndValue) {
   }
 }
 
+// A model without a chat template: messages get the template's error, "messages: " once.
+TEST(TokenizeApi, MissingChatTemplateIsNamedOnce) {
+  auto head = GgufFile::open(std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/medusa-smollm2-135m.gguf");
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  ServedModel m = served();
+  m.text = PromptCodec(*head, specserve::testing::default_tokenizer());
+  json out;
+  auto e = tokenize_response(R"({"messages": [{"role": "user", "content": "Hi"}]})", m, &out);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->param, "messages");
+  EXPECT_EQ(e->message, "messages: " + head->path() + ": no tokenizer.chat_template in the GGUF metadata");
+}
+
 TEST(TokenizeApi, DetokenizeRoundTripsAndNamesABadId) {
   const Tokenizer& tok = specserve::testing::default_tokenizer();
   const std::vector<int32_t> ids = tok.encode("<|im_start|>user\nHello world, how are you?", false, true);

@@ -80,6 +80,10 @@ TEST(GenerateCli, EmptySpeculativeConfigIsRefused) {
     EXPECT_NE(r.out.find("--speculative-config: empty: give a JSON object"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("generated tokens"), std::string::npos) << r.out;
   }
+  // bench-spec's --spec takes the same JSON: an empty one ran as a second, mislabelled baseline.
+  const CliRun b = specserve::testing::run_specserve("bench-spec --spec '' --per-task 1 --max-tokens 2");
+  EXPECT_EQ(b.exit_code, 2) << b.out;
+  EXPECT_NE(b.out.find("--spec: empty: give a JSON object"), std::string::npos) << b.out;
 }
 
 // --system applies to --chat only: with --prompt it was silently ignored.

@@ -96,8 +96,6 @@ TEST(SpecConfig, NullIsNotGiven) {
   EXPECT_FALSE(null_only->has_value()) << "like {}";
 }
 
-// prompt_lookup_min / max with a model-based method: the lookup first, the method where it finds
-// nothing (spec/lookup_first_proposer.h); vLLM's n-gram defaults for the bounds.
 TEST(SpecConfig, WholeNumbersWrittenAsFloatsAreIntegers) {
   // vLLM's pydantic config takes 3.0 for an integer field; 3.5 stays an error.
   auto n = parse(R"({"method": "ngram", "num_speculative_tokens": 3.0, "prompt_lookup_max": 4e0, "lookup_cached_requests": 2.0})");
@@ -111,9 +109,14 @@ TEST(SpecConfig, WholeNumbersWrittenAsFloatsAreIntegers) {
   EXPECT_EQ(half.status().message(), "--speculative-config: num_speculative_tokens must be an integer, got 3.5");
   auto neg = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": -2.0})");
   ASSERT_FALSE(neg.ok());
-  EXPECT_NE(neg.status().message().find("prompt_lookup_min = -2: must be >= 1"), std::string::npos) << neg.status().message();
+  EXPECT_NE(neg.status().message().find("prompt_lookup_min = -2.0: must be >= 1"), std::string::npos) << neg.status().message();
+  auto big = parse(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 1e7})");
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().message(), "--speculative-config: prompt_lookup_max = 1e7 is out of range (at most 1000000)");
 }
 
+// prompt_lookup_min / max with a model-based method: the lookup first, the method where it finds
+// nothing (spec/lookup_first_proposer.h); vLLM's n-gram defaults for the bounds.
 TEST(SpecConfig, PromptLookupWithAModelMethodRunsTheLookupFirst) {
   auto e = parse(R"({"method": "eagle", "model": "e", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4})");
   ASSERT_TRUE(e.ok()) << e.status().to_string();

@@ -398,7 +398,7 @@ void add_bench_spec(CLI::App& app) {
   add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
   sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");
-  sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)");
+  sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)")->check(non_empty_json());
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-spec", [a] { return run_bench(*a); });
 }

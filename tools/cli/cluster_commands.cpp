@@ -539,7 +539,7 @@ void add_cluster_commands(CLI::App& app) {
     auto json = std::make_shared<bool>(false);
     auto* sub = app.add_subcommand(
         "status",
-        "Show a cluster's workers, replicas, queue, KV use, acceptance rate and prefix-cache hit rate. Each replica's "
+        "Show a cluster's speculative settings, workers, replicas, queue, KV use, acceptance rate and prefix-cache hit rate. Each replica's "
         "lifecycle state (starting, loading, warming, standby, ready, draining, stopped) and seconds in it; with an "
         "autoscaler, its target, bounds, last decision and why, and the promotion / cold-start times measured from "
         "its decisions (\"-\": not measured)");

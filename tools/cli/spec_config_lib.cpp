@@ -61,16 +61,18 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
                                 " is out of range");
       }
       // A whole number written as a float (3.0) is that integer, as vLLM's pydantic config takes
-      // it; 3.5 is refused.
+      // it; 3.5 is refused. Messages show the value as written (1e7, -0.0).
+      std::string shown = j[key].dump();
       if (j[key].is_number_float() && std::isfinite(j[key].get<double>()) && j[key].get<double>() == std::floor(j[key].get<double>())) {
+        if (const auto w = written.find(key); w != written.end()) shown = w->second;
         j[key] = static_cast<int64_t>(j[key].get<double>());
       }
       if (!j[key].is_number_integer()) return invalid_argument(std::string("--speculative-config: ") + key + " must be an integer, got " + j[key].dump());
       if (j[key].is_number_unsigned() ? j[key].get<uint64_t>() > 1000000 : j[key].get<int64_t>() > 1000000) {
-        return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + " is out of range (at most 1000000)");
+        return invalid_argument(std::string("--speculative-config: ") + key + " = " + shown + " is out of range (at most 1000000)");
       }
       const int64_t v = j[key].get<int64_t>();
-      if (v < min) return invalid_argument(std::string("--speculative-config: ") + key + " = " + j[key].dump() + ": must be >= " + std::to_string(min));
+      if (v < min) return invalid_argument(std::string("--speculative-config: ") + key + " = " + shown + ": must be >= " + std::to_string(min));
       *dst = static_cast<int>(v);
       return Status();
     };
