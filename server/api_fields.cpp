@@ -123,6 +123,23 @@ std::optional<ApiError> read_int(const json& body, const char* f, int64_t lo, in
   return std::nullopt;
 }
 
+std::optional<ApiError> read_token_id(const json& t, const std::string& at, const std::string& param, int64_t limit,
+                                      const std::string& why, const std::map<std::string, std::string>& number_text,
+                                      int32_t* out) {
+  const bool whole = t.is_number_float() && std::isfinite(t.get<double>()) && t.get<double>() == std::floor(t.get<double>());
+  if (!t.is_number_integer() && !whole) return wrong_type(at, t, "a token id (an integer)");
+  // NOTE: unsigned first: get<int64_t> of 2^64 - 1 is -1.
+  const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(limit)
+                        : whole                ? t.get<double>() >= 0 && t.get<double>() < static_cast<double>(limit)
+                                               : t.get<int64_t>() >= 0 && t.get<int64_t>() < limit;
+  if (!in_range) {
+    const auto w = number_text.find(at);
+    return bad(param, at + " = " + (w != number_text.end() ? w->second : shown(t)) + ": not a token id" + why);
+  }
+  *out = static_cast<int32_t>(whole ? static_cast<int64_t>(t.get<double>()) : t.get<int64_t>());
+  return std::nullopt;
+}
+
 std::optional<ApiError> read_number(const json& body, const char* f, double lo, double hi, float* out) {
   auto it = body.find(f);
   if (it == body.end() || it->is_null()) return std::nullopt;

@@ -29,6 +29,7 @@ using api_fields::bad;
 using api_fields::read_bool;
 using api_fields::read_int;
 using api_fields::read_number;
+using api_fields::read_token_id;
 using api_fields::shown;
 using api_fields::type_name;
 using api_fields::valid_utf8;
@@ -137,21 +138,21 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* o
 }
 
 // Completions' prompt: a string, a list of strings, a list of token ids, or a list of lists.
-std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, std::vector<GenerateRequest>* out,
-                                     std::vector<std::string>* texts) {
+// `number_text`: parse_request_body's numbers as sent, for the message about an id past 64 bits.
+std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, const std::map<std::string, std::string>& number_text,
+                                     std::vector<GenerateRequest>* out, std::vector<std::string>* texts) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) return bad("prompt", "prompt: required");
   const json& p = *it;
   auto one_ids = [&](const json& a, const std::string& where) -> std::optional<ApiError> {
     GenerateRequest r;
     for (size_t i = 0; i < a.size(); ++i) {
-      if (!a[i].is_number_integer()) return wrong_type(where + "[" + std::to_string(i) + "]", a[i], "a token id (integer)");
-      // NOTE: shown as written: get<int64_t> wraps 2^64 - 1 to -1.
-      if (a[i].is_number_unsigned() ? a[i].get<uint64_t>() > INT32_MAX : (a[i].get<int64_t>() < 0 || a[i].get<int64_t>() > INT32_MAX)) {
-        return bad(where, where + "[" + std::to_string(i) + "] = " + shown(a[i]) + ": not a token id");
+      // The vocabulary is checked with the prompt (tokenize_prompt); here only the id's range.
+      int32_t id = 0;
+      if (auto e = read_token_id(a[i], where + "[" + std::to_string(i) + "]", where, int64_t{INT32_MAX} + 1, "", number_text, &id)) {
+        return e;
       }
-      const int64_t v = a[i].get<int64_t>();
-      r.prompt_token_ids.push_back(static_cast<int32_t>(v));
+      r.prompt_token_ids.push_back(id);
     }
     if (r.prompt_token_ids.empty()) return bad(where, where + ": an empty list of token ids");
     out->push_back(std::move(r));
@@ -168,7 +169,7 @@ std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, 
   }
   if (!p.is_array()) return wrong_type("prompt", p, "a string, a list of strings or a list of token ids");
   if (p.empty()) return bad("prompt", "prompt: an empty list");
-  if (p[0].is_number_integer()) return one_ids(p, "prompt");
+  if (p[0].is_number()) return one_ids(p, "prompt");
   if (static_cast<int64_t>(p.size()) > limits.max_prompts) {
     return bad("prompt", "prompt: " + std::to_string(p.size()) + " prompts: at most " + std::to_string(limits.max_prompts) + " in one request");
   }
@@ -273,17 +274,12 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     if (!it->is_array()) return wrong_type("stop_token_ids", *it, "an array of token ids");
     const int32_t vocab = model.text.loaded() ? model.text.vocab_size() : INT32_MAX;
     for (size_t i = 0; i < it->size(); ++i) {
-      const json& t = (*it)[i];
-      const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
-                                             : t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
-      if (!ok) {
-        // The element named, its value as sent (a number past 64 bits is a double by now).
-        const std::string where = "stop_token_ids[" + std::to_string(i) + "]";
-        const auto w = number_text.find(where);
-        return bad(where, where + " = " + (w != number_text.end() ? w->second : shown(t)) + ": not a token id of this model (vocabulary " +
-                              std::to_string(vocab) + ")");
+      const std::string where = "stop_token_ids[" + std::to_string(i) + "]";
+      int32_t id = 0;
+      if (auto e = read_token_id((*it)[i], where, where, vocab, " of this model (vocabulary " + std::to_string(vocab) + ")", number_text, &id)) {
+        return e;
       }
-      s.stop_token_ids.push_back(t.get<int32_t>());
+      s.stop_token_ids.push_back(id);
     }
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -350,7 +346,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     prompts.push_back(std::move(c));
     texts.push_back("");
   } else {
-    if (auto e = read_prompts(body, limits, &prompts, &texts)) return e;
+    if (auto e = read_prompts(body, limits, number_text, &prompts, &texts)) return e;
   }
   if (static_cast<int64_t>(prompts.size()) * r.n > limits.max_choices) {
     return bad("n", "n = " + std::to_string(r.n) + " with " + std::to_string(prompts.size()) + " prompts: at most " +

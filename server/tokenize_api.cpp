@@ -13,10 +13,11 @@ using json = nlohmann::json;
 namespace {
 
 // Parses `text` as a JSON object whose fields are all in `known` and whose "model" (when given)
-// is the served one.
+// is the served one. `number_text` (optional): numbers as sent (parse_request_body).
 std::optional<ApiError> read_body(const std::string& text, const ServedModel& model,
-                                  std::initializer_list<const char*> known, json* body) {
-  if (auto e = parse_request_body(text, body)) return e;
+                                  std::initializer_list<const char*> known, json* body,
+                                  std::map<std::string, std::string>* number_text = nullptr) {
+  if (auto e = parse_request_body(text, body, number_text)) return e;
   if (!body->is_object()) return api_fields::wrong_type("body", *body, "a JSON object");
   for (auto it = body->begin(); it != body->end(); ++it) {
     bool ok = false;
@@ -87,25 +88,20 @@ std::optional<ApiError> tokenize_response(const std::string& text, const ServedM
 
 std::optional<ApiError> detokenize_response(const std::string& text, const ServedModel& model, json* out) {
   json body;
-  if (auto e = read_body(text, model, {"model", "tokens"}, &body)) return e;
+  std::map<std::string, std::string> number_text;
+  if (auto e = read_body(text, model, {"model", "tokens"}, &body, &number_text)) return e;
   auto it = body.find("tokens");
   if (it == body.end() || it->is_null()) return api_fields::bad("tokens", "tokens: required");
   if (!it->is_array()) return api_fields::wrong_type("tokens", *it, "an array of token ids");
   const int32_t vocab = model.text.vocab_size();
   std::vector<int32_t> ids;
   ids.reserve(it->size());
+  const std::string why = " of this model (vocabulary " + std::to_string(vocab) + ")";
   for (size_t i = 0; i < it->size(); ++i) {
-    const json& t = (*it)[i];
     const std::string where = "tokens[" + std::to_string(i) + "]";
-    if (!t.is_number_integer()) return api_fields::wrong_type(where, t, "a token id (an integer)");
-    // NOTE: unsigned first: get<int64_t> of 2^64 - 1 is -1.
-    const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
-                                                 : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
-    if (!in_range) {
-      return api_fields::bad(where, where + " = " + t.dump() + ": not a token id of this model (vocabulary " +
-                                        std::to_string(vocab) + ")");
-    }
-    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    int32_t id = 0;
+    if (auto e = api_fields::read_token_id((*it)[i], where, where, vocab, why, number_text, &id)) return e;
+    ids.push_back(id);
   }
   *out = json{{"prompt", model.text.decode(ids)}};
   return std::nullopt;

@@ -157,7 +157,13 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
       {R"({"prompt": "x", "stop_token_ids": [999999]})", ApiKind::kCompletion, 400, "stop_token_ids[0]", "not a token id"},
       {R"({"prompt": "x", "stop_token_ids": [1, 18446744073709551616]})", ApiKind::kCompletion, 400, "stop_token_ids[1]",
        "stop_token_ids[1] = 18446744073709551616: not a token id"},
-      {R"({"prompt": "x", "stop_token_ids": [1, "2"]})", ApiKind::kCompletion, 400, "stop_token_ids[1]", "stop_token_ids[1] = \"2\": not a token id"},
+      {R"({"prompt": "x", "stop_token_ids": [1, "2"]})", ApiKind::kCompletion, 400, "stop_token_ids[1]",
+       "stop_token_ids[1]: expected a token id (an integer), got string \"2\""},
+      // Past 64 bits an id is a double by the time it is read: shown as sent, first or not.
+      {R"({"prompt": [1, 18446744073709551616]})", ApiKind::kCompletion, 400, "prompt", "prompt[1] = 18446744073709551616: not a token id"},
+      {R"({"prompt": [18446744073709551616]})", ApiKind::kCompletion, 400, "prompt", "prompt[0] = 18446744073709551616: not a token id"},
+      {R"({"prompt": [[1], [2, 1e30]]})", ApiKind::kCompletion, 400, "prompt[1]", "prompt[1][1] = 1e30: not a token id"},
+      {R"({"prompt": [1, 2.5]})", ApiKind::kCompletion, 400, "prompt[1]", "prompt[1]: expected a token id (an integer), got number 2.5"},
       {R"({"messages": []})", ApiKind::kChat, 400, "messages", "at least one"},
       {R"({"messages": "hi"})", ApiKind::kChat, 400, "messages", "expected an array"},
       {R"({"messages": [{"role": "wizard", "content": "x"}]})", ApiKind::kChat, 400, "messages[0].role", "wizard"},
@@ -268,10 +274,13 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
     EXPECT_NE(e->message.find(c.in_message), std::string::npos) << e->message;
   }
   // A long number or key is shown shortened (a number's text as sent, too: any length is valid JSON).
-  auto s = parse(R"({"prompt": "x", "stop_token_ids": [1.)" + std::string(100000, '0') + "]}", ApiKind::kCompletion);
+  // (1.000...0 is the id 1; 2 and 300 zeros is a whole number out of range, shown as sent, cut.)
+  auto s = parse(R"({"prompt": "x", "stop_token_ids": [2)" + std::string(300, '0') + "]}", ApiKind::kCompletion);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->param, "stop_token_ids[0]");
+  EXPECT_NE(s->message.find("= 2000000000"), std::string::npos) << s->message;
   EXPECT_LE(s->message.size(), 200u) << s->message.substr(0, 300);
+  ASSERT_FALSE(parse(R"({"prompt": "x", "stop_token_ids": [1.)" + std::string(100000, '0') + "]}", ApiKind::kCompletion));
   auto e = parse(R"({"prompt": "x", "temperature": 1)" + std::string(5000, '0') + "}", ApiKind::kCompletion);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "temperature");
@@ -292,6 +301,15 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
 
 // Bug: integers in [2^63, 2^64) were read through get<int64_t> and wrapped: top_k and priority
 // of 2^64 - 1 were accepted as -1, and max_tokens = 2^63 was reported as -9223372036854775808.
+// A whole number written as a float is that token id, as the API's integer fields take it.
+TEST_F(OpenAiApi, WholeNumberTokenIdsAreIds) {
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": [5.0, 6], "stop_token_ids": [2.0]})", ApiKind::kCompletion, &r));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(r.base.sampling.stop_token_ids, (std::vector<int32_t>{2}));
+}
+
 TEST_F(OpenAiApi, HugeUnsignedIntegersAreOutOfRangeNotWrapped) {
   for (const char* field : {"top_k", "priority", "max_tokens", "n"}) {
     auto e = parse(std::string(R"({"prompt": "x", ")") + field + R"(": 18446744073709551615})", ApiKind::kCompletion);

@@ -126,6 +126,11 @@ TEST(TokenizeApi, DetokenizeRoundTripsAndNamesABadId) {
   EXPECT_EQ(out["prompt"], "<|im_start|>user\nHello world, how are you?");
   ASSERT_FALSE(detokenize_response(R"({"tokens": []})", served(), &out));
   EXPECT_EQ(out["prompt"], "");
+  // A whole number written as a float is that id (as every integer field of the API takes it).
+  json whole, plain;
+  ASSERT_FALSE(detokenize_response(R"({"tokens": [28.0, 30]})", served(), &whole));
+  ASSERT_FALSE(detokenize_response(R"({"tokens": [28, 30]})", served(), &plain));
+  EXPECT_EQ(whole["prompt"], plain["prompt"]);
 
   const std::string vocab = std::to_string(tok.vocab_size());
   struct Case {
@@ -138,6 +143,7 @@ TEST(TokenizeApi, DetokenizeRoundTripsAndNamesABadId) {
       {R"({"tokens": [)" + vocab + "]}", "tokens[0]", "tokens[0] = " + vocab + ": not a token id"},
       {R"({"tokens": [18446744073709551615]})", "tokens[0]", "18446744073709551615: not a token id"},
       {R"({"tokens": [1.5]})", "tokens[0]", "expected a token id (an integer), got number 1.5"},
+      {R"({"tokens": [5, 18446744073709551616]})", "tokens[1]", "tokens[1] = 18446744073709551616: not a token id of this model"},
       {R"({"tokens": [1], "prompt": "x"})", "prompt", "Unrecognized request argument supplied: prompt"},
   };
   for (const Case& c : cases) {
