@@ -133,7 +133,8 @@ std::optional<ApiError> read_token_id(const json& t, const std::string& at, cons
                         : whole                ? t.get<double>() >= 0 && t.get<double>() < static_cast<double>(limit)
                                                : t.get<int64_t>() >= 0 && t.get<int64_t>() < limit;
   if (!in_range) {
-    const auto w = number_text.find(at);
+    // Only a float has its text recorded (a duplicate key's earlier value may have left one).
+    const auto w = t.is_number_float() ? number_text.find(at) : number_text.end();
     return bad(param, at + " = " + (w != number_text.end() ? w->second : shown(t)) + ": not a token id" + why);
   }
   *out = static_cast<int32_t>(whole ? static_cast<int64_t>(t.get<double>()) : t.get<int64_t>());

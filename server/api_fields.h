@@ -34,11 +34,12 @@ std::optional<ApiError> read_bool(const nlohmann::json& body, const char* f, boo
 std::optional<ApiError> read_int(const nlohmann::json& body, const char* f, int64_t lo, int64_t hi, int64_t* out, bool* given = nullptr,
                                  const std::map<std::string, std::string>* written = nullptr);
 /// The token id `t`, found at JSON path `at` ("prompt[2]", "tokens[0]"), into *out: an integer,
-/// or a whole number written as a float (5.0), in [0, limit). Errors, with `param` as the
-/// error's param: not a whole number -> "AT: expected a token id (an integer), got TYPE VALUE";
-/// outside [0, limit) -> "AT = VALUE: not a token id" + `why` (e.g. " of this model (vocabulary
-/// 49152)"), VALUE as sent (from `number_text`, parse_request_body's; a whole number past 64
-/// bits is a double by then). Precondition: 0 < limit <= 2^31.
+/// or a whole number written as a float (5.0), in [0, limit). Errors: not a whole number ->
+/// param AT, "AT: expected a token id (an integer), got TYPE VALUE"; outside [0, limit) ->
+/// param `param`, "AT = VALUE: not a token id" + `why` (e.g. " of this model (vocabulary
+/// 49152)"), VALUE as sent for a float (from `number_text`, parse_request_body's, which keeps
+/// the first 256; a whole number past 64 bits is a double by then). Precondition:
+/// 0 < limit <= 2^31.
 std::optional<ApiError> read_token_id(const nlohmann::json& t, const std::string& at, const std::string& param, int64_t limit,
                                       const std::string& why, const std::map<std::string, std::string>& number_text,
                                       int32_t* out);

@@ -299,8 +299,6 @@ TEST_F(OpenAiApi, JsonErrorsNameTheFieldTheyAreIn) {
   EXPECT_FLOAT_EQ(r.base.sampling.temperature, 0.5f);
 }
 
-// Bug: integers in [2^63, 2^64) were read through get<int64_t> and wrapped: top_k and priority
-// of 2^64 - 1 were accepted as -1, and max_tokens = 2^63 was reported as -9223372036854775808.
 // A whole number written as a float is that token id, as the API's integer fields take it.
 TEST_F(OpenAiApi, WholeNumberTokenIdsAreIds) {
   ParsedRequest r;
@@ -310,6 +308,8 @@ TEST_F(OpenAiApi, WholeNumberTokenIdsAreIds) {
   EXPECT_EQ(r.base.sampling.stop_token_ids, (std::vector<int32_t>{2}));
 }
 
+// Bug: integers in [2^63, 2^64) were read through get<int64_t> and wrapped: top_k and priority
+// of 2^64 - 1 were accepted as -1, and max_tokens = 2^63 was reported as -9223372036854775808.
 TEST_F(OpenAiApi, HugeUnsignedIntegersAreOutOfRangeNotWrapped) {
   for (const char* field : {"top_k", "priority", "max_tokens", "n"}) {
     auto e = parse(std::string(R"({"prompt": "x", ")") + field + R"(": 18446744073709551615})", ApiKind::kCompletion);
