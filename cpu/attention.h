@@ -12,7 +12,8 @@
 // call (batch invariance, which greedy identity of speculative decoding needs).
 //
 // Two implementations with the same arithmetic, bit for bit (tests/cpu/attention_test.cpp):
-// - attention_f32_rowwise: one query row at a time; every row streams its whole prefix.
+// - attention_f32_rowwise: one query row (or, for few rows, a range of its query heads) at a
+//   time; every row streams its whole prefix.
 // - the tiled AVX-512 kernel attention_f32 uses when matmul_isa() is AVX-512 or AMX (both
 //   imply avx512f) and head_dim is
 //   16, 32, 64 or 128: the rows of one sequence (a verification step's k + 1 chain rows or tree

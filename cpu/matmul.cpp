@@ -392,6 +392,29 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return reduce8(acc);
 }
 
+void dot_f32_many(const float* a, const float* const* b, int64_t m, int64_t n, float* out) {
+  int64_t j = 0;
+  if (!use_avx512(n)) {
+    for (; j + 4 <= m; j += 4) {
+      __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+      for (int64_t i = 0; i < n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(a + i);
+        c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j] + i), c0);
+        c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 1] + i), c1);
+        c2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 2] + i), c2);
+        c3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 3] + i), c3);
+      }
+      // reduce8's tree for each: t = the halves lane by lane, then (t0 + t1) + (t2 + t3), here
+      // as two rounds of horizontal adds over the four keys together.
+      auto halves = [](__m256 v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); };
+      const __m128 h01 = _mm_hadd_ps(halves(c0), halves(c1));
+      const __m128 h23 = _mm_hadd_ps(halves(c2), halves(c3));
+      _mm_storeu_ps(out + j, _mm_hadd_ps(h01, h23));
+    }
+  }
+  for (; j < m; ++j) out[j] = dot_f32(a, b[j], n);
+}
+
 int64_t weight_row_bytes(WeightFormat format, int64_t cols) {
   switch (format) {
     case WeightFormat::kQ4_1: return cols / 32 * 20;

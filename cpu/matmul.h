@@ -107,4 +107,9 @@ void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 /// One dot product in the same order as matmul_f32 (for attention and tests).
 float dot_f32(const float* a, const float* b, int64_t n);
 
+/// out[j] = dot_f32(a, b[j], n) for j < m, bit for bit; a and every b[j] hold n floats (n a
+/// multiple of 8, as for dot_f32). The AVX2 order runs four keys at once (four independent FMA
+/// chains, their reduce8 trees done together by horizontal adds): attention's scores.
+void dot_f32_many(const float* a, const float* const* b, int64_t m, int64_t n, float* out);
+
 }  // namespace specserve

@@ -151,6 +151,29 @@ TEST_F(BackendOps, DotMatchesMatmulBitForBit) {
   }
 }
 
+// dot_f32_many (attention's scores, four keys at a time on AVX2) is dot_f32 for every key.
+TEST_F(BackendOps, DotManyIsDotForEveryKey) {
+  for (const MatmulIsa isa : matmul_isas()) {
+    IsaScope scope(isa);
+    ASSERT_TRUE(scope.ok()) << matmul_isa_name(isa);
+    for (const int64_t cols : {8, 16, 48, 64, 128}) {
+      const auto a = random_vec(cols, 41);
+      for (const int64_t m : {1, 3, 4, 5, 8, 9}) {
+        std::vector<std::vector<float>> keys;
+        std::vector<const float*> ptrs;
+        for (int64_t j = 0; j < m; ++j) keys.push_back(random_vec(cols, 50 + static_cast<uint32_t>(j)));
+        for (const auto& k : keys) ptrs.push_back(k.data());
+        std::vector<float> got(static_cast<size_t>(m), NAN);
+        dot_f32_many(a.data(), ptrs.data(), m, cols, got.data());
+        for (int64_t j = 0; j < m; ++j) {
+          const float want = dot_f32(a.data(), ptrs[static_cast<size_t>(j)], cols);
+          ASSERT_TRUE(bit_equal(&got[static_cast<size_t>(j)], &want, 1)) << matmul_isa_name(isa) << " cols " << cols << " m " << m << " key " << j;
+        }
+      }
+    }
+  }
+}
+
 // The reduction order matmul.h documents, written out in scalars: lane l of `lanes` accumulates
 // x[k] * w[k] for k = l, l + lanes, ... with one fused multiply-add each, k ascending; 16 lanes
 // are first folded to 8 (l[i] + l[i + 8]); then ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
