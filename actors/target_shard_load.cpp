@@ -143,6 +143,9 @@ Status load_and_warm(Self self) {
   const auto t0 = Clock::now();
   GenerateParams warm;
   warm.prompt = s.model.tokenizer->encode("Warm-up: the quick brown fox jumps over the lazy dog. The quick brown fox", true, false);
+  // A context shorter than the warm-up text (max_model_len 16) still warms up, on its first tokens.
+  const int64_t room = std::max<int64_t>(1, s.engine->options().max_model_len - 1);
+  if (static_cast<int64_t>(warm.prompt.size()) > room) warm.prompt.resize(static_cast<size_t>(room));
   warm.max_tokens = 8;
   warm.sampling.temperature = 0;
   warm.sampling.ignore_eos = true;

@@ -80,7 +80,7 @@ Status check_kv_holds_one_sequence(const Topology& t, const EngineOptions& o, co
   std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(need * per_block) / (1 << 20));
   return invalid_argument(
       t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " + std::to_string(t.scheduler.kv_cache_bytes) +
-      " holds " + std::to_string(o.num_kv_blocks) + " KV blocks of " + std::to_string(o.block_size) + " tokens (" +
+      " holds " + std::to_string(o.num_kv_blocks) + (o.num_kv_blocks == 1 ? " KV block of " : " KV blocks of ") + std::to_string(o.block_size) + " tokens (" +
       std::to_string(holds) + " tokens), fewer than one sequence of max_model_len " + std::to_string(max_len) +
       (o.max_model_len > 0 ? "" : " (the model's context length)") + " needs (" + std::to_string(need) +
       " blocks): raise it to at least " + std::to_string(need * per_block) + " (" + mib + ") or set " + len_name +

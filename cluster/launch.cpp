@@ -147,7 +147,10 @@ int run_up(const UpOptions& o) {
     print_status_line(*client);
     std::fprintf(stderr, "specserve up: submit with: specserve client --connect %s --token-file %s --chat \"Hello\"\n",
                  endpoint.c_str(), topo->cluster.token_file.c_str());
-    write_ready_file(o.ready_file, endpoint);
+    if (Status st = write_ready_file(o.ready_file, endpoint); !st.ok()) {
+      std::fprintf(stderr, "specserve up: %s; stopping\n", st.message().c_str());
+      failed = true;
+    }
   }
   int rc = failed ? 1 : 0;
   while (!failed && !stop_requested()) {
@@ -422,7 +425,10 @@ int run_serve(const ServeOptions& o) {
   if (wait_ready(*client, 1, 1e9, &failed)) {
     std::fprintf(stderr, "specserve serve: ready on %s (token in %s)\n", endpoint.c_str(), t.cluster.token_file.c_str());
     print_status_line(*client);
-    write_ready_file(o.ready_file, endpoint);
+    if (Status st = write_ready_file(o.ready_file, endpoint); !st.ok()) {
+      std::fprintf(stderr, "specserve serve: %s; stopping\n", st.message().c_str());
+      failed = true;
+    }
   }
   while (!failed && !stop_requested()) wait_for_stop(0.2);
   shut_down(**head, nullptr, failed ? 0 : o.drain_timeout_s, &front_end);

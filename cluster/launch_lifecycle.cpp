@@ -3,8 +3,10 @@
 #include "cluster/launch_lifecycle.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -157,14 +159,25 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
   return false;
 }
 
-void write_ready_file(const std::string& path, const std::string& endpoint) {
-  if (path.empty()) return;
+Status write_ready_file(const std::string& path, const std::string& endpoint) {
+  if (path.empty()) return Status();
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
     out << endpoint << "\n";
+    out.close();
+    if (!out) {
+      const std::string why = std::strerror(errno);
+      std::remove(tmp.c_str());
+      return unavailable("--ready-file " + path + ": cannot write " + tmp + ": " + why);
+    }
   }
-  std::rename(tmp.c_str(), path.c_str());
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return unavailable("--ready-file " + path + ": cannot write: " + why);
+  }
+  return Status();
 }
 
 void print_status_line(Client& client) {

@@ -235,6 +235,8 @@ Expected<Topology> parse_topology(const std::string& yaml_text, const std::strin
 }
 
 Expected<Topology> load_topology_file(const std::string& path) {
+  std::error_code dir_ec;
+  if (fs::is_directory(path, dir_ec)) return invalid_argument(path + ": is a directory, not a topology file (a YAML file such as examples/cluster-local.yaml)");
   std::ifstream in(path, std::ios::binary);
   if (!in) return not_found(path + ": cannot read the topology file: " + std::strerror(errno));
   std::ostringstream ss;

@@ -223,7 +223,8 @@ struct Topology {
 // ---------------------------------------------------------------- parsing
 
 /// Reads and validates the topology file at `path`. Relative paths inside it resolve from the
-/// file's folder. kNotFound when the file cannot be read; otherwise as parse_topology.
+/// file's folder. kNotFound when the file cannot be read, kInvalidArgument for a directory;
+/// otherwise as parse_topology.
 Expected<Topology> load_topology_file(const std::string& path);
 
 /// Validates `yaml_text`. `name_for_errors` is the file name the messages start with;

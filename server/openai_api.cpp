@@ -235,6 +235,10 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
   GenerateRequest& g = r.base;
   SamplingParams& s = g.sampling;
   if (auto e = read_number(body, "temperature", 0.0, 100.0, &s.temperature)) return e;
+  // (0, 1] in both messages: read_number says "[0, 1]" for any value outside, 0 is refused apart.
+  if (auto it = body.find("top_p"); it != body.end() && it->is_number() && !(it->get<double>() >= 0.0 && it->get<double>() <= 1.0)) {
+    return bad("top_p", "top_p = " + shown(*it) + ": must be in (0, 1]");
+  }
   if (auto e = read_number(body, "top_p", 0.0, 1.0, &s.top_p)) return e;
   if (body.contains("top_p") && !body["top_p"].is_null() && !(s.top_p > 0.0f)) return bad("top_p", "top_p = 0: must be in (0, 1]");
   if (auto e = read_number(body, "min_p", 0.0, 1.0, &s.min_p)) return e;
@@ -369,7 +373,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
       const int64_t room = model.max_model_len - len;
       if (room < 1) {
         return bad(prompt_field, "This model's maximum context length is " + std::to_string(model.max_model_len) +
-                                     " tokens; the " + prompt_field + " has " + std::to_string(len) + " tokens (" +
+                                     " tokens; the " + prompt_field + (kind == ApiKind::kChat ? " have " : " has ") + std::to_string(len) + " tokens (" +
                                      prompt_field + (prompts.size() > 1 ? "[" + std::to_string(i) + "]" : "") +
                                      "), leaving no room for a completion",
                    413, "context_length_exceeded");

@@ -213,5 +213,27 @@ TEST(TokenGate, ConnectingWhereNothingListensIsUnavailable) {
   EXPECT_EQ(token_gate_preamble("ab"), std::string("SSGATE01\x02\x00\x00\x00", 12) + "ab");
 }
 
+// A port that accepts and never answers (an HTTP port given by mistake) is named within the
+// gate's handshake bound, not after the caller's whole timeout (status waited 30 s).
+TEST(TokenGate, APortThatNeverAnswersIsNamedWithoutWaitingTheWholeTimeout) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto l = connect_token_gate("127.0.0.1", ntohs(a.sin_port), "tok", 60s);  // the kernel accepts; nobody reads
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(lfd);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(l.status().message().find("no answer to the token preamble"), std::string::npos) << l.status().message();
+  EXPECT_LT(waited, 20.0);
+  EXPECT_GT(waited, 3.0) << "a gate on a loaded machine still gets its handshake bound";
+}
+
 }  // namespace
 }  // namespace specserve

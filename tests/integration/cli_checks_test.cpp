@@ -354,6 +354,26 @@ TEST(CliChecks, ServeRefusesABatchBudgetBelowItsSeqsAndOnePortForBothBeforeLoadi
   }
 }
 
+// Found by a new user: --threads 100000 crashed inside OpenMP (SIGSEGV) on every command without
+// serve's 0..1024 range; a --ready-file that cannot be written was ignored, leaving whoever
+// waits for it waiting; a negative --max-model-len was taken as the model's.
+TEST(CliChecks, ThreadsReadyFileAndMaxModelLenAreCheckedBeforeLoading) {
+  for (const char* cmd : {"generate --prompt x", "bench-model", "bench-spec", "dump-hidden --prompts x.txt --out /tmp/x"}) {
+    const CmdResult r = run(std::string(cmd) + " --threads 100000", 30);
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("--threads"), std::string::npos) << cmd << "\n" << r.out;
+  }
+  const std::string dir = temp_dir("specserve_cli_ready_");
+  const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --ready-file " + dir + "/no/such/dir/ready", 30);
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  EXPECT_NE(s.out.find("--ready-file " + dir + "/no/such/dir/ready"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.find("loading"), std::string::npos) << "the model loaded before the refusal:\n" << s.out;
+  const CmdResult m = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-model-len -1", 30);
+  EXPECT_EQ(m.exit_code, 2) << m.out;
+  EXPECT_NE(m.out.find("--max-model-len"), std::string::npos) << m.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliChecks, UsageErrorsExitTwoAndAMistypedCommandIsNamed) {
   const CmdResult bogus = run("bogus");
   EXPECT_EQ(bogus.exit_code, 2) << bogus.out;

@@ -213,6 +213,8 @@ TEST(SpecConfig, ErrorsNameTheKeyAndValue) {
       {R"({"method": "eagle", "model": "e", "num_speculative_tokens": 4, "prompt_lookup_max": -1})", {"prompt_lookup_max = -1"}},
       {R"({"method": "layer_skip", "num_speculative_tokens": 4, "num_layers": -1})", {"num_layers = -1"}},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "max_model_len": -1})", {"max_model_len = -1", ">= 1"}},
+      // 0 was taken as "never" here while models.speculative refused it.
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 0})", {"disable_by_batch_size = 0: must be >= 1"}},
       // Bug: a number beyond a double escaped the parser (exit 1, "[json.exception.out_of_range.406]").
       // ... and then named no key: the key, the value as written and where it was.
       {R"({"method": "medusa", "model": "m", "num_speculative_tokens": 4, "posterior_alpha": 1e400})",

@@ -428,7 +428,7 @@ void add_bench_model(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("bench-model", "Prefill and decode tokens/s of the model runtime, and the bandwidth bound (a benchmark)");
   sub->add_option("--model", a->model, "GGUF model (default: the fetched SmolLM2-135M-Instruct)")->check(non_empty_path());
-  sub->add_option("--threads", a->threads, "CPU threads (default: all), split between tensor-parallel ranks");
+  sub->add_option("--threads", a->threads, "CPU threads (default: all), split between tensor-parallel ranks")->check(CLI::Range(0, 1024));
   sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,
                   "Ranks (threads with their own CPU backend, Gloo all-reduce over loopback); <= the model's kv heads")
       ->check(CLI::Range(1, 1024));

@@ -391,7 +391,7 @@ void add_bench_spec(CLI::App& app) {
                  "../shared/data/spec_bench/question.jsonl)");
   sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80));
   sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
-  sub->add_option("--threads", a->threads, "CPU threads (default: all)");
+  sub->add_option("--threads", a->threads, "CPU threads (default: all)")->check(CLI::Range(0, 1024));
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   add_dtype_option(*sub, &a->dtype);
   add_enforce_eager_flag(*sub);

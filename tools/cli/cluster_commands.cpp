@@ -16,6 +16,7 @@
 #include "scheduler/autoscale_policy.h"
 #include "tools/cli/common.h"
 #include "tools/cli/http_front_end.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -509,6 +510,9 @@ void add_cluster_commands(CLI::App& app) {
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {
       if (Status st = resolve_api_key(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
+      if (!o->ready_file.empty()) {
+        if (Status st = check_output_file("--ready-file", o->ready_file); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
+      }
       o->front_end = make_http_front_end(*http);
       return run_up(*o);
     });

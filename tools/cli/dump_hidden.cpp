@@ -132,7 +132,7 @@ void add_dump_hidden(CLI::App& app) {
                 "Do not write head.npy / embed.npy (the dequantized output head and embedding; default: written)");
   sub->add_flag("--print-fingerprint", args->print_fingerprint,
                 "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
-  sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->capture_default_str();
+  sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   add_dtype_option(*sub, &args->dtype);
   add_enforce_eager_flag(*sub);
   register_command("dump-hidden", [args] { return run_dump_hidden(*args); });

@@ -178,7 +178,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Random seed (default: random)")->check(int64_in_range(0, INT64_MAX));
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
-  sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks");
+  sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks")->check(CLI::Range(0, 1024));
   sub->add_option("--tensor-parallel-size", args->tensor_parallel_size,
                   "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
                   "loopback), each a thread with its own CPU backend; N <= the model's kv heads")
@@ -189,7 +189,7 @@ void add_generate(CLI::App& app) {
   add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
-  sub->add_option("--max-model-len", args->max_model_len, "Context length limit (default: the model's)");
+  sub->add_option("--max-model-len", args->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX));
   add_spec_options(*sub, &args->spec);
   register_command("generate", [args, prompt, chat] {
     if (prompt->count() == 0 && chat->count() == 0) {

@@ -14,6 +14,7 @@
 #include "spec/engine.h"
 #include "tools/cli/common.h"
 #include "tools/cli/http_front_end.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/spec_options.h"
 #include "tools/cli/subcommands.h"
@@ -122,6 +123,16 @@ int run_serve_cmd(const ServeArgs& a) {
   t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   HttpArgs http = a.http;
   if (Status st = resolve_api_key(&http); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+  // As the topology's head.host note says for `up`: beyond loopback, other machines reach both ports.
+  if (!is_loopback_host(a.host)) {
+    std::fprintf(stderr,
+                 "specserve serve: note: --host %s is not loopback: other machines can reach the actor port (they must "
+                 "present the cluster token)%s\n",
+                 a.host.c_str(),
+                 http.no_http ? ""
+                 : http.api_key.empty() ? " and the HTTP API, which has no --api-key: anyone who reaches it can use it"
+                                        : " and the HTTP API (--api-key required)");
+  }
   // vLLM refuses the same: a step could not give every running sequence its token.
   if (a.max_num_batched_tokens < a.max_num_seqs) {
     return std::fprintf(stderr,
@@ -172,6 +183,10 @@ int run_serve_cmd(const ServeArgs& a) {
   // tree that does not parse) — bad input, named by its flag, not a worker failure after the
   // HTTP front end has printed its address.
   if (Status st = check_serve_files(a.spec, t); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+  // A ready file that cannot be written would leave whoever waits for it waiting.
+  if (!a.ready_file.empty()) {
+    if (Status st = check_output_file("--ready-file", a.ready_file); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+  }
   ServeOptions o;
   o.topology = std::move(t);
   o.threads = a.threads;
@@ -189,7 +204,7 @@ void add_serve_command(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
     auto* sub = app.add_subcommand("serve", "Serve a model in one process: head (actor port, OpenAI-compatible HTTP API on --port) and one replica with its proposer");
     sub->add_option("--model", a->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
-    sub->add_option("--host", a->host, "Address the actor port listens on")->capture_default_str();
+    sub->add_option("--host", a->host, "Address the actor port and the HTTP API listen on (loopback unless set; beyond it, use --api-key)")->capture_default_str();
     sub->add_option("--actor-port", a->actor_port, "Actor (client API) port; 0 picks a free one")->check(CLI::Range(0, 65535))->capture_default_str();
     sub->add_option("--token-file", a->token_file, "Cluster token file (created, mode 0600, when missing)")->capture_default_str();
     sub->add_option("--max-num-seqs", a->max_num_seqs, "Sequences running at once")->check(CLI::Range(1, 4096))->capture_default_str();
@@ -202,7 +217,7 @@ void add_serve_command(CLI::App& app) {
                                  "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
     sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = false; }, "Turn automatic prefix caching off")
         ->excludes(apc_on);
-    sub->add_option("--max-model-len", a->max_model_len, "Context length limit (default: the model's)");
+    sub->add_option("--max-model-len", a->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX));
     sub->add_option("--threads", a->threads, "CPU threads (default: all cores), split evenly between tensor-parallel ranks")
         ->check(CLI::Range(0, 1024));
     sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,

@@ -157,7 +157,9 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       draft_p_min_text = v.dump();
     }
     int dbs = 0, mml = -1, tp = 1;
-    SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs));
+    // >= 1 as under models.speculative (0 used to be taken here as "never", which leaving the key
+    // out already says).
+    SPECSERVE_RETURN_IF_ERROR(get_int("disable_by_batch_size", &dbs, 1));
     SPECSERVE_RETURN_IF_ERROR(get_int("max_model_len", &mml, 1));
     SPECSERVE_RETURN_IF_ERROR(get_int("draft_tensor_parallel_size", &tp));
     if (tp != 1) return invalid_argument("--speculative-config: draft_tensor_parallel_size = " + std::to_string(tp) + ": only 1 is supported");

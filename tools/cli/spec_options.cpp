@@ -15,7 +15,7 @@ namespace specserve::cli {
 
 void add_spec_options(CLI::App& sub, SpecArgs* a) {
   sub.add_option("--speculative-model", a->speculative_model, "Draft model GGUF (method draft_model)")->check(non_empty_path());
-  sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k), 1..64 (0: no speculation); the same as \"num_speculative_tokens\" in --speculative-config "
+  sub.add_option("--num-speculative-tokens", a->num_speculative_tokens, "Draft tokens per step (k), 1..64 (0: no speculation, only without a method or draft model); the same as \"num_speculative_tokens\" in --speculative-config "
                  "(both given: they must agree)")->check(CLI::Range(0, 64));
   sub.add_option("--speculative-config", a->speculative_config,
                  R"(JSON, vLLM keys (a number shown is the key's default): {"method": "ngram"|"draft_model"|"layer_skip"|"medusa"|"eagle", "model": PATH, )"
