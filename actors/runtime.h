@@ -50,6 +50,13 @@ Expected<std::string> read_cluster_token(const std::string& path);
 /// 0700) when the file does not exist.
 Expected<std::string> ensure_cluster_token(const std::string& path);
 
+/// Whether ensure_cluster_token could create a missing `path` (~ expanded), without creating
+/// anything: the nearest existing folder above it must be a folder this process can write in,
+/// on a writable file system other than /proc and /sys. Errors: kInvalidArgument "PATH: cannot
+/// be created: FOLDER is not a folder / is not writable / is on a read-only file system / is in
+/// /proc or /sys".
+Status check_cluster_token_creatable(const std::string& path);
+
 /// Constant-time comparison of a presented token with the cluster's.
 bool token_matches(const std::string& presented, const std::string& expected);
 

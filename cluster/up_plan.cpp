@@ -69,6 +69,11 @@ std::vector<Status> check_up_plan(const Topology& t) {
     std::string msg = tok.status().message();  // "cluster token file PATH: why": the field says the first part
     if (msg.rfind("cluster token file ", 0) == 0) msg = msg.substr(19);
     problems.push_back(field_error(t, "cluster.token_file", t.cluster.token_file, Status(tok.status().code(), msg)));
+  } else if (!tok.ok()) {
+    // Missing: `up` creates it, so the folder it goes in must be creatable (/proc/x/token is not).
+    if (Status st = check_cluster_token_creatable(t.cluster.token_file); !st.ok()) {
+      problems.push_back(field_error(t, "cluster.token_file", t.cluster.token_file, st));
+    }
   }
   return problems;
 }

@@ -124,6 +124,15 @@ TEST(UpPlan, TokenFileThatUpWouldRefuseIsNamed) {
   EXPECT_NE(m.find("readable by group or others"), std::string::npos) << m;
   t->cluster.token_file = (dir / "missing").string();
   EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
+  t->cluster.token_file = (dir / "new" / "folders" / "token").string();  // `up` creates the folders
+  EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
+  // Missing where `up` could not create it (a fresh user's dry run passed this one).
+  t->cluster.token_file = "/proc/nonexistent/token";
+  m = problem_about(check_up_plan(*t), "cluster.token_file");
+  EXPECT_NE(m.find("cluster.token_file = /proc/nonexistent/token: cannot be created: /proc is in /proc or /sys"), std::string::npos) << m;
+  t->cluster.token_file = (dir / "token" / "sub" / "t").string();  // below a file
+  m = problem_about(check_up_plan(*t), "cluster.token_file");
+  EXPECT_NE(m.find("is not a folder"), std::string::npos) << m;
   fs::remove_all(dir);
 }
 
