@@ -2,7 +2,6 @@
 
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,23 +89,21 @@ Expected<std::string> read_cluster_token(const std::string& path_in) {
 Status check_cluster_token_creatable(const std::string& path_in) {
   auto path = expand_user_path(path_in);
   if (!path.ok()) return path.status();
-  std::filesystem::path dir = std::filesystem::path(*path).parent_path();
-  if (dir.empty()) dir = ".";
   std::error_code ec;
+  std::filesystem::path dir = std::filesystem::absolute(*path, ec).parent_path();
+  if (ec || dir.empty()) dir = std::filesystem::path(*path).parent_path();
+  if (dir.empty()) dir = ".";
   while (!std::filesystem::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
   if (!std::filesystem::is_directory(dir, ec)) return invalid_argument(*path + ": cannot be created: " + dir.string() + " is not a folder");
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    return invalid_argument(*path + ": cannot be created: " + dir.string() + " is not writable (" + std::strerror(errno) + ")");
-  }
-  // NOTE: access() says yes to root everywhere; a read-only mount, /proc and /sys still refuse.
-  struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY)) {
-    return invalid_argument(*path + ": cannot be created: " + dir.string() + " is on a read-only file system");
-  }
+  // /proc and /sys first: they refuse new folders whatever access() says (root passes it there).
   struct statfs fs {};
-  constexpr long kProcMagic = 0x9fa0, kSysfsMagic = 0x62656572;
+  constexpr long kProcMagic = 0x9fa0, kSysfsMagic = 0x62656572;  // linux/magic.h
   if (::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == kProcMagic || fs.f_type == kSysfsMagic)) {
     return invalid_argument(*path + ": cannot be created: " + dir.string() + " is in /proc or /sys");
+  }
+  // access() also answers EROFS for a read-only mount, to root as well.
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return invalid_argument(*path + ": cannot be created: " + dir.string() + " is not writable (" + std::strerror(errno) + ")");
   }
   return Status();
 }

@@ -53,8 +53,7 @@ Expected<std::string> ensure_cluster_token(const std::string& path);
 /// Whether ensure_cluster_token could create a missing `path` (~ expanded), without creating
 /// anything: the nearest existing folder above it must be a folder this process can write in,
 /// on a writable file system other than /proc and /sys. Errors: kInvalidArgument "PATH: cannot
-/// be created: FOLDER is not a folder / is not writable / is on a read-only file system / is in
-/// /proc or /sys".
+/// be created: FOLDER is not a folder / is in /proc or /sys / is not writable (why)".
 Status check_cluster_token_creatable(const std::string& path);
 
 /// Constant-time comparison of a presented token with the cluster's.

@@ -371,10 +371,10 @@ Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, co
   const int fd = *remote;
   const std::string pre = token_gate_preamble(token);
   char verdict = 0;
-  // A gate answers within its own handshake bound (it reaches its actor system first): waiting
-  // the caller's whole timeout only delayed the error for a port that is not a gate (an HTTP
-  // port given by mistake waited 30 s).
-  const auto verdict_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(kHandshakeMs + 2000));
+  // A gate answers within two handshake bounds (reading the preamble, then reaching its actor
+  // system, kHandshakeMs each): waiting the caller's whole timeout only delayed the error for a
+  // port that is not a gate (an HTTP port given by mistake waited 30 s).
+  const auto verdict_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(2 * kHandshakeMs + 2000));
   if (!write_full(fd, pre.data(), pre.size()) ||
       !read_full(fd, &verdict, 1, Clock::now() + verdict_wait)) {
     ::close(fd);

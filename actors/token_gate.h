@@ -77,7 +77,7 @@ class TokenGate {
 /// Connects to the gate at host:port, presents `token`, and on acceptance returns a port on
 /// 127.0.0.1 whose first connection (within `timeout`) is spliced to the gate (for CAF's
 /// remote_actor). Errors: kUnavailable (cannot resolve or connect, no verdict within `timeout` or
-/// 7 s, whichever is shorter: a gate answers within its 5 s handshake bound;
+/// 12 s, whichever is shorter: a gate answers within its two 5 s handshake bounds;
 /// not a specserve actor port), kInvalidArgument ("refused: wrong cluster token").
 Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, const std::string& token,
                                       std::chrono::milliseconds timeout);

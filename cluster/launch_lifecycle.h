@@ -79,8 +79,8 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
                 WorkerLauncher* launcher = nullptr, const std::string& endpoint = "");
 
 /// Writes "`endpoint`\n" to `path` (through a rename, so a reader never sees half of it); "" does
-/// nothing. Errors: kUnavailable "--ready-file PATH: cannot write: <why>" (the temporary file is
-/// removed).
+/// nothing. Errors: kUnavailable "--ready-file PATH: cannot write[ PATH.tmp]: <why>" (the
+/// temporary file is removed).
 Status write_ready_file(const std::string& path, const std::string& endpoint);
 
 /// One stderr line per worker the head knows: role, replica, rank, node, pid, state, load and warm-up times.

@@ -327,7 +327,8 @@ void TopologyParser::parse_target(const YAML::Node& n) {
   } else if (f.get("tensor_parallel_size")) {
     tp_invalid_ = true;  // the workers' ranks are then not checked against it (one error, not two)
   }
-  if (auto m = read_int(f, "max_model_len", 1, INT32_MAX, false)) {
+  // 2 at least: a context of 1 token leaves no room for a completion (and for the warm-up).
+  if (auto m = read_int(f, "max_model_len", 2, INT32_MAX, false)) {
     topo_.models.target.max_model_len = static_cast<int32_t>(*m);
   }
   if (const YAML::Node* d = scalar(f, "dtype", "a string", false)) {

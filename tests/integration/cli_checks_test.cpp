@@ -371,6 +371,9 @@ TEST(CliChecks, ThreadsReadyFileAndMaxModelLenAreCheckedBeforeLoading) {
   const CmdResult m = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-model-len -1", 30);
   EXPECT_EQ(m.exit_code, 2) << m.out;
   EXPECT_NE(m.out.find("--max-model-len"), std::string::npos) << m.out;
+  const CmdResult one = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --max-model-len 1", 30);
+  EXPECT_EQ(one.exit_code, 2) << one.out;
+  EXPECT_NE(one.out.find("leaves no room for a completion"), std::string::npos) << one.out;
   fs::remove_all(dir);
 }
 

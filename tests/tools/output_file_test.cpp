@@ -61,5 +61,20 @@ TEST(OutputFile, WriteWritesOrSaysWhyNot) {
   fs::remove_all(d);
 }
 
+// --ready-file is written by a rename into its folder: the folder decides, not an existing
+// file's own permissions.
+TEST(OutputFile, ReplaceableFileNeedsItsFolderOnly) {
+  const fs::path d = temp_dir();
+  const fs::path ro = d / "ready";
+  std::ofstream(ro) << "old";
+  fs::permissions(ro, fs::perms::owner_read);
+  EXPECT_TRUE(check_replaceable_file("--ready-file", ro.string()).ok());
+  expect_error(check_replaceable_file("--ready-file", (d / "no" / "ready").string()), StatusCode::kInvalidArgument,
+               {"--ready-file", "does not exist"});
+  expect_error(check_replaceable_file("--ready-file", d.string()), StatusCode::kInvalidArgument, {"is a directory"});
+  expect_error(check_replaceable_file("--ready-file", ""), StatusCode::kInvalidArgument, {"empty"});
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace specserve::cli

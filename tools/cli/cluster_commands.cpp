@@ -496,7 +496,8 @@ void add_cluster_commands(CLI::App& app) {
         "at once on load, the pool is refilled by cold starts, idle replicas drain back to the pool or stop");
     // Also as --config, as node, status and client take it (a user tried `up --config FILE`).
     sub->add_option("config,--config", o->config_path, "Topology file (see examples/cluster-local.yaml); positional or --config")->required();
-    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)");
+    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)")
+        ->check(CLI::Range(0, 1024));
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
         ->check(seconds_validator("--drain-timeout"))
         ->capture_default_str();
@@ -511,7 +512,7 @@ void add_cluster_commands(CLI::App& app) {
     register_command("up", [o, http] {
       if (Status st = resolve_api_key(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       if (!o->ready_file.empty()) {
-        if (Status st = check_output_file("--ready-file", o->ready_file); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
+        if (Status st = check_replaceable_file("--ready-file", o->ready_file); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       }
       o->front_end = make_http_front_end(*http);
       return run_up(*o);
@@ -523,7 +524,8 @@ void add_cluster_commands(CLI::App& app) {
     sub->add_option("--join", o->join, "The head's actor endpoint HOST:PORT")->required();
     sub->add_option("--name", o->name, "This node's name in the topology")->required();
     sub->add_option("--config", o->config_path, "Topology file (the same as the head's)")->required();
-    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers)");
+    sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers)")
+        ->check(CLI::Range(0, 1024));
     sub->add_flag("--exit-with-parent", o->exit_with_parent, "Stop when the parent process dies (set by `specserve up`)");
     register_command("node", [o] { return run_node(*o); });
   }

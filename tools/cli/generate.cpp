@@ -189,7 +189,7 @@ void add_generate(CLI::App& app) {
   add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &args->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
-  sub->add_option("--max-model-len", args->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX));
+  sub->add_option("--max-model-len", args->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX))->check(max_model_len_not_one());
   add_spec_options(*sub, &args->spec);
   register_command("generate", [args, prompt, chat] {
     if (prompt->count() == 0 && chat->count() == 0) {

@@ -33,6 +33,22 @@ Status check_output_file(const std::string& flag, const std::string& path) {
   return Status();
 }
 
+Status check_replaceable_file(const std::string& flag, const std::string& path) {
+  const std::string what = flag + " " + path + ": ";
+  if (path.empty()) return invalid_argument(flag + ": an empty path");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return invalid_argument(what + "is a directory (give a file name)");
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  const fs::file_status ds = fs::status(dir, ec);
+  if (!fs::exists(ds)) return invalid_argument(what + "directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(ds)) return invalid_argument(what + dir.string() + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return invalid_argument(what + "cannot create a file in " + dir.string() + ": " + std::strerror(errno));
+  }
+  return Status();
+}
+
 Status write_output_file(const std::string& flag, const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return unavailable(flag + " " + path + ": cannot open for writing: " + std::strerror(errno));

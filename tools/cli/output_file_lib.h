@@ -14,6 +14,12 @@ namespace specserve::cli {
 /// only at the end (and bench-spec, bench-actors and bench-model then said "wrote" anyway).
 Status check_output_file(const std::string& flag, const std::string& path);
 
+/// Checks, before a run, that `path` can be written by replacing it (a temporary file in its
+/// folder renamed over it: --ready-file): its folder exists and can be written in, and `path`
+/// is not a directory. Whether an existing file is itself writable does not matter. Nothing is
+/// created. Errors as check_output_file's.
+Status check_replaceable_file(const std::string& flag, const std::string& path);
+
 /// Writes `text` to `path` (truncating it); kUnavailable naming `flag`, the path and errno's
 /// text when the file cannot be opened or the write fails (a full disk included).
 Status write_output_file(const std::string& flag, const std::string& path, const std::string& text);

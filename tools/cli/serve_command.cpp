@@ -185,7 +185,7 @@ int run_serve_cmd(const ServeArgs& a) {
   if (Status st = check_serve_files(a.spec, t); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
   // A ready file that cannot be written would leave whoever waits for it waiting.
   if (!a.ready_file.empty()) {
-    if (Status st = check_output_file("--ready-file", a.ready_file); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+    if (Status st = check_replaceable_file("--ready-file", a.ready_file); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
   }
   ServeOptions o;
   o.topology = std::move(t);
@@ -217,7 +217,7 @@ void add_serve_command(CLI::App& app) {
                                  "Automatic prefix caching: reuse the KV blocks of cached prompt prefixes (default on)");
     sub->add_flag_callback("--no-enable-prefix-caching", [a] { a->enable_prefix_caching = false; }, "Turn automatic prefix caching off")
         ->excludes(apc_on);
-    sub->add_option("--max-model-len", a->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX));
+    sub->add_option("--max-model-len", a->max_model_len, "Context length limit in tokens (0 or left out: the model's)")->check(CLI::Range(0, INT32_MAX))->check(max_model_len_not_one());
     sub->add_option("--threads", a->threads, "CPU threads (default: all cores), split evenly between tensor-parallel ranks")
         ->check(CLI::Range(0, 1024));
     sub->add_option("--tensor-parallel-size", a->tensor_parallel_size,

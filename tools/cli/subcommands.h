@@ -33,6 +33,16 @@ inline CLI::Validator non_empty_json() {
       "JSON");
 }
 
+/// A check for --max-model-len: 0 (the model's) or at least 2 (a context of one token leaves no
+/// room for a completion); the range itself is CLI::Range's.
+inline CLI::Validator max_model_len_not_one() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return v == "1" || v == "+1" ? std::string("1: leaves no room for a completion (at least 2; 0: the model's)") : std::string();
+      },
+      "");
+}
+
 /// A check for a 64-bit integer flag (--seed): the value must be a decimal integer in [lo, hi]
 /// without leading zeros (CLI11 reads with base 0: "010" would be 8); else "VALUE: must be an
 /// integer in [LO, HI]" (CLI11 puts the flag's name first; exit 2).
