@@ -64,6 +64,22 @@ int idle_connection(uint16_t port, const char* source = "127.0.0.1") {
   return fd;
 }
 
+// A socket listening on 127.0.0.1 at a free port (*port), or -1.
+int loopback_listener(uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 // How many of `fds` the other end has closed (recv sees EOF without waiting).
 int closed_by_peer(const std::vector<int>& fds) {
   int closed = 0;
@@ -149,14 +165,9 @@ TEST(TokenGate, OneFloodingAddressCannotHoldEveryHandshakeSlot) {
 // both directions' buffers fill; splices now use a thread per direction. This test did not
 // reproduce that deadlock against the old splice on loopback: it checks the data, not the fix.)
 TEST(TokenGate, SplicesMovesManyMegabytesBothWaysAtOnce) {
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 4), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  uint16_t port = 0;
+  const int lfd = loopback_listener(&port);
+  ASSERT_GE(lfd, 0);
   std::thread echo([lfd] {  // blocking echo: reads a chunk, writes it back
     const int c = ::accept(lfd, nullptr, nullptr);
     std::vector<char> buf(1 << 16);
@@ -169,7 +180,7 @@ TEST(TokenGate, SplicesMovesManyMegabytesBothWaysAtOnce) {
     }
     ::close(c);
   });
-  auto gate = TokenGate::start("127.0.0.1", 0, ntohs(a.sin_port), "tok", "echo");
+  auto gate = TokenGate::start("127.0.0.1", 0, port, "tok", "echo");
   ASSERT_TRUE(gate.ok()) << gate.status().to_string();
   auto local = connect_token_gate("127.0.0.1", (*gate)->port(), "tok", 5s);
   ASSERT_TRUE(local.ok()) << local.status().to_string();
@@ -216,16 +227,11 @@ TEST(TokenGate, ConnectingWhereNothingListensIsUnavailable) {
 // A port that accepts and never answers (an HTTP port given by mistake) is named within the
 // gate's handshake bound, not after the caller's whole timeout (status waited 30 s).
 TEST(TokenGate, APortThatNeverAnswersIsNamedWithoutWaitingTheWholeTimeout) {
-  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 4), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  uint16_t port = 0;
+  const int lfd = loopback_listener(&port);
+  ASSERT_GE(lfd, 0);
   const auto t0 = std::chrono::steady_clock::now();
-  auto l = connect_token_gate("127.0.0.1", ntohs(a.sin_port), "tok", 60s);  // the kernel accepts; nobody reads
+  auto l = connect_token_gate("127.0.0.1", port, "tok", 60s);  // the kernel accepts; nobody reads
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ::close(lfd);
   ASSERT_FALSE(l.ok());
