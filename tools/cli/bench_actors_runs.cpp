@@ -53,6 +53,16 @@ Expected<Topology> write_topology(const std::string& dir, const BenchArgs& a, co
   return load_topology_file(*yaml_path);
 }
 
+// The fields both reports record about the run's setting: the topology as written and what else
+// the machine did meanwhile (load average before / after, other processes' cores between c0 and c1).
+void add_machine_fields(json* out, const std::string& yaml, const std::string& load0, const CpuSample& c0, const CpuSample& c1) {
+  std::ifstream in(yaml);
+  (*out)["topology_yaml"] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  (*out)["loadavg_before"] = load0;
+  (*out)["loadavg_after"] = loadavg();
+  (*out)["machine_during"] = others_between(c0, c1);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- overhead
@@ -179,13 +189,7 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
   const CpuSample c1 = cpu_sample();
   json out;
   out["speculation"] = cfg.name;
-  out["topology_yaml"] = [&] {
-    std::ifstream in(yaml);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }();
-  out["loadavg_before"] = load0;
-  out["loadavg_after"] = loadavg();
-  out["machine_during"] = others_between(c0, c1);
+  add_machine_fields(&out, yaml, load0, c0, c1);
   out["runtimes_idle"] = idle;
   out["greedy_mismatches"] = mismatches;
   out["quiet_cores_threshold"] = a.quiet_cores;
@@ -341,13 +345,7 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
   json out;
   out["path"] = actor_name;
   out["speculation"] = spec ? speculative_yaml(spec) : "off";
-  out["topology_yaml"] = [&] {
-    std::ifstream in(yaml);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }();
-  out["loadavg_before"] = load0;
-  out["loadavg_after"] = loadavg();
-  out["machine_during"] = others_between(c0, c1);
+  add_machine_fields(&out, yaml, load0, c0, c1);
   out["levels"] = levels;
   std::fprintf(stderr, "[bench-actors] concurrency: other processes used %.2f cores meanwhile (load %s -> %s)\n",
                out["machine_during"]["other_processes_cores"].get<double>(), load0.c_str(),
