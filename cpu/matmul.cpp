@@ -385,24 +385,44 @@ bool set_matmul_isa(MatmulIsa isa, const std::string& source) {
   return true;
 }
 
+// Lanes [0, r) set, 0 < r < 8: the last k step of a width that is not a multiple of 8.
+inline __m256i tail_mask8(int64_t r) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(r)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   if (use_avx512(n)) return dot_avx512(a, b, n);
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  if (i < n) {
+    // The lanes past n load as zeros and leave their sums as they were (no read past a head).
+    const __m256i m = tail_mask8(n - i);
+    acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), acc);
+  }
   return reduce8(acc);
 }
 
 void dot_f32_many(const float* a, const float* const* b, int64_t m, int64_t n, float* out) {
   int64_t j = 0;
   if (!use_avx512(n)) {
+    const int64_t whole = n / 8 * 8;
+    const __m256i tail = tail_mask8(n - whole);  // unused when n is a multiple of 8
     for (; j + 4 <= m; j += 4) {
       __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-      for (int64_t i = 0; i < n; i += 8) {
+      for (int64_t i = 0; i < whole; i += 8) {
         const __m256 x = _mm256_loadu_ps(a + i);
         c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j] + i), c0);
         c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 1] + i), c1);
         c2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 2] + i), c2);
         c3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j + 3] + i), c3);
+      }
+      if (whole < n) {
+        const __m256 x = _mm256_maskload_ps(a + whole, tail);
+        c0 = _mm256_fmadd_ps(x, _mm256_maskload_ps(b[j] + whole, tail), c0);
+        c1 = _mm256_fmadd_ps(x, _mm256_maskload_ps(b[j + 1] + whole, tail), c1);
+        c2 = _mm256_fmadd_ps(x, _mm256_maskload_ps(b[j + 2] + whole, tail), c2);
+        c3 = _mm256_fmadd_ps(x, _mm256_maskload_ps(b[j + 3] + whole, tail), c3);
       }
       // reduce8's tree for each: t = the halves lane by lane, then (t0 + t1) + (t2 + t3), here
       // as two rounds of horizontal adds over the four keys together.

@@ -104,11 +104,13 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
 /// unit's work on the previous step.
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
-/// One dot product in the same order as matmul_f32 (for attention and tests).
+/// One dot product in the same order as matmul_f32 (for attention and tests); any n >= 0, reading
+/// a[0, n) and b[0, n) only (a last partial step of 8 loads its lanes masked: attention heads of
+/// any width, e.g. 12 or 20, read no further than their head).
 float dot_f32(const float* a, const float* b, int64_t n);
 
-/// out[j] = dot_f32(a, b[j], n) for j < m, bit for bit; a and every b[j] hold n floats (n a
-/// multiple of 8, as for dot_f32). The AVX2 order runs four keys at once (four independent FMA
+/// out[j] = dot_f32(a, b[j], n) for j < m, bit for bit; a and every b[j] hold n floats (any n,
+/// as for dot_f32). The AVX2 order runs four keys at once (four independent FMA
 /// chains, their reduce8 trees done together by horizontal adds): attention's scores.
 void dot_f32_many(const float* a, const float* const* b, int64_t m, int64_t n, float* out);
 

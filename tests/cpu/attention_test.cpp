@@ -220,6 +220,10 @@ const Layout kLayouts[] = {
     {8, 1, 128},  // one kv head: a single item per tile
 };
 
+// Head widths that are not a multiple of 8 (nor of 16): dot_f32's masked last step; no kernel
+// may read the next head's keys or queries.
+const Layout kOddWidths[] = {{4, 2, 12}, {3, 3, 20}, {2, 1, 4}, {6, 2, 40}};
+
 std::string name(const Layout& l) {
   return std::to_string(l.num_heads) + "/" + std::to_string(l.num_kv_heads) + " heads x " + std::to_string(l.head_dim);
 }
@@ -354,7 +358,9 @@ TEST(Attention, BothImplementationsMatchNaiveAttention) {
       std::printf("[attention: %s not on this CPU; not compared]\n", matmul_isa_name(which));
       continue;
     }
-    for (const Layout& l : kLayouts) {
+    std::vector<Layout> layouts(std::begin(kLayouts), std::end(kLayouts));
+    layouts.insert(layouts.end(), std::begin(kOddWidths), std::end(kOddWidths));
+    for (const Layout& l : layouts) {
       const Problem p(l, mixed_batch(rng), static_cast<uint32_t>(rng()));
       const auto ref = p.reference();
       for (bool tiled : {false, true}) {
@@ -373,7 +379,7 @@ TEST(Attention, BothImplementationsMatchNaiveAttention) {
 // over the threads. Batches of one and two rows split heads; the mixed batch does not.
 TEST(Attention, RowwiseGivesTheDocumentedBitsForEveryShapeAndThreadCount) {
   std::mt19937 rng(11);
-  const Layout layouts[] = {{9, 3, 64}, {4, 4, 16}, {8, 2, 32}, {8, 1, 128}, {6, 2, 48}};
+  const Layout layouts[] = {{9, 3, 64}, {4, 4, 16}, {8, 2, 32}, {8, 1, 128}, {6, 2, 48}, {4, 2, 12}, {3, 3, 20}};
   for (MatmulIsa which : {MatmulIsa::kAvx2, MatmulIsa::kAvx512}) {
     IsaScope isa(which);
     if (!isa.ok()) continue;

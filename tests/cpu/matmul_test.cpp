@@ -185,6 +185,35 @@ float documented_dot(const float* x, const float* w, int64_t cols, int lanes) {
   return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
 
+// A width that is not a multiple of 8 (an attention head of 12 or 20): the masked last step reads
+// nothing past the width (NaN placed right after it stays out) and sums in the documented order.
+TEST_F(BackendOps, DotOfAnyWidthReadsOnlyThatWidth) {
+  for (const MatmulIsa isa : matmul_isas()) {
+    IsaScope scope(isa);
+    ASSERT_TRUE(scope.ok()) << matmul_isa_name(isa);
+    for (const int64_t cols : {1, 4, 7, 12, 20, 36, 44}) {
+      auto a = random_vec(cols, 71);
+      a.push_back(NAN);
+      std::vector<std::vector<float>> keys;
+      std::vector<const float*> ptrs;
+      for (uint32_t j = 0; j < 5; ++j) {
+        keys.push_back(random_vec(cols, 80 + j));
+        keys.back().push_back(NAN);
+      }
+      for (const auto& k : keys) ptrs.push_back(k.data());
+      std::vector<float> many(keys.size(), NAN);
+      dot_f32_many(a.data(), ptrs.data(), static_cast<int64_t>(keys.size()), cols, many.data());
+      for (size_t j = 0; j < keys.size(); ++j) {
+        const float want = documented_dot(a.data(), keys[j].data(), cols, 8);
+        const float one = dot_f32(a.data(), keys[j].data(), cols);
+        ASSERT_TRUE(std::isfinite(one)) << matmul_isa_name(isa) << " cols " << cols;
+        EXPECT_TRUE(bit_equal(&one, &want, 1)) << matmul_isa_name(isa) << " cols " << cols << ": " << one << " vs " << want;
+        EXPECT_TRUE(bit_equal(&many[j], &want, 1)) << matmul_isa_name(isa) << " cols " << cols << " key " << j;
+      }
+    }
+  }
+}
+
 TEST_F(BackendOps, MatmulSumsInTheDocumentedOrderBitForBit) {
   for (const MatmulIsa isa : matmul_isas()) {
     IsaScope scope(isa);
