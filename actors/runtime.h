@@ -41,9 +41,13 @@ class ActorRuntime {
   std::unique_ptr<caf::actor_system> system_;
 };
 
+/// The shortest cluster token read_cluster_token accepts, in characters.
+inline constexpr size_t kMinClusterTokenChars = 16;
+
 /// Reads the cluster token (first line, whitespace trimmed) from `path` (~ expanded).
 /// Errors: kNotFound (missing, naming the path and how to create it), kInvalidArgument (empty,
-/// a directory or another non-regular file, or readable by group/others).
+/// shorter than kMinClusterTokenChars, a directory or another non-regular file, or readable by
+/// group/others).
 Expected<std::string> read_cluster_token(const std::string& path);
 
 /// Reads the token at `path`, or creates it (32 random bytes as hex, mode 0600, parent folders

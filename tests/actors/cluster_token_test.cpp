@@ -46,11 +46,16 @@ TEST(ClusterToken, ADeviceIsNotATokenFile) {
 TEST(ClusterToken, ARegularFileStillReadsAndItsModeIsStillChecked) {
   const auto dir = temp_dir("file");
   const auto path = dir / "token";
-  std::ofstream(path) << "  secret-token \n";
+  std::ofstream(path) << "  abc\n";
   ::chmod(path.c_str(), 0600);
   auto t = read_cluster_token(path.string());
+  ASSERT_FALSE(t.ok()) << "a 3-character token is guessable";
+  EXPECT_NE(t.status().message().find("the token has 3 characters; at least 16 are needed"), std::string::npos)
+      << t.status().message();
+  std::ofstream(path) << "  secret-token-of-24-chars \n";
+  t = read_cluster_token(path.string());
   ASSERT_TRUE(t.ok()) << t.status().message();
-  EXPECT_EQ(*t, "secret-token");
+  EXPECT_EQ(*t, "secret-token-of-24-chars");
   ::chmod(path.c_str(), 0644);
   t = read_cluster_token(path.string());
   ASSERT_FALSE(t.ok());
