@@ -100,6 +100,8 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
   if (!c.finish_reason.empty()) {
     acc_.request_id = shared_->id;
     acc_.finish_reason = c.finish_reason;
+    acc_.stop_token = c.stop_token;
+    acc_.stop_string = c.stop_string;
     acc_.prompt_tokens = c.prompt_tokens;
     acc_.completion_tokens = c.completion_tokens;
     acc_.num_drafts = c.num_drafts;

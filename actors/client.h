@@ -39,6 +39,10 @@ struct GenerateResult {
   std::vector<float> top_logprob_values;      ///< same shape, natural log
   std::string text;             ///< the output text (stop strings cut)
   std::string finish_reason;    ///< "stop", "length", "abort", "timeout"
+  /// finish_reason "stop": the stop_token_ids id or the stop string that stopped it (vLLM's
+  /// stop_reason); neither (-1, "") for EOS.
+  int32_t stop_token = -1;
+  std::string stop_string;
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int64_t num_drafts = 0;           ///< verification steps with a draft

@@ -87,6 +87,10 @@ struct StreamChunk {
   std::string text;                 ///< new complete text
   std::string finish_reason;        ///< "" while running; "stop", "length", "abort", "timeout", "error"
   std::string error;                ///< finish_reason "error": why
+  /// finish_reason "stop": what stopped it (vLLM's stop_reason): a stop_token_ids id, or a stop
+  /// string; neither (-1, "") for EOS.
+  int32_t stop_token = -1;
+  std::string stop_string;
   int32_t prompt_tokens = 0;        ///< set on the last chunk
   int32_t completion_tokens = 0;    ///< set on the last chunk
   int64_t num_drafts = 0;           ///< speculative counters (vLLM's meanings), set on the last chunk
@@ -154,6 +158,8 @@ struct ShardEvent {
   std::string text;
   std::string finish_reason;  ///< "" while running
   std::string error;          ///< set when the shard refused the request
+  int32_t stop_token = -1;    ///< see StreamChunk
+  std::string stop_string;
   int64_t num_drafts = 0;     ///< counters, set when finished
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
@@ -396,7 +402,8 @@ struct ClusterStatus {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("SamplingParams"), x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.has_seed,
-           x.presence_penalty, x.frequency_penalty, x.repetition_penalty, x.logprobs, x.stop_token_ids, x.ignore_eos);
+           x.presence_penalty, x.frequency_penalty, x.repetition_penalty, x.logprobs, x.stop_token_ids, x.ignore_eos,
+           x.min_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ChatTurn& x) {
@@ -418,7 +425,7 @@ typename Inspector::result_type inspect(Inspector& f, CancelMsg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StreamChunk& x) {
   return f(caf::meta::type_name("StreamChunk"), x.request_id, x.tokens, x.logprobs, x.top_n, x.top_logprob_ids,
-           x.top_logprob_values, x.text, x.finish_reason, x.error,
+           x.top_logprob_values, x.text, x.finish_reason, x.error, x.stop_token, x.stop_string,
            x.prompt_tokens, x.completion_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.num_requeues,
            x.num_migrations);
 }
@@ -440,7 +447,8 @@ typename Inspector::result_type inspect(Inspector& f, AbortMsg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardEvent& x) {
   return f(caf::meta::type_name("ShardEvent"), x.request_id, x.attempt, x.tokens, x.logprobs, x.top_n, x.top_logprob_ids,
-           x.top_logprob_values, x.text, x.finish_reason, x.error, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens);
+           x.top_logprob_values, x.text, x.finish_reason, x.error, x.stop_token, x.stop_string, x.num_drafts,
+           x.num_draft_tokens, x.num_accepted_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {

@@ -110,6 +110,8 @@ caf::behavior request_actor(RequestSelf self, int64_t id, std::string token, caf
         }
         c.finish_reason = ev.finish_reason;
         c.error = ev.error;
+        c.stop_token = ev.stop_token;
+        c.stop_string = std::move(ev.stop_string);
         finish_request(self, std::move(c));
       },
       // Its replica died (requeue) or its sequence left a replica with its state (migrate: drain,

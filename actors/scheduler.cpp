@@ -40,6 +40,10 @@ Expected<WorkItem> to_work_item(SchedulerState& s, GenerateRequest& req) {
   w.prompt = std::move(*prompt);
   if (req.max_tokens < 1) return invalid_argument("max_tokens = " + std::to_string(req.max_tokens) + ": must be >= 1");
   SPECSERVE_RETURN_IF_ERROR(req.sampling.validate());
+  if (req.sampling.min_tokens > req.max_tokens) {
+    return invalid_argument("min_tokens = " + std::to_string(req.sampling.min_tokens) + ": must be <= max_tokens = " +
+                            std::to_string(req.max_tokens));
+  }
   if (s.max_model_len > 0 && static_cast<int32_t>(w.prompt.size()) >= s.max_model_len) {
     return out_of_range("prompt: " + std::to_string(w.prompt.size()) + " tokens leave no room in max_model_len " +
                         std::to_string(s.max_model_len));

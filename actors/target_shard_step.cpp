@@ -139,6 +139,8 @@ void do_step(Self self) {
     ev.text = std::move(e.text);
     if (e.finish != FinishReason::kNone) {
       ev.finish_reason = finish_reason_name(e.finish);
+      ev.stop_token = e.stop_token;
+      ev.stop_string = std::move(e.stop_string);
       if (e.finish == FinishReason::kError) {
         ev.error = e.error;
         get_logger("actors")->error("replica {}: request {} failed: {}", s.cfg.replica, rid, e.error);

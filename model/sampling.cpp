@@ -315,6 +315,7 @@ Status SamplingParams::validate() const {
     return bad_field("logprobs", logprobs, "must be in [0, 20]");
   for (int32_t id : stop_token_ids)
     if (id < 0) return bad_field("stop_token_ids", id, "token ids must be >= 0");
+  if (min_tokens < 0) return bad_field("min_tokens", min_tokens, "must be >= 0");
   return Status();
 }
 

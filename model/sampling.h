@@ -47,6 +47,10 @@ struct SamplingParams {
   int32_t logprobs = 0;              ///< top-n logprobs to return, 0..20
   std::vector<int32_t> stop_token_ids;  ///< extra stop tokens (honoured by the request, not here)
   bool ignore_eos = false;              ///< keep generating past EOS (honoured by the request)
+  /// vLLM's min_tokens: no stop (EOS, stop_token_ids, stop strings) before this many output
+  /// tokens; the stop tokens get probability 0 until then (honoured by the engine, which also
+  /// checks min_tokens <= max_tokens). >= 0; 0 = off.
+  int32_t min_tokens = 0;
 
   /// Ok, or kInvalidArgument naming the first impossible field and its value, e.g.
   /// "top_p = 1.5: must be in (0, 1]". NaN fails every range check.

@@ -99,7 +99,7 @@ json chunk_base(const StreamState& s) {
 }
 
 json choice_event(const StreamState& s, size_t index, const std::string& text, const json& logprobs,
-                  const json& finish_reason, bool role) {
+                  const json& finish_reason, bool role, const json& stop_reason = nullptr) {
   json ch;
   ch["index"] = index;
   if (s.req.kind == ApiKind::kChat) {
@@ -112,6 +112,7 @@ json choice_event(const StreamState& s, size_t index, const std::string& text, c
   }
   ch["logprobs"] = logprobs;
   ch["finish_reason"] = finish_reason;
+  ch["stop_reason"] = stop_reason;
   json c = chunk_base(s);
   c["choices"] = json::array({ch});
   return c;
@@ -331,7 +332,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
             t.finished = true;
             ++s->finished;
             self->observe_choice(t, s->start, a.at, c.finish_reason);
-            const json ev = choice_event(*s, i, "", nullptr, api_finish_reason(c.finish_reason), false);
+            const json ev = choice_event(*s, i, "", nullptr, api_finish_reason(c.finish_reason), false, out.stop_reason());
             if (!write_event(sink, dump_json(ev), s.get())) return false;
           }
         }

@@ -41,7 +41,8 @@ const std::set<std::string>& known_fields(ApiKind kind) {
       "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
       "frequency_penalty", "seed", "user", "logit_bias", "logprobs",
       // vLLM's extensions
-      "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "priority"};
+      "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "priority",
+      "min_tokens"};
   static const std::set<std::string> completion = [] {
     std::set<std::string> s = common;
     s.insert({"prompt", "echo", "suffix", "best_of"});
@@ -271,6 +272,8 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     s.has_seed = true;
   }
   if (auto e = read_bool(body, "ignore_eos", &s.ignore_eos)) return e;
+  if (auto e = read_int(body, "min_tokens", 0, INT32_MAX, &v, nullptr, &number_text)) return e;
+  if (body.contains("min_tokens") && !body["min_tokens"].is_null()) s.min_tokens = static_cast<int32_t>(v);
   if (auto e = read_bool(body, "include_stop_str_in_output", &g.include_stop_str)) return e;
   if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &v, nullptr, &number_text)) return e;
   if (body.contains("priority") && !body["priority"].is_null()) g.priority = static_cast<int32_t>(v);
@@ -390,6 +393,10 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     } else {
       pp.max_tokens = static_cast<int32_t>(max_given ? max_tokens : kind == ApiKind::kChat ? 4096 : 16);
     }
+    if (s.min_tokens > pp.max_tokens) {
+      return bad("min_tokens", "min_tokens = " + std::to_string(s.min_tokens) + ": must be <= max_tokens = " + std::to_string(pp.max_tokens) +
+                                   (max_given ? "" : " (the default for this " + std::string(prompt_field) + ")"));
+    }
     r.prompts.push_back(std::move(pp));
   }
   *out = std::move(r);
@@ -415,9 +422,18 @@ void ChoiceOutput::add(const StreamChunk& c) {
   top_values.insert(top_values.end(), c.top_logprob_values.begin(), c.top_logprob_values.end());
   if (!c.finish_reason.empty()) {
     finish_reason = c.finish_reason;
+    stop_token = c.stop_token;
+    stop_string = c.stop_string;
     prompt_tokens = c.prompt_tokens;
     completion_tokens = c.completion_tokens;
   }
+}
+
+json ChoiceOutput::stop_reason() const {
+  if (finish_reason != "stop") return nullptr;
+  if (!stop_string.empty()) return stop_string;
+  if (stop_token >= 0) return stop_token;
+  return nullptr;
 }
 
 std::string logprob_token_string(const PromptCodec& tok, int32_t id) {
@@ -531,6 +547,7 @@ json completion_response(const ParsedRequest& req, const ServedModel& model, con
     }
     ch["logprobs"] = model.text.loaded() ? logprobs_json(req, model.text, c, 0, c.tokens.size(), 0) : json(nullptr);
     ch["finish_reason"] = api_finish_reason(c.finish_reason);
+    ch["stop_reason"] = c.stop_reason();
     cs.push_back(ch);
   }
   out["choices"] = cs;

@@ -99,8 +99,13 @@ struct ChoiceOutput {
   std::vector<int32_t> top_ids;     ///< [tokens.size() * top_n]
   std::vector<float> top_values;
   std::string finish_reason;        ///< "" while running
+  int32_t stop_token = -1;          ///< StreamChunk::stop_token
+  std::string stop_string;          ///< StreamChunk::stop_string
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  /// vLLM's stop_reason: the stop_token_ids id (a number) or the stop string that ended the
+  /// choice; null for EOS, a length limit or while running.
+  nlohmann::json stop_reason() const;
   /// Appends a chunk's tokens, logprobs and text (finish reason and counts when set).
   void add(const StreamChunk& c);
 };

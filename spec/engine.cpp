@@ -29,6 +29,8 @@ void SpecStats::add(const SpecStats& o) {
   num_accepted_tokens += o.num_accepted_tokens;
   if (accepted_per_pos.size() < o.accepted_per_pos.size()) accepted_per_pos.resize(o.accepted_per_pos.size(), 0);
   for (size_t i = 0; i < o.accepted_per_pos.size(); ++i) accepted_per_pos[i] += o.accepted_per_pos[i];
+  if (drafted_per_pos.size() < o.drafted_per_pos.size()) drafted_per_pos.resize(o.drafted_per_pos.size(), 0);
+  for (size_t i = 0; i < o.drafted_per_pos.size(); ++i) drafted_per_pos[i] += o.drafted_per_pos[i];
 }
 
 Status EngineOptions::validate() const {
@@ -76,13 +78,13 @@ bool plain_row_suffices(const SamplingParams& sp) {
 
 bool Engine::picks_suffice(const Seq& s) const {
   const SamplingParams& sp = s.params.sampling;
-  return opts_.argmax_on_device && sp.is_greedy() && plain_row_suffices(sp);
+  return opts_.argmax_on_device && sp.is_greedy() && plain_row_suffices(sp) && !below_min_tokens(s);
 }
 
 bool Engine::draws_on_device(const Seq& s) const {
   const SamplingParams& sp = s.params.sampling;
   const int64_t vocab = target_.config().vocab_size;
-  return opts_.argmax_on_device && !sp.is_greedy() && plain_row_suffices(sp) && (sp.top_k <= 0 || sp.top_k >= vocab) &&
+  return opts_.argmax_on_device && !sp.is_greedy() && plain_row_suffices(sp) && !below_min_tokens(s) && (sp.top_k <= 0 || sp.top_k >= vocab) &&
          sp.top_p >= 1.0f && sp.min_p <= 0.0f;
 }
 
@@ -139,6 +141,10 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
                             ": must be -1 (the engine's setting), 0 (no speculation) or 1..64");
   }
   SPECSERVE_RETURN_IF_ERROR(params.sampling.validate());
+  if (params.sampling.min_tokens > params.max_tokens) {
+    return invalid_argument("min_tokens = " + std::to_string(params.sampling.min_tokens) + ": must be <= max_tokens = " +
+                            std::to_string(params.max_tokens));
+  }
   if (!params.stop.empty() && !tokenizer_) return invalid_argument("stop: stop strings need a tokenizer");
   for (const auto& s : params.stop) {
     if (s.empty()) return invalid_argument("stop: an empty stop string never matches");
@@ -163,11 +169,15 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
   if (tokenizer_) s->decoder.emplace(*tokenizer_, false);
   for (const auto& st : params.stop) s->max_stop_len = std::max(s->max_stop_len, st.size());
   if (s->decoder && !params.resume_output.empty()) {
-    for (int32_t t : params.resume_output) s->text += s->decoder->push(t);
-    for (const auto& st : params.stop) {
-      if (s->text.find(st) != std::string::npos) {
-        return invalid_argument("resume_output: its text already holds stop string \"" + st + "\" (the request had already finished)");
-      }
+    int32_t count = 0;
+    for (int32_t t : params.resume_output) {
+      s->text += s->decoder->push(t);
+      if (++count < params.sampling.min_tokens) s->stop_floor = s->text.size();  // as emit() sets it
+    }
+    size_t which = 0;
+    if (engine_internal::find_stop_string(s->text, params.stop, 0, s->stop_floor, &which) != std::string::npos) {
+      return invalid_argument("resume_output: its text already holds stop string \"" + params.stop[which] +
+                              "\" (the request had already finished)");
     }
     // NOTE: emit() holds back the last max_stop_len - 1 bytes after every token, so after
     // these tokens the uninterrupted request had sent exactly this much of their text.

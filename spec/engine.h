@@ -146,6 +146,11 @@ struct SpecStats {
   /// [k]: drafts whose token at position i was accepted; for a tree draft, position i is depth
   /// i + 1 (the accepted path holds one node per depth). num_draft_tokens counts every tree node.
   std::vector<int64_t> accepted_per_pos;
+  /// [k]: drafts that reached position i (a chain of more than i tokens; a tree with a node at
+  /// depth i + 1). accepted_per_pos[i] / drafted_per_pos[i] is the acceptance at depth i + 1 of
+  /// the drafts that went that deep (adaptive k and draft_p_min draft shorter than k). Counted in
+  /// the engine; a migrated sequence brings accepted_per_pos only.
+  std::vector<int64_t> drafted_per_pos;
   double acceptance_rate() const { return num_draft_tokens ? double(num_accepted_tokens) / num_draft_tokens : 0.0; }
   /// 1 + accepted / drafts: tokens emitted per verification step.
   double mean_acceptance_length() const { return num_drafts ? 1.0 + double(num_accepted_tokens) / num_drafts : 1.0; }
@@ -160,6 +165,10 @@ struct SeqEvent {
   std::string text;                 ///< newly complete text (stop strings cut, partial UTF-8 held back)
   FinishReason finish = FinishReason::kNone;
   std::string error;                ///< finish == kError: why
+  /// finish == kStop: what stopped it (vLLM's stop_reason): the stop_token_ids id (stop_token),
+  /// or the stop string (stop_string); neither (-1, "") for EOS.
+  int32_t stop_token = -1;
+  std::string stop_string;
 };
 
 /// The speculative counters of one DraftSource (EngineStats::by_source).
@@ -336,6 +345,13 @@ class Engine {
   /// True when `token` ends the output of a request with params `sp` (stop_token_ids; EOS
   /// unless ignore_eos, known only with a tokenizer).
   bool is_stop_token(const SamplingParams& sp, int32_t token) const;
+  /// True while s has fewer than min_tokens output tokens (SamplingParams::min_tokens): no stop
+  /// counts and its stop tokens are masked (gated_row).
+  static bool below_min_tokens(const Seq& s, int32_t ahead = 0);
+  /// `row` as the sampler must see it for s's next output token (`ahead` tokens after those
+  /// emitted): below min_tokens, a copy in min_tokens_row_ with the stop tokens (is_stop_token)
+  /// at -inf (vLLM's MinTokensLogitsProcessor); otherwise `row` itself.
+  const float* gated_row(const Seq& s, const float* row, int32_t vocab, int32_t ahead = 0);
   /// True when the proposer may be asked for drafts for s (then it may hold state for s, and
   /// release() is due when s finishes or is preempted).
   bool may_draft(const Seq& s) const;
@@ -365,6 +381,7 @@ class Engine {
   std::map<int64_t, SpecStats> finished_stats_;
   EngineStats stats_;
   GoodputModel goodput_;  // disable_by_goodput's step-time fit and averages (spec/goodput.h)
+  std::vector<float> min_tokens_row_;  // gated_row's copy of a logit row
 };
 
 }  // namespace specserve

@@ -33,7 +33,12 @@ struct Engine::Seq {
   std::string text;             // output text decoded so far (whole UTF-8)
   size_t sent = 0;              // bytes of text already emitted
   size_t max_stop_len = 0;
+  // Bytes of text from the output tokens before min_tokens: a stop string must end after them.
+  size_t stop_floor = 0;
   int32_t num_generated = 0;
+  // What stopped it (SeqEvent::stop_token / stop_string).
+  int32_t stop_token = -1;
+  std::string stop_string;
   int32_t k = 0;                // current speculation length (adaptive), within [1, max_k] once it drafted
   int32_t max_k = 0;            // this request's cap: min(GenerateParams::num_speculative_tokens, the engine's); 0: never drafts
   int64_t num_steps_waited = 0; // steps spent in waiting_ since it arrived (StepLimits aging)
@@ -69,6 +74,12 @@ namespace engine_internal {
 /// log_softmax of raw logits `row` [vocab] at `token`, plus the top_n largest (vLLM's default
 /// raw logprobs; ties go to the lower token id). top_n <= 0: no top list.
 SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_t top_n);
+
+/// The first match in `text` of any of `stops` that starts at or after `from` and ends after
+/// byte `floor` (output before min_tokens never stops a request): its start, with the index of
+/// the stop string in *which; npos when none.
+size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t from, size_t floor,
+                        size_t* which);
 
 }  // namespace engine_internal
 }  // namespace specserve

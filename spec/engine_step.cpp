@@ -333,6 +333,19 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       step_spec.num_accepted_tokens = accepted;
       step_spec.accepted_per_pos.assign(static_cast<size_t>(k), 0);
       for (int32_t a = 0; a < accepted; ++a) step_spec.accepted_per_pos[static_cast<size_t>(a)] = 1;
+      // How deep this draft went: a chain's length, a tree's deepest node (parents come first).
+      int32_t depth = k;
+      if (is_tree) {
+        std::vector<int32_t> node_depth(static_cast<size_t>(k), 1);
+        depth = 0;
+        for (int32_t v = 0; v < k; ++v) {
+          const int32_t par = pl.draft.parents[static_cast<size_t>(v)];
+          if (par >= 0) node_depth[static_cast<size_t>(v)] = node_depth[static_cast<size_t>(par)] + 1;
+          depth = std::max(depth, node_depth[static_cast<size_t>(v)]);
+        }
+      }
+      step_spec.drafted_per_pos.assign(static_cast<size_t>(k), 0);
+      for (int32_t i = 0; i < depth; ++i) step_spec.drafted_per_pos[static_cast<size_t>(i)] = 1;
       s.spec.add(step_spec);
       DraftSourceStats& by = stats_.by_source[static_cast<size_t>(pl.draft.source)];
       ++by.num_drafts;
@@ -380,6 +393,8 @@ Status Engine::step(std::vector<SeqEvent>* events) {
       cache_full_blocks(s);
     }
     ev.finish = s.finish;
+    ev.stop_token = s.stop_token;
+    ev.stop_string = s.stop_string;
     events->push_back(std::move(ev));
   }
 

@@ -35,8 +35,22 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
   return r;
 }
 
+size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t from, size_t floor,
+                        size_t* which) {
+  size_t best = std::string::npos;
+  for (size_t i = 0; i < stops.size(); ++i) {
+    const std::string& st = stops[i];
+    // Matches ending at or before `floor` do not count: start the search where one would end after it.
+    const size_t lo = std::max(from, floor >= st.size() ? floor - st.size() + 1 : size_t{0});
+    const size_t p = text.find(st, lo);
+    if (p != std::string::npos && p < best) best = p, *which = i;
+  }
+  return best;
+}
+
 }  // namespace engine_internal
 
+using engine_internal::find_stop_string;
 using engine_internal::raw_logprobs;
 
 bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
@@ -44,9 +58,29 @@ bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
   return !sp.ignore_eos && tokenizer_ && tokenizer_->eog_ids().count(token);
 }
 
+bool Engine::below_min_tokens(const Seq& s, int32_t ahead) { return s.num_generated + ahead < s.params.sampling.min_tokens; }
+
+const float* Engine::gated_row(const Seq& s, const float* row, int32_t vocab, int32_t ahead) {
+  if (!below_min_tokens(s, ahead)) return row;
+  min_tokens_row_.assign(row, row + vocab);
+  const SamplingParams& sp = s.params.sampling;
+  for (int32_t t : sp.stop_token_ids) {
+    if (t < vocab) min_tokens_row_[static_cast<size_t>(t)] = -INFINITY;
+  }
+  if (!sp.ignore_eos && tokenizer_) {
+    for (int32_t t : tokenizer_->eog_ids()) {
+      if (t >= 0 && t < vocab) min_tokens_row_[static_cast<size_t>(t)] = -INFINITY;
+    }
+  }
+  return min_tokens_row_.data();
+}
+
 bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
-  if (is_stop_token(s.params.sampling, token)) {
-    // The stop token ends the output and is not part of it.
+  // Below min_tokens a stop token was masked out (gated_row): none can arrive here then.
+  if (!below_min_tokens(s) && is_stop_token(s.params.sampling, token)) {
+    // The stop token ends the output and is not part of it. EOS first, as vLLM: its stop_reason
+    // is none; a stop_token_ids id is its own.
+    if (s.params.sampling.ignore_eos || !tokenizer_ || !tokenizer_->eog_ids().count(token)) s.stop_token = token;
     if (s.decoder && !s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
     ev->text += s.text.substr(s.sent);
     s.sent = s.text.size();
@@ -60,16 +94,16 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
   if (lp) ev->logprobs.push_back(*lp);
   if (s.decoder) {
     s.text += s.decoder->push(token);
-    if (!s.params.stop.empty()) {
+    if (below_min_tokens(s)) {
+      s.stop_floor = s.text.size();  // no stop string may end within the first min_tokens - 1 tokens' text
+    } else if (!s.params.stop.empty()) {
       // Search only where a match could end in the new text.
       const size_t from = s.sent >= s.max_stop_len ? s.sent - s.max_stop_len + 1 : 0;
-      size_t best = std::string::npos, best_len = 0;
-      for (const auto& st : s.params.stop) {
-        size_t p = s.text.find(st, from);
-        if (p != std::string::npos && p < best) best = p, best_len = st.size();
-      }
+      size_t which = 0;
+      const size_t best = find_stop_string(s.text, s.params.stop, from, s.stop_floor, &which);
       if (best != std::string::npos) {
-        s.text.resize(best + (s.params.include_stop_str ? best_len : 0));
+        s.stop_string = s.params.stop[which];
+        s.text.resize(best + (s.params.include_stop_str ? s.stop_string.size() : 0));
         if (s.sent < s.text.size()) ev->text += s.text.substr(s.sent);
         s.sent = s.text.size();
         finish(s, FinishReason::kStop);
@@ -122,7 +156,7 @@ int32_t Engine::verify_chain(Seq& s, const DraftTree& d, const ForwardOutput& ou
   bool alive = true;
   for (int32_t r = 0; r <= k && alive; ++r) {
     const float* row = out.row(seq, r);
-    smp.compute_probs(row, vocab, s.prompt(), s.output(), &p_probs);
+    smp.compute_probs(gated_row(s, row, vocab), vocab, s.prompt(), s.output(), &p_probs);
     int32_t token;
     bool accept = false;
     if (r < k) {
@@ -187,8 +221,10 @@ std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const Forwa
     std::vector<int32_t> output;
     for (int32_t v = -1; v < n; ++v) {
       output.assign(s.output().begin(), s.output().end());
-      for (int32_t a : tree.path_to(v)) output.push_back(d.tokens[static_cast<size_t>(a)]);
-      smp.compute_probs(out.row(seq, v + 1), vocab, s.prompt(), output, &vp[static_cast<size_t>(v + 1)]);
+      const auto path_v = tree.path_to(v);
+      for (int32_t a : path_v) output.push_back(d.tokens[static_cast<size_t>(a)]);
+      smp.compute_probs(gated_row(s, out.row(seq, v + 1), vocab, static_cast<int32_t>(path_v.size())), vocab, s.prompt(), output,
+                        &vp[static_cast<size_t>(v + 1)]);
     }
     TypicalAcceptanceParams tp;
     tp.posterior_threshold = opts_.posterior_threshold;
@@ -219,7 +255,7 @@ std::vector<int32_t> Engine::verify_tree(Seq& s, const DraftTree& d, const Forwa
     } else {
       const float* row = out.row(seq, v + 1);
       // p after the path so far: emit() appended it to s's output, so penalties see it.
-      smp.compute_probs(row, vocab, s.prompt(), s.output(), &p);
+      smp.compute_probs(gated_row(s, row, vocab), vocab, s.prompt(), s.output(), &p);
       if (greedy) {
         verdict.token = Sampler::argmax(p.data(), vocab);  // p is one-hot at the argmax
         verdict.child = greedy_child(tree, d.tokens, v, verdict.token);

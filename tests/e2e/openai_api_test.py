@@ -236,6 +236,49 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(cut.choices[0].finish_reason, "stop")
         self.assertEqual(cut.choices[0].text, free[:free.index(stop)])
         self.assertNotIn(stop, cut.choices[0].text)
+        self.assertEqual(cut.choices[0].to_dict().get("stop_reason", "absent"), stop)  # vLLM's stop_reason
+        # The same in a stream: on the chunk that carries the finish reason.
+        reasons = [c.to_dict().get("stop_reason", "absent") for chunk in PLAIN.client.completions.create(
+            model=m, prompt=PROMPT, max_tokens=32, temperature=0, stop=[stop], stream=True) for c in chunk.choices
+            if c.finish_reason]
+        self.assertEqual(reasons, [stop])
+
+    def test_min_tokens_and_stop_reason(self):
+        # A short chat answer ends on EOS: stop_reason null. min_tokens holds EOS off (vLLM's
+        # min_tokens): the answer keeps its greedy start and goes on; the speculative server
+        # (n-gram drafts) gives the same text.
+        m = model_name(PLAIN)
+        chat = [{"role": "user", "content": "Reply with one word: yes or no. Is water wet?"}]
+        free = PLAIN.client.chat.completions.create(model=m, messages=chat, max_tokens=48, temperature=0)
+        c = free.choices[0]
+        self.assertEqual(c.finish_reason, "stop", c.message.content)
+        self.assertIn("stop_reason", c.to_dict())
+        self.assertIsNone(c.to_dict()["stop_reason"])
+        n = free.usage.completion_tokens
+        held = {}
+        for name, server in (("plain", PLAIN), ("spec", SPEC)):
+            r = server.client.chat.completions.create(model=model_name(server), messages=chat, max_tokens=48, temperature=0,
+                                                      extra_body={"min_tokens": n + 6})
+            self.assertGreaterEqual(r.usage.completion_tokens, n + 6, name)
+            self.assertTrue(r.choices[0].message.content.startswith(c.message.content.rstrip()), name)
+            held[name] = r.choices[0].message.content
+        self.assertEqual(held["plain"], held["spec"])
+        # A stop_token_ids id is its own stop_reason (a number): an id of the greedy continuation,
+        # found by tokenizing prompt + continuation (/tokenize) past the prompt's ids.
+        def tokenize(text):
+            req = urllib.request.Request(PLAIN.base + "/tokenize", data=json.dumps({"model": m, "prompt": text}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            return json.loads(urllib.request.urlopen(req).read())["tokens"]
+        cont = PLAIN.client.completions.create(model=m, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+        stop_id = tokenize(PROMPT + cont)[len(tokenize(PROMPT)) + 1]
+        r = PLAIN.client.completions.create(model=m, prompt=PROMPT, max_tokens=8, temperature=0,
+                                            extra_body={"stop_token_ids": [stop_id]})
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        self.assertEqual(r.choices[0].to_dict().get("stop_reason"), stop_id)
+        self.assertLess(len(r.choices[0].text), len(cont))
+        with self.assertRaises(openai.BadRequestError) as e:
+            PLAIN.client.completions.create(model=m, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 5})
+        self.assertIn("min_tokens = 5", str(e.exception))
 
     def test_logprobs(self):
         m = model_name(SPEC)

@@ -313,6 +313,28 @@ TEST(CliChecks, GenerateWithNoTokenSaysTimeToFirstTokenIsNotApplicable) {
   EXPECT_EQ(g.out.find("-1000"), std::string::npos) << g.out;
 }
 
+// --min-tokens (vLLM's min_tokens) on the real model: the prompt above ends on EOS at once; with
+// --min-tokens 3 EOS is held off for three tokens. Above --max-tokens it is refused before
+// loading; `client` refuses it and an empty --prompt / --chat (as generate does) before connecting.
+TEST(CliChecks, MinTokensHoldsEosOffAndIsCheckedAgainstMaxTokens) {
+  const CmdResult g = run("generate --prompt 'Explain why the sky is blue in two sentences.' --max-tokens 5 --min-tokens 3 --temperature 0");
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_EQ(g.out.find("generated tokens: 0"), std::string::npos) << g.out;
+  EXPECT_EQ(g.out.find("generated tokens: 1 "), std::string::npos) << g.out;
+  EXPECT_EQ(g.out.find("generated tokens: 2 "), std::string::npos) << g.out;
+  const CmdResult bad = run("generate --prompt hi --max-tokens 4 --min-tokens 5");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--min-tokens = 5: must be <= --max-tokens = 4"), std::string::npos) << bad.out;
+  const CmdResult client = run("client --prompt hi --connect 127.0.0.1:1 --min-tokens 200", 60);
+  EXPECT_EQ(client.exit_code, 2) << client.out;
+  EXPECT_NE(client.out.find("--min-tokens = 200: must be <= --max-tokens = 128"), std::string::npos) << client.out;
+  for (const char* flag : {"--chat", "--prompt"}) {
+    const CmdResult empty = run(std::string("client ") + flag + " '' --connect 127.0.0.1:1", 60);
+    EXPECT_EQ(empty.exit_code, 2) << empty.out;
+    EXPECT_NE(empty.out.find(std::string(flag) + " is empty"), std::string::npos) << empty.out;
+  }
+}
+
 TEST(CliChecks, ServeRefusesAKvCacheSmallerThanOneSequenceBeforeTheBanner) {
   const std::string dir = temp_dir("specserve_cli_kv_");
   const CmdResult s = run("serve --port 0 --actor-port 0 --token-file " + dir + "/token --kv-cache-bytes 2MiB", 60);

@@ -389,6 +389,7 @@ TEST_F(OpenAiApi, ResponsesHaveOpenAiShape) {
   EXPECT_EQ(resp["choices"][1]["index"], 1);
   EXPECT_EQ(resp["choices"][0]["text"], " there");
   EXPECT_EQ(resp["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(resp["choices"][0]["stop_reason"].is_null()) << "a length finish has no stop_reason";
   const json& lp = resp["choices"][0]["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), 1u);
   EXPECT_EQ(lp["tokens"][0], " there");
@@ -420,6 +421,55 @@ TEST_F(OpenAiApi, ResponsesHaveOpenAiShape) {
   EXPECT_EQ(content[0]["token"], "Hello");
   EXPECT_EQ(content[0]["bytes"], json::array({72, 101, 108, 108, 111}));
   EXPECT_EQ(content[0]["top_logprobs"].size(), 1u);
+  EXPECT_TRUE(chat["choices"][0]["stop_reason"].is_null()) << "EOS: no stop_reason";
+}
+
+// vLLM's stop_reason beside finish_reason: the stop string, or the stop_token_ids id (a number).
+TEST_F(OpenAiApi, StopReasonIsTheStopStringOrTheStopTokenId) {
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": "Hi", "n": 3, "max_tokens": 3, "stop": ["END"], "stop_token_ids": [7]})", ApiKind::kCompletion, &r));
+  std::vector<ChoiceOutput> choices(3);
+  StreamChunk by_string;
+  by_string.finish_reason = "stop";
+  by_string.stop_string = "END";
+  choices[0].add(by_string);
+  StreamChunk by_token;
+  by_token.finish_reason = "stop";
+  by_token.stop_token = 7;
+  choices[1].add(by_token);
+  StreamChunk aborted;
+  aborted.finish_reason = "abort";
+  aborted.stop_token = 7;  // only a "stop" finish has a stop_reason
+  choices[2].add(aborted);
+  const json resp = completion_response(r, model(), "cmpl-1", 1, choices);
+  EXPECT_EQ(resp["choices"][0]["stop_reason"], "END");
+  EXPECT_EQ(resp["choices"][1]["stop_reason"], 7);
+  EXPECT_TRUE(resp["choices"][1]["stop_reason"].is_number_integer());
+  EXPECT_TRUE(resp["choices"][2]["stop_reason"].is_null());
+}
+
+TEST_F(OpenAiApi, MinTokensIsReadAndCheckedAgainstMaxTokens) {
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": "Hi", "max_tokens": 9, "min_tokens": 9})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.request_for(0, 0).sampling.min_tokens, 9);
+  ASSERT_FALSE(parse(R"({"prompt": "Hi", "min_tokens": null})", ApiKind::kCompletion, &r));
+  EXPECT_EQ(r.request_for(0, 0).sampling.min_tokens, 0);
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "min_tokens": 5.0})", ApiKind::kChat, &r));
+  EXPECT_EQ(r.request_for(0, 0).sampling.min_tokens, 5);
+  const BadCase cases[] = {
+      {R"({"prompt": "x", "max_tokens": 4, "min_tokens": 5})", ApiKind::kCompletion, 400, "min_tokens", "min_tokens = 5: must be <= max_tokens = 4"},
+      {R"({"prompt": "x", "min_tokens": 17})", ApiKind::kCompletion, 400, "min_tokens", "max_tokens = 16 (the default"},
+      {R"({"prompt": "x", "min_tokens": -1})", ApiKind::kCompletion, 400, "min_tokens", "min_tokens"},
+      {R"({"prompt": "x", "min_tokens": "3"})", ApiKind::kCompletion, 400, "min_tokens", "expected an integer"},
+      {R"({"prompt": "x", "min_tokens": 2.5})", ApiKind::kCompletion, 400, "min_tokens", "expected an integer"},
+  };
+  for (const BadCase& c : cases) {
+    auto e = parse(c.body, c.kind);
+    ASSERT_TRUE(e) << c.body;
+    EXPECT_EQ(e->http_status, c.status) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body;
+    EXPECT_NE(e->message.find(c.in_message), std::string::npos) << c.body << ": " << e->message;
+  }
 }
 
 // Bug: /v1/completions with "logprobs": 0 returned top_logprobs as a list of nulls. The legacy

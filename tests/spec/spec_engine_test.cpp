@@ -181,6 +181,19 @@ TEST(SpecEngineGreedy, AdaptiveKKeepsIdentity) {
   RunResult got = run_engine(target(), tokenizer(), proposer.get(), o, requests());
   expect_same_outputs(got, reference(), "draft_model adaptive k<=8 batch 8");
   EXPECT_GT(got.stats.spec.num_accepted_tokens, 0);
+  // drafted_per_pos: every draft reaches depth 1; a chain of n tokens counts at depths 1..n, so
+  // the column sums to the draft tokens; adaptive k leaves deeper depths undrafted in some steps.
+  const SpecStats& s = got.stats.spec;
+  ASSERT_EQ(s.drafted_per_pos.size(), 8u);
+  EXPECT_EQ(s.drafted_per_pos[0], s.num_drafts);
+  int64_t sum = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    sum += s.drafted_per_pos[i];
+    EXPECT_LE(s.accepted_per_pos[i], s.drafted_per_pos[i]) << "depth " << i + 1;
+    if (i > 0) EXPECT_LE(s.drafted_per_pos[i], s.drafted_per_pos[i - 1]) << "depth " << i + 1;
+  }
+  EXPECT_EQ(sum, s.num_draft_tokens);
+  EXPECT_LT(s.drafted_per_pos[7], s.num_drafts) << "adaptive k never drafted fewer than 8";
 }
 
 TEST(SpecEngineGreedy, QuantizedTargetKeepsIdentity) {

@@ -85,6 +85,8 @@ struct RequestResult {
   std::vector<SampleResult> logprobs;
   std::string text;
   FinishReason finish = FinishReason::kNone;
+  int32_t stop_token = -1;   ///< SeqEvent::stop_token of the finishing event
+  std::string stop_string;   ///< SeqEvent::stop_string of the finishing event
   SpecStats spec;
   int num_events_after_finish = 0;
 };
@@ -133,6 +135,8 @@ RunResult run_engine(Transformer& target, const Tokenizer* tokenizer, Proposer* 
       r.text += ev.text;
       if (ev.finish != FinishReason::kNone) {
         r.finish = ev.finish;
+        r.stop_token = ev.stop_token;
+        r.stop_string = ev.stop_string;
         auto s = e.take_finished_stats(ev.seq_id);
         if (s) r.spec = *s;
       }

@@ -183,6 +183,8 @@ TEST(TreeEngine, AcceptanceIsCountedByDepth) {
     EXPECT_EQ(s.num_accepted_tokens, 9 * 3 + 1 + 1) << i;
     ASSERT_EQ(s.accepted_per_pos.size(), 6u);
     EXPECT_EQ(s.accepted_per_pos, (std::vector<int64_t>{11, 9, 9, 0, 0, 0})) << i << ": by depth, not by node index";
+    // How deep each tree went: 9 trees of depth 3, then two of depth 1.
+    EXPECT_EQ(s.drafted_per_pos, (std::vector<int64_t>{11, 9, 9, 0, 0, 0})) << i;
     EXPECT_DOUBLE_EQ(s.mean_acceptance_length(), 1.0 + 29.0 / 11.0);
   }
 }

@@ -289,7 +289,8 @@ int run_bench(const BenchArgs& a) {
                           {"mean_accepted_tokens", x.spec.mean_acceptance_length()},
                           {"decode_tokens", x.decode_tokens}, {"decode_steps", x.decode_steps},
                           {"tokens_per_step", x.decode_steps ? static_cast<double>(x.decode_tokens) / x.decode_steps : 0.0},
-                          {"acceptance_rate", x.spec.acceptance_rate()}, {"accepted_per_pos", x.spec.accepted_per_pos}};
+                          {"acceptance_rate", x.spec.acceptance_rate()}, {"accepted_per_pos", x.spec.accepted_per_pos},
+                          {"drafted_per_pos", x.spec.drafted_per_pos}};
       }
       const double tps = r.total.tokens / r.total.seconds, btps = base->total.tokens / base->total.seconds;
       const double dtps = r.total.decode_tokens / r.total.decode_seconds;
@@ -304,7 +305,8 @@ int run_bench(const BenchArgs& a) {
                        {"acceptance_rate", r.total.spec.acceptance_rate()}, {"num_drafts", r.total.spec.num_drafts},
                        {"num_draft_tokens", r.total.spec.num_draft_tokens},
                        {"num_accepted_tokens", r.total.spec.num_accepted_tokens},
-                       {"accepted_per_pos", r.total.spec.accepted_per_pos}, {"greedy_mismatches", r.total.mismatches}};
+                       {"accepted_per_pos", r.total.spec.accepted_per_pos}, {"drafted_per_pos", r.total.spec.drafted_per_pos},
+                       {"greedy_mismatches", r.total.mismatches}};
       jr["overall"]["drafts_by_source"] = nlohmann::json::parse(draft_sources_json(r.by_source));
       if (r.lookup_drafts >= 0) {
         jr["overall"]["lookup_drafts"] = r.lookup_drafts;
@@ -335,6 +337,29 @@ int run_bench(const BenchArgs& a) {
         for (size_t i = 0; i < max_depth; ++i) {
           if (i < r.total.spec.accepted_per_pos.size() && i < static_cast<size_t>(r.max_depth)) {
             std::printf(" %.3f |", static_cast<double>(r.total.spec.accepted_per_pos[i]) / static_cast<double>(r.total.spec.num_drafts));
+          } else {
+            std::printf(" - |");
+          }
+        }
+        std::printf("\n");
+      }
+      // The same counts over the steps whose draft reached depth i: adaptive k (chains shrink to
+      // 1 after a rejection) and draft_p_min draft shorter than k, which the table above counts
+      // as rejections at the depths not drafted.
+      std::printf("\nAcceptance by depth among the drafts that reached it (accepted at depth i / steps drafting depth i;\n"
+                  "in parentheses the share of steps that drafted that deep):\n\n| method |");
+      for (size_t i = 0; i < max_depth; ++i) std::printf(" %zu |", i + 1);
+      std::printf("\n|---|");
+      for (size_t i = 0; i < max_depth; ++i) std::printf("---|");
+      std::printf("\n");
+      for (const auto& r : runs) {
+        const SpecStats& sp = r.total.spec;
+        if (sp.num_drafts == 0) continue;
+        std::printf("| %s |", r.name.c_str());
+        for (size_t i = 0; i < max_depth; ++i) {
+          if (i < sp.drafted_per_pos.size() && i < sp.accepted_per_pos.size() && sp.drafted_per_pos[i] > 0) {
+            std::printf(" %.3f (%.2f) |", static_cast<double>(sp.accepted_per_pos[i]) / static_cast<double>(sp.drafted_per_pos[i]),
+                        static_cast<double>(sp.drafted_per_pos[i]) / static_cast<double>(sp.num_drafts));
           } else {
             std::printf(" - |");
           }

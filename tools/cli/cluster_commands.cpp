@@ -38,7 +38,7 @@ constexpr const char* kDefaultTokenFile = "~/.config/specserve/token";
 struct ClientArgs {
   std::string connect, token_file, config, system, tokenizer;
   std::vector<std::string> prompts, chats, stop;
-  int max_tokens = 128, top_k = -1, priority = 0, logprobs = 0, num_speculative_tokens = -1;
+  int max_tokens = 128, min_tokens = 0, top_k = -1, priority = 0, logprobs = 0, num_speculative_tokens = -1;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int64_t seed = -1;
   double timeout = 0;
@@ -211,6 +211,7 @@ int run_client(const ClientArgs& a) {
     r.sampling.min_p = a.min_p;
     r.sampling.logprobs = a.logprobs;
     r.sampling.ignore_eos = a.ignore_eos;
+    r.sampling.min_tokens = a.min_tokens;
     if (a.seed >= 0) r.sampling.seed = static_cast<uint64_t>(a.seed), r.sampling.has_seed = true;
     r.stop = a.stop;
     r.priority = a.priority;
@@ -271,6 +272,14 @@ int run_client(const ClientArgs& a) {
                   res->num_requeues, res->num_migrations, res->seconds, res->first_token_seconds);
       for (size_t t = 0; t < res->tokens.size(); ++t) std::printf("%s%d", t ? ", " : "", res->tokens[t]);
       std::printf("]");
+      // vLLM's stop_reason: the stop string, the stop_token_ids id, or null (EOS, length).
+      if (!res->stop_string.empty()) {
+        std::printf(", \"stop_reason\": \"%s\"", json_escape(res->stop_string).c_str());
+      } else if (res->stop_token >= 0) {
+        std::printf(", \"stop_reason\": %d", res->stop_token);
+      } else {
+        std::printf(", \"stop_reason\": null");
+      }
       if (a.logprobs > 0) std::printf(", %s", json_logprobs(*res, tok).c_str());
       std::printf("}\n");
     } else {
@@ -580,6 +589,8 @@ void add_cluster_commands(CLI::App& app) {
                     "GGUF whose tokenizer shows --logprobs tokens as text (default: the --config target; else ids only)");
     sub->add_option("--stop", a->stop, "Stop string (repeatable)");
     sub->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
+    sub->add_option("--min-tokens", a->min_tokens, "No stop (EOS, stop strings) before this many tokens (vLLM's min_tokens; <= --max-tokens)")
+        ->check(CLI::Range(0, 1 << 20));
     sub->add_option("--priority", a->priority, "Lower is served first (default 0)");
     sub->add_option("--timeout", a->timeout, "Seconds before the request ends with finish reason 'timeout' (0: none)")
         ->check(CLI::Range(0.0, 1e6));
@@ -590,6 +601,18 @@ void add_cluster_commands(CLI::App& app) {
     register_command("client", [a] {
       if (a->prompts.empty() && a->chats.empty()) {
         std::fprintf(stderr, "specserve client: give at least one --prompt or --chat\n");
+        return 2;
+      }
+      for (const auto* list : {&a->prompts, &a->chats}) {
+        for (const std::string& text : *list) {
+          if (text.empty()) {
+            std::fprintf(stderr, "specserve client: %s is empty\n", list == &a->prompts ? "--prompt" : "--chat");
+            return 2;
+          }
+        }
+      }
+      if (a->min_tokens > a->max_tokens) {
+        std::fprintf(stderr, "specserve client: --min-tokens = %d: must be <= --max-tokens = %d\n", a->min_tokens, a->max_tokens);
         return 2;
       }
       return run_client(*a);

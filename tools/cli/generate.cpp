@@ -20,6 +20,7 @@ namespace {
 struct GenerateArgs {
   std::string model, prompt, chat, system;
   int max_tokens = 128;
+  int min_tokens = 0;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   int top_k = -1;
   int64_t seed = -1;
@@ -81,6 +82,7 @@ int run_generate(const GenerateArgs& a) {
   p.sampling.top_p = a.top_p;
   p.sampling.min_p = a.min_p;
   p.sampling.ignore_eos = a.ignore_eos;
+  p.sampling.min_tokens = a.min_tokens;
   if (a.seed >= 0) {
     p.sampling.seed = static_cast<uint64_t>(a.seed);
     p.sampling.has_seed = true;
@@ -118,6 +120,7 @@ int run_generate(const GenerateArgs& a) {
   double ttft = -1;
   int64_t n_gen = 0;
   FinishReason fr = FinishReason::kNone;
+  std::string stop_reason;  // finish "stop": the stop string or stop token id that ended it (none for EOS)
   std::string error;  // finish reason "error": why (e.g. non-finite logits from corrupt weights)
   std::vector<SeqEvent> events;
   while ((*engine)->has_work()) {
@@ -133,6 +136,8 @@ int run_generate(const GenerateArgs& a) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
       if (ev.finish != FinishReason::kNone) fr = ev.finish;
+      if (!ev.stop_string.empty()) stop_reason = " (stop string \"" + ev.stop_string + "\")";
+      if (ev.stop_token >= 0) stop_reason = " (stop token " + std::to_string(ev.stop_token) + ")";
       if (!ev.error.empty()) error = ev.error;
     }
   }
@@ -140,8 +145,8 @@ int run_generate(const GenerateArgs& a) {
   std::printf("\n");
   std::fflush(stdout);
   const double decode_s = total - ttft;
-  std::fprintf(stderr, "\n--- prompt tokens: %zu | generated tokens: %lld | finish: %s\n", p.prompt.size(),
-               static_cast<long long>(n_gen), finish_reason_name(fr));
+  std::fprintf(stderr, "\n--- prompt tokens: %zu | generated tokens: %lld | finish: %s%s\n", p.prompt.size(),
+               static_cast<long long>(n_gen), finish_reason_name(fr), stop_reason.c_str());
   // No token at all (the first greedy token ended the sequence): no time to first token.
   char ttft_text[32] = "n/a";
   if (ttft >= 0) std::snprintf(ttft_text, sizeof ttft_text, "%.1f ms", ttft * 1e3);
@@ -178,6 +183,8 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Random seed (default: random)")->check(int64_in_range(0, INT64_MAX));
   sub->add_option("--stop", args->stop, "Stop string (repeatable)");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
+  sub->add_option("--min-tokens", args->min_tokens, "No stop (EOS, stop strings) before this many tokens (vLLM's min_tokens; <= --max-tokens)")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--threads", args->threads, "CPU threads (default: all cores), split between tensor-parallel ranks")->check(CLI::Range(0, 1024));
   sub->add_option("--tensor-parallel-size", args->tensor_parallel_size,
                   "Split the model over N ranks (attention heads by kv-head group, MLP columns; Gloo all-reduce over "
@@ -202,6 +209,10 @@ void add_generate(CLI::App& app) {
     }
     if (args->threads < 0) {
       std::fprintf(stderr, "specserve generate: --threads = %d: must be >= 0 (0 = every core)\n", args->threads);
+      return 2;
+    }
+    if (args->min_tokens > args->max_tokens) {
+      std::fprintf(stderr, "specserve generate: --min-tokens = %d: must be <= --max-tokens = %d\n", args->min_tokens, args->max_tokens);
       return 2;
     }
     return run_generate(*args);
