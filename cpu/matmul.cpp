@@ -385,10 +385,12 @@ bool set_matmul_isa(MatmulIsa isa, const std::string& source) {
   return true;
 }
 
+namespace {
 // Lanes [0, r) set, 0 < r < 8: the last k step of a width that is not a multiple of 8.
 inline __m256i tail_mask8(int64_t r) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(r)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+}  // namespace
 
 float dot_f32(const float* a, const float* b, int64_t n) {
   if (use_avx512(n)) return dot_avx512(a, b, n);

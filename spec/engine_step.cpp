@@ -345,7 +345,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
         }
       }
       step_spec.drafted_per_pos.assign(static_cast<size_t>(k), 0);
-      for (int32_t i = 0; i < depth; ++i) step_spec.drafted_per_pos[static_cast<size_t>(i)] = 1;
+      for (int32_t d = 0; d < depth; ++d) step_spec.drafted_per_pos[static_cast<size_t>(d)] = 1;
       s.spec.add(step_spec);
       DraftSourceStats& by = stats_.by_source[static_cast<size_t>(pl.draft.source)];
       ++by.num_drafts;

@@ -67,7 +67,9 @@ const float* Engine::gated_row(const Seq& s, const float* row, int32_t vocab, in
   for (int32_t t : sp.stop_token_ids) {
     if (t < vocab) min_tokens_row_[static_cast<size_t>(t)] = -INFINITY;
   }
-  if (!sp.ignore_eos && tokenizer_) {
+  // NOTE: the end-of-generation ids are masked even under ignore_eos, as vLLM's
+  // _all_stop_token_ids always holds the model's EOS.
+  if (tokenizer_) {
     for (int32_t t : tokenizer_->eog_ids()) {
       if (t >= 0 && t < vocab) min_tokens_row_[static_cast<size_t>(t)] = -INFINITY;
     }
@@ -76,11 +78,15 @@ const float* Engine::gated_row(const Seq& s, const float* row, int32_t vocab, in
 }
 
 bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
-  // Below min_tokens a stop token was masked out (gated_row): none can arrive here then.
-  if (!below_min_tokens(s) && is_stop_token(s.params.sampling, token)) {
-    // The stop token ends the output and is not part of it. EOS first, as vLLM: its stop_reason
-    // is none; a stop_token_ids id is its own.
-    if (s.params.sampling.ignore_eos || !tokenizer_ || !tokenizer_->eog_ids().count(token)) s.stop_token = token;
+  if (below_min_tokens(s)) {
+    // gated_row gave every stop token probability 0: a sampling path that skipped it is a bug.
+    SPECSERVE_CHECK(!is_stop_token(s.params.sampling, token),
+                    "seq " + std::to_string(s.id) + ": stop token " + std::to_string(token) + " sampled below min_tokens");
+  } else if (is_stop_token(s.params.sampling, token)) {
+    // The stop token ends the output and is not part of it. The model's EOS has no stop_reason
+    // (vLLM's); any other end-of-generation id (e.g. <|im_end|>, which vLLM takes from the
+    // generation config into stop_token_ids) and a stop_token_ids id are their own.
+    if (s.params.sampling.ignore_eos || !tokenizer_ || token != tokenizer_->eos_id()) s.stop_token = token;
     if (s.decoder && !s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
     ev->text += s.text.substr(s.sent);
     s.sent = s.text.size();

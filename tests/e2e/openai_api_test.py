@@ -270,7 +270,9 @@ class OpenAiApiTest(unittest.TestCase):
                                          headers={"Content-Type": "application/json"})
             return json.loads(urllib.request.urlopen(req).read())["tokens"]
         cont = PLAIN.client.completions.create(model=m, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
-        stop_id = tokenize(PROMPT + cont)[len(tokenize(PROMPT)) + 1]
+        prompt_ids, both = tokenize(PROMPT), tokenize(PROMPT + cont)
+        self.assertEqual(both[:len(prompt_ids)], prompt_ids, "the continuation changed the prompt's tokens: pick another prompt")
+        stop_id = both[len(prompt_ids) + 1]
         r = PLAIN.client.completions.create(model=m, prompt=PROMPT, max_tokens=8, temperature=0,
                                             extra_body={"stop_token_ids": [stop_id]})
         self.assertEqual(r.choices[0].finish_reason, "stop")

@@ -23,6 +23,16 @@ TEST(SpecEngineMinTokens, StopTokenIsMaskedUntilMinTokensWithTheSameOutputForEve
     const int32_t j = 2 + attempt % 6;
     const int32_t stop = ref[static_cast<size_t>(j)];
     if (std::find(ref.begin(), ref.begin() + j, stop) != ref.begin() + j) continue;  // not its first occurrence
+    // min_tokens = j: the stop at index j comes after j tokens, so it stops there as without.
+    {
+      GenerateParams p = greedy_request(prompt, 40);
+      p.sampling.stop_token_ids = {stop};
+      p.sampling.min_tokens = j;
+      const RequestResult at = run_engine(target(), nullptr, nullptr, spec_options(0, 1), {p}).requests.at(0);
+      EXPECT_EQ(at.tokens, Tokens(ref.begin(), ref.begin() + j)) << "min_tokens = stop index " << j;
+      EXPECT_EQ(at.finish, FinishReason::kStop);
+      EXPECT_EQ(at.stop_token, stop);
+    }
     for (const int32_t min_tokens : {j + 1, j + 6}) {
       GenerateParams p = greedy_request(prompt, 40);
       p.sampling.stop_token_ids = {stop};
@@ -92,7 +102,8 @@ TEST(SpecEngineMinTokens, SampledOutputHasNoStopTokenBeforeMinTokens) {
   EXPECT_GT(stopped_early_without, 0) << "the stop set never stopped an unmasked request early: the test shows nothing";
 }
 
-// EOS is masked too (unless ignore_eos); its stop_reason is none.
+// EOS is masked too (also under ignore_eos, as vLLM masks the model's EOS whatever ignore_eos
+// says); its stop_reason is none.
 TEST(SpecEngineMinTokens, EosWaitsForMinTokens) {
   for (uint32_t seed = 1; seed < 400; ++seed) {
     std::mt19937 rng(seed);
@@ -105,6 +116,10 @@ TEST(SpecEngineMinTokens, EosWaitsForMinTokens) {
     EXPECT_EQ(ref.stop_token, -1) << "EOS has no stop_reason";
     EXPECT_TRUE(ref.stop_string.empty());
     const int32_t j = static_cast<int32_t>(ref.tokens.size());  // EOS came at output index j
+    p.sampling.min_tokens = j;  // the edge: EOS at index j comes after j tokens
+    const RunResult edge = run_engine(target(), tokenizer(), nullptr, spec_options(0, 1), {p});
+    EXPECT_EQ(edge.requests.at(0).tokens, ref.tokens);
+    EXPECT_EQ(edge.requests.at(0).finish, FinishReason::kStop);
     p.sampling.min_tokens = j + 5;
     const RunResult held = run_engine(target(), tokenizer(), nullptr, spec_options(0, 1), {p});
     const RequestResult& got = held.requests.at(0);
@@ -115,9 +130,61 @@ TEST(SpecEngineMinTokens, EosWaitsForMinTokens) {
     const RunResult spec = run_engine(target(), tokenizer(), proposer.get(), spec_options(4, 1), {p});
     EXPECT_EQ(spec.requests.at(0).tokens, got.tokens);
     EXPECT_EQ(spec.requests.at(0).finish, got.finish);
+    // ignore_eos: EOS is an ordinary token after min_tokens, still masked before.
+    p.sampling.ignore_eos = true;
+    const RunResult ignoring = run_engine(target(), tokenizer(), nullptr, spec_options(0, 1), {p});
+    EXPECT_EQ(Tokens(ignoring.requests.at(0).tokens.begin(), ignoring.requests.at(0).tokens.begin() + j), ref.tokens);
+    EXPECT_EQ(std::count(ignoring.requests.at(0).tokens.begin(), ignoring.requests.at(0).tokens.begin() + j + 5, kSyntheticEosId), 0);
+    EXPECT_EQ(ignoring.requests.at(0).tokens.size(), 40u) << "ignore_eos runs to max_tokens";
     return;
   }
-  GTEST_SKIP() << "no prompt found whose greedy output stops on EOS within 20 tokens";
+  FAIL() << "no prompt found whose greedy output stops on EOS within 20 tokens: pick other prompts";
+}
+
+// A resumed request (failover, migration) counts its resumed tokens toward min_tokens: a stop
+// string inside their text that ends before the floor is no stop, and the continuation is the
+// uninterrupted request's; one that ends after the floor means it had finished (refused).
+TEST(SpecEngineMinTokens, ResumedOutputCountsTowardMinTokens) {
+  SyntheticModelSpec ts = target_spec();
+  ts.vocab_size = 64;
+  ts.seed = 77;
+  LoadedModel m = make_target(ts, "min_tokens_resume_target");
+  ASSERT_TRUE(m.model && m.tokenizer);
+  std::mt19937 rng(3);
+  Tokens prompt = random_tokens(rng, 10, 63);
+  for (int32_t& t : prompt) t += 1;
+  GenerateParams base = greedy_request(prompt, 40);
+  base.sampling.ignore_eos = true;
+  const Tokens ref = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base}).requests.at(0).tokens;
+  ASSERT_EQ(ref.size(), 40u);
+  auto text_of = [&](size_t n) { return m.tokenizer->decode(Tokens(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n)), false); };
+  // A one-character stop string first matched in output token j's text: min_tokens j + 3 lets it
+  // pass; a resume after j + 1 tokens holds that match below the floor.
+  int tested = 0;
+  for (size_t j = 2; j < 20 && tested < 3; ++j) {
+    const std::string piece = m.tokenizer->token_to_piece(ref[j], false);
+    if (piece.size() != 1 || text_of(j).find(piece) != std::string::npos) continue;  // first match at token j
+    GenerateParams p = base;
+    p.stop = {piece};
+    p.sampling.min_tokens = static_cast<int32_t>(j) + 3;
+    const RequestResult whole = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {p}).requests.at(0);
+    ASSERT_GE(whole.tokens.size(), j + 3);
+    GenerateParams r = p;
+    r.resume_output.assign(whole.tokens.begin(), whole.tokens.begin() + static_cast<std::ptrdiff_t>(j + 1));
+    const RunResult rest = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {r});
+    ASSERT_EQ(rest.requests.size(), 1u);
+    EXPECT_EQ(rest.requests.at(0).tokens, Tokens(whole.tokens.begin() + static_cast<std::ptrdiff_t>(j + 1), whole.tokens.end())) << "j " << j;
+    EXPECT_EQ(rest.requests.at(0).finish, whole.finish) << "j " << j;
+    // Without min_tokens the same resumed text holds a stop: the request had finished.
+    r.sampling.min_tokens = 0;
+    auto engine = Engine::create(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1));
+    ASSERT_TRUE(engine.ok());
+    auto refused = (*engine)->add_request(r);
+    ASSERT_FALSE(refused.ok()) << "j " << j;
+    EXPECT_NE(refused.status().message().find("already holds stop string"), std::string::npos) << refused.status().message();
+    ++tested;
+  }
+  EXPECT_GE(tested, 2);
 }
 
 // Stop strings: a match that ends within the text of the first min_tokens - 1 tokens does not
