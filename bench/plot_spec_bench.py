@@ -21,7 +21,7 @@ TASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "ra
 
 def short_name(name):
     """A legend label for a run: its --spec JSON shortened to method, k, tree shape, draft_p_min, prompt lookup
-    first, lookup history (and the head file's folder when it is not the committed models/heads)."""
+    first, lookup history, fixed k (adaptive_k false), and the head file's name when it is not in models/heads/."""
     if not name.startswith("{"):
         return name
     try:
@@ -41,6 +41,8 @@ def short_name(name):
         parts.append(f"{s['num_layers']} layers")
     if "draft_p_min" in s:
         parts.append(f"p_min {s['draft_p_min']}")
+    if s.get("adaptive_k") is False:
+        parts.append("fixed k")
     if s.get("method") != "ngram" and ("prompt_lookup_min" in s or "prompt_lookup_max" in s):
         lo = s.get("prompt_lookup_min", s.get("prompt_lookup_max"))
         hi = s.get("prompt_lookup_max", lo)
@@ -48,7 +50,7 @@ def short_name(name):
     if s.get("lookup_cached_requests"):
         parts.append(f"+ history {s['lookup_cached_requests']}")  # spec/lookup_history.h
     model = s.get("model", "")
-    if model and s.get("method") in ("medusa", "eagle") and "/models/heads/" not in model:
+    if model and s.get("method") in ("medusa", "eagle") and not ("/" + model).count("/models/heads/"):
         parts.append("[" + model.rsplit("/", 1)[-1].removesuffix(".gguf") + "]")  # which head file
     return " ".join(parts)
 
