@@ -82,12 +82,13 @@ Expected<std::string> read_cluster_token(const std::string& path_in) {
   std::string line;
   std::getline(in, line);
   line = trim(line);
-  if (line.empty()) return invalid_argument("cluster token file " + *path + ": empty");
+  if (line.empty()) return invalid_argument("cluster token file " + *path + ": empty (the token is its first line)");
   // NOTE: the token is the actor port's only credential: a short one can be guessed.
   if (line.size() < kMinClusterTokenChars) {
-    return invalid_argument("cluster token file " + *path + ": the token has " + std::to_string(line.size()) +
-                            " characters; at least " + std::to_string(kMinClusterTokenChars) +
-                            " are needed (delete the file and `specserve up` writes a random 64-character one)");
+    return invalid_argument("cluster token file " + *path + ": the token is " + std::to_string(line.size()) +
+                            " bytes long; at least " + std::to_string(kMinClusterTokenChars) +
+                            " are needed (on the head, delete the file and `specserve up` writes a random 64-character "
+                            "one; copy that file to every host that joins)");
   }
   return line;
 }

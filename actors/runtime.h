@@ -41,7 +41,7 @@ class ActorRuntime {
   std::unique_ptr<caf::actor_system> system_;
 };
 
-/// The shortest cluster token read_cluster_token accepts, in characters.
+/// The shortest cluster token read_cluster_token accepts, in bytes.
 inline constexpr size_t kMinClusterTokenChars = 16;
 
 /// Reads the cluster token (first line, whitespace trimmed) from `path` (~ expanded).

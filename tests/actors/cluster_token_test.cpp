@@ -50,7 +50,7 @@ TEST(ClusterToken, ARegularFileStillReadsAndItsModeIsStillChecked) {
   ::chmod(path.c_str(), 0600);
   auto t = read_cluster_token(path.string());
   ASSERT_FALSE(t.ok()) << "a 3-character token is guessable";
-  EXPECT_NE(t.status().message().find("the token has 3 characters; at least 16 are needed"), std::string::npos)
+  EXPECT_NE(t.status().message().find("the token is 3 bytes long; at least 16 are needed"), std::string::npos)
       << t.status().message();
   std::ofstream(path) << "  secret-token-of-24-chars \n";
   t = read_cluster_token(path.string());

@@ -167,6 +167,15 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   const CmdResult t = run("bench-spec --threads 1 --questions " + typed + " --max-tokens 2 --batch-sizes 1");
   EXPECT_EQ(t.exit_code, 1) << t.out;
   EXPECT_NE(t.out.find(typed + ":2: needs a string 'category'"), std::string::npos) << t.out;
+  // A malformed --spec is named before the model loads (it failed after the whole baseline),
+  // and a batch size of 0 is a usage error.
+  const CmdResult bad_spec = run("bench-spec --model /nonexistent/target.gguf --questions " + typed + " --spec '{bad'");
+  EXPECT_EQ(bad_spec.exit_code, 2) << bad_spec.out;
+  EXPECT_NE(bad_spec.out.find("--spec {bad: "), std::string::npos) << bad_spec.out;
+  EXPECT_EQ(bad_spec.out.find("nonexistent"), std::string::npos) << "the model was opened first:\n" << bad_spec.out;
+  const CmdResult zero = run("bench-spec --questions " + typed + " --batch-sizes 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.out;
+  EXPECT_NE(zero.out.find("--batch-sizes"), std::string::npos) << zero.out;
   fs::remove_all(dir);
 }
 

@@ -171,6 +171,17 @@ int run_bench(const BenchArgs& a) {
       return 2;
     }
   }
+  // Every --spec is parsed before the model loads: a malformed one used to fail only after the
+  // whole baseline had run.
+  for (const auto& spec : a.specs) {
+    SpecArgs sa;
+    sa.speculative_config = spec;
+    EngineOptions eo;
+    if (auto parsed = parse_spec_args(sa, &eo); !parsed.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), parsed.status().message().c_str());
+      return 2;
+    }
+  }
   const std::string path = a.model.empty() ? default_model_path() : a.model;
   if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
@@ -414,15 +425,15 @@ void add_bench_spec(CLI::App& app) {
   sub->add_option("--questions", a->questions,
                  "Spec-Bench question.jsonl (default: the project's shared/ folder beside the checkout, "
                  "../shared/data/spec_bench/question.jsonl)");
-  sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80));
-  sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096));
+  sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80))->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096))->capture_default_str();
   sub->add_option("--threads", a->threads, "CPU threads (default: all)")->check(CLI::Range(0, 1024));
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   add_dtype_option(*sub, &a->dtype);
   add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
-  sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)");
+  sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)")->check(non_empty_json());
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-spec", [a] { return run_bench(*a); });

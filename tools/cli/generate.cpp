@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/backend_factory.h"
 #include "actors/gpu_memory_plan.h"
 #include "core/logging.h"
@@ -136,7 +138,8 @@ int run_generate(const GenerateArgs& a) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
       if (ev.finish != FinishReason::kNone) fr = ev.finish;
-      if (!ev.stop_string.empty()) stop_reason = " (stop string \"" + ev.stop_string + "\")";
+      if (!ev.stop_string.empty()) stop_reason = " (stop string " + nlohmann::json(ev.stop_string).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                                                      ")";  // escaped: "\n"
       if (ev.stop_token >= 0) stop_reason = " (stop token " + std::to_string(ev.stop_token) + ")";
       if (!ev.error.empty()) error = ev.error;
     }
