@@ -213,12 +213,15 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   }
   EXPECT_GE(measured, 1) << "no replica reports its promotion's three times";
 
-  // Two long requests keep running while the load falls below one replica's worth: the drain
-  // of the replica that holds one moves it, with its KV, to the replica that stays. Each of two
-  // lanes submits its long request again as soon as it finishes, until one moved (or 120 s):
-  // on a fast CPU one request of kLong tokens can end before the two 3 s downscale delays pass
-  // (it did at ~60 tokens/s with AVX-512), so the count of requests adapts to the speed.
-  const char* long_texts[] = {"Once upon a time, in a land far away,", "The ocean covers most of the planet and"};
+  // Long requests keep running while the load falls: the drain of a replica that holds one
+  // moves it, with its KV, to a replica that stays. Each of three lanes submits its long request
+  // again as soon as it finishes, until one moved (or 120 s): on a fast CPU one request of kLong
+  // tokens can end before the two 3 s downscale delays pass (it did at ~60 tokens/s with
+  // AVX-512), and the dispatcher may put two requests on one replica (the most free KV blocks
+  // wins) while the drains take the emptiest replicas first; a third request (max_num_seqs 2)
+  // lands on another replica, and the lanes' later requests land where the drains leave room.
+  const char* long_texts[] = {"Once upon a time, in a land far away,", "The ocean covers most of the planet and",
+                              "The history of mathematics begins with counting, and"};
   constexpr int32_t kLong = 300;
   std::atomic<int32_t> long_migrations{0};
   std::atomic<int32_t> long_finished{0};
@@ -249,9 +252,10 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
       ++long_finished;
     } while (long_migrations == 0 && std::chrono::steady_clock::now() < long_deadline);
   };
-  std::thread lane0(lane, 0), lane1(lane, 1);
+  std::thread lane0(lane, 0), lane1(lane, 1), lane2(lane, 2);
   lane0.join();
   lane1.join();
+  lane2.join();
   for (const auto& e : long_errors) ADD_FAILURE() << e;
   burst_done = true;
   watcher.join();
@@ -260,7 +264,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   for (int k = 0; k < 4; ++k) {
     EXPECT_EQ(outputs[k], testing::greedy_reference(tok->encode(texts[k], true, false), kTokens)) << "prompt " << k;
   }
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < 3; ++i) {
     const auto want = testing::greedy_reference(tok->encode(long_texts[i], true, false), kLong);
     for (const auto& [prompt, tokens] : long_outputs) {
       if (prompt == i) EXPECT_EQ(tokens, want) << "long request " << i;
