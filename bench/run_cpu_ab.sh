@@ -2,8 +2,9 @@
 # A/B of two settings of one CPU kernel variable, in one session, interleaved, on the default
 # model: SPECSERVE_CPU_WEIGHTS (f32 | blocks: Q4_1/Q8_0 weights dequantised at load or kept as
 # blocks, cpu/cpu_backend.h), SPECSERVE_CPU_ATTENTION (rowwise | tiled, cpu/attention.h) or
-# SPECSERVE_CPU_MATMUL (avx2 | avx512 | amx, cpu/matmul.h); A and B are two of those settings.
-# The first two variables give the same bits both ways.
+# SPECSERVE_CPU_MATMUL (avx2 | avx512 | amx, cpu/matmul.h) or SPECSERVE_CPU_FUSED_DEQUANT (1 | 0:
+# block weights dequantised in registers for few rows, or through a buffer, cpu/matmul.h); A and B
+# are two of those settings. All but SPECSERVE_CPU_MATMUL give the same bits both ways.
 #   1. bench-model decode step time (after its fixed 64-token prompt) at 1, 3, 5, 9 and 16 rows per step, REPEATS runs each, ROUNDS
 #      times per setting in the order A, B, A, B...; the mean over rounds is reported;
 #   2. bench-spec on Spec-Bench, batch 1, greedy (PER_TASK questions per task, 64 tokens):
@@ -13,8 +14,8 @@
 # SPECSERVE_CPU_ prefix).
 # Usage: bench/run_cpu_ab.sh VARIABLE A B [THREADS] [REPEATS] [PER_TASK] [ROUNDS]   (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
-if [ $# -lt 3 ]; then sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,15p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ $# -lt 3 ]; then sed -n "2,15p" "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 var="$1"
 # The binary reads the values trimmed and in any case; the JSON records them lower-case.
 va="$(echo "$2" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"; vb="$(echo "$3" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
@@ -22,12 +23,14 @@ case "$var" in
   SPECSERVE_CPU_WEIGHTS) key=cpu_weights ;;
   SPECSERVE_CPU_ATTENTION) key=cpu_attention ;;
   SPECSERVE_CPU_MATMUL) key=cpu_matmul ;;
-  *) echo "bench/run_cpu_ab.sh: VARIABLE = '$var': expected SPECSERVE_CPU_WEIGHTS, SPECSERVE_CPU_ATTENTION or SPECSERVE_CPU_MATMUL" >&2; exit 2 ;;
+  SPECSERVE_CPU_FUSED_DEQUANT) key=cpu_fused_dequant ;;
+  *) echo "bench/run_cpu_ab.sh: VARIABLE = '$var': expected SPECSERVE_CPU_WEIGHTS, SPECSERVE_CPU_ATTENTION, SPECSERVE_CPU_MATMUL or SPECSERVE_CPU_FUSED_DEQUANT" >&2; exit 2 ;;
 esac
 case "$key" in
   cpu_weights) allowed="f32 blocks" ;;
   cpu_attention) allowed="rowwise tiled" ;;
   cpu_matmul) allowed="avx2 avx512 amx" ;;
+  cpu_fused_dequant) allowed="1 0" ;;
 esac
 for v in "$va" "$vb"; do
   case " $allowed " in
@@ -36,7 +39,7 @@ for v in "$va" "$vb"; do
   esac
 done
 [ "$va" != "$vb" ] || { echo "bench/run_cpu_ab.sh: A and B are both '$va': nothing to compare" >&2; exit 2; }
-if [ "$key" != cpu_weights ] && ! grep -q avx512f /proc/cpuinfo; then
+if [ "$key" != cpu_weights ] && [ "$key" != cpu_fused_dequant ] && ! grep -q avx512f /proc/cpuinfo; then
   echo "bench/run_cpu_ab.sh: this CPU has no avx512f: $var has only one setting here" >&2; exit 2
 fi
 if [ "$va" = amx ] || [ "$vb" = amx ]; then

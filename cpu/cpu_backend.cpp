@@ -115,9 +115,12 @@ class CpuBackend final : public Backend {
     std::call_once(said, [] {
       get_logger("cpu")->info("matmul kernel {} ({}); processes that continue each other's sequences should use the same one "
                               "(--dtype float32|bfloat16, SPECSERVE_CPU_MATMUL=avx2|avx512|amx); attention {} (SPECSERVE_CPU_ATTENTION=tiled|rowwise, same bits); "
-                              "Q4_1/Q8_0 weights {} (SPECSERVE_CPU_WEIGHTS=blocks|f32, same bits)",
+                              "Q4_1/Q8_0 weights {} (SPECSERVE_CPU_WEIGHTS=blocks|f32, same bits){}",
                               matmul_isa_name(matmul_isa()), matmul_isa_source(), attention_kernel_name(),
-                              keep_blocks() ? "kept as blocks" : "dequantised at load");
+                              keep_blocks() ? "kept as blocks" : "dequantised at load",
+                              keep_blocks() ? (fused_block_matmul() ? ", dequantised in registers for decode rows (SPECSERVE_CPU_FUSED_DEQUANT=1|0, same bits)"
+                                                                    : ", dequantised through a buffer for every matmul (SPECSERVE_CPU_FUSED_DEQUANT=0)")
+                                            : "");
     });
   }
 

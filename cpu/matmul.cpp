@@ -207,6 +207,99 @@ SPECSERVE_AVX512 __attribute__((noinline)) void dequant_row_q8_0_avx512(const ui
   }
 }
 
+// Few x rows (decode, verification): the block-format weight is dequantised in registers as
+// tile16 reads it, instead of through a per-thread buffer (a store and a load less per 16
+// weights). Per accumulator the same fused multiply-adds in the same k order with the same
+// dequantised values (dequant_row_*_avx512's arithmetic) as tile16 over that buffer: the same
+// bits. Each 32-value block gives two 16-lane weight vectors (Q4_1: the low nibbles of its 16
+// bytes, then the high ones; Q8_0: bytes 0..15, then 16..31), each FMA'd into every x row.
+// NOTE: 5 to 8 x rows fused (the 3-row tile split 2 + 1 to fit the registers) measured slower than
+// the buffer (bench-model, 6 and 8 rows: 27-29 against 20 ms per step), so more than 4 rows go
+// through the buffer.
+constexpr int kFusedMaxRows = 4;
+
+template <WeightFormat F, int NX, int NW>
+SPECSERVE_AVX512 inline void tile16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols,
+                                           int64_t ldy) {
+  constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
+  __m512 acc[NX][NW];
+#pragma GCC unroll 4
+  for (int i = 0; i < NX; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
+    __m512 d[NW], m[NW];
+    __m128i q[NW];
+#pragma GCC unroll 4
+    for (int j = 0; j < NW; ++j) {
+      const uint8_t* b = w + j * row_bytes + off;
+      uint16_t hd;
+      std::memcpy(&hd, b, 2);
+      d[j] = _mm512_set1_ps(_cvtsh_ss(hd));
+      if constexpr (F == WeightFormat::kQ4_1) {
+        uint16_t hm;
+        std::memcpy(&hm, b + 2, 2);
+        m[j] = _mm512_set1_ps(_cvtsh_ss(hm));
+        q[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+      } else {
+        m[j] = _mm512_setzero_ps();
+        q[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+      }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512 wv[NW];
+#pragma GCC unroll 4
+      for (int j = 0; j < NW; ++j) {
+        if constexpr (F == WeightFormat::kQ4_1) {
+          const __m128i nib = h == 0 ? _mm_and_si128(q[j], low4) : _mm_and_si128(_mm_srli_epi16(q[j], 4), low4);
+          wv[j] = _mm512_fmadd_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib)), m[j]);
+        } else {
+          const __m128i qq = h == 0 ? q[j] : _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * row_bytes + off + 18));
+          wv[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qq)));
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < NX; ++i) {
+        __m512 xv = _mm512_loadu_ps(x + i * cols + k + 16 * h);
+        asm("" : "+v"(xv));  // one load per x vector (see tile16)
+#pragma GCC unroll 4
+        for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NX; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+}
+
+template <WeightFormat F, int NW>
+SPECSERVE_AVX512 __attribute__((noinline)) void rows16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y,
+                                                              int64_t nx, int64_t cols, int64_t ldy) {
+  switch (nx) {
+    case 4: return tile16_blocks<F, 4, NW>(x, w, row_bytes, y, cols, ldy);
+    case 3: return tile16_blocks<F, 3, NW>(x, w, row_bytes, y, cols, ldy);
+    case 2: return tile16_blocks<F, 2, NW>(x, w, row_bytes, y, cols, ldy);
+    default: return tile16_blocks<F, 1, NW>(x, w, row_bytes, y, cols, ldy);
+  }
+}
+
+// nx (1..kFusedMaxRows) x rows against nw (1..kW16) block-format weight rows starting at w.
+SPECSERVE_AVX512 void tile_blocks_avx512(WeightFormat f, const float* x, const uint8_t* w, int64_t row_bytes, float* y,
+                                         int64_t nx, int64_t nw, int64_t cols, int64_t ldy) {
+  const bool q4 = f == WeightFormat::kQ4_1;
+  switch (nw) {
+    case 3: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 3>(x, w, row_bytes, y, nx, cols, ldy)
+                      : rows16_blocks<WeightFormat::kQ8_0, 3>(x, w, row_bytes, y, nx, cols, ldy);
+    case 2: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 2>(x, w, row_bytes, y, nx, cols, ldy)
+                      : rows16_blocks<WeightFormat::kQ8_0, 2>(x, w, row_bytes, y, nx, cols, ldy);
+    default: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 1>(x, w, row_bytes, y, nx, cols, ldy)
+                       : rows16_blocks<WeightFormat::kQ8_0, 1>(x, w, row_bytes, y, nx, cols, ldy);
+  }
+}
+
 #pragma GCC diagnostic pop
 #undef SPECSERVE_AVX512
 
@@ -242,6 +335,12 @@ std::atomic<MatmulIsa>& active_isa() {
 }
 
 using TileFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+
+std::atomic<bool>& fused_blocks() {
+  static std::atomic<bool> on{cpu_kernel_env("SPECSERVE_CPU_FUSED_DEQUANT") != "0"};
+  return on;
+}
+bool fused_blocks_enabled() { return fused_blocks().load(std::memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------------------------
 // Block formats, dequantised 8 values at a time (AVX2, F16C for the scales), to the floats
@@ -284,15 +383,103 @@ void dequant_row_q8_0(const uint8_t* b, int64_t cols, float* y) {
   }
 }
 
+// The AVX2 counterpart of tile16_blocks (see there): up to kFusedMaxRowsAvx2 x rows against 1 or
+// 2 weight rows, each 32-value block dequantised in registers 8 values at a time in
+// dequant_row_q4_1 / dequant_row_q8_0's order and arithmetic, FMA'd in tile8's k order: the
+// same bits as tile8 over the buffer. (Two weight rows at a time: the blocks' scales of more would
+// not fit the 16 ymm registers beside the accumulators.)
+// NOTE: 3 x rows (one weight row at a time) measured no faster than the buffer, 4 rows 2.5x
+// slower (bench-model --decode-batches 3 4 under SPECSERVE_CPU_MATMUL=avx2): 2 at most.
+constexpr int kFusedMaxRowsAvx2 = 2;
+
+template <WeightFormat F, int NX, int NW>
+inline void tile8_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols, int64_t ldy) {
+  constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
+  __m256 acc[NX][NW];
+#pragma GCC unroll 2
+  for (int i = 0; i < NX; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_setzero_ps();
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
+    __m256 d[NW], m[NW];
+    __m128i lo[NW], hi[NW];
+#pragma GCC unroll 2
+    for (int j = 0; j < NW; ++j) {
+      const uint8_t* b = w + j * row_bytes + off;
+      d[j] = _mm256_set1_ps(fp16_at(b));
+      if constexpr (F == WeightFormat::kQ4_1) {
+        m[j] = _mm256_set1_ps(fp16_at(b + 2));
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+        lo[j] = _mm_and_si128(qs, low4);
+        hi[j] = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+      } else {
+        m[j] = _mm256_setzero_ps();
+        lo[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+        hi[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
+      }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+      __m256 wv[NW];
+#pragma GCC unroll 2
+      for (int j = 0; j < NW; ++j) {
+        const __m128i src = s < 2 ? lo[j] : hi[j];
+        const __m128i part = s % 2 == 0 ? src : _mm_srli_si128(src, 8);
+        if constexpr (F == WeightFormat::kQ4_1) {
+          wv[j] = _mm256_fmadd_ps(d[j], u8_to_ps(part), m[j]);
+        } else {
+          wv[j] = _mm256_mul_ps(d[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
+        }
+      }
+#pragma GCC unroll 2
+      for (int i = 0; i < NX; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * cols + k + 8 * s);
+#pragma GCC unroll 2
+        for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < NX; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce8(acc[i][j]);
+}
+
+template <WeightFormat F>
+void tile_blocks_avx2_of(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t nx, int64_t nw, int64_t cols,
+                         int64_t ldy) {
+  for (int64_t j = 0; j < nw; j += 2) {
+    const uint8_t* wj = w + j * row_bytes;
+    float* yj = y + j;
+    if (nw - j >= 2) {
+      if (nx == 2) tile8_blocks<F, 2, 2>(x, wj, row_bytes, yj, cols, ldy); else tile8_blocks<F, 1, 2>(x, wj, row_bytes, yj, cols, ldy);
+    } else {
+      if (nx == 2) tile8_blocks<F, 2, 1>(x, wj, row_bytes, yj, cols, ldy); else tile8_blocks<F, 1, 1>(x, wj, row_bytes, yj, cols, ldy);
+    }
+  }
+}
+
+// nx (1..kFusedMaxRowsAvx2) x rows against nw (1..4) block-format weight rows starting at w.
+void tile_blocks_avx2(WeightFormat f, const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t nx, int64_t nw,
+                      int64_t cols, int64_t ldy) {
+  if (f == WeightFormat::kQ4_1) return tile_blocks_avx2_of<WeightFormat::kQ4_1>(x, w, row_bytes, y, nx, nw, cols, ldy);
+  tile_blocks_avx2_of<WeightFormat::kQ8_0>(x, w, row_bytes, y, nx, nw, cols, ldy);
+}
+
 // Weight tiles ahead whose blocks are prefetched before a tile is dequantised.
 constexpr int64_t kPrefetchBlockTiles = 4;
 
 // x is processed in chunks that stay in L2 while every weight row streams past them. A
 // block-format weight tile is dequantised into this thread's buffer first (once per x chunk:
-// a prefill longer than one chunk dequantises each tile several times, a few percent of its time).
+// a prefill longer than one chunk dequantises each tile several times, a few percent of its time),
+// or for few x rows (fused) inside the tile kernel, in one chunk.
 void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight& w, float* y, int64_t n) {
   const int64_t rows = w.rows, cols = w.cols;
-  const int64_t x_chunk = std::max<int64_t>(3, (256 * 1024 / (cols * 4)) / 3 * 3);
+  const bool blocks = (w.format == WeightFormat::kQ4_1 || w.format == WeightFormat::kQ8_0) && fused_blocks_enabled();
+  const bool fused = blocks && ((tile == tile_avx512<false> && n <= kFusedMaxRows) || (tile == tile_avx2 && n <= kFusedMaxRowsAvx2));
+  // (A fused call's few rows are one chunk: a second would read the whole weight again.)
+  const int64_t x_chunk = fused ? std::max<int64_t>(n, 1) : std::max<int64_t>(3, (256 * 1024 / (cols * 4)) / 3 * 3);
   const int64_t num_wt = (rows + w_tile - 1) / w_tile;
   const float* wf = static_cast<const float*>(w.data);
   const int64_t row_bytes = weight_row_bytes(w.format, cols);
@@ -302,7 +489,7 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight
     {
       // NOTE: a buffer per thread and call rather than thread_local: the OpenMP team's threads
       // live on, and a 3 x 1536 tile is 18 KiB.
-      std::vector<float> tile_w(w.format == WeightFormat::kF32 ? 0 : static_cast<size_t>(w_tile * cols));
+      std::vector<float> tile_w(w.format == WeightFormat::kF32 || fused ? 0 : static_cast<size_t>(w_tile * cols));
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < num_wt; ++t) {
         const int64_t r0 = t * w_tile, nw = std::min(w_tile, rows - r0);
@@ -317,6 +504,15 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight
             const uint8_t* p = static_cast<const uint8_t*>(w.data) + ahead * row_bytes;
             const int64_t bytes = std::min(w_tile, rows - ahead) * row_bytes;
             for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+          }
+          if (fused) {
+            const uint8_t* wb = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
+            if (tile == tile_avx2) {
+              tile_blocks_avx2(w.format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
+            } else {
+              tile_blocks_avx512(w.format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
+            }
+            continue;
           }
           dequantize_rows(w, r0, nw, tile_w.data());
           wt = tile_w.data();
@@ -463,6 +659,9 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out) {
     }
   }
 }
+
+bool fused_block_matmul() { return fused_blocks_enabled(); }
+void set_fused_block_matmul(bool on) { fused_blocks().store(on, std::memory_order_relaxed); }
 
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n) {
   SPECSERVE_CHECK(w.cols % 8 == 0 && (w.format == WeightFormat::kF32 || w.cols % 32 == 0),

@@ -67,6 +67,13 @@ std::string matmul_isa_source();
 /// matmul_isa_source() says from then on (e.g. "set by --dtype bfloat16").
 bool set_matmul_isa(MatmulIsa isa, const std::string& source = "");
 
+/// Whether a Q4_1 / Q8_0 matmul of few x rows (decode, verification: at most 4 under avx512, 2
+/// under avx2) dequantises each weight block in registers as the kernel reads it (default; same
+/// bits as through the per-thread buffer, fewer instructions; amx unchanged). SPECSERVE_CPU_FUSED_DEQUANT=0 turns it off
+/// at start-up (A/B runs); tests compare both. Not thread-safe against running matmuls.
+bool fused_block_matmul();
+void set_fused_block_matmul(bool on);
+
 /// A kernel-choice environment variable (SPECSERVE_CPU_MATMUL, SPECSERVE_CPU_ATTENTION), trimmed
 /// of spaces and tabs and lower-cased; "" when unset.
 std::string cpu_kernel_env(const char* name);
@@ -96,7 +103,8 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
 
 /// y[n, rows] = x[n, cols] * W^T for any WeightFormat. A block-format weight is dequantised
 /// one weight tile at a time (3 or 4 rows, into a per-thread buffer that stays in L1) just
-/// before matmul_f32's tile kernel reads it, so the result is bit-identical to matmul_f32 on
+/// before matmul_f32's tile kernel reads it — or, for few x rows (fused_block_matmul), block by
+/// block in registers inside the tile kernel — so the result is bit-identical to matmul_f32 on
 /// the dequantised weight, while a decode step reads 20 (Q4_1) or 34 (Q8_0) bytes per 32
 /// weights instead of 128. Same threading and reduction order as matmul_f32. Under amx, 32
 /// weight rows at a time are dequantised to bf16 one 32-wide k step (up to 16 x rows: decode,

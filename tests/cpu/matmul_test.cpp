@@ -340,12 +340,23 @@ TEST_F(BackendOps, MatmulOnBlocksIsBitIdenticalToMatmulOnTheDequantisedWeight) {
   struct Case { int64_t n, rows, cols; };
   // Otherwise this would compare fp32 with fp32.
   ASSERT_STREQ(cpu_weight_storage(), "blocks") << "SPECSERVE_CPU_WEIGHTS=f32 is set";
+  // Few x rows (up to 4 under avx512, 2 under avx2) are dequantised in registers
+  // (fused_block_matmul), else through a buffer: both, weight tiles of every size (rows % 3 for
+  // avx512, rows % 4 for avx2), one thread and the team (2 x 47 x 1536).
+  struct Restore {
+    bool on;
+    ~Restore() { set_fused_block_matmul(on); }
+  } restore{fused_block_matmul()};
+  for (const bool fused : {true, false})
   for (const MatmulIsa isa : matmul_isas()) {
+    set_fused_block_matmul(fused);
     IsaScope scope(isa);
     ASSERT_TRUE(scope.ok()) << matmul_isa_name(isa);
     for (const WeightFormat format : {WeightFormat::kQ4_1, WeightFormat::kQ8_0}) {
       const GgmlType type = format == WeightFormat::kQ4_1 ? GgmlType::Q4_1 : GgmlType::Q8_0;
-      for (const Case c : {Case{1, 37, 576}, Case{9, 11, 1536}, Case{130, 5, 576}, Case{3, 64, 32}}) {
+      for (const Case c : {Case{1, 37, 576}, Case{9, 11, 1536}, Case{130, 5, 576}, Case{3, 64, 32}, Case{2, 38, 576},
+                           Case{4, 40, 1536}, Case{5, 7, 64}, Case{8, 41, 576}, Case{6, 3, 1536}, Case{1, 39, 576},
+                           Case{2, 47, 1536}, Case{3, 20, 576}}) {
         const auto blocks = random_blocks(format, c.rows, c.cols, 70 + static_cast<uint32_t>(c.n));
         std::vector<float> deq(static_cast<size_t>(c.rows * c.cols));
         ASSERT_TRUE(dequantize(type, blocks.data(), c.rows * c.cols, deq.data()).ok());

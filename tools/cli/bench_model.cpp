@@ -278,6 +278,7 @@ int run(const Args& a) {
   out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
   out["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   out["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
+  out["cpu_fused_dequant"] = fused_block_matmul() ? "1" : "0";  // cpu/matmul.h (SPECSERVE_CPU_FUSED_DEQUANT)
   out["tensor_parallel_size"] = a.tensor_parallel_size;
   out["decode_context"] = prompt;
   for (int len : a.prompt_lengths) {
