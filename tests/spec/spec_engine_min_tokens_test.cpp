@@ -9,6 +9,35 @@ namespace {
 using namespace spec_testing;
 using namespace spec_engine_testing;
 
+// A target whose 64-token vocabulary is EOS plus 63 ASCII characters (every output decodes to
+// plain text, as in spec_engine_stops_test), a prompt without EOS, and its plain greedy output of
+// 40 tokens under ignore_eos.
+struct AsciiRun {
+  LoadedModel m;
+  Tokens prompt;
+  GenerateParams base;
+  Tokens ref;
+  std::string text_of(size_t n) const {
+    return m.tokenizer->decode(Tokens(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n)), false);
+  }
+};
+
+AsciiRun ascii_run(const std::string& name) {
+  AsciiRun a;
+  SyntheticModelSpec ts = target_spec();
+  ts.vocab_size = 64;
+  ts.seed = 77;
+  a.m = make_target(ts, name);
+  if (!a.m.model || !a.m.tokenizer) return a;
+  std::mt19937 rng(3);
+  a.prompt = random_tokens(rng, 10, 63);
+  for (int32_t& t : a.prompt) t += 1;
+  a.base = greedy_request(a.prompt, 40);
+  a.base.sampling.ignore_eos = true;
+  a.ref = run_engine(*a.m.model, a.m.tokenizer.get(), nullptr, spec_options(0, 1), {a.base}).requests.at(0).tokens;
+  return a;
+}
+
 // The greedy token of each output position below min_tokens is the argmax over the vocabulary
 // without the stop tokens: with a stop token that the plain output reaches at index j, a request
 // with min_tokens > j keeps the output before j, never shows the stop token before min_tokens,
@@ -145,19 +174,14 @@ TEST(SpecEngineMinTokens, EosWaitsForMinTokens) {
 // string inside their text that ends before the floor is no stop, and the continuation is the
 // uninterrupted request's; one that ends after the floor means it had finished (refused).
 TEST(SpecEngineMinTokens, ResumedOutputCountsTowardMinTokens) {
-  SyntheticModelSpec ts = target_spec();
-  ts.vocab_size = 64;
-  ts.seed = 77;
-  LoadedModel m = make_target(ts, "min_tokens_resume_target");
-  ASSERT_TRUE(m.model && m.tokenizer);
-  std::mt19937 rng(3);
-  Tokens prompt = random_tokens(rng, 10, 63);
-  for (int32_t& t : prompt) t += 1;
-  GenerateParams base = greedy_request(prompt, 40);
-  base.sampling.ignore_eos = true;
-  const Tokens ref = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base}).requests.at(0).tokens;
-  ASSERT_EQ(ref.size(), 40u);
-  auto text_of = [&](size_t n) { return m.tokenizer->decode(Tokens(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n)), false); };
+  const AsciiRun a = ascii_run("min_tokens_resume_target");
+  ASSERT_TRUE(a.m.model && a.m.tokenizer);
+  ASSERT_EQ(a.ref.size(), 40u);
+  const LoadedModel& m = a.m;
+  const Tokens& prompt = a.prompt;
+  const GenerateParams& base = a.base;
+  const Tokens& ref = a.ref;
+  auto text_of = [&](size_t n) { return a.text_of(n); };
   // A one-character stop string first matched in output token j's text: min_tokens j + 3 lets it
   // pass; a resume after j + 1 tokens holds that match below the floor.
   int tested = 0;
@@ -191,19 +215,14 @@ TEST(SpecEngineMinTokens, ResumedOutputCountsTowardMinTokens) {
 // count; the first one ending after it does (vLLM checks stop strings from the min_tokens-th
 // token on). Stop strings are not tokens, so the tokens are the unconstrained output's.
 TEST(SpecEngineMinTokens, StopStringMustEndAfterMinTokens) {
-  SyntheticModelSpec ts = target_spec();
-  ts.vocab_size = 64;
-  ts.seed = 77;
-  LoadedModel m = make_target(ts, "min_tokens_ascii_target");
-  ASSERT_TRUE(m.model && m.tokenizer);
-  std::mt19937 rng(3);
-  Tokens prompt = random_tokens(rng, 10, 63);
-  for (int32_t& t : prompt) t += 1;
-  GenerateParams base = greedy_request(prompt, 40);
-  base.sampling.ignore_eos = true;
-  const Tokens ref = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base}).requests.at(0).tokens;
-  ASSERT_EQ(ref.size(), 40u);
-  auto text_of = [&](size_t n) { return m.tokenizer->decode(Tokens(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n)), false); };
+  const AsciiRun a = ascii_run("min_tokens_ascii_target");
+  ASSERT_TRUE(a.m.model && a.m.tokenizer);
+  ASSERT_EQ(a.ref.size(), 40u);
+  const LoadedModel& m = a.m;
+  const Tokens& prompt = a.prompt;
+  const GenerateParams& base = a.base;
+  const Tokens& ref = a.ref;
+  auto text_of = [&](size_t n) { return a.text_of(n); };
   const std::string full = text_of(ref.size());
   int tested = 0, continued = 0;
   for (const std::string piece : {full.substr(4, 1), full.substr(6, 2), full.substr(3, 1)}) {
