@@ -213,25 +213,24 @@ SPECSERVE_AVX512 __attribute__((noinline)) void dequant_row_q8_0_avx512(const ui
 // dequantised values (dequant_row_*_avx512's arithmetic) as tile16 over that buffer: the same
 // bits. Each 32-value block gives two 16-lane weight vectors (Q4_1: the low nibbles of its 16
 // bytes, then the high ones; Q8_0: bytes 0..15, then 16..31), each FMA'd into every x row.
-// NOTE: 5 to 8 x rows fused (the 3-row tile split 2 + 1 to fit the registers) measured slower than
-// the buffer (bench-model, 6 and 8 rows: 27-29 against 20 ms per step), so more than 4 rows go
-// through the buffer.
-constexpr int kFusedMaxRows = 4;
+// Up to 4 x rows a tile of 3 weight rows runs at once; 5 to 8 take its rows 2 + 1 (16
+// accumulators, the blocks' scales and two weight vectors fit the 32 registers).
+constexpr int kFusedMaxRows = 8;
 
 template <WeightFormat F, int NX, int NW>
 SPECSERVE_AVX512 inline void tile16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols,
                                            int64_t ldy) {
   constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
   __m512 acc[NX][NW];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
   const __m128i low4 = _mm_set1_epi8(0x0f);
   for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
     __m512 d[NW], m[NW];
     __m128i q[NW];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) {
       const uint8_t* b = w + j * row_bytes + off;
       uint16_t hd;
@@ -247,10 +246,10 @@ SPECSERVE_AVX512 inline void tile16_blocks(const float* x, const uint8_t* w, int
         q[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
       }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
       __m512 wv[NW];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NW; ++j) {
         if constexpr (F == WeightFormat::kQ4_1) {
           const __m128i nib = h == 0 ? _mm_and_si128(q[j], low4) : _mm_and_si128(_mm_srli_epi16(q[j], 4), low4);
@@ -260,18 +259,18 @@ SPECSERVE_AVX512 inline void tile16_blocks(const float* x, const uint8_t* w, int
           wv[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qq)));
         }
       }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < NX; ++i) {
         __m512 xv = _mm512_loadu_ps(x + i * cols + k + 16 * h);
         asm("" : "+v"(xv));  // one load per x vector (see tile16)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
 }
 
@@ -279,17 +278,26 @@ template <WeightFormat F, int NW>
 SPECSERVE_AVX512 __attribute__((noinline)) void rows16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y,
                                                               int64_t nx, int64_t cols, int64_t ldy) {
   switch (nx) {
+    case 8: if constexpr (NW <= 2) return tile16_blocks<F, 8, NW>(x, w, row_bytes, y, cols, ldy); break;
+    case 7: if constexpr (NW <= 2) return tile16_blocks<F, 7, NW>(x, w, row_bytes, y, cols, ldy); break;
+    case 6: if constexpr (NW <= 2) return tile16_blocks<F, 6, NW>(x, w, row_bytes, y, cols, ldy); break;
+    case 5: if constexpr (NW <= 2) return tile16_blocks<F, 5, NW>(x, w, row_bytes, y, cols, ldy); break;
     case 4: return tile16_blocks<F, 4, NW>(x, w, row_bytes, y, cols, ldy);
     case 3: return tile16_blocks<F, 3, NW>(x, w, row_bytes, y, cols, ldy);
     case 2: return tile16_blocks<F, 2, NW>(x, w, row_bytes, y, cols, ldy);
     default: return tile16_blocks<F, 1, NW>(x, w, row_bytes, y, cols, ldy);
   }
+  SPECSERVE_CHECK(false, "matmul: " + std::to_string(nx) + " x rows against " + std::to_string(NW) + " fused weight rows");
 }
 
 // nx (1..kFusedMaxRows) x rows against nw (1..kW16) block-format weight rows starting at w.
 SPECSERVE_AVX512 void tile_blocks_avx512(WeightFormat f, const float* x, const uint8_t* w, int64_t row_bytes, float* y,
                                          int64_t nx, int64_t nw, int64_t cols, int64_t ldy) {
   const bool q4 = f == WeightFormat::kQ4_1;
+  if (nx > 4 && nw == 3) {
+    tile_blocks_avx512(f, x, w, row_bytes, y, nx, 2, cols, ldy);
+    return tile_blocks_avx512(f, x, w + 2 * row_bytes, row_bytes, y + 2, nx, 1, cols, ldy);
+  }
   switch (nw) {
     case 3: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 3>(x, w, row_bytes, y, nx, cols, ldy)
                       : rows16_blocks<WeightFormat::kQ8_0, 3>(x, w, row_bytes, y, nx, cols, ldy);
@@ -388,23 +396,24 @@ void dequant_row_q8_0(const uint8_t* b, int64_t cols, float* y) {
 // dequant_row_q4_1 / dequant_row_q8_0's order and arithmetic, FMA'd in tile8's k order: the
 // same bits as tile8 over the buffer. (Two weight rows at a time: the blocks' scales of more would
 // not fit the 16 ymm registers beside the accumulators.)
-// NOTE: 3 x rows (one weight row at a time) measured no faster than the buffer, 4 rows 2.5x
-// slower (bench-model --decode-batches 3 4 under SPECSERVE_CPU_MATMUL=avx2): 2 at most.
-constexpr int kFusedMaxRowsAvx2 = 2;
+// 3 or 4 x rows take one weight row at a time. NOTE: every loop over x rows is unrolled as far
+// as its count: a partly unrolled one leaves the accumulators in memory (4 rows then ran 2.5x
+// slower than the buffer, 5-8 rows under avx512 1.4x).
+constexpr int kFusedMaxRowsAvx2 = 4;
 
 template <WeightFormat F, int NX, int NW>
 inline void tile8_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols, int64_t ldy) {
   constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
   __m256 acc[NX][NW];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
   for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_setzero_ps();
   const __m128i low4 = _mm_set1_epi8(0x0f);
   for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
     __m256 d[NW], m[NW];
     __m128i lo[NW], hi[NW];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) {
       const uint8_t* b = w + j * row_bytes + off;
       d[j] = _mm256_set1_ps(fp16_at(b));
@@ -419,10 +428,10 @@ inline void tile8_blocks(const float* x, const uint8_t* w, int64_t row_bytes, fl
         hi[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int s = 0; s < 4; ++s) {
       __m256 wv[NW];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
       for (int j = 0; j < NW; ++j) {
         const __m128i src = s < 2 ? lo[j] : hi[j];
         const __m128i part = s % 2 == 0 ? src : _mm_srli_si128(src, 8);
@@ -432,23 +441,30 @@ inline void tile8_blocks(const float* x, const uint8_t* w, int64_t row_bytes, fl
           wv[j] = _mm256_mul_ps(d[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
         }
       }
-#pragma GCC unroll 2
+#pragma GCC unroll 8
       for (int i = 0; i < NX; ++i) {
         const __m256 xv = _mm256_loadu_ps(x + i * cols + k + 8 * s);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 8
   for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce8(acc[i][j]);
 }
 
 template <WeightFormat F>
 void tile_blocks_avx2_of(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t nx, int64_t nw, int64_t cols,
                          int64_t ldy) {
+  if (nx > 2) {  // 3 or 4 x rows: one weight row at a time (the accumulators of two would not fit)
+    for (int64_t j = 0; j < nw; ++j) {
+      if (nx == 4) tile8_blocks<F, 4, 1>(x, w + j * row_bytes, row_bytes, y + j, cols, ldy);
+      else tile8_blocks<F, 3, 1>(x, w + j * row_bytes, row_bytes, y + j, cols, ldy);
+    }
+    return;
+  }
   for (int64_t j = 0; j < nw; j += 2) {
     const uint8_t* wj = w + j * row_bytes;
     float* yj = y + j;

@@ -67,7 +67,7 @@ std::string matmul_isa_source();
 /// matmul_isa_source() says from then on (e.g. "set by --dtype bfloat16").
 bool set_matmul_isa(MatmulIsa isa, const std::string& source = "");
 
-/// Whether a Q4_1 / Q8_0 matmul of few x rows (decode, verification: at most 4 under avx512, 2
+/// Whether a Q4_1 / Q8_0 matmul of few x rows (decode, verification: at most 8 under avx512, 4
 /// under avx2) dequantises each weight block in registers as the kernel reads it (default; same
 /// bits as through the per-thread buffer, fewer instructions; amx unchanged). SPECSERVE_CPU_FUSED_DEQUANT=0 turns it off
 /// at start-up (A/B runs); tests compare both. Not thread-safe against running matmuls.

@@ -340,7 +340,7 @@ TEST_F(BackendOps, MatmulOnBlocksIsBitIdenticalToMatmulOnTheDequantisedWeight) {
   struct Case { int64_t n, rows, cols; };
   // Otherwise this would compare fp32 with fp32.
   ASSERT_STREQ(cpu_weight_storage(), "blocks") << "SPECSERVE_CPU_WEIGHTS=f32 is set";
-  // Few x rows (up to 4 under avx512, 2 under avx2) are dequantised in registers
+  // Few x rows (up to 8 under avx512, 4 under avx2) are dequantised in registers
   // (fused_block_matmul), else through a buffer: both, weight tiles of every size (rows % 3 for
   // avx512, rows % 4 for avx2), one thread and the team (2 x 47 x 1536).
   struct Restore {
