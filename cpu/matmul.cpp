@@ -16,21 +16,23 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "cpu/matmul_amx.h"
+#include "cpu/matmul_internal.h"
 
 namespace specserve {
 namespace {
 
+using matmul_internal::fp16_at;
+using matmul_internal::kFusedMaxRows;
+using matmul_internal::kFusedMaxRowsAvx2;
+using matmul_internal::reduce16;
+using matmul_internal::reduce8;
+using matmul_internal::tile_blocks_avx2;
+using matmul_internal::tile_blocks_avx512;
+using matmul_internal::u8_to_ps;
+
 // ---------------------------------------------------------------------------------------------
 // AVX2: 8 lanes, k steps of 8.
 
-inline float reduce8(__m256 v) {
-  // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) in lanes l: the halves lane by lane, then
-  // (t0 + t1) + (t2 + t3) by a horizontal add (fp32 addition is commutative, so this is the
-  // same sum bit for bit as written out in scalars).
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 h = _mm_hadd_ps(t, t);
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
 
 // Tile of NX x rows by NW weight rows: NX*NW accumulators, k ascending.
 template <int NX, int NW>
@@ -82,7 +84,7 @@ void tile_avx2(const float* x, const float* w, float* y, int64_t nx, int64_t nw,
 // templates of the standard library) is built with instructions an older CPU lacks; it runs
 // only after the CPUID check in the dispatcher below.
 
-#define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+// (SPECSERVE_AVX512: cpu/matmul_internal.h.)
 // NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for the
 // 512 -> 256 casts (they start from _mm256_undefined_ps); the upper lanes are never read.
 #pragma GCC diagnostic push
@@ -94,11 +96,6 @@ void tile_avx2(const float* x, const float* w, float* y, int64_t nx, int64_t nw,
 constexpr int kPrefetchTiles = 1;
 
 
-SPECSERVE_AVX512 inline float reduce16(__m512 v) {
-  // Fixed tree: the two 256-bit halves lane by lane (l[i] + l[i + 8]), then reduce8's order.
-  const __m512 swapped = _mm512_shuffle_f32x4(v, v, 0x4E);  // 256-bit halves exchanged
-  return reduce8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(swapped)));
-}
 
 // Prefetch: false for a tile the caller dequantised into a small buffer (no next tile behind it).
 template <int NX, int NW, bool Prefetch>
@@ -207,109 +204,7 @@ SPECSERVE_AVX512 __attribute__((noinline)) void dequant_row_q8_0_avx512(const ui
   }
 }
 
-// Few x rows (decode, verification): the block-format weight is dequantised in registers as
-// tile16 reads it, instead of through a per-thread buffer (a store and a load less per 16
-// weights). Per accumulator the same fused multiply-adds in the same k order with the same
-// dequantised values (dequant_row_*_avx512's arithmetic) as tile16 over that buffer: the same
-// bits. Each 32-value block gives two 16-lane weight vectors (Q4_1: the low nibbles of its 16
-// bytes, then the high ones; Q8_0: bytes 0..15, then 16..31), each FMA'd into every x row.
-// Up to 4 x rows a tile of 3 weight rows runs at once; 5 to 8 take its rows 2 + 1 (16
-// accumulators, the blocks' scales and two weight vectors fit the 32 registers).
-constexpr int kFusedMaxRows = 8;
-
-template <WeightFormat F, int NX, int NW>
-SPECSERVE_AVX512 inline void tile16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols,
-                                           int64_t ldy) {
-  constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
-  __m512 acc[NX][NW];
-#pragma GCC unroll 8
-  for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
-    __m512 d[NW], m[NW];
-    __m128i q[NW];
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) {
-      const uint8_t* b = w + j * row_bytes + off;
-      uint16_t hd;
-      std::memcpy(&hd, b, 2);
-      d[j] = _mm512_set1_ps(_cvtsh_ss(hd));
-      if constexpr (F == WeightFormat::kQ4_1) {
-        uint16_t hm;
-        std::memcpy(&hm, b + 2, 2);
-        m[j] = _mm512_set1_ps(_cvtsh_ss(hm));
-        q[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-      } else {
-        m[j] = _mm512_setzero_ps();
-        q[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-      }
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < 2; ++h) {
-      __m512 wv[NW];
-#pragma GCC unroll 8
-      for (int j = 0; j < NW; ++j) {
-        if constexpr (F == WeightFormat::kQ4_1) {
-          const __m128i nib = h == 0 ? _mm_and_si128(q[j], low4) : _mm_and_si128(_mm_srli_epi16(q[j], 4), low4);
-          wv[j] = _mm512_fmadd_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib)), m[j]);
-        } else {
-          const __m128i qq = h == 0 ? q[j] : _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * row_bytes + off + 18));
-          wv[j] = _mm512_mul_ps(d[j], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qq)));
-        }
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < NX; ++i) {
-        __m512 xv = _mm512_loadu_ps(x + i * cols + k + 16 * h);
-        asm("" : "+v"(xv));  // one load per x vector (see tile16)
-#pragma GCC unroll 8
-        for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
-}
-
-template <WeightFormat F, int NW>
-SPECSERVE_AVX512 __attribute__((noinline)) void rows16_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y,
-                                                              int64_t nx, int64_t cols, int64_t ldy) {
-  switch (nx) {
-    case 8: if constexpr (NW <= 2) return tile16_blocks<F, 8, NW>(x, w, row_bytes, y, cols, ldy); break;
-    case 7: if constexpr (NW <= 2) return tile16_blocks<F, 7, NW>(x, w, row_bytes, y, cols, ldy); break;
-    case 6: if constexpr (NW <= 2) return tile16_blocks<F, 6, NW>(x, w, row_bytes, y, cols, ldy); break;
-    case 5: if constexpr (NW <= 2) return tile16_blocks<F, 5, NW>(x, w, row_bytes, y, cols, ldy); break;
-    case 4: return tile16_blocks<F, 4, NW>(x, w, row_bytes, y, cols, ldy);
-    case 3: return tile16_blocks<F, 3, NW>(x, w, row_bytes, y, cols, ldy);
-    case 2: return tile16_blocks<F, 2, NW>(x, w, row_bytes, y, cols, ldy);
-    default: return tile16_blocks<F, 1, NW>(x, w, row_bytes, y, cols, ldy);
-  }
-  SPECSERVE_CHECK(false, "matmul: " + std::to_string(nx) + " x rows against " + std::to_string(NW) + " fused weight rows");
-}
-
-// nx (1..kFusedMaxRows) x rows against nw (1..kW16) block-format weight rows starting at w.
-SPECSERVE_AVX512 void tile_blocks_avx512(WeightFormat f, const float* x, const uint8_t* w, int64_t row_bytes, float* y,
-                                         int64_t nx, int64_t nw, int64_t cols, int64_t ldy) {
-  const bool q4 = f == WeightFormat::kQ4_1;
-  if (nx > 4 && nw == 3) {
-    tile_blocks_avx512(f, x, w, row_bytes, y, nx, 2, cols, ldy);
-    return tile_blocks_avx512(f, x, w + 2 * row_bytes, row_bytes, y + 2, nx, 1, cols, ldy);
-  }
-  switch (nw) {
-    case 3: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 3>(x, w, row_bytes, y, nx, cols, ldy)
-                      : rows16_blocks<WeightFormat::kQ8_0, 3>(x, w, row_bytes, y, nx, cols, ldy);
-    case 2: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 2>(x, w, row_bytes, y, nx, cols, ldy)
-                      : rows16_blocks<WeightFormat::kQ8_0, 2>(x, w, row_bytes, y, nx, cols, ldy);
-    default: return q4 ? rows16_blocks<WeightFormat::kQ4_1, 1>(x, w, row_bytes, y, nx, cols, ldy)
-                       : rows16_blocks<WeightFormat::kQ8_0, 1>(x, w, row_bytes, y, nx, cols, ldy);
-  }
-}
-
 #pragma GCC diagnostic pop
-#undef SPECSERVE_AVX512
 
 // ---------------------------------------------------------------------------------------------
 
@@ -356,16 +251,6 @@ bool fused_blocks_enabled() { return fused_blocks().load(std::memory_order_relax
 // or 8 bits, so d * q is exact in fp32: Q4_1's d * q + m rounds once whether fused or not, and
 // Q8_0's d * q not at all.
 
-// NOTE: F16C by function attribute: the file's baseline flags (SPECSERVE_CPU_FLAGS) may omit
-// -mf16c; every x86 CPU with AVX2 has it.
-__attribute__((target("f16c"))) inline float fp16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-// 8 unsigned bytes -> 8 floats.
-inline __m256 u8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 
 void dequant_row_q4_1(const uint8_t* b, int64_t cols, float* y) {
   const __m128i low4 = _mm_set1_epi8(0x0f);
@@ -389,98 +274,6 @@ void dequant_row_q8_0(const uint8_t* b, int64_t cols, float* y) {
       _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
     }
   }
-}
-
-// The AVX2 counterpart of tile16_blocks (see there): up to kFusedMaxRowsAvx2 x rows against 1 or
-// 2 weight rows, each 32-value block dequantised in registers 8 values at a time in
-// dequant_row_q4_1 / dequant_row_q8_0's order and arithmetic, FMA'd in tile8's k order: the
-// same bits as tile8 over the buffer. (Two weight rows at a time: the blocks' scales of more would
-// not fit the 16 ymm registers beside the accumulators.)
-// 3 or 4 x rows take one weight row at a time. NOTE: every loop over x rows is unrolled as far
-// as its count: a partly unrolled one leaves the accumulators in memory (4 rows then ran 2.5x
-// slower than the buffer, 5-8 rows under avx512 1.4x).
-constexpr int kFusedMaxRowsAvx2 = 4;
-
-template <WeightFormat F, int NX, int NW>
-inline void tile8_blocks(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t cols, int64_t ldy) {
-  constexpr int64_t kBlockBytes = F == WeightFormat::kQ4_1 ? 20 : 34;
-  __m256 acc[NX][NW];
-#pragma GCC unroll 8
-  for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  for (int64_t k = 0, off = 0; k < cols; k += 32, off += kBlockBytes) {
-    __m256 d[NW], m[NW];
-    __m128i lo[NW], hi[NW];
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) {
-      const uint8_t* b = w + j * row_bytes + off;
-      d[j] = _mm256_set1_ps(fp16_at(b));
-      if constexpr (F == WeightFormat::kQ4_1) {
-        m[j] = _mm256_set1_ps(fp16_at(b + 2));
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-        lo[j] = _mm_and_si128(qs, low4);
-        hi[j] = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
-      } else {
-        m[j] = _mm256_setzero_ps();
-        lo[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-        hi[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
-      }
-    }
-#pragma GCC unroll 8
-    for (int s = 0; s < 4; ++s) {
-      __m256 wv[NW];
-#pragma GCC unroll 8
-      for (int j = 0; j < NW; ++j) {
-        const __m128i src = s < 2 ? lo[j] : hi[j];
-        const __m128i part = s % 2 == 0 ? src : _mm_srli_si128(src, 8);
-        if constexpr (F == WeightFormat::kQ4_1) {
-          wv[j] = _mm256_fmadd_ps(d[j], u8_to_ps(part), m[j]);
-        } else {
-          wv[j] = _mm256_mul_ps(d[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
-        }
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < NX; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + i * cols + k + 8 * s);
-#pragma GCC unroll 8
-        for (int j = 0; j < NW; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < NX; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NW; ++j) y[i * ldy + j] = reduce8(acc[i][j]);
-}
-
-template <WeightFormat F>
-void tile_blocks_avx2_of(const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t nx, int64_t nw, int64_t cols,
-                         int64_t ldy) {
-  if (nx > 2) {  // 3 or 4 x rows: one weight row at a time (the accumulators of two would not fit)
-    for (int64_t j = 0; j < nw; ++j) {
-      if (nx == 4) tile8_blocks<F, 4, 1>(x, w + j * row_bytes, row_bytes, y + j, cols, ldy);
-      else tile8_blocks<F, 3, 1>(x, w + j * row_bytes, row_bytes, y + j, cols, ldy);
-    }
-    return;
-  }
-  for (int64_t j = 0; j < nw; j += 2) {
-    const uint8_t* wj = w + j * row_bytes;
-    float* yj = y + j;
-    if (nw - j >= 2) {
-      if (nx == 2) tile8_blocks<F, 2, 2>(x, wj, row_bytes, yj, cols, ldy); else tile8_blocks<F, 1, 2>(x, wj, row_bytes, yj, cols, ldy);
-    } else {
-      if (nx == 2) tile8_blocks<F, 2, 1>(x, wj, row_bytes, yj, cols, ldy); else tile8_blocks<F, 1, 1>(x, wj, row_bytes, yj, cols, ldy);
-    }
-  }
-}
-
-// nx (1..kFusedMaxRowsAvx2) x rows against nw (1..4) block-format weight rows starting at w.
-void tile_blocks_avx2(WeightFormat f, const float* x, const uint8_t* w, int64_t row_bytes, float* y, int64_t nx, int64_t nw,
-                      int64_t cols, int64_t ldy) {
-  if (f == WeightFormat::kQ4_1) return tile_blocks_avx2_of<WeightFormat::kQ4_1>(x, w, row_bytes, y, nx, nw, cols, ldy);
-  tile_blocks_avx2_of<WeightFormat::kQ8_0>(x, w, row_bytes, y, nx, nw, cols, ldy);
 }
 
 // Weight tiles ahead whose blocks are prefetched before a tile is dequantised.
