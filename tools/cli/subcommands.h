@@ -84,6 +84,8 @@ void add_dump_hidden(CLI::App& app);
 
 /// `specserve serve | up | node | worker | status | client`: the actor runtime (calls add_serve_command).
 void add_cluster_commands(CLI::App& app);
+/// `specserve client` (called by add_cluster_commands, after `status`).
+void add_client_command(CLI::App& app);
 /// `specserve serve`: a head and one replica in one process, from flags.
 void add_serve_command(CLI::App& app);
 
