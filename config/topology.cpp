@@ -234,7 +234,9 @@ Expected<Topology> parse_topology(const std::string& yaml_text, const std::strin
   }
 }
 
-Expected<Topology> load_topology_file(const std::string& path) {
+namespace {
+
+Expected<Topology> load_topology(const std::string& path, bool endpoint_only) {
   std::error_code dir_ec;
   if (fs::is_directory(path, dir_ec)) return invalid_argument(path + ": is a directory, not a topology file (a YAML file such as examples/cluster-local.yaml)");
   std::ifstream in(path, std::ios::binary);
@@ -244,8 +246,20 @@ Expected<Topology> load_topology_file(const std::string& path) {
   std::error_code ec;
   fs::path abs = fs::absolute(fs::path(path), ec);
   const std::string base = (ec ? fs::path(path) : abs).parent_path().string();
-  return parse_topology(ss.str(), path, base);
+  if (!endpoint_only) return parse_topology(ss.str(), path, base);
+  try {
+    TopologyParser parser(path, base);
+    return parser.run(ss.str(), /*endpoint_only=*/true);
+  } catch (const std::exception& e) {
+    return internal_error(path + ": unexpected error while reading the topology: " + e.what());
+  }
 }
+
+}  // namespace
+
+Expected<Topology> load_topology_file(const std::string& path) { return load_topology(path, false); }
+
+Expected<Topology> load_topology_endpoint(const std::string& path) { return load_topology(path, true); }
 
 std::string describe_speculative(const Topology& t) {
   if (!t.models.speculative) return "none (plain decoding)";

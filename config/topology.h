@@ -227,6 +227,13 @@ struct Topology {
 /// otherwise as parse_topology.
 Expected<Topology> load_topology_file(const std::string& path);
 
+/// What a client of the head needs from the topology file at `path`: only `cluster` (the token
+/// file) and `head` (host, ports) are read, with load_topology_file's rules and defaults (unknown
+/// top-level keys are still named); the models, nodes, scheduler and autoscale sections are not
+/// checked — a host that only submits or asks for status may lack the model files, or a device
+/// the nodes list. Errors: as load_topology_file, for those two sections.
+Expected<Topology> load_topology_endpoint(const std::string& path);
+
 /// Validates `yaml_text`. `name_for_errors` is the file name the messages start with;
 /// relative paths inside resolve from `base_dir` (empty: the current directory).
 /// Errors: kInvalidArgument (malformed YAML, unknown key, wrong type, out of range, an

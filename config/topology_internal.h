@@ -76,7 +76,8 @@ class TopologyParser {
     topo_.source = file_;
   }
 
-  Expected<Topology> run(const std::string& yaml_text);
+  /// endpoint_only: only `cluster` and `head` are read (load_topology_endpoint).
+  Expected<Topology> run(const std::string& yaml_text, bool endpoint_only = false);
 
   std::string loc(const YAML::Mark& m) const {
     if (m.is_null()) return file_;

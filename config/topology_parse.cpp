@@ -544,7 +544,7 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
   }
 }
 
-Expected<Topology> TopologyParser::run(const std::string& yaml_text) {
+Expected<Topology> TopologyParser::run(const std::string& yaml_text, bool endpoint_only) {
   YAML::Node root;
   try {
     // NOTE: every document is read: YAML::Load took the first and silently dropped the rest of a
@@ -564,6 +564,12 @@ Expected<Topology> TopologyParser::run(const std::string& yaml_text) {
     // Order matters: workers are checked against models (tensor_parallel_size, speculative).
     parse_cluster(top.get("cluster") ? *top.get("cluster") : YAML::Node(YAML::NodeType::Map));
     if (const YAML::Node* h = top.get("head")) parse_head(*h);
+    if (endpoint_only) {
+      if (findings_.empty()) return std::move(topo_);
+      std::string msg;
+      for (const Finding& fd : findings_) msg += (msg.empty() ? "" : "\n") + fd.text;
+      return Status(findings_.front().code, msg);
+    }
     if (const YAML::Node* m = top.get("models")) {
       parse_models(*m);
     } else {

@@ -3,6 +3,7 @@
 #include "config/topology.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -377,6 +378,36 @@ TEST(Topology, MissingFileIsNotFound) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
   EXPECT_NE(t.status().message().find("/nonexistent/cluster.yaml"), std::string::npos);
+}
+
+// `client` and `status` read only the head's endpoint and the token file: a topology whose model
+// is missing on this host (or whose nodes ask for a device this host lacks) still gives them,
+// while load_topology_file refuses it; errors in those two sections are still named.
+TEST(Topology, EndpointReadsClusterAndHeadOnly) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("topology_endpoint_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "t.yaml").string();
+  std::ofstream(path) << "cluster: { name: t, token_file: tok }\n"
+                      << "head: { host: 127.0.0.1, actor_port: 17999 }\n"
+                      << "models:\n  target: { path: /nonexistent/model.gguf }\n"
+                      << "nodes:\n  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [{ role: target_shard, replica: 0, device: cuda:7 }] }\n";
+  auto full = load_topology_file(path);
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.status().message().find("/nonexistent/model.gguf"), std::string::npos) << full.status().message();
+  auto e = load_topology_endpoint(path);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ(e->head.host, "127.0.0.1");
+  EXPECT_EQ(e->head.actor_port, 17999);
+  EXPECT_EQ(e->cluster.token_file, (dir / "tok").string()) << "relative to the file's folder, as load_topology_file";
+  std::ofstream(path) << "head: { actor_port: 99999 }\nmodels: {}\n";
+  e = load_topology_endpoint(path);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("head.actor_port"), std::string::npos) << e.status().message();
+  std::ofstream(path) << "head: { actor_port: 17999 }\nfrobnicate: 1\n";
+  e = load_topology_endpoint(path);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("frobnicate"), std::string::npos) << e.status().message();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ Expected<std::unique_ptr<Client>> connect_client(const std::string& connect, con
                                                  const std::string& config) {
   std::string endpoint = connect, tf = token_file;
   if (!config.empty()) {
-    auto t = load_topology_file(config);
+    auto t = load_topology_endpoint(config);  // this host may lack the models the nodes load
     if (!t.ok()) return t.status();
     if (endpoint.empty()) endpoint = t->head.host + ":" + std::to_string(t->head.actor_port);
     if (tf.empty()) tf = t->cluster.token_file;
