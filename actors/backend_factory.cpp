@@ -40,7 +40,7 @@ Status apply_cpu_dtype(ComputeDtype dtype, const std::string& field) {
     case ComputeDtype::kFloat16:
       return Status();
     case ComputeDtype::kFloat32: {
-      // The fp32 kernel the process would run without SPECSERVE_CPU_MATMUL=amx: avx2 when the
+      // The fp32 kernel the process would run without SPECSERVE_CPU_MATMUL=amx or vnni: avx2 when the
       // variable asks for it or the CPU lacks avx512f.
       const bool avx2 = cpu_kernel_env("SPECSERVE_CPU_MATMUL") == "avx2" || !set_matmul_isa(MatmulIsa::kAvx512, source);
       if (avx2) set_matmul_isa(MatmulIsa::kAvx2, source);
@@ -60,6 +60,9 @@ std::string compute_description(const std::string& device) {
   if (!spec.ok()) return "?";
   if (spec->kind == DeviceKind::kCpu) {
     const MatmulIsa isa = matmul_isa();
+    // vnni multiplies only Q4_1 / Q8_0 blocks; with every weight dequantised at load
+    // (SPECSERVE_CPU_WEIGHTS=f32) the AVX-512 fp32 kernel does all the work.
+    if (isa == MatmulIsa::kVnni) return std::string(cpu_weight_storage()) == "blocks" ? "vnni int8" : "avx512 fp32";
     return std::string(matmul_isa_name(isa)) + (isa == MatmulIsa::kAmx ? " bf16" : " fp32");
   }
 #ifdef SPECSERVE_WITH_CUDA

@@ -32,7 +32,7 @@ Expected<std::unique_ptr<Backend>> make_backend_for_device(const std::string& fl
 /// from ("--dtype", "models.target.dtype") in errors and in the kernel log line.
 /// - cpu: auto keeps the default kernel (or SPECSERVE_CPU_MATMUL's); float32 runs the fp32
 ///   kernel (avx512, or avx2 where the CPU lacks avx512f or SPECSERVE_CPU_MATMUL=avx2 asks for
-///   it) even when SPECSERVE_CPU_MATMUL=amx; bfloat16 runs the AMX bf16 kernel (cpu/matmul.h).
+///   it) even when SPECSERVE_CPU_MATMUL=amx or vnni; bfloat16 runs the AMX bf16 kernel (cpu/matmul.h).
 ///   The CPU backend is process-wide, so every model of the process (target and draft) follows.
 /// - cuda:N: the weights' storage of every CudaBackend made afterwards in this process
 ///   (bfloat16, float16, float32; auto: $SPECSERVE_CUDA_WEIGHTS or bf16).
@@ -45,7 +45,8 @@ Status apply_compute_dtype(ComputeDtype dtype, const std::string& device, const 
 Status check_compute_dtype(ComputeDtype dtype, const std::string& device, const std::string& field);
 
 /// The matmul arithmetic a backend made now for `device` runs, for logs and `specserve status`:
-/// "avx512 fp32", "avx2 fp32" or "amx bf16" on the CPU (cpu/matmul.h matmul_isa()); "cuda bf16
+/// "avx512 fp32", "avx2 fp32", "amx bf16" or "vnni int8" on the CPU (cpu/matmul.h matmul_isa(); vnni
+/// with SPECSERVE_CPU_WEIGHTS=f32 computes in "avx512 fp32"); "cuda bf16
 /// weights", "cuda fp16 weights" or "cuda fp32 weights" on a GPU; "cuda" in a build without it;
 /// "?" for a malformed device.
 std::string compute_description(const std::string& device);

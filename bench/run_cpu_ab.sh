@@ -2,13 +2,14 @@
 # A/B of two settings of one CPU kernel variable, in one session, interleaved, on the default
 # model: SPECSERVE_CPU_WEIGHTS (f32 | blocks: Q4_1/Q8_0 weights dequantised at load or kept as
 # blocks, cpu/cpu_backend.h), SPECSERVE_CPU_ATTENTION (rowwise | tiled, cpu/attention.h) or
-# SPECSERVE_CPU_MATMUL (avx2 | avx512 | amx, cpu/matmul.h) or SPECSERVE_CPU_FUSED_DEQUANT (1 | 0:
+# SPECSERVE_CPU_MATMUL (avx2 | avx512 | amx | vnni, cpu/matmul.h) or SPECSERVE_CPU_FUSED_DEQUANT (1 | 0:
 # block weights dequantised in registers for few rows, or through a buffer, cpu/matmul.h); A and B
-# are two of those settings. All but SPECSERVE_CPU_MATMUL give the same bits both ways.
+# are two of those settings. All but SPECSERVE_CPU_MATMUL give the same bits both ways (under the
+# fp32 matmul kernels).
 #   1. bench-model decode step time (after its fixed 64-token prompt) at 1, 3, 5, 9 and 16 rows per step, REPEATS runs each, ROUNDS
 #      times per setting in the order A, B, A, B...; the mean over rounds is reported;
 #   2. bench-spec on Spec-Bench, batch 1, greedy (PER_TASK questions per task, 64 tokens):
-#      baseline, n-gram, the committed EAGLE head as tree and chain, the Medusa heads; ROUNDS times
+#      baseline, n-gram, the committed EAGLE head as tree (with and without draft_p_min 0.5) and chain, the Medusa heads; ROUNDS times
 #      per setting, interleaved.
 # Writes bench/results/cpu_<variable>_<A>_vs_<B>_<date>.{json,md,png} (variable lower-cased, without the
 # SPECSERVE_CPU_ prefix).
@@ -29,7 +30,7 @@ esac
 case "$key" in
   cpu_weights) allowed="f32 blocks" ;;
   cpu_attention) allowed="rowwise tiled" ;;
-  cpu_matmul) allowed="avx2 avx512 amx" ;;
+  cpu_matmul) allowed="avx2 avx512 amx vnni" ;;
   cpu_fused_dequant) allowed="1 0" ;;
 esac
 for v in "$va" "$vb"; do
@@ -41,6 +42,9 @@ done
 [ "$va" != "$vb" ] || { echo "bench/run_cpu_ab.sh: A and B are both '$va': nothing to compare" >&2; exit 2; }
 if [ "$key" != cpu_weights ] && [ "$key" != cpu_fused_dequant ] && ! grep -q avx512f /proc/cpuinfo; then
   echo "bench/run_cpu_ab.sh: this CPU has no avx512f: $var has only one setting here" >&2; exit 2
+fi
+if [ "$va" = vnni ] || [ "$vb" = vnni ]; then
+  grep -q avx512_vnni /proc/cpuinfo || { echo "bench/run_cpu_ab.sh: this CPU has no avx512_vnni: SPECSERVE_CPU_MATMUL=vnni cannot run here" >&2; exit 2; }
 fi
 if [ "$va" = amx ] || [ "$vb" = amx ]; then
   grep -q amx_bf16 /proc/cpuinfo || { echo "bench/run_cpu_ab.sh: this CPU has no amx_bf16: SPECSERVE_CPU_MATMUL=amx cannot run here" >&2; exit 2; }
@@ -57,8 +61,11 @@ py="$("$here/scripts/venv.sh" --with-plot)"
 # runs, from its start-up log line, rather than after them.
 if [ "$key" = cpu_matmul ]; then
   for v in "$va" "$vb"; do
-    env "$var=$v" "$here/build/bin/specserve" generate --model "$model" --prompt hi --max-tokens 1 --threads 1 2>&1 \
-      | grep -q "matmul kernel $v " || { echo "bench/run_cpu_ab.sh: $var=$v: the binary runs another kernel here (see its start-up log line)" >&2; exit 2; }
+    # (The log is read whole first: grep -q would stop reading, and under pipefail the writer's
+    # SIGPIPE would fail the check.)
+    log="$(env "$var=$v" "$here/build/bin/specserve" generate --model "$model" --prompt hi --max-tokens 1 --threads 1 2>&1)" \
+      || { echo "bench/run_cpu_ab.sh: $var=$v: specserve generate failed:" >&2; echo "$log" >&2; exit 2; }
+    grep -q "matmul kernel $v " <<< "$log" || { echo "bench/run_cpu_ab.sh: $var=$v: the binary runs another kernel here (see its start-up log line)" >&2; exit 2; }
   done
 fi
 day="$(date +%Y-%m-%d)"
@@ -71,6 +78,7 @@ medusa="$here/models/heads/medusa-smollm2-135m.gguf"
 specs=(
   --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}'
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192}"
+  --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":8,\"eagle_topk\":4,\"eagle_depth\":4,\"draft_vocab_size\":8192,\"draft_p_min\":0.5}"
   --spec "{\"method\":\"eagle\",\"model\":\"$eagle\",\"num_speculative_tokens\":2,\"eagle_topk\":1,\"eagle_depth\":2,\"draft_vocab_size\":8192}"
   --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":4,\"draft_vocab_size\":8192}"
 )
@@ -107,6 +115,8 @@ def label(name):
     parts = [s["method"], f"k={s.get('num_speculative_tokens')}"]
     if "eagle_topk" in s:
         parts.append(f"topk {s['eagle_topk']} depth {s['eagle_depth']}")
+    if "draft_p_min" in s:
+        parts.append(f"p_min {s['draft_p_min']}")
     return " ".join(parts)
 by = {}
 for v in vals:

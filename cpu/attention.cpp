@@ -128,7 +128,7 @@ void accumulate_values_rowwise(const AttentionCache& cache, const int32_t* keys,
 
 // ---------------------------------------------------------------------------------------------
 // Tiled AVX-512 kernel. Compiled for avx512f by function attribute only, like cpu/matmul.cpp,
-// and reached only when matmul_isa() is AVX-512 or AMX (which imply the CPUID check).
+// and reached only when matmul_isa() is AVX-512, AMX or vnni (which imply the CPUID check).
 
 #define SPECSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
 // NOTE: GCC 12 warns "'__Y' is used uninitialized" inside its own avx512fintrin.h for shuffles

@@ -14,7 +14,7 @@
 // Two implementations with the same arithmetic, bit for bit (tests/cpu/attention_test.cpp):
 // - attention_f32_rowwise: one query row (or, for few rows, a range of its query heads) at a
 //   time; every row streams its whole prefix.
-// - the tiled AVX-512 kernel attention_f32 uses when matmul_isa() is AVX-512 or AMX (both
+// - the tiled AVX-512 kernel attention_f32 uses when matmul_isa() is AVX-512, AMX or vnni (all
 //   imply avx512f) and head_dim is
 //   16, 32, 64 or 128: the rows of one sequence (a verification step's k + 1 chain rows or tree
 //   nodes, or a tile of a prefill) and the query heads of one KV group share each 16-key block of
@@ -68,7 +68,7 @@ AttentionKernel attention_kernel();
 void set_attention_kernel(AttentionKernel kernel);
 
 /// Whether attention_f32 runs the tiled kernel for this head width in this process: the kernel
-/// choice is tiled, matmul_isa() is AVX-512 or AMX, and head_dim is 16, 32, 64 or 128.
+/// choice is tiled, matmul_isa() is AVX-512, AMX or vnni, and head_dim is 16, 32, 64 or 128.
 bool attention_tiled_applies(int64_t head_dim);
 
 /// "tiled" or "rowwise": what runs in this process for the head widths the tiled kernel covers

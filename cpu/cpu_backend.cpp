@@ -30,14 +30,24 @@ class CpuWeight final : public Weight {
     SPECSERVE_CHECK(format_ == WeightFormat::kF32, "fp32 view of a weight kept in blocks");
     return data_.data();
   }
-  MatmulWeight view() const {
-    return {format_, format_ == WeightFormat::kF32 ? static_cast<const void*>(data_.data()) : blocks_.data(), rows(), cols()};
+  /// The weight as matmul_weight reads it. `for_matmul`: under the vnni kernel the blocks are
+  /// also repacked for it, once, at the first matmul (so a process that switches kernels later
+  /// still gets it; cpu/matmul.h); an embedding lookup reads the blocks and packs nothing.
+  MatmulWeight view(bool for_matmul = true) const {
+    MatmulWeight v{format_, format_ == WeightFormat::kF32 ? static_cast<const void*>(data_.data()) : blocks_.data(), rows(), cols()};
+    if (for_matmul && format_ != WeightFormat::kF32 && matmul_isa() == MatmulIsa::kVnni) {
+      std::call_once(packed_once_, [&] { packed_q8_ = pack_weight_q8(v); });
+      v.packed_q8 = packed_q8_.data();
+    }
+    return v;
   }
 
  private:
   WeightFormat format_ = WeightFormat::kF32;
   std::vector<float> data_;     // [rows, cols] when kF32
   std::vector<uint8_t> blocks_;  // [rows, weight_row_bytes] otherwise
+  mutable std::once_flag packed_once_;
+  mutable std::vector<uint8_t> packed_q8_;  // pack_weight_q8(blocks_), under the vnni kernel
 };
 
 // SPECSERVE_CPU_WEIGHTS: "blocks" (default) keeps Q4_1 / Q8_0 matmul weights as their GGUF blocks
@@ -114,13 +124,18 @@ class CpuBackend final : public Backend {
     static std::once_flag said;
     std::call_once(said, [] {
       get_logger("cpu")->info("matmul kernel {} ({}); processes that continue each other's sequences should use the same one "
-                              "(--dtype float32|bfloat16, SPECSERVE_CPU_MATMUL=avx2|avx512|amx); attention {} (SPECSERVE_CPU_ATTENTION=tiled|rowwise, same bits); "
-                              "Q4_1/Q8_0 weights {} (SPECSERVE_CPU_WEIGHTS=blocks|f32, same bits){}",
+                              "(--dtype float32|bfloat16, SPECSERVE_CPU_MATMUL=avx2|avx512|amx|vnni); attention {} (SPECSERVE_CPU_ATTENTION=tiled|rowwise, same bits); "
+                              "Q4_1/Q8_0 weights {} (SPECSERVE_CPU_WEIGHTS=blocks|f32, same bits under the fp32 kernels){}",
                               matmul_isa_name(matmul_isa()), matmul_isa_source(), attention_kernel_name(),
                               keep_blocks() ? "kept as blocks" : "dequantised at load",
-                              keep_blocks() ? (fused_block_matmul() ? ", dequantised in registers for decode rows (SPECSERVE_CPU_FUSED_DEQUANT=1|0, same bits)"
-                                                                    : ", dequantised through a buffer for every matmul (SPECSERVE_CPU_FUSED_DEQUANT=0)")
-                                            : "");
+                              !keep_blocks() ? ""
+                              : matmul_isa() == MatmulIsa::kVnni ? ", repacked for the int8 kernel at their first matmul"
+                              : fused_block_matmul() ? ", dequantised in registers for decode rows (SPECSERVE_CPU_FUSED_DEQUANT=1|0, same bits)"
+                                                     : ", dequantised through a buffer for every matmul (SPECSERVE_CPU_FUSED_DEQUANT=0)");
+      if (matmul_isa() == MatmulIsa::kVnni && !keep_blocks()) {
+        get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL=vnni with SPECSERVE_CPU_WEIGHTS=f32: no weight stays in Q4_1/Q8_0 blocks, so "
+                                "every matmul runs the avx512 fp32 kernel");
+      }
     });
   }
 
@@ -183,7 +198,7 @@ class CpuBackend final : public Backend {
     const auto& w = cw(table);
     for (int64_t i = 0; i < n; ++i) {
       SPECSERVE_CHECK(ids[i] >= 0 && ids[i] < w.rows(), "token id " + std::to_string(ids[i]) + " out of vocabulary");
-      dequantize_rows(w.view(), ids[i], 1, out + i * w.cols());
+      dequantize_rows(w.view(/*for_matmul=*/false), ids[i], 1, out + i * w.cols());
     }
   }
 

@@ -220,13 +220,18 @@ MatmulIsa detect_isa() {
     if (!has512) get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'avx512': this CPU has no avx512f; using avx2");
     return widest;
   }
+  if (env == "vnni") {
+    if (vnni_usable()) return MatmulIsa::kVnni;
+    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'vnni': this CPU lacks avx512vnni (or avx512bw/vl); using {}", matmul_isa_name(widest));
+    return widest;
+  }
   if (env == "amx") {
     if (amx_usable()) return MatmulIsa::kAmx;
     get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = 'amx': {}; using {}", amx_refusal(), matmul_isa_name(widest));
     return widest;
   }
   if (!env.empty()) {
-    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512, amx; using the widest fp32 kernel the CPU has ({})",
+    get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL = '{}' is not one of avx2, avx512, amx, vnni; using the widest fp32 kernel the CPU has ({})",
                             std::getenv("SPECSERVE_CPU_MATMUL"), matmul_isa_name(widest));
   }
   return widest;
@@ -355,6 +360,7 @@ const char* matmul_isa_name(MatmulIsa isa) {
     case MatmulIsa::kAvx2: return "avx2";
     case MatmulIsa::kAvx512: return "avx512";
     case MatmulIsa::kAmx: return "amx";
+    case MatmulIsa::kVnni: return "vnni";
   }
   return "?";
 }
@@ -376,12 +382,14 @@ std::string matmul_isa_source() {
   const std::string env = env_kernel();
   if (env == "avx2" || env == "avx512") return "set by SPECSERVE_CPU_MATMUL=" + env;
   if (env == "amx") return amx_usable() ? "set by SPECSERVE_CPU_MATMUL=amx" : "SPECSERVE_CPU_MATMUL=amx, but " + amx_refusal();
+  if (env == "vnni") return vnni_usable() ? "set by SPECSERVE_CPU_MATMUL=vnni" : "SPECSERVE_CPU_MATMUL=vnni, but this CPU lacks avx512vnni";
   return __builtin_cpu_supports("avx512f") ? "this CPU has avx512f" : "this CPU has no avx512f";
 }
 
 bool set_matmul_isa(MatmulIsa isa, const std::string& source) {
   if (isa == MatmulIsa::kAvx512 && !__builtin_cpu_supports("avx512f")) return false;
   if (isa == MatmulIsa::kAmx && !amx_usable()) return false;
+  if (isa == MatmulIsa::kVnni && !vnni_usable()) return false;
   active_isa().store(isa, std::memory_order_relaxed);
   if (!source.empty()) {
     std::lock_guard<std::mutex> lock(isa_source_mutex());
@@ -475,7 +483,10 @@ void set_fused_block_matmul(bool on) { fused_blocks().store(on, std::memory_orde
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n) {
   SPECSERVE_CHECK(w.cols % 8 == 0 && (w.format == WeightFormat::kF32 || w.cols % 32 == 0),
                   "matmul width " + std::to_string(w.cols) + " is not a multiple of the format's block");
-  if (use_amx(w.cols)) {
+  if (w.packed_q8 != nullptr && (w.format == WeightFormat::kQ4_1 || w.format == WeightFormat::kQ8_0) &&
+      active_isa().load(std::memory_order_relaxed) == MatmulIsa::kVnni) {
+    matmul_q8(x, w, w.packed_q8, y, n);
+  } else if (use_amx(w.cols)) {
     matmul_amx(x, w, y, n);
   } else if (use_avx512(w.cols)) {
     matmul_with(w.format == WeightFormat::kF32 ? tile_avx512<true> : tile_avx512<false>, kW16, x, w, y, n);

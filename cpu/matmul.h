@@ -39,31 +39,49 @@
 // 1-row step is within the VM's noise of AVX-512's (bench/results/
 // cpu_matmul_avx512_vs_amx_2026-12-03.md). dot_f32 and attention keep the AVX-512 order.
 // Widths that are not a multiple of 32 fall back to the fp32 kernel the CPU has.
+//
+// SPECSERVE_CPU_MATMUL=vnni (opt-in; AVX512-VNNI: Intel Cascade Lake / Ice Lake and later, AMD
+// Zen 4 and later; cpu/matmul_q8.cpp) computes Q4_1 and Q8_0 weights as llama.cpp's CPU backend
+// does: each x row is quantised to int8 per 32-value block (block_q8_1: d = amax / 127,
+// q = round(x / d), s = d * sum(q)), each block's integer dot product with the weight's quants is
+// exact (VPDPBUSD), and y = sum over blocks, k ascending, of fma(isum, d_w * d_x) (+ fma(m_w, s_x)
+// for Q4_1) in fp32. Error against fp32: |y - y_fp32| <= sum over blocks of (amax_block(x) / 254)
+// * sum |w| in the block, plus fp32 rounding (tests/cpu/matmul_q8_test.cpp). Each output depends
+// only on its own x row and weight row (batch and thread invariance, bit for bit); fp32 weights
+// (norms, F16/F32 heads) and dot_f32 / attention keep the AVX-512 fp32 kernel. The weights are
+// repacked 16 rows at a time at first use under this kernel (pack_weight_q8: 320 bytes per 16 x 32
+// Q4_1 values, 576 per 16 x 32 Q8_0; kept beside the GGUF blocks, which embedding lookups read).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace specserve {
 
-/// The matmul kernel in use: fp32 with 8 or 16 lanes, or bf16 AMX tiles (see the file comment).
-enum class MatmulIsa { kAvx2, kAvx512, kAmx };
+/// The matmul kernel in use: fp32 with 8 or 16 lanes, bf16 AMX tiles, or int8 x against Q4_1 /
+/// Q8_0 weights by AVX512-VNNI (see the file comment).
+enum class MatmulIsa { kAvx2, kAvx512, kAmx, kVnni };
 
-/// The kernel matmul_f32 and matmul_weight use in this process: SPECSERVE_CPU_MATMUL=avx2 or
-/// amx (when CPUID has amx-tile, amx-bf16 and avx512bf16 and Linux grants the tile state), or
-/// else AVX-512 when CPUID reports avx512f. dot_f32 uses AVX-512 under amx.
+/// The kernel matmul_f32 and matmul_weight use in this process: SPECSERVE_CPU_MATMUL=avx2, amx
+/// (when CPUID has amx-tile, amx-bf16 and avx512bf16 and Linux grants the tile state) or vnni
+/// (when vnni_usable()), or else AVX-512 when CPUID reports avx512f. dot_f32 uses AVX-512 under
+/// amx and vnni.
 MatmulIsa matmul_isa();
-const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2", "avx512" or "amx"
+const char* matmul_isa_name(MatmulIsa isa);  ///< "avx2", "avx512", "amx" or "vnni"
+
+/// Whether this CPU can run MatmulIsa::kVnni (CPUID: avx512f, avx512bw, avx512vl, avx512vnni).
+bool vnni_usable();
 
 /// Why the process runs its kernel, for the log: "set by SPECSERVE_CPU_MATMUL=avx2" or "this CPU
 /// has avx512f" / "... has no avx512f". The variable is read trimmed and in any case; another
-/// value is warned about once and ignored; amx where it cannot run is warned about and falls
-/// back to the widest fp32 kernel.
+/// value is warned about once and ignored; amx or vnni where it cannot run is warned about and
+/// falls back to the widest fp32 kernel.
 std::string matmul_isa_source();
 
 /// Switches the kernel for the whole process (tests compare them; `--dtype`, actors/
 /// backend_factory.h). Not thread-safe against running matmuls. Returns false (and changes
-/// nothing) for AVX-512 or AMX where it cannot run. A non-empty `source` is what
+/// nothing) for AVX-512, AMX or vnni where it cannot run. A non-empty `source` is what
 /// matmul_isa_source() says from then on (e.g. "set by --dtype bfloat16").
 bool set_matmul_isa(MatmulIsa isa, const std::string& source = "");
 
@@ -87,12 +105,22 @@ void matmul_f32(const float* x, const float* w, float* y, int64_t n, int64_t row
 /// 32 int8, y = d * q), row after row, cols / 32 blocks per row.
 enum class WeightFormat { kF32, kQ4_1, kQ8_0 };
 
-/// A weight [rows, cols] as matmul_weight reads it. `data` is not owned.
+/// A weight [rows, cols] as matmul_weight reads it. `data` is not owned. `packed_q8`, also not
+/// owned: the same weight as pack_weight_q8 gives it, or null; matmul_weight uses it under
+/// MatmulIsa::kVnni (without it a block weight takes the AVX-512 fp32 kernel).
 struct MatmulWeight {
   WeightFormat format = WeightFormat::kF32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
+  const void* packed_q8 = nullptr;
 };
+
+/// A Q4_1 or Q8_0 weight (cols a multiple of 32) repacked for the vnni kernel: groups of 16 rows
+/// (the last padded with zero rows), each group block by block, a block's 16 x 32 quants
+/// interleaved so that one 64-byte vector holds 4 consecutive k of each of the 16 rows (layout in
+/// cpu/matmul_q8.cpp). packed_q8_bytes(w) bytes. Throws (SPECSERVE_CHECK) on another format.
+std::vector<uint8_t> pack_weight_q8(const MatmulWeight& w);
+int64_t packed_q8_bytes(const MatmulWeight& w);
 
 /// Bytes of one row in `format` (cols a multiple of 32 for the block formats).
 int64_t weight_row_bytes(WeightFormat format, int64_t cols);
@@ -109,7 +137,8 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
 /// weights instead of 128. Same threading and reduction order as matmul_f32. Under amx, 32
 /// weight rows at a time are dequantised to bf16 one 32-wide k step (up to 16 x rows: decode,
 /// verification) or one 256-wide k chunk (more rows: prefill) at a time, overlapping the tile
-/// unit's work on the previous step.
+/// unit's work on the previous step. Under vnni, a block weight given with its packed_q8 copy
+/// takes the int8 kernel (see the file comment; not fp32's bits), anything else the AVX-512 one.
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
 /// One dot product in the same order as matmul_f32 (for attention and tests); any n >= 0, reading

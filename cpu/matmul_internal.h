@@ -82,3 +82,9 @@ void tile_blocks_avx2(WeightFormat f, const float* x, const uint8_t* w, int64_t 
                       int64_t cols, int64_t ldy);
 
 }  // namespace specserve::matmul_internal
+
+namespace specserve {
+/// y[n, w.rows] = x[n, w.cols] * W^T by the vnni kernel (cpu/matmul.h, cpu/matmul_q8.cpp);
+/// `packed` = pack_weight_q8(w)'s bytes. Requires vnni_usable(). Uses the OpenMP thread team.
+void matmul_q8(const float* x, const MatmulWeight& w, const void* packed, float* y, int64_t n);
+}  // namespace specserve

@@ -16,9 +16,10 @@ start=$(date +%s)
 "$here/scripts/venv.sh" >/dev/null
 cd "$here/build"
 # The suite's tolerances are fp32's (llama.cpp parity, tensor parallel against one rank, heads
-# against PyTorch); the AMX kernel's own tests switch to it in-process (cpu/matmul.h).
-if [ "$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')" = amx ]; then
-  echo "[test] SPECSERVE_CPU_MATMUL=amx unset for the suite: its tolerances are fp32's; the AMX tests select amx themselves" >&2
+# against PyTorch); the AMX and vnni kernels' own tests switch to them in-process (cpu/matmul.h).
+kernel="$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
+if [ "$kernel" = amx ] || [ "$kernel" = vnni ]; then
+  echo "[test] SPECSERVE_CPU_MATMUL=$kernel unset for the suite: its tolerances are fp32's; the $kernel tests select $kernel themselves" >&2
   unset SPECSERVE_CPU_MATMUL
 fi
 exclude=(-LE "slow")

@@ -15,6 +15,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/matmul.h"
 #include "model/backend.h"
+#include "model/dequant.h"
 #include "model/gguf.h"
 #include "tests/test_util.h"
 
@@ -26,6 +27,30 @@ inline std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, 
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// Random Q4_1 / Q8_0 blocks [rows, cols] with moderate fp16 scales (exponent 8..15) and random
+// quants: a usable weight (the AMX and vnni kernel tests).
+inline std::vector<uint8_t> random_q_blocks(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> b(static_cast<size_t>(rows * weight_row_bytes(format, cols)));
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  const size_t block = format == WeightFormat::kQ4_1 ? 20 : 34;
+  for (size_t o = 0; o < b.size(); o += block) {
+    for (size_t s = 0; s < (format == WeightFormat::kQ4_1 ? 2u : 1u); ++s) {
+      uint16_t h = static_cast<uint16_t>(rng());
+      h = static_cast<uint16_t>((h & 0x83ff) | ((8 + rng() % 8) << 10));
+      std::memcpy(&b[o + 2 * s], &h, 2);
+    }
+  }
+  return b;
+}
+
+// The fp32 values of random_q_blocks' weight (model/dequant.h).
+inline std::vector<float> dequantised(WeightFormat format, const std::vector<uint8_t>& blocks, int64_t rows, int64_t cols) {
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  EXPECT_TRUE(dequantize(format == WeightFormat::kQ4_1 ? GgmlType::Q4_1 : GgmlType::Q8_0, blocks.data(), rows * cols, w.data()).ok());
+  return w;
 }
 
 inline bool bit_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }

@@ -24,28 +24,6 @@ using namespace specserve::testing;  // NOLINT: the shared CPU test helpers
   GTEST_SKIP() << "the AMX kernel cannot run here: this CPU lacks amx-tile, amx-bf16 or avx512bf16, or the kernel " \
                   "refused the tile state"
 
-std::vector<uint8_t> random_q_blocks(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
-  // Moderate fp16 scales (exponent 8..15) and random quants: a usable weight.
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> b(static_cast<size_t>(rows * weight_row_bytes(format, cols)));
-  for (auto& x : b) x = static_cast<uint8_t>(rng());
-  const size_t block = format == WeightFormat::kQ4_1 ? 20 : 34;
-  for (size_t o = 0; o < b.size(); o += block) {
-    for (size_t s = 0; s < (format == WeightFormat::kQ4_1 ? 2u : 1u); ++s) {
-      uint16_t h = static_cast<uint16_t>(rng());
-      h = static_cast<uint16_t>((h & 0x83ff) | ((8 + rng() % 8) << 10));
-      std::memcpy(&b[o + 2 * s], &h, 2);
-    }
-  }
-  return b;
-}
-
-std::vector<float> dequantised(WeightFormat format, const std::vector<uint8_t>& blocks, int64_t rows, int64_t cols) {
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  EXPECT_TRUE(dequantize(format == WeightFormat::kQ4_1 ? GgmlType::Q4_1 : GgmlType::Q8_0, blocks.data(), rows * cols, w.data()).ok());
-  return w;
-}
-
 // Widths: one block, two blocks (the next-tile prefetch near a short row's end), attention (576 =
 // two 256-wide k chunks and a 64-wide one), the MLP down projection; rows not a multiple of the
 // 32-row weight tile.

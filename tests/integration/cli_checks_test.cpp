@@ -221,6 +221,9 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   // amx runs where the CPU and kernel allow it, else falls back with a warning that says so.
   ::setenv("SPECSERVE_CPU_MATMUL", "Amx", 1);
   const CmdResult x = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  // vnni likewise (int8 x against Q4_1 / Q8_0 weights, where CPUID has avx512vnni).
+  ::setenv("SPECSERVE_CPU_MATMUL", "VNNI", 1);
+  const CmdResult vn = run("generate --prompt hi --max-tokens 1 --temperature 0");
   ::unsetenv("SPECSERVE_CPU_MATMUL");
   // The attention kernel choice likewise (both kernels give the same bits).
   ::setenv("SPECSERVE_CPU_ATTENTION", " RowWise\t", 1);
@@ -258,6 +261,13 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   } else {
     EXPECT_NE(x.out.find("SPECSERVE_CPU_MATMUL = 'amx': "), std::string::npos) << x.out;
     EXPECT_NE(x.out.find("; using avx"), std::string::npos) << x.out;
+  }
+  EXPECT_EQ(vn.exit_code, 0) << vn.out;
+  if (vnni_usable()) {
+    EXPECT_NE(vn.out.find("matmul kernel vnni (set by SPECSERVE_CPU_MATMUL=vnni)"), std::string::npos) << vn.out;
+  } else {
+    EXPECT_NE(vn.out.find("SPECSERVE_CPU_MATMUL = 'vnni': this CPU lacks avx512vnni"), std::string::npos) << vn.out;
+    EXPECT_NE(vn.out.find("; using avx"), std::string::npos) << vn.out;
   }
 }
 

@@ -275,7 +275,7 @@ int run(const Args& a) {
   out["device"] = backend->name();
   out["threads"] = a.threads;
   out["dtype"] = a.dtype;
-  out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
+  out["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512, amx or vnni (SPECSERVE_CPU_MATMUL)
   out["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   out["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   out["cpu_fused_dequant"] = fused_block_matmul() ? "1" : "0";  // cpu/matmul.h (SPECSERVE_CPU_FUSED_DEQUANT)

@@ -249,7 +249,7 @@ int run_bench(const BenchArgs& a) {
   report["max_tokens"] = a.max_tokens;
   report["threads"] = a.threads;
   report["dtype"] = a.dtype;
-  report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512 or amx (SPECSERVE_CPU_MATMUL)
+  report["cpu_matmul"] = matmul_isa_name(matmul_isa());  // cpu/matmul.h: avx2, avx512, amx or vnni (SPECSERVE_CPU_MATMUL)
   report["cpu_attention"] = attention_kernel_name();  // cpu/attention.h: tiled or rowwise (SPECSERVE_CPU_ATTENTION)
   report["cpu_weights"] = cpu_weight_storage();  // cpu/cpu_backend.h: blocks or f32 (SPECSERVE_CPU_WEIGHTS)
   report["cpu_fused_dequant"] = fused_block_matmul() ? "1" : "0";  // cpu/matmul.h (SPECSERVE_CPU_FUSED_DEQUANT)
