@@ -123,16 +123,22 @@ class CpuBackend final : public Backend {
     // sequence moved between processes continues bit for bit only where both run the same one.
     static std::once_flag said;
     std::call_once(said, [] {
+      // vnni multiplies only Q4_1 / Q8_0 blocks: with every weight dequantised at load there is
+      // nothing for it, and the process runs (and says, and records) the AVX-512 fp32 kernel.
+      const bool vnni_without_blocks = matmul_isa() == MatmulIsa::kVnni && !keep_blocks();
+      if (vnni_without_blocks) {
+        set_matmul_isa(MatmulIsa::kAvx512, "SPECSERVE_CPU_MATMUL=vnni, but SPECSERVE_CPU_WEIGHTS=f32 leaves it no Q4_1/Q8_0 blocks");
+      }
       get_logger("cpu")->info("matmul kernel {} ({}); processes that continue each other's sequences should use the same one "
                               "(--dtype float32|bfloat16, SPECSERVE_CPU_MATMUL=avx2|avx512|amx|vnni); attention {} (SPECSERVE_CPU_ATTENTION=tiled|rowwise, same bits); "
                               "Q4_1/Q8_0 weights {} (SPECSERVE_CPU_WEIGHTS=blocks|f32, same bits under the fp32 kernels){}",
                               matmul_isa_name(matmul_isa()), matmul_isa_source(), attention_kernel_name(),
                               keep_blocks() ? "kept as blocks" : "dequantised at load",
                               !keep_blocks() ? ""
-                              : matmul_isa() == MatmulIsa::kVnni ? ", repacked for the int8 kernel at their first matmul"
+                              : matmul_isa() == MatmulIsa::kVnni ? ", repacked for the int8 kernel as they load"
                               : fused_block_matmul() ? ", dequantised in registers for decode rows (SPECSERVE_CPU_FUSED_DEQUANT=1|0, same bits)"
                                                      : ", dequantised through a buffer for every matmul (SPECSERVE_CPU_FUSED_DEQUANT=0)");
-      if (matmul_isa() == MatmulIsa::kVnni && !keep_blocks()) {
+      if (vnni_without_blocks) {
         get_logger("cpu")->warn("SPECSERVE_CPU_MATMUL=vnni with SPECSERVE_CPU_WEIGHTS=f32: no weight stays in Q4_1/Q8_0 blocks, so "
                                 "every matmul runs the avx512 fp32 kernel");
       }
@@ -165,7 +171,10 @@ class CpuBackend final : public Backend {
         return corrupt_data("tensor '" + t.name + "': " + std::to_string(t.num_bytes) + " bytes of " + ggml_type_name(t.raw_type) +
                             " for " + std::to_string(rows) + " x " + std::to_string(cols) + " (want " + std::to_string(want) + ")");
       }
-      return std::unique_ptr<Weight>(new CpuWeight(rows, cols, format, std::vector<uint8_t>(t.data, t.data + t.num_bytes)));
+      auto w = std::make_unique<CpuWeight>(rows, cols, format, std::vector<uint8_t>(t.data, t.data + t.num_bytes));
+      // Under vnni, packed now: the first request should not wait for it (view() packs once).
+      if (matmul_isa() == MatmulIsa::kVnni) (void)w->view();
+      return std::unique_ptr<Weight>(std::move(w));
     }
     auto data = dequantize_tensor(t);
     if (!data.ok()) return data.status();

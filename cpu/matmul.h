@@ -48,9 +48,10 @@
 // for Q4_1) in fp32. Error against fp32: |y - y_fp32| <= sum over blocks of (amax_block(x) / 254)
 // * sum |w| in the block, plus fp32 rounding (tests/cpu/matmul_q8_test.cpp). Each output depends
 // only on its own x row and weight row (batch and thread invariance, bit for bit); fp32 weights
-// (norms, F16/F32 heads) and dot_f32 / attention keep the AVX-512 fp32 kernel. The weights are
-// repacked 16 rows at a time at first use under this kernel (pack_weight_q8: 320 bytes per 16 x 32
-// Q4_1 values, 576 per 16 x 32 Q8_0; kept beside the GGUF blocks, which embedding lookups read).
+// (norms, F16/F32 heads) and dot_f32 / attention keep the AVX-512 fp32 kernel. The CPU backend
+// repacks the weights 16 rows at a time as they load under this kernel, or at their first matmul
+// after a switch to it (pack_weight_q8: 320 bytes per 16 x 32 Q4_1 values, 576 per 16 x 32 Q8_0;
+// kept beside the GGUF blocks, which embedding lookups read).
 #pragma once
 
 #include <cstdint>

@@ -224,6 +224,10 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
   // vnni likewise (int8 x against Q4_1 / Q8_0 weights, where CPUID has avx512vnni).
   ::setenv("SPECSERVE_CPU_MATMUL", "VNNI", 1);
   const CmdResult vn = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  // ... but with every weight dequantised at load it has nothing to multiply: avx512, said so.
+  ::setenv("SPECSERVE_CPU_WEIGHTS", "f32", 1);
+  const CmdResult vf = run("generate --prompt hi --max-tokens 1 --temperature 0");
+  ::unsetenv("SPECSERVE_CPU_WEIGHTS");
   ::unsetenv("SPECSERVE_CPU_MATMUL");
   // The attention kernel choice likewise (both kernels give the same bits).
   ::setenv("SPECSERVE_CPU_ATTENTION", " RowWise\t", 1);
@@ -263,8 +267,11 @@ TEST(CliChecks, CpuKernelVariablesAreReadInAnyCaseAndLogged) {
     EXPECT_NE(x.out.find("; using avx"), std::string::npos) << x.out;
   }
   EXPECT_EQ(vn.exit_code, 0) << vn.out;
+  EXPECT_EQ(vf.exit_code, 0) << vf.out;
   if (vnni_usable()) {
     EXPECT_NE(vn.out.find("matmul kernel vnni (set by SPECSERVE_CPU_MATMUL=vnni)"), std::string::npos) << vn.out;
+    EXPECT_NE(vf.out.find("matmul kernel avx512 (SPECSERVE_CPU_MATMUL=vnni, but SPECSERVE_CPU_WEIGHTS=f32 leaves it no Q4_1/Q8_0 blocks)"),
+              std::string::npos) << vf.out;
   } else {
     EXPECT_NE(vn.out.find("SPECSERVE_CPU_MATMUL = 'vnni': this CPU lacks avx512vnni"), std::string::npos) << vn.out;
     EXPECT_NE(vn.out.find("; using avx"), std::string::npos) << vn.out;
