@@ -31,8 +31,9 @@ class CpuWeight final : public Weight {
     return data_.data();
   }
   /// The weight as matmul_weight reads it. `for_matmul`: under the vnni kernel the blocks are
-  /// also repacked for it, once, at the first matmul (so a process that switches kernels later
-  /// still gets it; cpu/matmul.h); an embedding lookup reads the blocks and packs nothing.
+  /// also repacked for it, once (load_weight does it as the weight loads; otherwise the first
+  /// matmul, e.g. after a switch of kernel; cpu/matmul.h); an embedding lookup reads the blocks
+  /// and packs nothing.
   MatmulWeight view(bool for_matmul = true) const {
     MatmulWeight v{format_, format_ == WeightFormat::kF32 ? static_cast<const void*>(data_.data()) : blocks_.data(), rows(), cols()};
     if (for_matmul && format_ != WeightFormat::kF32 && matmul_isa() == MatmulIsa::kVnni) {
@@ -173,7 +174,10 @@ class CpuBackend final : public Backend {
       }
       auto w = std::make_unique<CpuWeight>(rows, cols, format, std::vector<uint8_t>(t.data, t.data + t.num_bytes));
       // Under vnni, packed now: the first request should not wait for it (view() packs once).
-      if (matmul_isa() == MatmulIsa::kVnni) (void)w->view();
+      // Not the token embedding: an untied model only looks rows up in it, and a tensor-parallel
+      // rank other than the first never multiplies it; where it is the output head, its first
+      // matmul packs it.
+      if (matmul_isa() == MatmulIsa::kVnni && t.name != "token_embd.weight") (void)w->view();
       return std::unique_ptr<Weight>(std::move(w));
     }
     auto data = dequantize_tensor(t);
