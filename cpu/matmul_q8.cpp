@@ -96,7 +96,8 @@ namespace {
 
 // One x row quantised: llama.cpp's block_q8_1 split in arrays. qs: int8 quants (Q4_1 weights) or
 // the quants + 128 as unsigned bytes (Q8_0 weights, VPDPBUSD's unsigned operand); d: the block's
-// scale amax / 127 (0 for an all-zero block); s: d * sum(q) (Q4_1's min term).
+// scale amax / 127 (0 for an all-zero block or one too small to scale); s: d * sum(q) (Q4_1's
+// min term).
 struct QuantX {
   std::vector<uint8_t> qs;
   std::vector<float> d, s;
@@ -221,7 +222,8 @@ SPECSERVE_VNNI void group_rows(const uint8_t* rec, int64_t nb, const QuantX& qx,
 
 void matmul_q8(const float* x, const MatmulWeight& w, const void* packed, float* y, int64_t n) {
   SPECSERVE_CHECK(w.format == WeightFormat::kQ4_1 || w.format == WeightFormat::kQ8_0, "matmul_q8: a Q4_1 or Q8_0 weight");
-  SPECSERVE_CHECK(vnni_usable(), "matmul_q8: this CPU lacks avx512vnni");
+  static const bool usable = vnni_usable();  // (CPUID once, not per matmul)
+  SPECSERVE_CHECK(usable, "matmul_q8: this CPU lacks avx512vnni");
   if (n <= 0) return;
   // NOTE: per calling thread, reused: a decode step calls this ~200 times.
   thread_local QuantX qx;
