@@ -178,17 +178,14 @@ TEST(SpecEngineMinTokens, ResumedOutputCountsTowardMinTokens) {
   ASSERT_TRUE(a.m.model && a.m.tokenizer);
   ASSERT_EQ(a.ref.size(), 40u);
   const LoadedModel& m = a.m;
-  const Tokens& prompt = a.prompt;
-  const GenerateParams& base = a.base;
   const Tokens& ref = a.ref;
-  auto text_of = [&](size_t n) { return a.text_of(n); };
   // A one-character stop string first matched in output token j's text: min_tokens j + 3 lets it
   // pass; a resume after j + 1 tokens holds that match below the floor.
   int tested = 0;
   for (size_t j = 2; j < 20 && tested < 3; ++j) {
     const std::string piece = m.tokenizer->token_to_piece(ref[j], false);
-    if (piece.size() != 1 || text_of(j).find(piece) != std::string::npos) continue;  // first match at token j
-    GenerateParams p = base;
+    if (piece.size() != 1 || a.text_of(j).find(piece) != std::string::npos) continue;  // first match at token j
+    GenerateParams p = a.base;
     p.stop = {piece};
     p.sampling.min_tokens = static_cast<int32_t>(j) + 3;
     const RequestResult whole = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {p}).requests.at(0);
