@@ -12,6 +12,7 @@
 
 #include "core/logging.h"
 #include "cpu/attention.h"
+#include "cpu/kv_array.h"
 #include "cpu/matmul.h"
 #include "model/dequant.h"
 #include "model/sampling.h"
@@ -83,14 +84,12 @@ class CpuBuffer final : public Buffer {
 class CpuKvStorage final : public KvStorage {
  public:
   CpuKvStorage(int64_t layers, int64_t blocks, int64_t bs, int64_t kv_dim)
-      : KvStorage(layers, blocks, bs, kv_dim),
-        k_(static_cast<size_t>(layers * blocks * bs * kv_dim)),
-        v_(static_cast<size_t>(layers * blocks * bs * kv_dim)) {}
+      : KvStorage(layers, blocks, bs, kv_dim), k_(layers * blocks * bs * kv_dim), v_(layers * blocks * bs * kv_dim) {}
   float* k(int64_t layer, int64_t slot) { return k_.data() + (layer * num_blocks_ * block_size_ + slot) * kv_dim_; }
   float* v(int64_t layer, int64_t slot) { return v_.data() + (layer * num_blocks_ * block_size_ + slot) * kv_dim_; }
 
  private:
-  std::vector<float> k_, v_;  // [layers, blocks * block_size, kv_dim]
+  KvArray k_, v_;  // [layers, blocks * block_size, kv_dim]
 };
 
 void check_block_range(const KvStorage& kv, int64_t layer_begin, int64_t layer_end, const int32_t* blocks, int64_t n) {
