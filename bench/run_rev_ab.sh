@@ -57,6 +57,9 @@ out="$here/bench/results/rev_${va}_vs_${vb}_$day"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 source "$here/bench/ab_specs.sh"  # specs=(...)
+# (A revision's binary looks for Spec-Bench beside its own exported source: name this checkout's.)
+questions="$here/../shared/data/spec_bench/question.jsonl"
+[ -r "$questions" ] || { echo "bench/run_rev_ab.sh: cannot read Spec-Bench's questions at $questions" >&2; exit 2; }
 for round in $(seq 1 "$rounds"); do
   for v in "$va" "$vb"; do
     bin="$bin_a"; [ "$v" = "$va" ] || bin="$bin_b"
@@ -64,8 +67,8 @@ for round in $(seq 1 "$rounds"); do
     "$bin" bench-model --model "$model" --threads "$threads" --decode-batches 1 3 5 9 16 --prompt-lengths 128 \
       --decode-tokens 32 --decode-context "$context" --repeats "$repeats" --output "$tmp/model_${v}_$round.json" >/dev/null
     echo "[rev-ab] bench-spec (Spec-Bench, batch 1), $v, round $round of $rounds" >&2
-    "$bin" bench-spec --model "$model" --threads "$threads" --per-task "$per_task" --max-tokens 64 --batch-sizes 1 \
-      "${specs[@]}" --output "$tmp/spec_${v}_$round.json" > "$tmp/spec_${v}_$round.md"
+    "$bin" bench-spec --model "$model" --questions "$questions" --threads "$threads" --per-task "$per_task" --max-tokens 64 \
+      --batch-sizes 1 "${specs[@]}" --output "$tmp/spec_${v}_$round.json" > "$tmp/spec_${v}_$round.md"
   done
 done
 env_note=""

@@ -233,11 +233,26 @@ class CpuBackend final : public Backend {
     // row's result does not depend on the batch (see cpu/matmul.h); it also shares the OpenMP
     // thread team instead of fighting a BLAS thread pool for the same cores.
     matmul_weight(x, cwt.view(), y, n);
-    if (bias) {
-      const float* b = cw(*bias).data();
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < cwt.rows(); ++j) y[i * cwt.rows() + j] += b[j];
+    add_bias(w, bias, n, y);
+  }
+
+  // y[n, w.rows] += bias[w.rows] (nothing when bias is null).
+  static void add_bias(const Weight& w, const Weight* bias, int64_t n, float* y) {
+    if (!bias) return;
+    const float* b = cw(*bias).data();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w.rows(); ++j) y[i * w.rows() + j] += b[j];
+  }
+
+  void matmul_multi(const MatmulOutput* outs, int64_t count, const float* x, int64_t n) override {
+    std::vector<MatmulWeight> ws(static_cast<size_t>(count));
+    std::vector<float*> ys(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      ws[static_cast<size_t>(i)] = cw(*outs[i].w).view();
+      ys[static_cast<size_t>(i)] = outs[i].y;
     }
+    matmul_weights(x, ws.data(), ys.data(), count, n);
+    for (int64_t i = 0; i < count; ++i) add_bias(*outs[i].w, outs[i].bias, n, outs[i].y);
   }
 
   void rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, const RopeParams& p) override {

@@ -495,6 +495,15 @@ void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n) {
   }
 }
 
+void matmul_weights(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n) {
+  bool fuse = count > 1 && active_isa().load(std::memory_order_relaxed) == MatmulIsa::kVnni;
+  for (int64_t i = 0; i < count && fuse; ++i)
+    fuse = ws[i].packed_q8 != nullptr && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols &&
+           (ws[i].format == WeightFormat::kQ4_1 || ws[i].format == WeightFormat::kQ8_0) && ws[i].cols % 32 == 0;
+  if (fuse) return matmul_q8_multi(x, ws, ys, count, n);
+  for (int64_t i = 0; i < count; ++i) matmul_weight(x, ws[i], ys[i], n);
+}
+
 void matmul_f32(const float* x, const float* w, float* y, int64_t n, int64_t rows, int64_t cols) {
   matmul_weight(x, MatmulWeight{WeightFormat::kF32, w, rows, cols}, y, n);
 }

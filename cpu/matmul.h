@@ -144,6 +144,14 @@ void dequantize_rows(const MatmulWeight& w, int64_t r0, int64_t n, float* out);
 /// takes the int8 kernel (see the file comment; not fp32's bits), anything else the AVX-512 one.
 void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
+/// ys[i][n, ws[i].rows] = x[n, cols] * W_i^T for `count` weights sharing x (a layer's Q, K and
+/// V projections; its gate and up projections), each y bit for bit what matmul_weight gives it.
+/// Under vnni, when every weight is a packed Q4_1 (or every one a packed Q8_0) of one width, x
+/// is quantised once and one parallel loop covers all their rows (a decode step's small
+/// matmuls were dominated by one OpenMP fork/join and one quantisation each); otherwise
+/// matmul_weight per weight. The ys must not alias x or each other.
+void matmul_weights(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n);
+
 /// One dot product in the same order as matmul_f32 (for attention and tests); any n >= 0, reading
 /// a[0, n) and b[0, n) only (a last partial step of 8 loads its lanes masked: attention heads of
 /// any width, e.g. 12 or 20, read no further than their head).

@@ -87,4 +87,8 @@ namespace specserve {
 /// y[n, w.rows] = x[n, w.cols] * W^T by the vnni kernel (cpu/matmul.h, cpu/matmul_q8.cpp);
 /// `packed` = pack_weight_q8(w)'s bytes. Requires vnni_usable(). Uses the OpenMP thread team.
 void matmul_q8(const float* x, const MatmulWeight& w, const void* packed, float* y, int64_t n);
+/// ys[i][n, ws[i].rows] = x[n, cols] * W_i^T for `count` >= 1 weights of one format (Q4_1 or
+/// Q8_0) and width, each with its packed_q8 copy: x is quantised once and one parallel loop runs
+/// over the 16-row groups of all of them. Each output is bit for bit what matmul_q8 gives it.
+void matmul_q8_multi(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n);
 }  // namespace specserve

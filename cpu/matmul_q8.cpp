@@ -229,27 +229,50 @@ SPECSERVE_VNNI void group_rows(const uint8_t* rec, int64_t nb, const QuantX& qx,
 
 void matmul_q8(const float* x, const MatmulWeight& w, const void* packed, float* y, int64_t n) {
   SPECSERVE_CHECK(w.format == WeightFormat::kQ4_1 || w.format == WeightFormat::kQ8_0, "matmul_q8: a Q4_1 or Q8_0 weight");
+  MatmulWeight wp = w;
+  wp.packed_q8 = packed;
+  matmul_q8_multi(x, &wp, &y, 1, n);
+}
+
+void matmul_q8_multi(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n) {
+  SPECSERVE_CHECK(count >= 1, "matmul_q8_multi: no weight");
+  const WeightFormat format = ws[0].format;
+  const int64_t cols = ws[0].cols;
+  SPECSERVE_CHECK(format == WeightFormat::kQ4_1 || format == WeightFormat::kQ8_0, "matmul_q8: a Q4_1 or Q8_0 weight");
+  // Group ranges: weight i owns groups [first[i], first[i + 1]) of the one parallel loop.
+  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const MatmulWeight& w = ws[i];
+    SPECSERVE_CHECK(w.format == format && w.cols == cols && w.packed_q8 != nullptr,
+                    "matmul_q8_multi: weights of one format and width, each with its packed copy");
+    first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (w.rows + kGroup - 1) / kGroup;
+  }
   static const bool usable = vnni_usable();  // (CPUID once, not per matmul)
   SPECSERVE_CHECK(usable, "matmul_q8: this CPU lacks avx512vnni");
   if (n <= 0) return;
-  // NOTE: per calling thread, reused: a decode step calls this ~200 times.
+  // x is quantised once for all the weights (its blocks do not depend on the weight).
+  // NOTE: per calling thread, reused: a decode step calls this ~150 times.
   thread_local QuantX qx;
-  quantize_rows_q8(x, n, w.cols, w.format == WeightFormat::kQ8_0, qx);
-  const int64_t nb = w.cols / 32, groups = (w.rows + kGroup - 1) / kGroup, rows = w.rows;
-  const auto* base = static_cast<const uint8_t*>(packed);
-  const int64_t rec = record_bytes(w.format);
+  quantize_rows_q8(x, n, cols, format == WeightFormat::kQ8_0, qx);
+  const int64_t nb = cols / 32, rec = record_bytes(format), groups = first.back();
   const QuantX& q = qx;
-#pragma omp parallel for schedule(static) if (groups * n * w.cols > 32768)
+#pragma omp parallel for schedule(static) if (groups * n * cols > 32768)
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* r = base + g * nb * rec;
-    const int64_t nr = std::min(kGroup, rows - g * kGroup);
+    // The weight this group belongs to (few weights: a linear scan).
+    int64_t i = 0;
+    while (g >= first[static_cast<size_t>(i) + 1]) ++i;
+    const MatmulWeight& w = ws[i];
+    const int64_t lg = g - first[static_cast<size_t>(i)];
+    const uint8_t* r = static_cast<const uint8_t*>(w.packed_q8) + lg * nb * rec;
+    const int64_t nr = std::min(kGroup, w.rows - lg * kGroup);
+    float* y = ys[i] + lg * kGroup;
     // NOTE: no software prefetch: the records stream in address order, which the hardware
     // prefetcher follows; prefetching the next group into L1 made a 1-row step 1.3x as long
     // (4.6-4.7 against 3.4-3.8 ms, bench-model --decode-batches 1 2 4 on the 2-core EPYC).
-    if (w.format == WeightFormat::kQ4_1) {
-      group_rows<WeightFormat::kQ4_1>(r, nb, q, n, w.cols, y + g * kGroup, rows, nr);
+    if (format == WeightFormat::kQ4_1) {
+      group_rows<WeightFormat::kQ4_1>(r, nb, q, n, cols, y, w.rows, nr);
     } else {
-      group_rows<WeightFormat::kQ8_0>(r, nb, q, n, w.cols, y + g * kGroup, rows, nr);
+      group_rows<WeightFormat::kQ8_0>(r, nb, q, n, cols, y, w.rows, nr);
     }
   }
   // A long prefill's quantised x is not kept for the rest of the thread's life.

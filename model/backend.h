@@ -141,6 +141,19 @@ class Backend {
   virtual void rms_norm(const float* x, const Weight& w, float eps, int64_t n, int64_t d, float* out) = 0;
   /// y[n, w.rows] = x[n, w.cols] * w^T, optionally + bias[w.rows].
   virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, const Weight* bias = nullptr) = 0;
+  /// One product of matmul_multi: y[n, w->rows] = x * w^T, + bias[w->rows] when bias is set.
+  struct MatmulOutput {
+    const Weight* w = nullptr;
+    float* y = nullptr;
+    const Weight* bias = nullptr;
+  };
+  /// The products of several weights with one x[n, cols] (a layer's Q, K and V projections; its
+  /// gate and up projections), each y bit for bit what matmul() gives it; the ys must not alias
+  /// x or each other. A backend may run them as one job (the CPU under its vnni kernel: x
+  /// quantised once, one parallel loop over all their rows). Default: matmul() per output.
+  virtual void matmul_multi(const MatmulOutput* outs, int64_t count, const float* x, int64_t n) {
+    for (int64_t i = 0; i < count; ++i) matmul(*outs[i].w, x, n, outs[i].y, outs[i].bias);
+  }
   /// In place: x[n, num_heads, head_dim] rotated by RoPE (Su et al. 2021) at positions[n]
   /// (backend int32 buffer).
   virtual void rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, const RopeParams& p) = 0;

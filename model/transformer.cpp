@@ -305,9 +305,9 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
   for (int64_t l = 0; l < n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     B.rms_norm(x.f32(), *L.attn_norm, c.norm_eps, N, d, h.f32());
-    B.matmul(*L.wq, h.f32(), N, q.f32(), L.bq.get());
-    B.matmul(*L.wk, h.f32(), N, k.f32(), L.bk.get());
-    B.matmul(*L.wv, h.f32(), N, v.f32(), L.bv.get());
+    const Backend::MatmulOutput qkv[] = {{L.wq.get(), q.f32(), L.bq.get()}, {L.wk.get(), k.f32(), L.bk.get()},
+                                         {L.wv.get(), v.f32(), L.bv.get()}};
+    B.matmul_multi(qkv, 3, h.f32(), N);
     B.rope(q.f32(), pos.i32(), N, nh, rope_);
     B.rope(k.f32(), pos.i32(), N, nkv, rope_);
     B.kv_write(kv, l, k.f32(), v.f32(), slot.i32(), N);
@@ -319,8 +319,8 @@ Status Transformer::forward_local(const ForwardBatch& batch, KvStorage& kv, Forw
     }
     B.add(x.f32(), o.f32(), N * d);
     B.rms_norm(x.f32(), *L.ffn_norm, c.norm_eps, N, d, h.f32());
-    B.matmul(*L.w_gate, h.f32(), N, g.f32());
-    B.matmul(*L.w_up, h.f32(), N, u.f32());
+    const Backend::MatmulOutput gate_up[] = {{L.w_gate.get(), g.f32()}, {L.w_up.get(), u.f32()}};
+    B.matmul_multi(gate_up, 2, h.f32(), N);
     B.swiglu(g.f32(), u.f32(), N * ff, g.f32());
     B.matmul(*L.w_down, g.f32(), N, o.f32());
     if (comm_) {

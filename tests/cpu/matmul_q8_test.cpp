@@ -189,6 +189,63 @@ TEST(MatmulQ8, IsChosenByNameAndLeavesFp32WorkToTheAvx512Kernel) {
   EXPECT_TRUE(bit_equal(got.data(), want.data(), got.size()));
 }
 
+TEST(MatmulQ8, WeightsSharingXGiveEachItsOwnBits) {
+  // matmul_weights: a layer's Q, K, V (and gate, up) in one job under vnni. Every output must be
+  // the scheme's bits for its own weight in any batch and thread count (so a group given to the
+  // wrong weight or row offset shows); a set it cannot fuse (formats mixed, a copy not packed)
+  // goes weight by weight, with the same bits.
+  IsaScope scope(MatmulIsa::kVnni);
+  SKIP_WITHOUT_VNNI(scope);
+  ThreadsScope threads(1);
+  const int64_t cols = 64;
+  const Shape shapes[] = {{48, cols}, {16, cols}, {19, cols}};  // a full group, one group, a padded one
+  for (const WeightFormat f : {WeightFormat::kQ4_1, WeightFormat::kQ8_0}) {
+    SCOPED_TRACE(f == WeightFormat::kQ4_1 ? "Q4_1" : "Q8_0");
+    std::vector<std::vector<uint8_t>> blocks, packed;
+    std::vector<MatmulWeight> ws;
+    for (const Shape sh : shapes) {
+      blocks.push_back(random_q_blocks(f, sh.rows, cols, static_cast<uint32_t>(60 + ws.size())));
+      ws.push_back(MatmulWeight{f, blocks.back().data(), sh.rows, cols});
+      packed.push_back(pack_weight_q8(ws.back()));
+      ws.back().packed_q8 = packed.back().data();
+    }
+    for (const int t : {1, 2})
+      for (const int64_t n : {1, 3, 9, 17}) {
+        threads.set(t);
+        const auto x = activations(n, cols, 63);
+        std::vector<std::vector<float>> ys;
+        std::vector<float*> yp;
+        for (const MatmulWeight& w : ws) ys.emplace_back(static_cast<size_t>(n * w.rows), -1.0f);
+        for (auto& y : ys) yp.push_back(y.data());
+        matmul_weights(x.data(), ws.data(), yp.data(), static_cast<int64_t>(ws.size()), n);
+        for (size_t i = 0; i < ws.size(); ++i) {
+          const auto want = scheme_reference(x, n, blocks[i], f, ws[i].rows, cols);
+          EXPECT_TRUE(bit_equal(ys[i].data(), want.data(), want.size())) << "weight " << i << ", " << n << " x rows, " << t << " threads";
+        }
+      }
+  }
+  // Not fusable: Q4_1 beside Q8_0, and a block weight without its packed copy (the AVX-512
+  // kernel's bits for that one).
+  const int64_t n = 3;
+  const auto x = activations(n, cols, 64);
+  const auto b4 = random_q_blocks(WeightFormat::kQ4_1, 20, cols, 65), b8 = random_q_blocks(WeightFormat::kQ8_0, 20, cols, 66);
+  MatmulWeight w4{WeightFormat::kQ4_1, b4.data(), 20, cols}, w8{WeightFormat::kQ8_0, b8.data(), 20, cols};
+  const auto p4 = pack_weight_q8(w4), p8 = pack_weight_q8(w8);
+  w4.packed_q8 = p4.data();
+  w8.packed_q8 = p8.data();
+  MatmulWeight unpacked = w8;
+  unpacked.packed_q8 = nullptr;
+  const MatmulWeight mixed[] = {w4, w8, unpacked};
+  std::vector<float> y0(n * 20), y1(n * 20), y2(n * 20), want2(n * 20);
+  float* yp[] = {y0.data(), y1.data(), y2.data()};
+  matmul_weights(x.data(), mixed, yp, 3, n);
+  matmul_weight(x.data(), unpacked, want2.data(), n);
+  const auto want0 = scheme_reference(x, n, b4, WeightFormat::kQ4_1, 20, cols), want1 = scheme_reference(x, n, b8, WeightFormat::kQ8_0, 20, cols);
+  EXPECT_TRUE(bit_equal(y0.data(), want0.data(), y0.size()));
+  EXPECT_TRUE(bit_equal(y1.data(), want1.data(), y1.size()));
+  EXPECT_TRUE(bit_equal(y2.data(), want2.data(), y2.size()));
+}
+
 TEST(MatmulQ8DeathTest, PacksOnlyBlockFormats) {
   const std::vector<float> fw(64, 1.0f);
   EXPECT_DEATH(pack_weight_q8(MatmulWeight{WeightFormat::kF32, fw.data(), 2, 32}), "only Q4_1 and Q8_0 weights are packed");
@@ -235,6 +292,48 @@ void VnniBackendOps::check_packed_at_first_use(WeightFormat f) {
   ASSERT_TRUE(fp32_kernel);
   const auto again = matmul(**wt, x, n);
   if (matmul_isa() != MatmulIsa::kAmx) EXPECT_TRUE(bit_equal(again.data(), fp32.data(), again.size()));
+}
+
+TEST_F(VnniBackendOps, MatmulMultiGivesEachOutputWhatMatmulGivesIt) {
+  // Backend::matmul_multi (the transformer's Q/K/V and gate/up) against matmul() per output, bias
+  // included, under the fp32 kernel and under vnni (one fused job there).
+  const int64_t cols = 64, n = 5;
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<std::unique_ptr<Weight>> ws;
+  for (const int64_t rows : {40, 24, 24}) {
+    blocks.push_back(random_q_blocks(WeightFormat::kQ4_1, rows, cols, static_cast<uint32_t>(70 + rows + ws.size())));
+    GgufTensorInfo t;
+    t.name = "blk.0.attn_q.weight";
+    t.raw_type = static_cast<uint32_t>(GgmlType::Q4_1);
+    t.shape = {cols, rows};
+    t.num_elements = rows * cols;
+    t.data = blocks.back().data();
+    t.num_bytes = blocks.back().size();
+    auto w = be_->load_weight(t);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ws.push_back(std::move(*w));
+  }
+  const auto bias = weight(random_vec(24, 74), 0, 24);
+  const auto x = activations(n, cols, 75);
+  auto check = [&] {
+    auto xb = buf(x);
+    std::vector<std::unique_ptr<Buffer>> yb;
+    std::vector<Backend::MatmulOutput> outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      yb.push_back(buf_f32(static_cast<size_t>(n * ws[i]->rows())));
+      outs.push_back({ws[i].get(), yb.back()->f32(), i == 1 ? bias.get() : nullptr});
+    }
+    be_->matmul_multi(outs.data(), static_cast<int64_t>(outs.size()), xb->f32(), n);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const auto want = matmul(*ws[i], x, n, i == 1 ? bias.get() : nullptr);
+      const auto got = get(*yb[i], static_cast<size_t>(n * ws[i]->rows()));
+      EXPECT_TRUE(bit_equal(got.data(), want.data(), want.size())) << "output " << i << " under " << matmul_isa_name(matmul_isa());
+    }
+  };
+  check();
+  IsaScope scope(MatmulIsa::kVnni);
+  SKIP_WITHOUT_VNNI(scope);
+  check();
 }
 
 }  // namespace
