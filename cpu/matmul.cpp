@@ -288,31 +288,43 @@ constexpr int64_t kPrefetchBlockTiles = 4;
 // block-format weight tile is dequantised into this thread's buffer first (once per x chunk:
 // a prefill longer than one chunk dequantises each tile several times, a few percent of its time),
 // or for few x rows (fused) inside the tile kernel, in one chunk.
-void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight& w, float* y, int64_t n) {
-  const int64_t rows = w.rows, cols = w.cols;
-  const bool blocks = (w.format == WeightFormat::kQ4_1 || w.format == WeightFormat::kQ8_0) && fused_blocks_enabled();
+// Several weights of one format and width sharing x (matmul_weights): their tiles form one
+// parallel loop, weight after weight, so a decode step's small matmuls share one fork/join.
+void matmul_with_multi(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight* ws, float* const* ys, int64_t count,
+                       int64_t n) {
+  const WeightFormat format = ws[0].format;
+  const int64_t cols = ws[0].cols;
+  const bool blocks = (format == WeightFormat::kQ4_1 || format == WeightFormat::kQ8_0) && fused_blocks_enabled();
   const bool fused = blocks && ((tile == tile_avx512<false> && n <= kFusedMaxRows) || (tile == tile_avx2 && n <= kFusedMaxRowsAvx2));
   // (A fused call's few rows are one chunk: a second would read the whole weight again.)
   const int64_t x_chunk = fused ? std::max<int64_t>(n, 1) : std::max<int64_t>(3, (256 * 1024 / (cols * 4)) / 3 * 3);
-  const int64_t num_wt = (rows + w_tile - 1) / w_tile;
-  const float* wf = static_cast<const float*>(w.data);
-  const int64_t row_bytes = weight_row_bytes(w.format, cols);
+  // Tile ranges: weight i owns tiles [first[i], first[i + 1]).
+  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);
+  for (int64_t i = 0; i < count; ++i)
+    first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (ws[i].rows + w_tile - 1) / w_tile;
+  const int64_t num_wt = first.back();
+  const int64_t row_bytes = weight_row_bytes(format, cols);
   for (int64_t x0 = 0; x0 < n; x0 += x_chunk) {
     const int64_t nx = std::min(x_chunk, n - x0);
 #pragma omp parallel if (num_wt * nx * cols > 32768)
     {
       // NOTE: a buffer per thread and call rather than thread_local: the OpenMP team's threads
       // live on, and a 3 x 1536 tile is 18 KiB.
-      std::vector<float> tile_w(w.format == WeightFormat::kF32 || fused ? 0 : static_cast<size_t>(w_tile * cols));
+      std::vector<float> tile_w(format == WeightFormat::kF32 || fused ? 0 : static_cast<size_t>(w_tile * cols));
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < num_wt; ++t) {
-        const int64_t r0 = t * w_tile, nw = std::min(w_tile, rows - r0);
+      for (int64_t gt = 0; gt < num_wt; ++gt) {
+        int64_t i = 0;  // the weight this tile belongs to (few weights: a linear scan)
+        while (gt >= first[static_cast<size_t>(i) + 1]) ++i;
+        const MatmulWeight& w = ws[i];
+        float* y = ys[i];
+        const int64_t rows = w.rows, r0 = (gt - first[static_cast<size_t>(i)]) * w_tile, nw = std::min(w_tile, rows - r0);
         const float* wt = nullptr;
-        if (w.format == WeightFormat::kF32) {
-          wt = wf + r0 * cols;
+        if (format == WeightFormat::kF32) {
+          wt = static_cast<const float*>(w.data) + r0 * cols;
         } else {
-          // The blocks of the tile kPrefetchBlockTiles ahead (this thread's, under the static
-          // schedule): the dequantisation otherwise stalls on DRAM at the start of every tile.
+          // The blocks of the tile kPrefetchBlockTiles ahead in this weight (this thread's, under
+          // the static schedule): the dequantisation otherwise stalls on DRAM at the start of
+          // every tile.
           const int64_t ahead = r0 + kPrefetchBlockTiles * w_tile;
           if (ahead < rows) {
             const uint8_t* p = static_cast<const uint8_t*>(w.data) + ahead * row_bytes;
@@ -322,9 +334,9 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight
           if (fused) {
             const uint8_t* wb = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
             if (tile == tile_avx2) {
-              tile_blocks_avx2(w.format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
+              tile_blocks_avx2(format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
             } else {
-              tile_blocks_avx512(w.format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
+              tile_blocks_avx512(format, x + x0 * cols, wb, row_bytes, y + x0 * rows + r0, nx, nw, cols, rows);
             }
             continue;
           }
@@ -335,6 +347,10 @@ void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight
       }
     }
   }
+}
+
+void matmul_with(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight& w, float* y, int64_t n) {
+  matmul_with_multi(tile, w_tile, x, &w, &y, 1, n);
 }
 
 
@@ -496,11 +512,30 @@ void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n) {
 }
 
 void matmul_weights(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n) {
-  bool fuse = count > 1 && active_isa().load(std::memory_order_relaxed) == MatmulIsa::kVnni;
-  for (int64_t i = 0; i < count && fuse; ++i)
-    fuse = ws[i].packed_q8 != nullptr && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols &&
-           (ws[i].format == WeightFormat::kQ4_1 || ws[i].format == WeightFormat::kQ8_0) && ws[i].cols % 32 == 0;
-  if (fuse) return matmul_q8_multi(x, ws, ys, count, n);
+  // One job only where every weight would take the same kernel path on its own.
+  bool same = count > 1;
+  for (int64_t i = 1; i < count && same; ++i) same = ws[i].format == ws[0].format && ws[i].cols == ws[0].cols;
+  const bool block = ws[0].format == WeightFormat::kQ4_1 || ws[0].format == WeightFormat::kQ8_0;
+  const MatmulIsa isa = active_isa().load(std::memory_order_relaxed);
+  if (same && isa == MatmulIsa::kVnni && block) {
+    bool packed = true;
+    for (int64_t i = 0; i < count; ++i) packed = packed && ws[i].packed_q8 != nullptr;
+    if (packed && ws[0].cols % 32 == 0) return matmul_q8_multi(x, ws, ys, count, n);
+    // (Without packed copies these are not vnni work: the AVX-512 kernel below, as matmul_weight.)
+  }
+  if (same && !use_amx(ws[0].cols)) {
+    SPECSERVE_CHECK(ws[0].cols % 8 == 0 && (ws[0].format == WeightFormat::kF32 || ws[0].cols % 32 == 0),
+                    "matmul width " + std::to_string(ws[0].cols) + " is not a multiple of the format's block");
+    bool unpacked = true;  // under vnni, a mix of packed and unpacked copies goes one by one
+    for (int64_t i = 0; i < count; ++i) unpacked = unpacked && (ws[i].packed_q8 == nullptr || isa != MatmulIsa::kVnni);
+    if (unpacked) {
+      if (use_avx512(ws[0].cols)) {
+        return matmul_with_multi(ws[0].format == WeightFormat::kF32 ? tile_avx512<true> : tile_avx512<false>, kW16, x, ws, ys,
+                                 count, n);
+      }
+      return matmul_with_multi(tile_avx2, 4, x, ws, ys, count, n);
+    }
+  }
   for (int64_t i = 0; i < count; ++i) matmul_weight(x, ws[i], ys[i], n);
 }
 

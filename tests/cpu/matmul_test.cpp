@@ -411,6 +411,67 @@ TEST(WeightBlocks, MatmulWeightOnBlocksIsBitIdenticalForAnyThreadCount) {
     }
 }
 
+TEST(WeightBlocks, WeightsSharingXGiveEachWhatMatmulWeightGivesIt) {
+  // matmul_weights (a layer's Q/K/V, gate/up in one parallel loop) under every fp32 kernel this
+  // CPU has: each output bit for bit what matmul_weight gives its weight alone, for fp32 and block
+  // weights, in the fused-dequantisation row counts and past them (several x chunks at 1536
+  // columns), 1 and 2 threads; weights of different formats go one by one, with the same bits.
+  ThreadsScope threads(1);
+  const int64_t row_counts[] = {40, 7, 24};  // tile remainders of 3 (AVX2 4) rows and 16-row groups
+  for (const MatmulIsa isa : matmul_isas()) {
+    if (isa == MatmulIsa::kAmx) continue;  // (the AMX kernel goes weight by weight)
+    IsaScope scope(isa);
+    ASSERT_TRUE(scope.ok());
+    for (const WeightFormat format : {WeightFormat::kF32, WeightFormat::kQ4_1, WeightFormat::kQ8_0})
+      for (const int64_t cols : {int64_t{64}, int64_t{1536}})
+        for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{9}, int64_t{70}}) {
+          std::vector<std::vector<uint8_t>> blocks;
+          std::vector<std::vector<float>> f32;
+          std::vector<MatmulWeight> ws;
+          for (const int64_t rows : row_counts) {
+            const uint32_t seed = static_cast<uint32_t>(100 + ws.size());
+            if (format == WeightFormat::kF32) {
+              f32.push_back(random_vec(static_cast<size_t>(rows * cols), seed));
+              ws.push_back(MatmulWeight{format, f32.back().data(), rows, cols});
+            } else {
+              blocks.push_back(random_blocks(format, rows, cols, seed));
+              ws.push_back(MatmulWeight{format, blocks.back().data(), rows, cols});
+            }
+          }
+          const auto x = random_vec(static_cast<size_t>(n * cols), 104);
+          for (const int t : {1, 2}) {
+            threads.set(t);
+            std::vector<std::vector<float>> got, want;
+            std::vector<float*> yp;
+            for (const MatmulWeight& w : ws) {
+              got.emplace_back(static_cast<size_t>(n * w.rows), -1.0f);
+              want.emplace_back(static_cast<size_t>(n * w.rows));
+              matmul_weight(x.data(), w, want.back().data(), n);
+            }
+            for (auto& y : got) yp.push_back(y.data());
+            matmul_weights(x.data(), ws.data(), yp.data(), static_cast<int64_t>(ws.size()), n);
+            for (size_t i = 0; i < ws.size(); ++i)
+              EXPECT_TRUE(bit_equal(got[i].data(), want[i].data(), want[i].size()))
+                  << matmul_isa_name(isa) << ", format " << static_cast<int>(format) << ", " << cols << " columns, " << n
+                  << " x rows, weight " << i << ", " << t << " threads";
+          }
+        }
+    // Different formats: one by one.
+    const int64_t cols = 64, n = 2;
+    const auto b4 = random_blocks(WeightFormat::kQ4_1, 9, cols, 110);
+    const auto f = random_vec(static_cast<size_t>(5 * cols), 111);
+    const MatmulWeight mixed[] = {{WeightFormat::kQ4_1, b4.data(), 9, cols}, {WeightFormat::kF32, f.data(), 5, cols}};
+    const auto x = random_vec(static_cast<size_t>(n * cols), 112);
+    std::vector<float> y0(n * 9), y1(n * 5), w0(y0.size()), w1(y1.size());
+    float* yp[] = {y0.data(), y1.data()};
+    matmul_weights(x.data(), mixed, yp, 2, n);
+    matmul_weight(x.data(), mixed[0], w0.data(), n);
+    matmul_weight(x.data(), mixed[1], w1.data(), n);
+    EXPECT_TRUE(bit_equal(y0.data(), w0.data(), y0.size())) << matmul_isa_name(isa);
+    EXPECT_TRUE(bit_equal(y1.data(), w1.data(), y1.size())) << matmul_isa_name(isa);
+  }
+}
+
 TEST_F(BackendOps, BlocksOfTheWrongSizeAreRefused) {
   const auto blocks = random_blocks(WeightFormat::kQ4_1, 4, 64, 90);
   GgufTensorInfo t;
