@@ -9,8 +9,10 @@
 #      methods of bench/ab_specs.sh; ROUNDS times per build, interleaved.
 # Writes bench/results/rev_<A>_vs_<B>_<date>[-<SPECSERVE_CPU_MATMUL>].{json,md,png} (A, B: short
 # commit ids or `worktree`).
+# Both builds must have bench-model --decode-context and bench-spec --questions (2026-12-05 on).
 # Usage: bench/run_rev_ab.sh REV_A REV_B [THREADS] [REPEATS] [PER_TASK] [ROUNDS] [CONTEXT]   (--help: this text)
 set -euo pipefail
+shopt -s inherit_errexit  # a failed build inside $(binary_of ...) stops the script
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,13p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 if [ $# -lt 2 ]; then sed -n "2,13p" "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -43,6 +45,7 @@ binary_of() {
     CCACHE_BASEDIR="$src" cmake -S "$src" -B "$cache/$sha/build" -G Ninja >/dev/null
     CCACHE_BASEDIR="$src" ninja -C "$cache/$sha/build" specserve >&2
   fi
+  [ -x "$cache/$sha/build/bin/specserve" ] || { echo "bench/run_rev_ab.sh: no binary was built for $1" >&2; exit 1; }
   echo "$cache/$sha/build/bin/specserve"
 }
 va="$(label_of "$1")"; vb="$(label_of "$2")"

@@ -146,10 +146,13 @@ void matmul_weight(const float* x, const MatmulWeight& w, float* y, int64_t n);
 
 /// ys[i][n, ws[i].rows] = x[n, cols] * W_i^T for `count` weights sharing x (a layer's Q, K and
 /// V projections; its gate and up projections), each y bit for bit what matmul_weight gives it.
-/// Under vnni, when every weight is a packed Q4_1 (or every one a packed Q8_0) of one width, x
-/// is quantised once and one parallel loop covers all their rows (a decode step's small
-/// matmuls were dominated by one OpenMP fork/join and one quantisation each); otherwise
-/// matmul_weight per weight. The ys must not alias x or each other.
+/// Weights of one format and width that would each take the same kernel run as one job: under
+/// vnni with every one packed, x is quantised once and one parallel loop covers all their
+/// 16-row groups; under the fp32 kernels (AVX-512, AVX2; vnni without packed copies) their
+/// weight tiles form one parallel loop (a decode step's small matmuls were dominated by one
+/// OpenMP fork/join, and under vnni one quantisation, each). Mixed formats or widths, a mix of
+/// packed and unpacked copies under vnni, and the AMX kernel go through matmul_weight one weight
+/// at a time. count 0 does nothing. The ys must not alias x or each other.
 void matmul_weights(const float* x, const MatmulWeight* ws, float* const* ys, int64_t count, int64_t n);
 
 /// One dot product in the same order as matmul_f32 (for attention and tests); any n >= 0, reading

@@ -149,8 +149,9 @@ class Backend {
   };
   /// The products of several weights with one x[n, cols] (a layer's Q, K and V projections; its
   /// gate and up projections), each y bit for bit what matmul() gives it; the ys must not alias
-  /// x or each other. A backend may run them as one job (the CPU under its vnni kernel: x
-  /// quantised once, one parallel loop over all their rows). Default: matmul() per output.
+  /// x or each other. A backend may run them as one job (the CPU: one parallel loop over all
+  /// their rows, and under its vnni kernel x quantised once; cpu/matmul.h matmul_weights).
+  /// Default: matmul() per output.
   virtual void matmul_multi(const MatmulOutput* outs, int64_t count, const float* x, int64_t n) {
     for (int64_t i = 0; i < count; ++i) matmul(*outs[i].w, x, n, outs[i].y, outs[i].bias);
   }

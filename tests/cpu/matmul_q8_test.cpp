@@ -197,10 +197,11 @@ TEST(MatmulQ8, WeightsSharingXGiveEachItsOwnBits) {
   IsaScope scope(MatmulIsa::kVnni);
   SKIP_WITHOUT_VNNI(scope);
   ThreadsScope threads(1);
-  const int64_t cols = 64;
-  const Shape shapes[] = {{48, cols}, {16, cols}, {19, cols}};  // a full group, one group, a padded one
+  // (576 columns: large enough for the parallel loop to fork, so 2 threads split the groups.)
+  for (const int64_t cols : {int64_t{64}, int64_t{576}})
   for (const WeightFormat f : {WeightFormat::kQ4_1, WeightFormat::kQ8_0}) {
-    SCOPED_TRACE(f == WeightFormat::kQ4_1 ? "Q4_1" : "Q8_0");
+    SCOPED_TRACE(std::string(f == WeightFormat::kQ4_1 ? "Q4_1, " : "Q8_0, ") + std::to_string(cols) + " columns");
+    const Shape shapes[] = {{48, cols}, {16, cols}, {19, cols}};  // full groups, one group, a padded one
     std::vector<std::vector<uint8_t>> blocks, packed;
     std::vector<MatmulWeight> ws;
     for (const Shape sh : shapes) {
@@ -224,9 +225,9 @@ TEST(MatmulQ8, WeightsSharingXGiveEachItsOwnBits) {
         }
       }
   }
-  // Not fusable: Q4_1 beside Q8_0, and a block weight without its packed copy (the AVX-512
-  // kernel's bits for that one).
-  const int64_t n = 3;
+  // Not one int8 job: Q4_1 beside Q8_0, and a block weight without its packed copy (the AVX-512
+  // kernel's bits for that one): weight by weight.
+  const int64_t n = 3, cols = 64;
   const auto x = activations(n, cols, 64);
   const auto b4 = random_q_blocks(WeightFormat::kQ4_1, 20, cols, 65), b8 = random_q_blocks(WeightFormat::kQ8_0, 20, cols, 66);
   MatmulWeight w4{WeightFormat::kQ4_1, b4.data(), 20, cols}, w8{WeightFormat::kQ8_0, b8.data(), 20, cols};
@@ -244,6 +245,25 @@ TEST(MatmulQ8, WeightsSharingXGiveEachItsOwnBits) {
   EXPECT_TRUE(bit_equal(y0.data(), want0.data(), y0.size()));
   EXPECT_TRUE(bit_equal(y1.data(), want1.data(), y1.size()));
   EXPECT_TRUE(bit_equal(y2.data(), want2.data(), y2.size()));
+  // One format, packed beside unpacked (weight by weight), and all unpacked (the AVX-512 kernel's
+  // one loop): each what matmul_weight gives it.
+  MatmulWeight unpacked2 = w8;
+  unpacked2.packed_q8 = nullptr;
+  unpacked2.rows = 17;  // (a prefix of w8's rows: a different weight shape)
+  for (const auto& set : {std::vector<MatmulWeight>{w8, unpacked}, std::vector<MatmulWeight>{unpacked, unpacked2}}) {
+    std::vector<std::vector<float>> got, want;
+    std::vector<float*> gp;
+    for (const MatmulWeight& w : set) {
+      got.emplace_back(static_cast<size_t>(n * w.rows), -1.0f);
+      want.emplace_back(static_cast<size_t>(n * w.rows));
+      matmul_weight(x.data(), w, want.back().data(), n);
+    }
+    for (auto& g : got) gp.push_back(g.data());
+    matmul_weights(x.data(), set.data(), gp.data(), static_cast<int64_t>(set.size()), n);
+    for (size_t i = 0; i < set.size(); ++i)
+      EXPECT_TRUE(bit_equal(got[i].data(), want[i].data(), want[i].size())) << "weight " << i << (set[0].packed_q8 ? " (packed first)" : " (none packed)");
+  }
+  matmul_weights(x.data(), mixed, yp, 0, n);  // nothing to do, nothing read
 }
 
 TEST(MatmulQ8DeathTest, PacksOnlyBlockFormats) {
