@@ -288,9 +288,6 @@ constexpr int64_t kPrefetchBlockTiles = 4;
 // block-format weight tile is dequantised into this thread's buffer first (once per x chunk:
 // a prefill longer than one chunk dequantises each tile several times, a few percent of its time),
 // or for few x rows (fused) inside the tile kernel, in one chunk.
-// Weights per call whose tile ranges live on the stack.
-constexpr int64_t kMaxInlineWeights = 8;
-
 // Several weights of one format and width sharing x (matmul_weights): their tiles form one
 // parallel loop, weight after weight, so a decode step's small matmuls share one fork/join.
 void matmul_with_multi(TileFn tile, int64_t w_tile, const float* x, const MatmulWeight* ws, float* const* ys, int64_t count,
@@ -301,18 +298,8 @@ void matmul_with_multi(TileFn tile, int64_t w_tile, const float* x, const Matmul
   const bool fused = blocks && ((tile == tile_avx512<false> && n <= kFusedMaxRows) || (tile == tile_avx2 && n <= kFusedMaxRowsAvx2));
   // (A fused call's few rows are one chunk: a second would read the whole weight again.)
   const int64_t x_chunk = fused ? std::max<int64_t>(n, 1) : std::max<int64_t>(3, (256 * 1024 / (cols * 4)) / 3 * 3);
-  // Tile ranges: weight i owns tiles [first[i], first[i + 1]) (on the stack for the usual 1-3
-  // weights: this runs ~150 times per decode step).
-  int64_t first_small[kMaxInlineWeights + 1];
-  std::vector<int64_t> first_large;
-  int64_t* first = first_small;
-  if (count > kMaxInlineWeights) {
-    first_large.resize(static_cast<size_t>(count) + 1);
-    first = first_large.data();
-  }
-  first[0] = 0;
-  for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i].rows + w_tile - 1) / w_tile;
-  const int64_t num_wt = first[count];
+  const UnitRanges tiles(ws, count, w_tile);  // weight i owns tiles [start(i), start(i + 1))
+  const int64_t num_wt = tiles.total();
   const int64_t row_bytes = weight_row_bytes(format, cols);
   for (int64_t x0 = 0; x0 < n; x0 += x_chunk) {
     const int64_t nx = std::min(x_chunk, n - x0);
@@ -323,11 +310,10 @@ void matmul_with_multi(TileFn tile, int64_t w_tile, const float* x, const Matmul
       std::vector<float> tile_w(format == WeightFormat::kF32 || fused ? 0 : static_cast<size_t>(w_tile * cols));
 #pragma omp for schedule(static)
       for (int64_t gt = 0; gt < num_wt; ++gt) {
-        int64_t i = 0;  // the weight this tile belongs to (few weights: a linear scan)
-        while (gt >= first[i + 1]) ++i;
+        const int64_t i = tiles.weight_of(gt);
         const MatmulWeight& w = ws[i];
         float* y = ys[i];
-        const int64_t rows = w.rows, r0 = (gt - first[i]) * w_tile, nw = std::min(w_tile, rows - r0);
+        const int64_t rows = w.rows, r0 = (gt - tiles.start(i)) * w_tile, nw = std::min(w_tile, rows - r0);
         const float* wt = nullptr;
         if (format == WeightFormat::kF32) {
           wt = static_cast<const float*>(w.data) + r0 * cols;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cpu/matmul.h"
 
@@ -84,6 +85,39 @@ void tile_blocks_avx2(WeightFormat f, const float* x, const uint8_t* w, int64_t 
 }  // namespace specserve::matmul_internal
 
 namespace specserve {
+/// Where each of `count` weights' units (weight tiles, 16-row groups) lie in one parallel loop
+/// over all of them (cpu/matmul.h matmul_weights): weight i owns units [start(i), start(i + 1)),
+/// ceil(rows / unit) of them. Kept on the stack for up to 8 weights (this runs ~150 times per
+/// decode step).
+class UnitRanges {
+ public:
+  UnitRanges(const MatmulWeight* ws, int64_t count, int64_t unit) : count_(count) {
+    if (count > kInline) {
+      large_.resize(static_cast<size_t>(count) + 1);
+      first_ = large_.data();
+    }
+    first_[0] = 0;
+    for (int64_t i = 0; i < count; ++i) first_[i + 1] = first_[i] + (ws[i].rows + unit - 1) / unit;
+  }
+  UnitRanges(const UnitRanges&) = delete;
+  UnitRanges& operator=(const UnitRanges&) = delete;
+  int64_t start(int64_t i) const { return first_[i]; }
+  int64_t total() const { return first_[count_]; }
+  /// The weight unit u (0 <= u < total()) belongs to (few weights: a linear scan).
+  int64_t weight_of(int64_t u) const {
+    int64_t i = 0;
+    while (u >= first_[i + 1]) ++i;
+    return i;
+  }
+
+ private:
+  static constexpr int64_t kInline = 8;
+  int64_t count_;
+  int64_t small_[kInline + 1];
+  std::vector<int64_t> large_;
+  int64_t* first_ = small_;
+};
+
 /// y[n, w.rows] = x[n, w.cols] * W^T by the vnni kernel (cpu/matmul.h, cpu/matmul_q8.cpp);
 /// `packed` = pack_weight_q8(w)'s bytes. Requires vnni_usable(). Uses the OpenMP thread team.
 void matmul_q8(const float* x, const MatmulWeight& w, const void* packed, float* y, int64_t n);

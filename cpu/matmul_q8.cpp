@@ -239,23 +239,10 @@ void matmul_q8_multi(const float* x, const MatmulWeight* ws, float* const* ys, i
   const WeightFormat format = ws[0].format;
   const int64_t cols = ws[0].cols;
   SPECSERVE_CHECK(format == WeightFormat::kQ4_1 || format == WeightFormat::kQ8_0, "matmul_q8: a Q4_1 or Q8_0 weight");
-  // Group ranges: weight i owns groups [first[i], first[i + 1]) of the one parallel loop (on the
-  // stack for the usual 1-3 weights: this runs ~150 times per decode step).
-  constexpr int64_t kInline = 8;
-  int64_t first_small[kInline + 1];
-  std::vector<int64_t> first_large;
-  int64_t* first = first_small;
-  if (count > kInline) {
-    first_large.resize(static_cast<size_t>(count) + 1);
-    first = first_large.data();
-  }
-  first[0] = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const MatmulWeight& w = ws[i];
-    SPECSERVE_CHECK(w.format == format && w.cols == cols && w.packed_q8 != nullptr,
+  for (int64_t i = 0; i < count; ++i)
+    SPECSERVE_CHECK(ws[i].format == format && ws[i].cols == cols && ws[i].packed_q8 != nullptr,
                     "matmul_q8_multi: weights of one format and width, each with its packed copy");
-    first[i + 1] = first[i] + (w.rows + kGroup - 1) / kGroup;
-  }
+  const UnitRanges group_of(ws, count, kGroup);  // weight i owns groups [start(i), start(i + 1))
   static const bool usable = vnni_usable();  // (CPUID once, not per matmul)
   SPECSERVE_CHECK(usable, "matmul_q8: this CPU lacks avx512vnni");
   if (n <= 0) return;
@@ -263,15 +250,13 @@ void matmul_q8_multi(const float* x, const MatmulWeight* ws, float* const* ys, i
   // NOTE: per calling thread, reused: a decode step calls this ~150 times.
   thread_local QuantX qx;
   quantize_rows_q8(x, n, cols, format == WeightFormat::kQ8_0, qx);
-  const int64_t nb = cols / 32, rec = record_bytes(format), groups = first[count];
+  const int64_t nb = cols / 32, rec = record_bytes(format), groups = group_of.total();
   const QuantX& q = qx;
 #pragma omp parallel for schedule(static) if (groups * n * cols > 32768)
   for (int64_t g = 0; g < groups; ++g) {
-    // The weight this group belongs to (few weights: a linear scan).
-    int64_t i = 0;
-    while (g >= first[i + 1]) ++i;
+    const int64_t i = group_of.weight_of(g);
     const MatmulWeight& w = ws[i];
-    const int64_t lg = g - first[i];
+    const int64_t lg = g - group_of.start(i);
     const uint8_t* r = static_cast<const uint8_t*>(w.packed_q8) + lg * nb * rec;
     const int64_t nr = std::min(kGroup, w.rows - lg * kGroup);
     float* y = ys[i] + lg * kGroup;
