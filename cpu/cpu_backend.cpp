@@ -245,13 +245,19 @@ class CpuBackend final : public Backend {
   }
 
   void matmul_multi(const MatmulOutput* outs, int64_t count, const float* x, int64_t n) override {
-    std::vector<MatmulWeight> ws(static_cast<size_t>(count));
-    std::vector<float*> ys(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-      ws[static_cast<size_t>(i)] = cw(*outs[i].w).view();
-      ys[static_cast<size_t>(i)] = outs[i].y;
+    // (A layer calls this twice per step with 3 and 2 weights: no heap for those.)
+    constexpr int64_t kInline = 4;
+    if (count > kInline) {
+      for (int64_t i0 = 0; i0 < count; i0 += kInline) matmul_multi(outs + i0, std::min(kInline, count - i0), x, n);
+      return;
     }
-    matmul_weights(x, ws.data(), ys.data(), count, n);
+    MatmulWeight ws[kInline];
+    float* ys[kInline] = {};
+    for (int64_t i = 0; i < count; ++i) {
+      ws[i] = cw(*outs[i].w).view();
+      ys[i] = outs[i].y;
+    }
+    matmul_weights(x, ws, ys, count, n);
     for (int64_t i = 0; i < count; ++i) add_bias(*outs[i].w, outs[i].bias, n, outs[i].y);
   }
 

@@ -87,7 +87,7 @@ void tile_blocks_avx2(WeightFormat f, const float* x, const uint8_t* w, int64_t 
 namespace specserve {
 /// Where each of `count` weights' units (weight tiles, 16-row groups) lie in one parallel loop
 /// over all of them (cpu/matmul.h matmul_weights): weight i owns units [start(i), start(i + 1)),
-/// ceil(rows / unit) of them. Kept on the stack for up to 8 weights (this runs ~150 times per
+/// ceil(rows / unit) of them. Kept on the stack for up to 8 weights (this runs ~120 times per
 /// decode step).
 class UnitRanges {
  public:

@@ -247,7 +247,7 @@ void matmul_q8_multi(const float* x, const MatmulWeight* ws, float* const* ys, i
   SPECSERVE_CHECK(usable, "matmul_q8: this CPU lacks avx512vnni");
   if (n <= 0) return;
   // x is quantised once for all the weights (its blocks do not depend on the weight).
-  // NOTE: per calling thread, reused: a decode step calls this ~150 times.
+  // NOTE: per calling thread, reused: a decode step calls this ~120 times.
   thread_local QuantX qx;
   quantize_rows_q8(x, n, cols, format == WeightFormat::kQ8_0, qx);
   const int64_t nb = cols / 32, rec = record_bytes(format), groups = group_of.total();
