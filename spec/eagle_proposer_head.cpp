@@ -58,7 +58,7 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
   if (!eps.ok()) return eps.status();
   SPECSERVE_RETURN_IF_ERROR(c.check_fingerprint(target_fingerprint));
   const int64_t hd = d / *heads, qd = *heads * hd, kvd = *kv_heads * hd, ff = *ffn;
-  const std::initializer_list<GgmlType> mat = {GgmlType::F32, GgmlType::F16};
+  const std::initializer_list<GgmlType> mat = {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0};  // Q8_0: tools/train/quantize_head.py
   struct Want { const char* name; std::initializer_list<int64_t> shape; bool vec; std::unique_ptr<Weight> Layer::*dst; };
   const Want wants[] = {
       {"eagle.fc.weight", {2 * d, d}, false, &Layer::fc_w},
@@ -184,9 +184,9 @@ void EagleProposer::run(const std::vector<Row>& rows, const std::vector<Attentio
   B.gather_rows(S.f32(), inter.data(), 2 * R, d, X.f32());
   B.matmul(*L_.fc_w, X.f32(), R, x.f32(), L_.fc_b.get());
   // EAGLE-1: no input norm before attention.
-  B.matmul(*L_.wq, x.f32(), R, q.f32());
-  B.matmul(*L_.wk, x.f32(), R, k.f32());
-  B.matmul(*L_.wv, x.f32(), R, v.f32());
+  // Q, K, V as one job, and gate / up below (Backend::matmul_multi: the bits of three matmuls).
+  const Backend::MatmulOutput qkv[3] = {{L_.wq.get(), q.f32()}, {L_.wk.get(), k.f32()}, {L_.wv.get(), v.f32()}};
+  B.matmul_multi(qkv, 3, x.f32(), R);
   B.rope(q.f32(), bpos.i32(), R, num_heads_, rope_);
   B.rope(k.f32(), bpos.i32(), R, num_kv_heads_, rope_);
   B.kv_write(*kv_, 0, k.f32(), v.f32(), bslot.i32(), R);
@@ -209,8 +209,8 @@ void EagleProposer::run(const std::vector<Row>& rows, const std::vector<Attentio
   B.matmul(*L_.wo, att.f32(), R, o.f32());
   B.add(x.f32(), o.f32(), R * d);
   B.rms_norm(x.f32(), *L_.ffn_norm, eps_, R, d, h.f32());
-  B.matmul(*L_.w_gate, h.f32(), R, g.f32());
-  B.matmul(*L_.w_up, h.f32(), R, u.f32());
+  const Backend::MatmulOutput gate_up[2] = {{L_.w_gate.get(), g.f32()}, {L_.w_up.get(), u.f32()}};
+  B.matmul_multi(gate_up, 2, h.f32(), R);
   B.swiglu(g.f32(), u.f32(), R * ff, g.f32());
   B.matmul(*L_.w_down, g.f32(), R, o.f32());
   B.add(x.f32(), o.f32(), R * d);  // x = the predicted features (no final norm)

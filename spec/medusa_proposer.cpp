@@ -26,7 +26,7 @@ Expected<std::unique_ptr<MedusaProposer>> MedusaProposer::load(const std::string
   std::vector<const GgufTensorInfo*> ws, bs;
   for (int64_t i = 0; i < *num_heads; ++i) {
     const std::string p = "medusa." + std::to_string(i) + ".";
-    auto w = c.tensor(p + "weight", {d, d}, {GgmlType::F32, GgmlType::F16});
+    auto w = c.tensor(p + "weight", {d, d}, {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0});  // Q8_0: tools/train/quantize_head.py
     if (!w.ok()) return w.status();
     auto b = c.tensor(p + "bias", {d}, {GgmlType::F32});
     if (!b.ok()) return b.status();

@@ -207,6 +207,48 @@ TEST(CliChecks, BenchSpecReportsTokensPerStepOverEveryStep) {
   EXPECT_LE(tokens, steps + ng["num_accepted_tokens"].get<int64_t>());
   EXPECT_DOUBLE_EQ(ng["tokens_per_step"].get<double>(), static_cast<double>(tokens) / static_cast<double>(steps));
   EXPECT_LE(ng["tokens_per_step"].get<double>(), ng["mean_accepted_tokens"].get<double>() + 1e-9);
+  // Where a decode step's time goes: at batch 1 one engine step per decode step; the baseline
+  // proposes nothing; proposer + target forward fit in the step.
+  EXPECT_NE(r.out.find("Time per engine step in the decode phase"), std::string::npos) << r.out;
+  EXPECT_EQ(base["decode_engine_steps"].get<int64_t>(), 23);
+  EXPECT_EQ(ng["decode_engine_steps"].get<int64_t>(), steps);
+  EXPECT_EQ(base["draft_ms_per_engine_step"].get<double>(), 0.0);
+  for (const nlohmann::json* o : {&base, &ng}) {
+    const double all = (*o)["ms_per_engine_step"].get<double>(), draft = (*o)["draft_ms_per_engine_step"].get<double>();
+    const double fwd = (*o)["forward_ms_per_engine_step"].get<double>();
+    EXPECT_GT(fwd, 0.0);
+    EXPECT_GE(draft, 0.0);
+    EXPECT_LE(draft + fwd, all + 1e-9);
+  }
+  fs::remove_all(dir);
+}
+
+// bench-model --verify-rows: one sequence's verification steps of N chain rows, as ms and as a
+// ratio to its 1-row step (the 1-row entry is that step itself); out-of-range counts are usage
+// errors.
+TEST(CliChecks, BenchModelTimesVerificationStepsAndRefusesImpossibleRowCounts) {
+  const std::string dir = temp_dir("bench_model_verify");
+  const std::string out = dir + "/r.json";
+  const CmdResult r = run("bench-model --synthetic llama-tiny --threads 1 --prompt-lengths 4 --decode-context 8 --decode-tokens 2 "
+                          "--repeats 1 --verify-rows 1 3 --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("verify 3 rows after 8 cached"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j.contains("verify")) << j.dump();
+  EXPECT_EQ(j["verify"]["1"]["ratio_to_one_row"].get<double>(), 1.0);
+  EXPECT_GT(j["verify"]["3"]["ms_per_step"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["verify"]["3"]["ratio_to_one_row"].get<double>(),
+                   j["verify"]["3"]["ms_per_step"].get<double>() / j["verify"]["1"]["ms_per_step"].get<double>());
+  for (const char* bad : {"0", "65"}) {
+    const CmdResult b = run(std::string("bench-model --synthetic llama-tiny --verify-rows ") + bad);
+    EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
+    EXPECT_NE(b.out.find("--verify-rows"), std::string::npos) << b.out;
+  }
+  // Rows that do not fit the context after the prompt: named with the context.
+  const CmdResult big = run("bench-model --synthetic llama-tiny --decode-context 8180 --prompt-lengths 4 --decode-tokens 2 --verify-rows 64");
+  EXPECT_EQ(big.exit_code, 2) << big.out;
+  EXPECT_NE(big.out.find("--verify-rows: 64"), std::string::npos) << big.out;
   fs::remove_all(dir);
 }
 

@@ -254,9 +254,10 @@ TEST_F(EagleTest, RejectsMismatchedAndCorruptFiles) {
 }
 
 TEST_F(EagleTest, TeacherForcedMatchesTheContractFormulas) {
-  for (bool f16 : {false, true}) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0}) {  // Q8_0: tools/train/quantize_head.py
+    Fp32MatmulScope fp32;  // before the head loads (under vnni a weight is packed at load)
     auto s = spec();
-    s.f16 = f16;
+    s.type = type;
     std::unique_ptr<EagleProposer> e;
     EagleWeights w;
     ASSERT_TRUE(load(s, &e, {}, nullptr, &w).ok());
@@ -273,7 +274,7 @@ TEST_F(EagleTest, TeacherForcedMatchesTheContractFormulas) {
     ASSERT_EQ(pred.size(), ref.size());
     double worst = 0;
     for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(pred[i] - ref[i])));
-    EXPECT_LT(worst, 1e-3) << (f16 ? "F16" : "F32");
+    EXPECT_LT(worst, 1e-3) << ggml_type_name(static_cast<uint32_t>(type));
     for (int j = 0; j < n; ++j) {
       std::vector<float> rl = matvec(target_.out_head, kVocab, kD, ref.data() + j * kD);
       EXPECT_EQ(argmax(logits.data() + j * kVocab, kVocab), argmax(rl.data(), kVocab)) << j;

@@ -14,14 +14,16 @@ namespace {
 
 class HeadsEngineKernelTest : public HeadsEngineTest {
  protected:
-  static void check_greedy_identity(const char* kernel);
+  static void check_greedy_identity(const char* kernel, bool q8 = false);
 };
 
-void HeadsEngineKernelTest::check_greedy_identity(const char* kernel) {
+// `q8`: the Q8_0 head files (models/heads/*.q8_0.gguf), whose matrices the vnni kernel also
+// multiplies with int8 x.
+void HeadsEngineKernelTest::check_greedy_identity(const char* kernel, bool q8) {
   const int32_t kTokens = 12;
   const EngineRun alone = run(nullptr, 0, 1, kTokens, 4);  // four prompts, one at a time
   const EngineRun plain = run(nullptr, 0, 4, kTokens, 4);  // the same four in one batch
-  const HeadsBatch4 heads = run_heads_batch4(kTokens);
+  const HeadsBatch4 heads = run_heads_batch4(kTokens, q8);
   ASSERT_TRUE(heads.ok);
   const EngineRun& med = heads.medusa;
   const EngineRun& eag = heads.eagle;
@@ -33,7 +35,8 @@ void HeadsEngineKernelTest::check_greedy_identity(const char* kernel) {
   }
   EXPECT_GT(med.spec.num_accepted_tokens, 0) << "medusa heads accepted nothing under " << kernel;
   EXPECT_GT(eag.spec.num_accepted_tokens, 0) << "eagle head accepted nothing under " << kernel;
-  std::printf("[heads %s] batch 4: mean accepted length medusa %.2f, eagle %.2f\n", kernel, med.spec.mean_acceptance_length(),
+  std::printf("[heads %s%s] batch 4: mean accepted length medusa %.2f, eagle %.2f\n", kernel, q8 ? ", Q8_0 heads" : "",
+              med.spec.mean_acceptance_length(),
               eag.spec.mean_acceptance_length());
 }
 
@@ -52,6 +55,7 @@ TEST_F(HeadsEngineKernelTest, VnniKernelKeepsGreedyIdentityForTreesAndBatches) {
   RestoreIsa restore;
   if (!set_matmul_isa(MatmulIsa::kVnni)) GTEST_SKIP() << "the vnni kernel cannot run here: this CPU lacks avx512vnni (or avx512bw/vl)";
   check_greedy_identity("vnni");
+  check_greedy_identity("vnni", /*q8=*/true);
 }
 
 }  // namespace

@@ -25,6 +25,9 @@ namespace specserve::heads_testing {
 
 inline const std::string kMedusaFile = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/medusa-smollm2-135m.gguf";
 inline const std::string kEagleFile = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/eagle-smollm2-135m.gguf";
+/// The same heads with their matrices in Q8_0 (tools/train/quantize_head.py).
+inline const std::string kMedusaQ8File = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/medusa-smollm2-135m.q8_0.gguf";
+inline const std::string kEagleQ8File = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/eagle-smollm2-135m.q8_0.gguf";
 
 struct EngineRun {
   std::vector<std::vector<int32_t>> tokens;  ///< per prompt
@@ -56,7 +59,7 @@ class HeadsEngineTest : public ::testing::Test {
     ASSERT_GE(prompts_.size(), 4u);
   }
 
-  static std::unique_ptr<Proposer> medusa(const std::string& tree = "", int64_t draft_vocab = 0) {
+  static std::unique_ptr<Proposer> medusa(const std::string& tree = "", int64_t draft_vocab = 0, const std::string& file = kMedusaFile) {
     MedusaOptions o;
     o.draft_vocab_size = draft_vocab;
     if (!tree.empty()) {
@@ -66,12 +69,12 @@ class HeadsEngineTest : public ::testing::Test {
     } else {
       o.tree_paths = medusa_mc_sim_7b_63();
     }
-    auto m = MedusaProposer::load(kMedusaFile, *model_, *file_, o);
+    auto m = MedusaProposer::load(file, *model_, *file_, o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     return m.ok() ? std::unique_ptr<Proposer>(std::move(*m)) : nullptr;
   }
-  static std::unique_ptr<Proposer> eagle(EagleOptions o) {
-    auto e = EagleProposer::load(kEagleFile, *model_, *file_, o);
+  static std::unique_ptr<Proposer> eagle(EagleOptions o, const std::string& file = kEagleFile) {
+    auto e = EagleProposer::load(file, *model_, *file_, o);
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return e.ok() ? std::unique_ptr<Proposer>(std::move(*e)) : nullptr;
   }
@@ -125,19 +128,20 @@ class HeadsEngineTest : public ::testing::Test {
 
   /// The default batch-4 head runs both greedy-identity tests compare: Medusa (mc_sim_7b_63
   /// trimmed to k = 6) and EAGLE (topk 3, depth 4, k = 6), 8192-id draft vocabulary, the first 4
-  /// prompts, `max_tokens` each. `ok` is false (after a failed EXPECT) when a head did not load.
+  /// prompts, `max_tokens` each; the Q8_0 head files with `q8`. `ok` is false (after a failed
+  /// EXPECT) when a head did not load.
   struct HeadsBatch4 {
     bool ok = false;
     EngineRun medusa, eagle;
   };
-  static HeadsBatch4 run_heads_batch4(int32_t max_tokens) {
+  static HeadsBatch4 run_heads_batch4(int32_t max_tokens, bool q8 = false) {
     HeadsBatch4 r;
-    auto m = medusa("", 8192);
+    auto m = medusa("", 8192, q8 ? kMedusaQ8File : kMedusaFile);
     EagleOptions o;
     o.topk = 3;
     o.depth = 4;
     o.draft_vocab_size = 8192;
-    auto e = eagle(o);
+    auto e = eagle(o, q8 ? kEagleQ8File : kEagleFile);
     if (!m || !e) return r;
     r.medusa = run(m.get(), 6, 4, max_tokens, 4);
     r.eagle = run(e.get(), 6, 4, max_tokens, 4);

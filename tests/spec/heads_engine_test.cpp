@@ -47,6 +47,63 @@ TEST_F(HeadsEngineTest, GreedyIdentityAtBatch1StaticEagleChainAndMedusaTree) {
   EXPECT_GT(chain.spec.num_accepted_tokens + tree.spec.num_accepted_tokens, 0);
 }
 
+// The committed heads in Q8_0 (models/heads/*.q8_0.gguf, tools/train/quantize_head.py): they load
+// (every matrix Q8_0), keep greedy output that of plain decoding for an EAGLE chain, an EAGLE tree
+// and a Medusa tree at batch 2, and draft nearly what the F16 heads draft (a quantised head may
+// rank a near tie the other way, but most accepted drafts must stay).
+TEST_F(HeadsEngineTest, Q8HeadsKeepGreedyIdentityAndAcceptLikeTheF16Heads) {
+  const int32_t kTokens = 16;
+  const EngineRun plain = run(nullptr, 0, 2, kTokens, 2);
+  for (const std::string* path : {&kEagleQ8File, &kMedusaQ8File}) {
+    auto f = GgufFile::open(*path);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    int matrices = 0;
+    for (const GgufTensorInfo& t : f->tensors()) {
+      if (t.shape.size() != 2) continue;
+      ++matrices;
+      EXPECT_EQ(t.type(), GgmlType::Q8_0) << *path << ": " << t.name;
+    }
+    EXPECT_GE(matrices, 4) << *path;
+  }
+  auto eagle_from = [&](const std::string& path, bool chain) {
+    EagleOptions o;
+    o.draft_vocab_size = 8192;
+    if (chain) {
+      o.mode = EagleOptions::Mode::kStatic;
+      o.tree_paths = parse_token_tree("[(0,), (0, 0)]")->paths;
+    } else {
+      o.topk = 3;
+      o.depth = 3;
+    }
+    auto e = EagleProposer::load(path, *model_, *file_, o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::unique_ptr<Proposer>(std::move(*e)) : nullptr;
+  };
+  auto medusa_from = [&](const std::string& path) {
+    MedusaOptions o;
+    o.draft_vocab_size = 8192;
+    o.tree_paths = parse_token_tree("[(0,), (1,), (0, 0), (0, 1)]")->paths;
+    auto m = MedusaProposer::load(path, *model_, *file_, o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::unique_ptr<Proposer>(std::move(*m)) : nullptr;
+  };
+  struct Case { const char* name; int32_t k; std::unique_ptr<Proposer> q8, f16; };
+  Case cases[] = {{"eagle chain", 2, eagle_from(kEagleQ8File, true), eagle_from(kEagleFile, true)},
+                  {"eagle tree", 6, eagle_from(kEagleQ8File, false), eagle_from(kEagleFile, false)},
+                  {"medusa tree", 4, medusa_from(kMedusaQ8File), medusa_from(kMedusaFile)}};
+  for (Case& c : cases) {
+    ASSERT_TRUE(c.q8 && c.f16) << c.name;
+    const EngineRun q8 = run(c.q8.get(), c.k, 2, kTokens, 2);
+    const EngineRun f16 = run(c.f16.get(), c.k, 2, kTokens, 2);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(q8.tokens[i], plain.tokens[i]) << c.name << ", prompt " << i;
+    EXPECT_GT(q8.spec.num_accepted_tokens, 0) << c.name;
+    EXPECT_GE(q8.spec.num_accepted_tokens * 4, f16.spec.num_accepted_tokens * 3)
+        << c.name << ": Q8_0 accepted " << q8.spec.num_accepted_tokens << ", F16 " << f16.spec.num_accepted_tokens;
+    std::printf("[heads] %s: accepted tokens Q8_0 %lld, F16 %lld\n", c.name, static_cast<long long>(q8.spec.num_accepted_tokens),
+                static_cast<long long>(f16.spec.num_accepted_tokens));
+  }
+}
+
 // Prompt lookup first, the real EAGLE head where it finds nothing (spec/lookup_first_proposer.h):
 // greedy output still plain decoding's at batch 1 and 4; both sources drafted and something was
 // accepted.

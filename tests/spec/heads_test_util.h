@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/matmul.h"
 #include "model/dequant.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -53,13 +54,16 @@ inline std::vector<float> gaussian(size_t n, float stddev, uint64_t seed) {
   return v;
 }
 
-/// Adds an F32 or F16 matrix tensor (GGUF shape `shape`); values are returned (as stored).
+/// Adds an F32, F16 or Q8_0 matrix tensor (GGUF shape `shape`; Q8_0 needs shape[0] % 32 == 0);
+/// values are returned as stored (F16 rounded, Q8_0 dequantised). Q8_0 is quantised here as
+/// ggml's quantize_row_q8_0 does (d = amax / 127 as fp16, q = round(x / d)), the scheme of
+/// tools/train/quantize_head.py.
 inline std::vector<float> add_matrix(GgufWriter& w, const std::string& name, std::vector<int64_t> shape, float stddev,
-                                     uint64_t seed, bool f16) {
+                                     uint64_t seed, GgmlType type) {
   size_t n = 1;
   for (int64_t s : shape) n *= static_cast<size_t>(s);
   std::vector<float> v = gaussian(n, stddev, seed);
-  if (f16) {
+  if (type == GgmlType::F16) {
     std::vector<uint16_t> h(n);
     for (size_t i = 0; i < n; ++i) h[i] = to_half(v[i]);
     EXPECT_TRUE(w.add_tensor(name, shape, GgmlType::F16, h.data(), n * 2).ok());
@@ -68,11 +72,35 @@ inline std::vector<float> add_matrix(GgufWriter& w, const std::string& name, std
       EXPECT_TRUE(dequantize(GgmlType::F16, reinterpret_cast<const uint8_t*>(&h[i]), 1, &back).ok());
       v[i] = back;
     }
+  } else if (type == GgmlType::Q8_0) {
+    EXPECT_EQ(shape[0] % 32, 0) << name;
+    std::vector<uint8_t> q(n / 32 * 34);
+    for (size_t b = 0; b < n / 32; ++b) {
+      float amax = 0;
+      for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[b * 32 + j]));
+      const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+      const uint16_t dh = to_half(d);
+      std::memcpy(q.data() + b * 34, &dh, 2);
+      for (size_t j = 0; j < 32; ++j) q[b * 34 + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(v[b * 32 + j] * id)));
+    }
+    EXPECT_TRUE(w.add_tensor(name, shape, GgmlType::Q8_0, q.data(), q.size()).ok());
+    EXPECT_TRUE(dequantize(GgmlType::Q8_0, q.data(), static_cast<int64_t>(n), v.data()).ok());
   } else {
     EXPECT_TRUE(w.add_tensor_f32(name, shape, v).ok());
   }
   return v;
 }
+
+/// While alive, matmuls of block weights run in fp32 even where the process chose the vnni kernel
+/// (SPECSERVE_CPU_MATMUL=vnni would give a Q8_0 head int8 x: not the fp32 contract formulas the
+/// head tests check; the vnni kernel with the real Q8_0 heads is heads_engine_amx_test's).
+struct Fp32MatmulScope {
+  MatmulIsa saved = matmul_isa();
+  Fp32MatmulScope() {
+    if (saved == MatmulIsa::kVnni && !set_matmul_isa(MatmulIsa::kAvx512)) set_matmul_isa(MatmulIsa::kAvx2);
+  }
+  ~Fp32MatmulScope() { set_matmul_isa(saved); }
+};
 
 /// A Medusa head file's content.
 struct MedusaFileSpec {
@@ -80,7 +108,7 @@ struct MedusaFileSpec {
   std::string fingerprint;  ///< hex; required
   uint64_t seed = 7;
   float weight_std = 0.3f, bias_std = 0.1f;
-  bool f16 = false;
+  GgmlType type = GgmlType::F32;  ///< of the matrices: F32, F16 or Q8_0
   /// Changes the writer before it is written (corrupt files for the loader tests).
   std::function<void(GgufWriter&)> mutate;
 };
@@ -101,8 +129,8 @@ inline MedusaWeights write_medusa(const std::string& path, const MedusaFileSpec&
   MedusaWeights mw;
   for (int64_t i = 0; i < s.num_heads; ++i) {
     const std::string p = "medusa." + std::to_string(i) + ".";
-    mw.w.push_back(add_matrix(w, p + "weight", {s.d, s.d}, s.weight_std / std::sqrt(static_cast<float>(s.d)) * 3, s.seed + 2 * i, s.f16));
-    mw.b.push_back(add_matrix(w, p + "bias", {s.d}, s.bias_std, s.seed + 2 * i + 1, false));
+    mw.w.push_back(add_matrix(w, p + "weight", {s.d, s.d}, s.weight_std / std::sqrt(static_cast<float>(s.d)) * 3, s.seed + 2 * i, s.type));
+    mw.b.push_back(add_matrix(w, p + "bias", {s.d}, s.bias_std, s.seed + 2 * i + 1, GgmlType::F32));
   }
   if (s.mutate) s.mutate(w);
   Status st = w.write_file(path);
@@ -116,7 +144,7 @@ struct EagleFileSpec {
   float theta = 10000.0f, eps = 1e-5f;
   std::string fingerprint;
   uint64_t seed = 11;
-  bool f16 = false;
+  GgmlType type = GgmlType::F32;  ///< of the matrices: F32, F16 or Q8_0
   std::function<void(GgufWriter&)> mutate;
 };
 
@@ -149,18 +177,18 @@ inline EagleWeights write_eagle(const std::string& path, const EagleFileSpec& s)
   const int64_t d = s.d, qd = s.heads * e.hd, kvd = s.kv_heads * e.hd;
   auto sd = [](int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
   uint64_t seed = s.seed;
-  e.fc_w = add_matrix(w, "eagle.fc.weight", {2 * d, d}, sd(2 * d), seed++, s.f16);
-  e.fc_b = add_matrix(w, "eagle.fc.bias", {d}, 0.1f, seed++, false);
-  e.wq = add_matrix(w, "blk.0.attn_q.weight", {d, qd}, sd(d), seed++, s.f16);
-  e.wk = add_matrix(w, "blk.0.attn_k.weight", {d, kvd}, sd(d), seed++, s.f16);
-  e.wv = add_matrix(w, "blk.0.attn_v.weight", {d, kvd}, sd(d), seed++, s.f16);
-  e.wo = add_matrix(w, "blk.0.attn_output.weight", {qd, d}, 0.5f * sd(qd), seed++, s.f16);
+  e.fc_w = add_matrix(w, "eagle.fc.weight", {2 * d, d}, sd(2 * d), seed++, s.type);
+  e.fc_b = add_matrix(w, "eagle.fc.bias", {d}, 0.1f, seed++, GgmlType::F32);
+  e.wq = add_matrix(w, "blk.0.attn_q.weight", {d, qd}, sd(d), seed++, s.type);
+  e.wk = add_matrix(w, "blk.0.attn_k.weight", {d, kvd}, sd(d), seed++, s.type);
+  e.wv = add_matrix(w, "blk.0.attn_v.weight", {d, kvd}, sd(d), seed++, s.type);
+  e.wo = add_matrix(w, "blk.0.attn_output.weight", {qd, d}, 0.5f * sd(qd), seed++, s.type);
   e.ffn_norm = gaussian(static_cast<size_t>(d), 0.1f, seed++);
   for (float& x : e.ffn_norm) x += 1.0f;
   EXPECT_TRUE(w.add_tensor_f32("blk.0.ffn_norm.weight", {d}, e.ffn_norm).ok());
-  e.gate = add_matrix(w, "blk.0.ffn_gate.weight", {d, s.ffn}, sd(d), seed++, s.f16);
-  e.up = add_matrix(w, "blk.0.ffn_up.weight", {d, s.ffn}, sd(d), seed++, s.f16);
-  e.down = add_matrix(w, "blk.0.ffn_down.weight", {s.ffn, d}, 0.5f * sd(s.ffn), seed++, s.f16);
+  e.gate = add_matrix(w, "blk.0.ffn_gate.weight", {d, s.ffn}, sd(d), seed++, s.type);
+  e.up = add_matrix(w, "blk.0.ffn_up.weight", {d, s.ffn}, sd(d), seed++, s.type);
+  e.down = add_matrix(w, "blk.0.ffn_down.weight", {s.ffn, d}, 0.5f * sd(s.ffn), seed++, s.type);
   if (s.mutate) s.mutate(w);
   Status st = w.write_file(path);
   EXPECT_TRUE(st.ok()) << st.to_string();

@@ -124,11 +124,11 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
   };
   expect_error(s, {"medusa.1.weight", "[64, 32]", "[64, 64]"});
   s.mutate = [](GgufWriter& w) {
-    std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, 64 * 64)), 0);
-    EXPECT_TRUE(w.add_tensor("medusa.1.weight", {64, 64}, GgmlType::Q8_0, q.data(), q.size()).ok());
+    std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q4_1, 64 * 64)), 0);
+    EXPECT_TRUE(w.add_tensor("medusa.1.weight", {64, 64}, GgmlType::Q4_1, q.data(), q.size()).ok());
     w.add_u32("medusa.num_heads", 2);
   };
-  expect_error(s, {"medusa.1.weight", "Q8_0", "F32 or F16"});
+  expect_error(s, {"medusa.1.weight", "Q4_1", "F32 or F16 or Q8_0"});
   s.mutate = [](GgufWriter& w) {
     EXPECT_TRUE(w.add_tensor_f32("medusa.1.weight", {64, 64}, std::vector<float>(64 * 64, 0.0f)).ok());
     w.add_u32("medusa.num_heads", 2);
@@ -157,9 +157,10 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
 }
 
 TEST_F(MedusaTest, HeadLogitsMatchTheContractFormula) {
-  for (bool f16 : {false, true}) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0}) {  // Q8_0: tools/train/quantize_head.py
+    Fp32MatmulScope fp32;  // before the head loads (under vnni a weight is packed at load)
     auto s = spec();
-    s.f16 = f16;
+    s.type = type;
     std::unique_ptr<MedusaProposer> m;
     MedusaWeights w;
     ASSERT_TRUE(load(s, &m, {}, nullptr, &w).ok());
@@ -177,7 +178,7 @@ TEST_F(MedusaTest, HeadLogitsMatchTheContractFormula) {
         EXPECT_EQ(argmax(got, 512), argmax(ref.data(), 512)) << "head " << i << " row " << r;
       }
     }
-    EXPECT_LT(worst, 2e-3) << (f16 ? "F16" : "F32");
+    EXPECT_LT(worst, 2e-3) << ggml_type_name(static_cast<uint32_t>(type));
   }
   std::unique_ptr<MedusaProposer> m;
   ASSERT_TRUE(load(spec(), &m).ok());

@@ -50,6 +50,9 @@ struct Args {
   std::vector<int> prompt_lengths = {256, 512};
   int decode_tokens = 128;
   int decode_context = 64;  ///< tokens cached before the timed decode steps
+  /// Verification steps to time: one sequence, N chain rows after the --decode-context prompt,
+  /// every row a logit row (what the engine's target pass does for N - 1 drafted tokens).
+  std::vector<int> verify_rows;
 };
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -244,6 +247,14 @@ int run(const Args& a) {
                  a.decode_tokens, static_cast<long long>(c.context_length));
     return 2;
   }
+  for (int n : a.verify_rows) {
+    if (n < 1 || n > 64 || prompt + n + 1 > c.context_length) {
+      std::fprintf(stderr, "specserve bench-model: --verify-rows: %d is not in 1..64 (or exceeds the context after --decode-context %d)\n",
+                   n, prompt);
+      return 2;
+    }
+    max_len = std::max(max_len, prompt + n + 1);
+  }
   int max_batch = 1;
   for (int b : a.decode_batches) {
     if (b < 1 || b > 256) {
@@ -401,6 +412,53 @@ int run(const Args& a) {
       out["bandwidth_bound_tokens_per_s"] = peak_gb_s * 1e9 / bytes;
     }
   }
+  // Verification steps: one sequence with the --decode-context prompt cached, then `n` chain rows
+  // in one forward call, every row a logit row with its argmax (spec/engine_verify.cpp's target
+  // pass for n - 1 drafted tokens, greedy). Each timed step writes the same n KV slots again, so
+  // the context stays the prompt's. ratio_to_one_row: the step's time over the 1-row step's,
+  // measured here the same way; it is what a drafted token must pay for (a step that accepts
+  // a tokens on average gains when (1 + a) / ratio > 1, before the proposer's own cost).
+  if (!a.verify_rows.empty()) {
+    ForwardBatch pre;
+    SequenceInput ps;
+    for (int i = 0; i < prompt; ++i) ps.tokens.push_back(100 + i % vocab_mod);
+    ps.block_table = table_of(0);
+    ps.argmax_only = picks;
+    pre.seqs.push_back(ps);
+    if (!fwd(pre)) return 1;
+    backend->synchronize();
+    auto time_rows = [&](int n) -> double {
+      std::vector<double> per_step;
+      for (int r = 0; r < a.repeats; ++r) {
+        const double t0 = now_s();
+        for (int i = 0; i < a.decode_tokens; ++i) {
+          ForwardBatch v;
+          SequenceInput x;
+          for (int j = 0; j < n; ++j) x.tokens.push_back(100 + (prompt + j + i) % vocab_mod);
+          for (int j = 0; j < n; ++j) x.logit_rows.push_back(j);
+          x.argmax_only = picks;
+          x.num_cached = prompt;
+          x.block_table = table_of(0);
+          v.seqs.push_back(std::move(x));
+          if (!fwd(v)) return -1;
+        }
+        backend->synchronize();
+        per_step.push_back((now_s() - t0) / a.decode_tokens);
+      }
+      return median(per_step);
+    };
+    const double one = time_rows(1);
+    if (one < 0) return 1;
+    for (int n : a.verify_rows) {
+      const double s = n == 1 ? one : time_rows(n);
+      if (s < 0) return 1;
+      std::fprintf(stderr, "[bench-model] verify %d rows after %d cached: %.2f ms/step = %.2fx the 1-row step (%.2f ms)\n", n,
+                   prompt, s * 1e3, s / one, one * 1e3);
+      nlohmann::json& o = out["verify"][std::to_string(n)];
+      o["ms_per_step"] = s * 1e3;
+      o["ratio_to_one_row"] = s / one;
+    }
+  }
 #ifdef SPECSERVE_WITH_CUDA
   if (on_gpu) {  // gpu/cuda_graphs.h: whether decode steps ran as graph replays
     const CudaGraphStats g = cuda_graph_stats(*backend);
@@ -445,6 +503,10 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--decode-context", a->decode_context,
                   "Tokens each sequence has cached when the timed decode steps start (llama-bench's depth; default 64)")
       ->capture_default_str();
+  sub->add_option("--verify-rows", a->verify_rows,
+                  "Also time verification steps: one sequence, N chain rows after the --decode-context prompt, all "
+                  "with logits (a target pass over N - 1 drafted tokens), as ms and as a ratio to the 1-row step")
+      ->check(CLI::Range(1, 64));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-model", [a] { return run(*a); });
 }

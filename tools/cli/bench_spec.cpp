@@ -64,6 +64,12 @@ struct TaskResult {
   int64_t decode_steps = 0;
   SpecStats spec;
   int mismatches = 0;
+  /// The decode phase's engine steps (one per Engine::step, whatever the batch) and the time they
+  /// spent in Proposer::propose and in target forward passes (EngineStats::draft_seconds,
+  /// forward_seconds); the rest of decode_seconds is the engine's own work (scheduling, KV
+  /// blocks, verification, sampling).
+  int64_t engine_steps = 0;
+  double draft_seconds = 0, forward_seconds = 0;
 };
 
 struct RunResult {
@@ -119,6 +125,7 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
       std::vector<SeqEvent> evs;
       size_t started = 0;
       double t_first_all = -1;
+      EngineStats at_first_all;
       while ((*engine)->has_work()) {
         evs.clear();
         SPECSERVE_RETURN_IF_ERROR((*engine)->step(&evs));
@@ -130,10 +137,17 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
         }
         if (t_first_all < 0 && started == ids.size()) {
           t_first_all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          at_first_all = (*engine)->stats();
         }
       }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       TaskResult& tr = rr.tasks[task];
+      if (t_first_all >= 0) {
+        const EngineStats& end = (*engine)->stats();
+        tr.engine_steps += end.num_steps - at_first_all.num_steps;
+        tr.draft_seconds += end.draft_seconds - at_first_all.draft_seconds;
+        tr.forward_seconds += end.forward_seconds - at_first_all.forward_seconds;
+      }
       tr.seconds += dt;
       tr.decode_seconds += dt - std::max(0.0, t_first_all);
       for (auto& [id, q] : ids) {
@@ -153,6 +167,9 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
     rr.total.decode_seconds += tr.decode_seconds;
     rr.total.decode_steps += tr.decode_steps;
     rr.total.spec.add(tr.spec);
+    rr.total.engine_steps += tr.engine_steps;
+    rr.total.draft_seconds += tr.draft_seconds;
+    rr.total.forward_seconds += tr.forward_seconds;
   }
   rr.by_source = (*engine)->stats().by_source;
   rr.model_name = *proposer ? (*proposer)->name() : "";
@@ -319,6 +336,13 @@ int run_bench(const BenchArgs& a) {
                        {"num_accepted_tokens", r.total.spec.num_accepted_tokens},
                        {"accepted_per_pos", r.total.spec.accepted_per_pos}, {"drafted_per_pos", r.total.spec.drafted_per_pos},
                        {"greedy_mismatches", r.total.mismatches}};
+      if (r.total.engine_steps > 0) {
+        const double n = static_cast<double>(r.total.engine_steps);
+        jr["overall"]["decode_engine_steps"] = r.total.engine_steps;
+        jr["overall"]["ms_per_engine_step"] = 1e3 * r.total.decode_seconds / n;
+        jr["overall"]["draft_ms_per_engine_step"] = 1e3 * r.total.draft_seconds / n;
+        jr["overall"]["forward_ms_per_engine_step"] = 1e3 * r.total.forward_seconds / n;
+      }
       jr["overall"]["drafts_by_source"] = nlohmann::json::parse(draft_sources_json(r.by_source));
       if (r.lookup_drafts >= 0) {
         jr["overall"]["lookup_drafts"] = r.lookup_drafts;
@@ -331,6 +355,18 @@ int run_bench(const BenchArgs& a) {
                 "cores, long: end-to-end includes it). Mean accepted tokens: 1 + accepted / drafts over the steps that\n"
                 "drafted (vLLM's); tokens per step: decode tokens / target steps after each sequence's first token, every\n"
                 "step counted (Spec-Bench's measure; lower than the mean when some steps draft nothing, e.g. draft_p_min).\n");
+    // Where a decode step's time goes: Spec-Bench reports only the speedup; this says whether a
+    // method loses to its proposer or to the wider target pass.
+    std::printf("\nTime per engine step in the decode phase (ms; proposer: Proposer::propose; target: forward passes,\n"
+                "verification included; other: the engine's own work between them):\n\n"
+                "| method | engine steps | ms per step | proposer | target forward | other | tokens per engine step |\n|---|---|---|---|---|---|---|\n");
+    for (const auto& r : runs) {
+      if (r.total.engine_steps <= 0) continue;
+      const double n = static_cast<double>(r.total.engine_steps);
+      const double all = 1e3 * r.total.decode_seconds / n, dr = 1e3 * r.total.draft_seconds / n, fw = 1e3 * r.total.forward_seconds / n;
+      std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.name.c_str(), static_cast<long long>(r.total.engine_steps), all, dr,
+                  fw, all - dr - fw, static_cast<double>(r.total.decode_tokens) / n);
+    }
     // Acceptance by depth: the share of verification steps whose draft token at depth i (a
     // chain's i-th token; a tree's accepted node at depth i) was accepted.
     size_t max_depth = 0;

@@ -10,7 +10,8 @@
 #   4. self-distillation data: `specserve dump-hidden` (greedy continuations, hidden states)
 #   5. tools/train/train_medusa.py and train_eagle.py (curves to bench/results/)
 #   6. tools/train/make_reference.py (tests/data/heads_reference.json),
-#      tools/train/eagle_chain_reference.py (tests/data/eagle_chain_reference.json) and
+#      tools/train/eagle_chain_reference.py (tests/data/eagle_chain_reference.json),
+#      tools/train/quantize_head.py (the Q8_0 copies models/heads/*.q8_0.gguf) and
 #      models/heads/SHA256SUMS
 # Usage: tools/train/train_all.sh [--work DIR] [--prompt-source S] [--num-prompts N]
 #          [--extra-templates N] [--max-new-tokens N] [--medusa-epochs N] [--eagle-epochs N]
@@ -169,7 +170,12 @@ log "reference outputs and checksums"
 log "installing the new heads over models/heads/ and their references over tests/data/"
 cp "$medusa_out" "$eagle_out" models/heads/
 cp "$work/heads/heads_reference.json" "$work/heads/eagle_chain_reference.json" tests/data/
-(cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf > SHA256SUMS && cat SHA256SUMS >&2)
+log "Q8_0 copies of both heads (tools/train/quantize_head.py: the files serving uses; models/heads/README.md)"
+for h in medusa eagle; do
+  "$py" tools/train/quantize_head.py "models/heads/$h-smollm2-135m.gguf" "models/heads/$h-smollm2-135m.q8_0.gguf" > /dev/null
+done
+(cd models/heads && sha256sum medusa-smollm2-135m.gguf eagle-smollm2-135m.gguf medusa-smollm2-135m.q8_0.gguf \
+  eagle-smollm2-135m.q8_0.gguf > SHA256SUMS && cat SHA256SUMS >&2)
 curves="train_{medusa,eagle}_$tag"
 [ "$eagle_only" = 1 ] && curves="train_eagle_$tag"
 log "done: models/heads/, bench/results/$curves.{json,png}, tests/data/{heads,eagle_chain}_reference.json"
