@@ -342,16 +342,187 @@ SPECSERVE_AVX512 void attend_tile(const AttentionCache& cache, const float* q, c
   }
 }
 
+// Values of every key into dims [off, off + HCP * 16) of the query vectors of one tile:
+// accumulate_values of that slice of each value row (HCP = 1, 2, 4 or 8 chunks of 16 floats).
+// Each output element sees the same fmas in the same key order as over the whole row.
+SPECSERVE_AVX512 void accumulate_value_slice(int hcp, const float* const* value, int64_t n, const float* w, int64_t ldw,
+                                             int64_t nq_total, float* acc_mem) {
+  switch (hcp) {
+    case 1: return accumulate_values<1>(value, n, w, ldw, nq_total, acc_mem);
+    case 2: return accumulate_values<2>(value, n, w, ldw, nq_total, acc_mem);
+    case 4: return accumulate_values<4>(value, n, w, ldw, nq_total, acc_mem);
+    default: return accumulate_values<8>(value, n, w, ldw, nq_total, acc_mem);
+  }
+}
+
+// One tile of the phased path: its item, its rows' own keys and its scores, shared by the
+// threads of all three phases.
+struct PhasedTile {
+  TileItem it{};
+  int64_t num_q = 0, num_shared = 0, ld = 0, shared_blocks = 0;
+  std::vector<int32_t> own_slots;
+  std::vector<int64_t> own_begin, own_n;
+  std::vector<float> scores, z;
+};
+
+// The tiled kernel's arithmetic, for calls with fewer tiles than two per thread (a decode row or
+// a verification step of one sequence: SmolLM2's 3 KV heads on 2 threads gave one thread two
+// thirds of the work). Three parallel phases instead of one item per tile: (1) the scores, each
+// tile's shared key blocks split in `parts` ranges (its rows' own keys with the last range);
+// (2) each query vector's softmax numerator; (3) the values and the normalisation, each tile's
+// head_dim split in up to `parts` slices of whole 16-float chunks. Every score is the same dot
+// product, every softmax runs over the same scores in the same order, and every output element
+// gets the same fmas in the same key order as in attend_tile: the same bits, on any thread count.
+template <int HC>
+SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs,
+                                       const std::vector<std::vector<int32_t>>& seq_slots, const std::vector<TileItem>& items,
+                                       int64_t num_heads, int64_t group, float scale, float* out) {
+  constexpr int64_t hd = HC * 16;
+  const int64_t threads = omp_get_max_threads();
+  const int64_t num_tiles = static_cast<int64_t>(items.size());
+  const int64_t parts = std::max<int64_t>(1, (2 * threads + num_tiles - 1) / num_tiles);
+  int64_t slices = 1;  // a power of two dividing HC
+  while (slices * 2 <= std::min<int64_t>(parts, HC)) slices *= 2;
+  const int hcp = static_cast<int>(HC / slices);
+  std::vector<PhasedTile> tiles(static_cast<size_t>(num_tiles));
+  std::vector<std::pair<int32_t, int32_t>> vectors;  // (tile, query vector) for the softmax phase
+  for (int64_t ti = 0; ti < num_tiles; ++ti) {
+    PhasedTile& t = tiles[static_cast<size_t>(ti)];
+    t.it = items[static_cast<size_t>(ti)];
+    const AttentionSeq& sq = seqs[t.it.seq];
+    const std::vector<int32_t>& all = seq_slots[t.it.seq];
+    const int64_t cached = sq.num_cached;
+    t.num_q = t.it.num_rows * group;
+    t.num_shared = sq.parents ? cached : cached + t.it.row0 + 1;
+    t.shared_blocks = (t.num_shared + kKeyBlock - 1) / kKeyBlock;
+    t.own_begin.resize(static_cast<size_t>(t.it.num_rows));
+    t.own_n.resize(static_cast<size_t>(t.it.num_rows));
+    int64_t max_own = 0;
+    for (int32_t r = 0; r < t.it.num_rows; ++r) {
+      const int32_t j = t.it.row0 + r;
+      const size_t begin = t.own_slots.size();
+      if (sq.parents) {
+        for (int32_t a = j; a >= 0; a = sq.parents[a]) t.own_slots.push_back(all[static_cast<size_t>(cached + a)]);
+        std::reverse(t.own_slots.begin() + static_cast<std::ptrdiff_t>(begin), t.own_slots.end());
+      } else {
+        for (int64_t p = t.num_shared; p <= cached + j; ++p) t.own_slots.push_back(all[static_cast<size_t>(p)]);
+      }
+      t.own_begin[static_cast<size_t>(r)] = static_cast<int64_t>(begin);
+      t.own_n[static_cast<size_t>(r)] = static_cast<int64_t>(t.own_slots.size() - begin);
+      max_own = std::max(max_own, t.own_n[static_cast<size_t>(r)]);
+    }
+    t.ld = t.num_shared + max_own;
+    t.scores.resize(static_cast<size_t>(t.num_q * t.ld));
+    t.z.resize(static_cast<size_t>(t.num_q));
+    for (int64_t i = 0; i < t.num_q; ++i) vectors.emplace_back(static_cast<int32_t>(ti), static_cast<int32_t>(i));
+  }
+  const int64_t num_vectors = static_cast<int64_t>(vectors.size());
+  auto query = [&](const PhasedTile& t, int64_t i) {
+    const AttentionSeq& sq = seqs[t.it.seq];
+    return q + ((sq.row_begin + t.it.row0 + i / group) * num_heads + t.it.kv_head * group + i % group) * hd;
+  };
+#pragma omp parallel
+  {
+    std::vector<const float*> ptrs(static_cast<size_t>(std::max<int64_t>(kKeyBlock, kValueBlock)));
+    std::vector<float> acc;
+    // Pointers to rows of `base` for slots[0, n), padded to a whole key block with the last one.
+    auto point = [&](const float* base, const int32_t* slots, int64_t n) {
+      const int64_t padded = std::max<int64_t>(kKeyBlock, n);
+      for (int64_t i = 0; i < padded; ++i) ptrs[static_cast<size_t>(i)] = base + static_cast<int64_t>(slots[std::min(i, n - 1)]) * cache.kv_stride;
+    };
+    // 1. Scores.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < num_tiles * parts; ++u) {
+      PhasedTile& t = tiles[static_cast<size_t>(u / parts)];
+      const int64_t part = u % parts;
+      const std::vector<int32_t>& all = seq_slots[t.it.seq];
+      const float* kbase = cache.k + t.it.kv_head * hd;
+      const int64_t b0 = t.shared_blocks * part / parts, b1 = t.shared_blocks * (part + 1) / parts;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t t0 = b * kKeyBlock;
+        const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, t.num_shared - t0));
+        point(kbase, all.data() + t0, n);
+        for (int64_t i = 0; i < t.num_q; ++i) score_block<HC>(query(t, i), ptrs.data(), scale, t.scores.data() + i * t.ld + t0, n);
+      }
+      if (part != parts - 1) continue;
+      for (int32_t r = 0; r < t.it.num_rows; ++r) {
+        const int32_t* own = t.own_slots.data() + t.own_begin[static_cast<size_t>(r)];
+        const int64_t num_own = t.own_n[static_cast<size_t>(r)];
+        for (int64_t t0 = 0; t0 < num_own; t0 += kKeyBlock) {
+          const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_own - t0));
+          point(kbase, own + t0, n);
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t i = r * group + g;
+            score_block<HC>(query(t, i), ptrs.data(), scale, t.scores.data() + i * t.ld + t.num_shared + t0, n);
+          }
+        }
+      }
+    }
+    // 2. Softmax numerators over each query vector's visible keys, in logical order.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < num_vectors; ++u) {
+      PhasedTile& t = tiles[static_cast<size_t>(vectors[static_cast<size_t>(u)].first)];
+      const int64_t i = vectors[static_cast<size_t>(u)].second;
+      t.z[static_cast<size_t>(i)] = softmax_numerator(t.scores.data() + i * t.ld, t.num_shared + t.own_n[static_cast<size_t>(i / group)]);
+    }
+    // 3. Values into one slice of head_dim, t ascending per query vector (shared keys in blocks,
+    // then each row's own), then that slice of the output normalised.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < num_tiles * slices; ++u) {
+      const PhasedTile& t = tiles[static_cast<size_t>(u / slices)];
+      const int64_t off = (u % slices) * hcp * 16, w = hcp * 16;
+      const std::vector<int32_t>& all = seq_slots[t.it.seq];
+      const float* vbase = cache.v + t.it.kv_head * hd + off;
+      acc.assign(static_cast<size_t>(t.num_q * w), 0.0f);
+      for (int64_t t0 = 0; t0 < t.num_shared; t0 += kValueBlock) {
+        const int64_t n = std::min<int64_t>(kValueBlock, t.num_shared - t0);
+        point(vbase, all.data() + t0, n);
+        accumulate_value_slice(hcp, ptrs.data(), n, t.scores.data() + t0, t.ld, t.num_q, acc.data());
+      }
+      for (int32_t r = 0; r < t.it.num_rows; ++r) {
+        const int32_t* own = t.own_slots.data() + t.own_begin[static_cast<size_t>(r)];
+        const int64_t num_own = t.own_n[static_cast<size_t>(r)];
+        for (int64_t t0 = 0; t0 < num_own; t0 += kValueBlock) {
+          const int64_t n = std::min<int64_t>(kValueBlock, num_own - t0);
+          point(vbase, own + t0, n);
+          accumulate_value_slice(hcp, ptrs.data(), n, t.scores.data() + r * group * t.ld + t.num_shared + t0, t.ld, group,
+                                 acc.data() + r * group * w);
+        }
+      }
+      const AttentionSeq& sq = seqs[t.it.seq];
+      for (int64_t i = 0; i < t.num_q; ++i) {
+        const float inv = 1.0f / t.z[static_cast<size_t>(i)];
+        const int64_t row = sq.row_begin + t.it.row0 + i / group;
+        float* o = out + (row * num_heads + t.it.kv_head * group + i % group) * hd + off;
+        const float* a = acc.data() + i * w;
+        for (int64_t e = 0; e < w; ++e) o[e] = a[e] * inv;
+      }
+    }
+  }
+}
+
 template <int HC>
 void attention_tiled(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
                      int64_t num_kv_heads, float* out) {
   const int64_t group = num_heads / num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HC * 16));
   const auto seq_slots = logical_slots(seqs, cache.block_size);
+  const int64_t threads = omp_get_max_threads();
+  if (threads > 1) {
+    // Fewer whole tiles (up to kMaxTileRows rows) than two per thread: the phased path, which
+    // splits each tile's keys and head_dim over the threads instead of its rows.
+    std::vector<TileItem> whole;
+    for (int32_t si = 0; si < static_cast<int32_t>(seqs.size()); ++si)
+      for (int32_t h = 0; h < num_kv_heads; ++h)
+        for (int64_t r0 = 0; r0 < seqs[si].num_rows; r0 += kMaxTileRows)
+          whole.push_back({si, h, static_cast<int32_t>(r0), static_cast<int32_t>(std::min<int64_t>(kMaxTileRows, seqs[si].num_rows - r0))});
+    if (!whole.empty() && static_cast<int64_t>(whole.size()) < 2 * threads) {
+      return attention_phased<HC>(cache, q, seqs, seq_slots, whole, num_heads, group, scale, out);
+    }
+  }
   // NOTE: rows are split into more tiles than the 16-row cap only while there are fewer items
   // than two per thread: a verification step of one sequence then still uses every core, at the
   // cost of reading its prefix once per tile instead of once.
-  const int64_t threads = omp_get_max_threads();
   const int64_t base_items = static_cast<int64_t>(seqs.size()) * num_kv_heads;
   const int64_t split = base_items > 0 ? std::max<int64_t>(1, (2 * threads + base_items - 1) / base_items) : 1;
   std::vector<TileItem> items;

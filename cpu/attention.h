@@ -20,7 +20,10 @@
 //   nodes, or a tile of a prefill) and the query heads of one KV group share each 16-key block of
 //   the prefix while it is in L1, and 16 dot products are reduced together by a transposing
 //   shuffle tree instead of one horizontal reduction each. Work items are (sequence, KV head,
-//   row tile), so a single decode row also spreads over the threads by KV head.
+//   row tile). A call with fewer such tiles than two per thread (a decode row or a verification
+//   step of one sequence: SmolLM2 has 3 KV heads for 2 threads) runs in three phases over all
+//   threads instead — scores by ranges of key blocks, softmax numerators by query vector, values
+//   by slices of head_dim — which moves no operation, only which thread does it.
 #pragma once
 
 #include <cstdint>

@@ -246,6 +246,37 @@ TEST(Attention, TiledKernelGivesTheRowWiseBitsForEveryShapeAndThreadCount) {
   }
 }
 
+// Calls with fewer tiles than two per thread take the phased path (scores split by key blocks,
+// values by head_dim slices over the threads): a decode row, a verification chain, trees, a
+// short prefill and two decode rows of two sequences, each against the row-wise bits for every
+// layout and for 2, 3, 4 and 8 threads (1, 2, 4 or 8 slices of head_dim; key ranges shorter
+// than one block and empty ones included).
+TEST(Attention, PhasedPathForFewTilesGivesTheRowWiseBits) {
+  IsaScope isa(MatmulIsa::kAvx512);
+  if (!isa.ok()) GTEST_SKIP() << "this CPU has no avx512f: the tiled kernel never runs here";
+  ThreadsScope threads_scope(1);
+  std::mt19937 rng(23);
+  const std::vector<std::vector<SeqSpec>> calls = {
+      {{0, 1, {}}},      {{5, 1, {}}},     {{300, 1, {}}}, {{517, 1, {}}},
+      {{100, 3, {}}},    {{63, 5, {}}},    {{200, 16, {}}},
+      {{50, 7, random_tree(7, rng)}},      {{0, 9, random_tree(9, rng)}},
+      {{0, 40, {}}},     {{33, 1, {}}, {90, 1, {}}},
+  };
+  for (const Layout& l : kLayouts) {
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const Problem p(l, calls[c], static_cast<uint32_t>(rng()));
+      const auto want = p.run(false);
+      for (int threads : {2, 3, 4, 8}) {
+        threads_scope.set(threads);
+        const auto got = p.run(true);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+            << name(l) << ", call " << c << ", " << threads << " threads";
+      }
+      threads_scope.set(1);
+    }
+  }
+}
+
 TEST(Attention, EachSequenceGetsTheSameBitsAloneAsInABatch) {
   // The tile split depends on how many sequences share the call; a row's bits may not.
   std::mt19937 rng(11);
