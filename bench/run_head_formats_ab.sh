@@ -5,14 +5,15 @@
 # draft_p_min 0.5 and Medusa k 4 (all with draft_vocab_size 8192), beside n-gram and the baseline;
 # the first 2 questions of each task, 64 tokens. Reports speedups, acceptance and, per engine step,
 # the time in the proposer, in target passes and in the rest (bench-spec's time table).
-# Writes bench/results/heads_q8_ab_b1_<date>-<kernel>.{md,json,png} for each kernel in KERNELS
-# (default "vnni avx512"; a kernel the CPU lacks falls back, as cpu/matmul.h says, and the file
-# records the kernel that ran: "cpu_matmul").
-# Usage: bench/run_head_formats_ab.sh [THREADS]     (--help: this text)
+# Writes bench/results/heads_q8_ab_b1_<date>-<kernel>[-<TAG>].{md,json,png} for each kernel in
+# KERNELS (default "vnni avx512"; a kernel the CPU lacks falls back, as cpu/matmul.h says, and the
+# file records the kernel that ran: "cpu_matmul"); TAG (e.g. run1, run2) keeps repeated runs apart.
+# Usage: bench/run_head_formats_ab.sh [THREADS] [TAG]     (--help: this text)
 set -euo pipefail
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,11p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
+tag="${2:+-$2}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
 py="$("$here/scripts/venv.sh" --with-plot)"
@@ -29,7 +30,7 @@ for pair in "eagle:$chain" "eagle:$tree" "medusa:$med"; do
   done
 done
 for kernel in ${KERNELS:-vnni avx512}; do
-  out="$here/bench/results/heads_q8_ab_b1_$day-$kernel"
+  out="$here/bench/results/heads_q8_ab_b1_$day-$kernel$tag"
   SPECSERVE_CPU_MATMUL="$kernel" "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" \
     --per-task 2 --max-tokens 64 --batch-sizes 1 "${specs[@]}" --output "$out.json" | tee "$out.md"
   "$py" "$here/bench/plot_spec_bench.py" "$out.json"

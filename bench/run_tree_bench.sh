@@ -12,10 +12,11 @@
 # draft_model has no smaller model with SmolLM2's vocabulary to use here: it runs the target itself
 # as its draft (acceptance ceiling, cost about 2x), stated as such in the results.
 # Writes bench/results/spec_trees_b1_<date>.{json,md,png} and spec_trees_b8_<date>.*; with
-# SPECSERVE_CPU_MATMUL set (e.g. amx, cpu/matmul.h) the names end in -<kernel>.
+# SPECSERVE_CPU_MATMUL set (e.g. amx, cpu/matmul.h) the names end in -<kernel>. The heads are the
+# Q8_0 files (models/heads/*.q8_0.gguf) unless HEAD_FORMAT=f16.
 # Usage: bench/run_tree_bench.sh [THREADS]     (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,16p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,17p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
@@ -24,8 +25,15 @@ py="$("$here/scripts/venv.sh" --with-plot)"
 day="$(date +%Y-%m-%d)"
 kernel="$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
 [ -z "$kernel" ] || day="$day-$kernel"
-medusa="$here/models/heads/medusa-smollm2-135m.gguf"
-eagle="$here/models/heads/eagle-smollm2-135m.gguf"
+# The heads' Q8_0 copies (what serving uses; models/heads/README.md); HEAD_FORMAT=f16 for the
+# trainers' F16 files (the runs before 2026-12-06).
+case "${HEAD_FORMAT:-q8_0}" in
+  q8_0) ext=".q8_0.gguf" ;;
+  f16) ext=".gguf" ;;
+  *) echo "run_tree_bench.sh: HEAD_FORMAT = '$HEAD_FORMAT': expected q8_0 or f16" >&2; exit 2 ;;
+esac
+medusa="$here/models/heads/medusa-smollm2-135m$ext"
+eagle="$here/models/heads/eagle-smollm2-135m$ext"
 specs=(
   --spec '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":5}'
   --spec '{"method":"layer_skip","num_speculative_tokens":3,"num_layers":24}'

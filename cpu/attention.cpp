@@ -242,6 +242,32 @@ struct TileItem {
   int32_t seq, kv_head, row0, num_rows;
 };
 
+// Each row's own keys of a tile (a chain row: the tile's rows up to itself after the shared
+// keys; a tree node: its ancestors from the root, then itself), concatenated in logical order
+// into own_slots; own_begin / own_n [rows] say where each row's are. Returns the most any row has.
+int64_t collect_own_keys(const AttentionSeq& sq, const std::vector<int32_t>& all, const TileItem& it, int64_t num_shared,
+                         std::vector<int32_t>& own_slots, std::vector<int64_t>& own_begin, std::vector<int64_t>& own_n) {
+  const int64_t cached = sq.num_cached;
+  own_slots.clear();
+  own_begin.resize(static_cast<size_t>(it.num_rows));
+  own_n.resize(static_cast<size_t>(it.num_rows));
+  int64_t max_own = 0;
+  for (int32_t r = 0; r < it.num_rows; ++r) {
+    const int32_t j = it.row0 + r;
+    const size_t begin = own_slots.size();
+    if (sq.parents) {
+      for (int32_t a = j; a >= 0; a = sq.parents[a]) own_slots.push_back(all[static_cast<size_t>(cached + a)]);
+      std::reverse(own_slots.begin() + static_cast<std::ptrdiff_t>(begin), own_slots.end());
+    } else {
+      for (int64_t p = num_shared; p <= cached + j; ++p) own_slots.push_back(all[static_cast<size_t>(p)]);
+    }
+    own_begin[static_cast<size_t>(r)] = static_cast<int64_t>(begin);
+    own_n[static_cast<size_t>(r)] = static_cast<int64_t>(own_slots.size() - begin);
+    max_own = std::max(max_own, own_n[static_cast<size_t>(r)]);
+  }
+  return max_own;
+}
+
 // Per-thread scratch of the tiled kernel.
 struct TileScratch {
   std::vector<int32_t> own_slots;        // each row's own keys, concatenated
@@ -261,23 +287,7 @@ SPECSERVE_AVX512 void attend_tile(const AttentionCache& cache, const float* q, c
   const int64_t cached = sq.num_cached;
   // Keys every row of the tile sees: the prefix, and in a chain also the rows up to the first.
   const int64_t num_shared = sq.parents ? cached : cached + it.row0 + 1;
-  s.own_slots.clear();
-  s.own_begin.resize(static_cast<size_t>(it.num_rows));
-  s.own_n.resize(static_cast<size_t>(it.num_rows));
-  int64_t max_own = 0;
-  for (int32_t r = 0; r < it.num_rows; ++r) {
-    const int32_t j = it.row0 + r;
-    const size_t begin = s.own_slots.size();
-    if (sq.parents) {
-      for (int32_t a = j; a >= 0; a = sq.parents[a]) s.own_slots.push_back(all[static_cast<size_t>(cached + a)]);
-      std::reverse(s.own_slots.begin() + static_cast<std::ptrdiff_t>(begin), s.own_slots.end());
-    } else {
-      for (int64_t p = num_shared; p <= cached + j; ++p) s.own_slots.push_back(all[static_cast<size_t>(p)]);
-    }
-    s.own_begin[static_cast<size_t>(r)] = static_cast<int64_t>(begin);
-    s.own_n[static_cast<size_t>(r)] = static_cast<int64_t>(s.own_slots.size() - begin);
-    max_own = std::max(max_own, s.own_n[static_cast<size_t>(r)]);
-  }
+  const int64_t max_own = collect_own_keys(sq, all, it, num_shared, s.own_slots, s.own_begin, s.own_n);
   const int64_t ld = num_shared + max_own;
   s.scores.resize(static_cast<size_t>(num_q * ld));
   s.acc.assign(static_cast<size_t>(num_q * hd), 0.0f);
@@ -351,7 +361,8 @@ SPECSERVE_AVX512 void accumulate_value_slice(int hcp, const float* const* value,
     case 1: return accumulate_values<1>(value, n, w, ldw, nq_total, acc_mem);
     case 2: return accumulate_values<2>(value, n, w, ldw, nq_total, acc_mem);
     case 4: return accumulate_values<4>(value, n, w, ldw, nq_total, acc_mem);
-    default: return accumulate_values<8>(value, n, w, ldw, nq_total, acc_mem);
+    case 8: return accumulate_values<8>(value, n, w, ldw, nq_total, acc_mem);
+    default: SPECSERVE_CHECK(false, "attention: a head_dim slice of " + std::to_string(hcp) + " x 16 floats");
   }
 }
 
@@ -360,17 +371,20 @@ SPECSERVE_AVX512 void accumulate_value_slice(int hcp, const float* const* value,
 struct PhasedTile {
   TileItem it{};
   int64_t num_q = 0, num_shared = 0, ld = 0, shared_blocks = 0;
-  std::vector<int32_t> own_slots;
-  std::vector<int64_t> own_begin, own_n;
-  std::vector<float> scores, z;
+  std::vector<int32_t> own_slots;          // each row's own keys, concatenated
+  std::vector<int64_t> own_begin, own_n;   // [rows]
+  std::vector<float> scores;               // [num_q, ld]
+  std::vector<float> z;                    // [num_q]
 };
+
+std::atomic<int64_t> g_phased_calls{0};
 
 // The tiled kernel's arithmetic, for calls with fewer tiles than two per thread (a decode row or
 // a verification step of one sequence: SmolLM2's 3 KV heads on 2 threads gave one thread two
 // thirds of the work). Three parallel phases instead of one item per tile: (1) the scores, each
-// tile's shared key blocks split in `parts` ranges (its rows' own keys with the last range);
+// tile's shared key blocks split in `num_parts` ranges (its rows' own keys with the last range);
 // (2) each query vector's softmax numerator; (3) the values and the normalisation, each tile's
-// head_dim split in up to `parts` slices of whole 16-float chunks. Every score is the same dot
+// head_dim split in up to `num_parts` slices of whole 16-float chunks. Every score is the same dot
 // product, every softmax runs over the same scores in the same order, and every output element
 // gets the same fmas in the same key order as in attend_tile: the same bits, on any thread count.
 template <int HC>
@@ -378,40 +392,30 @@ SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float*
                                        const std::vector<std::vector<int32_t>>& seq_slots, const std::vector<TileItem>& items,
                                        int64_t num_heads, int64_t group, float scale, float* out) {
   constexpr int64_t hd = HC * 16;
+  g_phased_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t threads = omp_get_max_threads();
   const int64_t num_tiles = static_cast<int64_t>(items.size());
-  const int64_t parts = std::max<int64_t>(1, (2 * threads + num_tiles - 1) / num_tiles);
-  int64_t slices = 1;  // a power of two dividing HC
-  while (slices * 2 <= std::min<int64_t>(parts, HC)) slices *= 2;
-  const int hcp = static_cast<int>(HC / slices);
-  std::vector<PhasedTile> tiles(static_cast<size_t>(num_tiles));
-  std::vector<std::pair<int32_t, int32_t>> vectors;  // (tile, query vector) for the softmax phase
+  const int64_t num_parts = std::max<int64_t>(1, (2 * threads + num_tiles - 1) / num_tiles);
+  int64_t num_slices = 1;  // a power of two dividing HC
+  while (num_slices * 2 <= std::min<int64_t>(num_parts, HC)) num_slices *= 2;
+  const int hcp = static_cast<int>(HC / num_slices);
+  // Kept by the calling thread from call to call (30 layers a step): no allocation once grown.
+  // NOTE: the team reads them through these references; naming the thread_locals inside the
+  // parallel region would give each thread its own, empty, copy.
+  thread_local std::vector<PhasedTile> tiles_of_caller;
+  thread_local std::vector<std::pair<int32_t, int32_t>> vectors_of_caller;
+  std::vector<PhasedTile>& tiles = tiles_of_caller;
+  std::vector<std::pair<int32_t, int32_t>>& vectors = vectors_of_caller;  // (tile, query vector) of the softmax phase
+  if (static_cast<int64_t>(tiles.size()) < num_tiles) tiles.resize(static_cast<size_t>(num_tiles));
+  vectors.clear();
   for (int64_t ti = 0; ti < num_tiles; ++ti) {
     PhasedTile& t = tiles[static_cast<size_t>(ti)];
     t.it = items[static_cast<size_t>(ti)];
     const AttentionSeq& sq = seqs[t.it.seq];
-    const std::vector<int32_t>& all = seq_slots[t.it.seq];
-    const int64_t cached = sq.num_cached;
     t.num_q = t.it.num_rows * group;
-    t.num_shared = sq.parents ? cached : cached + t.it.row0 + 1;
+    t.num_shared = sq.parents ? sq.num_cached : sq.num_cached + t.it.row0 + 1;
     t.shared_blocks = (t.num_shared + kKeyBlock - 1) / kKeyBlock;
-    t.own_begin.resize(static_cast<size_t>(t.it.num_rows));
-    t.own_n.resize(static_cast<size_t>(t.it.num_rows));
-    int64_t max_own = 0;
-    for (int32_t r = 0; r < t.it.num_rows; ++r) {
-      const int32_t j = t.it.row0 + r;
-      const size_t begin = t.own_slots.size();
-      if (sq.parents) {
-        for (int32_t a = j; a >= 0; a = sq.parents[a]) t.own_slots.push_back(all[static_cast<size_t>(cached + a)]);
-        std::reverse(t.own_slots.begin() + static_cast<std::ptrdiff_t>(begin), t.own_slots.end());
-      } else {
-        for (int64_t p = t.num_shared; p <= cached + j; ++p) t.own_slots.push_back(all[static_cast<size_t>(p)]);
-      }
-      t.own_begin[static_cast<size_t>(r)] = static_cast<int64_t>(begin);
-      t.own_n[static_cast<size_t>(r)] = static_cast<int64_t>(t.own_slots.size() - begin);
-      max_own = std::max(max_own, t.own_n[static_cast<size_t>(r)]);
-    }
-    t.ld = t.num_shared + max_own;
+    t.ld = t.num_shared + collect_own_keys(sq, seq_slots[t.it.seq], t.it, t.num_shared, t.own_slots, t.own_begin, t.own_n);
     t.scores.resize(static_cast<size_t>(t.num_q * t.ld));
     t.z.resize(static_cast<size_t>(t.num_q));
     for (int64_t i = 0; i < t.num_q; ++i) vectors.emplace_back(static_cast<int32_t>(ti), static_cast<int32_t>(i));
@@ -423,8 +427,9 @@ SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float*
   };
 #pragma omp parallel
   {
-    std::vector<const float*> ptrs(static_cast<size_t>(std::max<int64_t>(kKeyBlock, kValueBlock)));
-    std::vector<float> acc;
+    // Per team thread, kept across calls (OpenMP's threads persist).
+    thread_local std::vector<const float*> ptrs(static_cast<size_t>(std::max<int64_t>(kKeyBlock, kValueBlock)));
+    thread_local std::vector<float> acc;  // [num_q, slice width] of the tile in hand
     // Pointers to rows of `base` for slots[0, n), padded to a whole key block with the last one.
     auto point = [&](const float* base, const int32_t* slots, int64_t n) {
       const int64_t padded = std::max<int64_t>(kKeyBlock, n);
@@ -432,19 +437,19 @@ SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float*
     };
     // 1. Scores.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < num_tiles * parts; ++u) {
-      PhasedTile& t = tiles[static_cast<size_t>(u / parts)];
-      const int64_t part = u % parts;
+    for (int64_t u = 0; u < num_tiles * num_parts; ++u) {
+      PhasedTile& t = tiles[static_cast<size_t>(u / num_parts)];
+      const int64_t part = u % num_parts;
       const std::vector<int32_t>& all = seq_slots[t.it.seq];
       const float* kbase = cache.k + t.it.kv_head * hd;
-      const int64_t b0 = t.shared_blocks * part / parts, b1 = t.shared_blocks * (part + 1) / parts;
+      const int64_t b0 = t.shared_blocks * part / num_parts, b1 = t.shared_blocks * (part + 1) / num_parts;
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t t0 = b * kKeyBlock;
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, t.num_shared - t0));
         point(kbase, all.data() + t0, n);
         for (int64_t i = 0; i < t.num_q; ++i) score_block<HC>(query(t, i), ptrs.data(), scale, t.scores.data() + i * t.ld + t0, n);
       }
-      if (part != parts - 1) continue;
+      if (part != num_parts - 1) continue;
       for (int32_t r = 0; r < t.it.num_rows; ++r) {
         const int32_t* own = t.own_slots.data() + t.own_begin[static_cast<size_t>(r)];
         const int64_t num_own = t.own_n[static_cast<size_t>(r)];
@@ -468,9 +473,9 @@ SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float*
     // 3. Values into one slice of head_dim, t ascending per query vector (shared keys in blocks,
     // then each row's own), then that slice of the output normalised.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < num_tiles * slices; ++u) {
-      const PhasedTile& t = tiles[static_cast<size_t>(u / slices)];
-      const int64_t off = (u % slices) * hcp * 16, w = hcp * 16;
+    for (int64_t u = 0; u < num_tiles * num_slices; ++u) {
+      const PhasedTile& t = tiles[static_cast<size_t>(u / num_slices)];
+      const int64_t off = (u % num_slices) * hcp * 16, w = hcp * 16;
       const std::vector<int32_t>& all = seq_slots[t.it.seq];
       const float* vbase = cache.v + t.it.kv_head * hd + off;
       acc.assign(static_cast<size_t>(t.num_q * w), 0.0f);
@@ -572,6 +577,8 @@ bool attention_tiled_applies(int64_t head_dim) {
   return attention_kernel() == AttentionKernel::kTiled && matmul_isa() != MatmulIsa::kAvx2 &&
          (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
+
+int64_t attention_phased_calls() { return g_phased_calls.load(std::memory_order_relaxed); }
 
 const char* attention_kernel_name() { return attention_tiled_applies(64) ? "tiled" : "rowwise"; }
 

@@ -74,6 +74,10 @@ void set_attention_kernel(AttentionKernel kernel);
 /// choice is tiled, matmul_isa() is AVX-512, AMX or vnni, and head_dim is 16, 32, 64 or 128.
 bool attention_tiled_applies(int64_t head_dim);
 
+/// Calls that took the tiled kernel's phased path (fewer tiles than two per thread; cpu/
+/// attention.cpp attention_phased) in this process so far: for tests, which must know the path ran.
+int64_t attention_phased_calls();
+
 /// "tiled" or "rowwise": what runs in this process for the head widths the tiled kernel covers
 /// (for logs and benchmark records).
 const char* attention_kernel_name();

@@ -13,10 +13,15 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
   "$venv/bin/pip" install -q --upgrade pip >&2
 fi
-need=(gguf numpy tokenizers openai)
+need=(numpy tokenizers openai)
 for p in "${need[@]}"; do
   "$venv/bin/python" -c "import $p" 2>/dev/null || "$venv/bin/pip" install -q "$p" >&2
 done
+# gguf pinned: tests/e2e/quantize_head_test.py checks that tools/train/quantize_head.py rewrites the
+# committed heads byte for byte, and the writer's layout may change between releases.
+gguf_version=0.19.0
+"$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('gguf') != '$gguf_version')" 2>/dev/null ||
+  "$venv/bin/pip" install -q "gguf==$gguf_version" >&2
 need_llama() {
   if ! "$venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
     echo "[venv] building llama-cpp-python from source (several minutes)" >&2

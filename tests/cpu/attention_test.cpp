@@ -268,7 +268,11 @@ TEST(Attention, PhasedPathForFewTilesGivesTheRowWiseBits) {
       const auto want = p.run(false);
       for (int threads : {2, 3, 4, 8}) {
         threads_scope.set(threads);
+        const int64_t before = attention_phased_calls();
         const auto got = p.run(true);
+        int64_t tiles = 0;  // (sequence, KV head, up to 16 rows)
+        for (const SeqSpec& sp : calls[c]) tiles += l.num_kv_heads * ((sp.num_rows + 15) / 16);
+        EXPECT_EQ(attention_phased_calls() - before, tiles < 2 * threads ? 1 : 0) << name(l) << ", call " << c << ", " << threads << " threads";
         ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
             << name(l) << ", call " << c << ", " << threads << " threads";
       }
@@ -278,13 +282,16 @@ TEST(Attention, PhasedPathForFewTilesGivesTheRowWiseBits) {
 }
 
 TEST(Attention, EachSequenceGetsTheSameBitsAloneAsInABatch) {
-  // The tile split depends on how many sequences share the call; a row's bits may not.
+  // The tile split depends on how many sequences share the call; a row's bits may not. With 2
+  // threads the batch takes the per-tile path and most sequences alone the phased one.
   std::mt19937 rng(11);
   const Layout l = kLayouts[0];
   const Problem p(l, mixed_batch(rng), 99);
   for (int threads : {1, 2}) {
     ThreadsScope threads_scope(threads);
+    const int64_t before = attention_phased_calls();
     const auto all = p.run(true);
+    EXPECT_EQ(attention_phased_calls(), before) << "the batch of " << p.num_seqs() << " sequences took the phased path";
     for (size_t si = 0; si < p.num_seqs(); ++si) {
       const auto alone = p.run_alone(si);
       const size_t begin = static_cast<size_t>(p.row_begin(si) * l.num_heads * l.head_dim);

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """tools/train/quantize_head.py against the committed heads: run on models/heads/*-smollm2-135m.gguf
-it writes exactly the committed *.q8_0.gguf files (the command in models/heads/README.md
+it writes exactly the committed *.q8_0.gguf files (with gguf 0.19.0, which scripts/venv.sh pins) (the command in models/heads/README.md
 reproduces them); every matrix is Q8_0 within ggml's rounding bound of the F16 values (half a
 step, amax / 254 per 32-value block, plus the fp16 rounding of the scale), every vector and
-metadata key is kept; a file that is not a GGUF, or a GGUF that is not a head, is refused with
-exit status 1 and a message naming it.
+metadata key is kept with its type; a file that is not a GGUF, a GGUF that is not a head, or the
+input named as the output is refused with exit status 1 and a message naming it.
 
 Usage: tests/e2e/run_python_test.sh tests/e2e/quantize_head_test.py [--bin IGNORED]
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,9 +50,10 @@ def main():
             with open(out, "rb") as a, open(committed, "rb") as b:
                 check(a.read() == b.read(), f"{method}: output is byte for byte the committed {os.path.basename(committed)}")
             f16, q8 = GGUFReader(src), GGUFReader(out)
-            keys16 = {f.name: f.contents() for f in f16.fields.values() if not f.name.startswith("GGUF.")}
-            keys8 = {f.name: f.contents() for f in q8.fields.values() if not f.name.startswith("GGUF.")}
-            check(all(keys8.get(k) == v for k, v in keys16.items()), f"{method}: every metadata key kept (fingerprint included)")
+            keys16 = {f.name: (f.types, f.contents()) for f in f16.fields.values() if not f.name.startswith("GGUF.")}
+            keys8 = {f.name: (f.types, f.contents()) for f in q8.fields.values() if not f.name.startswith("GGUF.")}
+            check(all(keys8.get(k) == v for k, v in keys16.items()),
+                  f"{method}: every metadata key kept with its type (fingerprint included)")
             t16 = {t.name: t for t in f16.tensors}
             check(sorted(t16) == sorted(t.name for t in q8.tensors), f"{method}: the same tensors")
             for t in q8.tensors:
@@ -69,6 +71,12 @@ def main():
                 else:
                     check(t.tensor_type == a.tensor_type and np.array_equal(np.asarray(t.data), np.asarray(a.data)),
                           f"{method}: vector {t.name} copied unchanged")
+        same = os.path.join(tmp, "same.gguf")
+        shutil.copy(os.path.join(HEADS, "medusa-smollm2-135m.gguf"), same)
+        r = run_tool(same, same)
+        with open(same, "rb") as a, open(os.path.join(HEADS, "medusa-smollm2-135m.gguf"), "rb") as b:
+            check(r.returncode == 1 and "is the input file" in r.stderr and a.read() == b.read(),
+                  "the input as output is refused and left intact")
         junk = os.path.join(tmp, "junk.gguf")
         with open(junk, "wb") as fh:
             fh.write(b"not a gguf file at all")

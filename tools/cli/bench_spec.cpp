@@ -65,9 +65,9 @@ struct TaskResult {
   SpecStats spec;
   int mismatches = 0;
   /// The decode phase's engine steps (one per Engine::step, whatever the batch) and the time they
-  /// spent in Proposer::propose and in target forward passes (EngineStats::draft_seconds,
-  /// forward_seconds); the rest of decode_seconds is the engine's own work (scheduling, KV
-  /// blocks, verification, sampling).
+  /// spent in Proposer::propose and in target forward passes, the verification pass included
+  /// (EngineStats::draft_seconds, forward_seconds), over the same window as decode_seconds; the
+  /// rest of it is the engine's own work (scheduling, KV blocks, the acceptance check, sampling).
   int64_t engine_steps = 0;
   double draft_seconds = 0, forward_seconds = 0;
 };
@@ -125,7 +125,9 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
       std::vector<SeqEvent> evs;
       size_t started = 0;
       double t_first_all = -1;
-      EngineStats at_first_all;
+      // Engine counters where the decode window starts: when every sequence has its first token,
+      // or (if that never happens, e.g. a refused request) the group's start, as decode_seconds.
+      EngineStats at_first_all = (*engine)->stats();
       while ((*engine)->has_work()) {
         evs.clear();
         SPECSERVE_RETURN_IF_ERROR((*engine)->step(&evs));
@@ -142,12 +144,10 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
       }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       TaskResult& tr = rr.tasks[task];
-      if (t_first_all >= 0) {
-        const EngineStats& end = (*engine)->stats();
-        tr.engine_steps += end.num_steps - at_first_all.num_steps;
-        tr.draft_seconds += end.draft_seconds - at_first_all.draft_seconds;
-        tr.forward_seconds += end.forward_seconds - at_first_all.forward_seconds;
-      }
+      const EngineStats& end = (*engine)->stats();
+      tr.engine_steps += end.num_steps - at_first_all.num_steps;
+      tr.draft_seconds += end.draft_seconds - at_first_all.draft_seconds;
+      tr.forward_seconds += end.forward_seconds - at_first_all.forward_seconds;
       tr.seconds += dt;
       tr.decode_seconds += dt - std::max(0.0, t_first_all);
       for (auto& [id, q] : ids) {
@@ -357,8 +357,9 @@ int run_bench(const BenchArgs& a) {
                 "step counted (Spec-Bench's measure; lower than the mean when some steps draft nothing, e.g. draft_p_min).\n");
     // Where a decode step's time goes: Spec-Bench reports only the speedup; this says whether a
     // method loses to its proposer or to the wider target pass.
-    std::printf("\nTime per engine step in the decode phase (ms; proposer: Proposer::propose; target: forward passes,\n"
-                "verification included; other: the engine's own work between them):\n\n"
+    std::printf("\nTime per engine step in the decode phase (ms; proposer: Proposer::propose; target forward: the target's\n"
+                "passes, verification included; other: the engine's own work between them: scheduling, KV blocks, the\n"
+                "acceptance check, sampling. Tokens per engine step: decode tokens / engine steps, all sequences of a batch):\n\n"
                 "| method | engine steps | ms per step | proposer | target forward | other | tokens per engine step |\n|---|---|---|---|---|---|---|\n");
     for (const auto& r : runs) {
       if (r.total.engine_steps <= 0) continue;

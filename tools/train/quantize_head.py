@@ -10,7 +10,10 @@ smaller than F16 and, in specserve, runs as the target's own Q8_0 weights do (th
 the CPU, the int8 kernel under SPECSERVE_CPU_MATMUL=vnni) instead of being expanded to fp32.
 
 A quantised head drafts slightly different tokens; the output stays the target's (every draft is
-verified). Error per weight: |w - w_q8| <= amax(block) / 254.
+verified). Error per weight: |w - w_q8| <= amax(block) / 254 (half a step) + amax(block) * 2^-11
+(the fp16 rounding of the scale).
+
+OUT is written beside itself and renamed over OUT only when complete; IN and OUT must differ.
 
 Usage: quantize_head.py IN.gguf OUT.gguf   (--help for this text). Prints OUT's sha256.
 """
@@ -26,9 +29,12 @@ def main():
     ap.add_argument("input", help="head GGUF (medusa or eagle architecture, F16 / F32 matrices)")
     ap.add_argument("output", help="where to write the Q8_0 head")
     a = ap.parse_args()
+    import os
     import gguf
     from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType as Q
 
+    if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.input, a.output):
+        sys.exit(f"quantize_head: {a.output} is the input file: write the Q8_0 head to another path")
     try:
         r = GGUFReader(a.input)
     except Exception as e:  # a missing, truncated or non-GGUF file
@@ -37,13 +43,20 @@ def main():
     arch = arch_field.contents() if arch_field is not None else None
     if arch not in ("medusa", "eagle"):
         sys.exit(f"quantize_head: {a.input}: general.architecture = {arch!r}; expected 'medusa' or 'eagle'")
-    w = gguf.GGUFWriter(a.output, arch)
+    tmp = a.output + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
     for f in r.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
+        if f.name == "general.alignment":  # the writer's own alignment, not a copied key
+            w.add_custom_alignment(int(f.contents()))
+            continue
         vtype = f.types[0]
         sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
-        w.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+        try:
+            w.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+        except (ValueError, TypeError) as e:  # e.g. an empty array, which the writer refuses
+            sys.exit(f"quantize_head: {a.input}: metadata key {f.name} cannot be copied ({e})")
     w.add_string("general.quantized_by", "tools/train/quantize_head.py (Q8_0)")
     n_q = 0
     for t in r.tensors:
@@ -60,6 +73,7 @@ def main():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.replace(tmp, a.output)
     h = hashlib.sha256()
     with open(a.output, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
