@@ -21,14 +21,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="bench-model --output files with a 'verify' section")
     ap.add_argument("--out", required=True, help="output prefix (OUT.png, OUT.md)")
-    ap.add_argument("--labels", nargs="+", help="one label per input (default: its kernel and context)")
+    ap.add_argument("--labels", nargs="+", help="one label per input, put before its kernel and context")
     a = ap.parse_args()
     if a.labels and len(a.labels) != len(a.inputs):
         raise SystemExit(f"--labels: {len(a.labels)} labels for {len(a.inputs)} inputs")
     runs = []
     for k, path in enumerate(a.inputs):
-        with open(path) as f:
-            j = json.load(f)
+        try:
+            with open(path) as f:
+                j = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{path}: cannot read a bench-model JSON ({e})")
         if "verify" not in j:
             raise SystemExit(f"{path}: no 'verify' section (run bench-model with --verify-rows)")
         rows = sorted(int(k) for k in j["verify"])

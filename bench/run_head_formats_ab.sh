@@ -8,12 +8,18 @@
 # Writes bench/results/heads_q8_ab_b1_<date>-<kernel>[-<TAG>].{md,json,png} for each kernel in
 # KERNELS (default "vnni avx512"; a kernel the CPU lacks falls back, as cpu/matmul.h says, and the
 # file records the kernel that ran: "cpu_matmul"); TAG (e.g. run1, run2) keeps repeated runs apart.
+# Env: QUESTIONS (default: bench-spec's own, the checkout's ../shared/data/spec_bench/question.jsonl).
 # Usage: bench/run_head_formats_ab.sh [THREADS] [TAG]     (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,11p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,12p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
+if [ -n "${2:-}" ] && ! [[ "$2" =~ ^[A-Za-z0-9._-]+$ ]]; then
+  echo "run_head_formats_ab.sh: TAG = '$2': use letters, digits, '.', '_' or '-' (it goes into file names)" >&2; exit 2
+fi
 tag="${2:+-$2}"
+questions="${QUESTIONS:-$here/../shared/data/spec_bench/question.jsonl}"
+[ -r "$questions" ] || { echo "run_head_formats_ab.sh: cannot read the Spec-Bench questions $questions (set QUESTIONS)" >&2; exit 2; }
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
 py="$("$here/scripts/venv.sh" --with-plot)"
@@ -31,7 +37,9 @@ for pair in "eagle:$chain" "eagle:$tree" "medusa:$med"; do
 done
 for kernel in ${KERNELS:-vnni avx512}; do
   out="$here/bench/results/heads_q8_ab_b1_$day-$kernel$tag"
+  # The report goes to a .part file first: a failed run leaves no empty .md behind.
   SPECSERVE_CPU_MATMUL="$kernel" "$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" \
-    --per-task 2 --max-tokens 64 --batch-sizes 1 "${specs[@]}" --output "$out.json" | tee "$out.md"
+    --questions "$questions" --per-task 2 --max-tokens 64 --batch-sizes 1 "${specs[@]}" --output "$out.json" | tee "$out.md.part"
+  mv "$out.md.part" "$out.md"
   "$py" "$here/bench/plot_spec_bench.py" "$out.json"
 done

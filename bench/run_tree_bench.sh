@@ -13,25 +13,28 @@
 # as its draft (acceptance ceiling, cost about 2x), stated as such in the results.
 # Writes bench/results/spec_trees_b1_<date>.{json,md,png} and spec_trees_b8_<date>.*; with
 # SPECSERVE_CPU_MATMUL set (e.g. amx, cpu/matmul.h) the names end in -<kernel>. The heads are the
-# Q8_0 files (models/heads/*.q8_0.gguf) unless HEAD_FORMAT=f16.
+# Q8_0 files (models/heads/*.q8_0.gguf) unless HEAD_FORMAT=f16. QUESTIONS: another
+# question.jsonl (default: the checkout's ../shared/data/spec_bench/question.jsonl).
 # Usage: bench/run_tree_bench.sh [THREADS]     (--help: this text)
 set -euo pipefail
-if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,17p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then sed -n "2,18p" "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 here="$(cd "$(dirname "$0")/.." && pwd)"
 threads="${1:-$(nproc)}"
+# The heads' Q8_0 copies (what serving uses; models/heads/README.md); HEAD_FORMAT=f16 for the
+# trainers' F16 files (the runs before 2026-12-06). Checked before anything is fetched or built.
+case "$(echo "${HEAD_FORMAT:-q8_0}" | tr '[:upper:]' '[:lower:]')" in
+  q8_0) ext=".q8_0.gguf" ;;
+  f16) ext=".gguf" ;;
+  *) echo "run_tree_bench.sh: HEAD_FORMAT = '$HEAD_FORMAT': expected q8_0 or f16" >&2; exit 2 ;;
+esac
+questions="${QUESTIONS:-$here/../shared/data/spec_bench/question.jsonl}"
+[ -r "$questions" ] || { echo "run_tree_bench.sh: cannot read the Spec-Bench questions $questions (set QUESTIONS)" >&2; exit 2; }
 model="$("$here/scripts/fetch-model.sh" | tail -n 1)"
 "$here/scripts/build.sh"
 py="$("$here/scripts/venv.sh" --with-plot)"
 day="$(date +%Y-%m-%d)"
 kernel="$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
 [ -z "$kernel" ] || day="$day-$kernel"
-# The heads' Q8_0 copies (what serving uses; models/heads/README.md); HEAD_FORMAT=f16 for the
-# trainers' F16 files (the runs before 2026-12-06).
-case "${HEAD_FORMAT:-q8_0}" in
-  q8_0) ext=".q8_0.gguf" ;;
-  f16) ext=".gguf" ;;
-  *) echo "run_tree_bench.sh: HEAD_FORMAT = '$HEAD_FORMAT': expected q8_0 or f16" >&2; exit 2 ;;
-esac
 medusa="$here/models/heads/medusa-smollm2-135m$ext"
 eagle="$here/models/heads/eagle-smollm2-135m$ext"
 specs=(
@@ -50,10 +53,10 @@ specs=(
   --spec "{\"method\":\"medusa\",\"model\":\"$medusa\",\"num_speculative_tokens\":8,\"draft_vocab_size\":8192,\"draft_p_min\":0.3,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5,\"lookup_cached_requests\":1000}"
 )
 b1="$here/bench/results/spec_trees_b1_$day"
-"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 2 --max-tokens 64 \
+"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --questions "$questions" --per-task 2 --max-tokens 64 \
   --batch-sizes 1 "${specs[@]}" --output "$b1.json" | tee "$b1.md"
 "$py" "$here/bench/plot_spec_bench.py" "$b1.json"
 b8="$here/bench/results/spec_trees_b8_$day"
-"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --per-task 8 --max-tokens 32 \
+"$here/build/bin/specserve" bench-spec --model "$model" --threads "$threads" --questions "$questions" --per-task 8 --max-tokens 32 \
   --batch-sizes 8 "${specs[@]}" --output "$b8.json" | tee "$b8.md"
 "$py" "$here/bench/plot_spec_bench.py" "$b8.json"

@@ -77,6 +77,17 @@ def main():
         with open(same, "rb") as a, open(os.path.join(HEADS, "medusa-smollm2-135m.gguf"), "rb") as b:
             check(r.returncode == 1 and "is the input file" in r.stderr and a.read() == b.read(),
                   "the input as output is refused and left intact")
+        # An input named like a temporary of the output (the tool once wrote OUT + ".tmp").
+        like_tmp = os.path.join(tmp, "h.gguf.tmp")
+        shutil.copy(os.path.join(HEADS, "medusa-smollm2-135m.gguf"), like_tmp)
+        r = run_tool(like_tmp, os.path.join(tmp, "h.gguf"))
+        with open(like_tmp, "rb") as a, open(os.path.join(HEADS, "medusa-smollm2-135m.gguf"), "rb") as b:
+            check(r.returncode == 0 and a.read() == b.read(), "an input named OUT.tmp is read, not overwritten")
+        r = run_tool(same, tmp)
+        check(r.returncode == 1 and "is a directory" in r.stderr, "a directory as the output is refused")
+        r = run_tool(same, os.path.join(tmp, "no", "such", "x.gguf"))
+        check(r.returncode == 1 and "does not exist" in r.stderr, "an output in a missing folder is refused")
+        check(not any(n.endswith(".part") for n in os.listdir(tmp)), "no temporary file is left behind")
         junk = os.path.join(tmp, "junk.gguf")
         with open(junk, "wb") as fh:
             fh.write(b"not a gguf file at all")

@@ -219,6 +219,7 @@ TEST(CliChecks, BenchSpecReportsTokensPerStepOverEveryStep) {
     EXPECT_GT(fwd, 0.0);
     EXPECT_GE(draft, 0.0);
     EXPECT_LE(draft + fwd, all + 1e-9);
+    EXPECT_NEAR((*o)["other_ms_per_engine_step"].get<double>(), all - draft - fwd, 1e-9);
   }
   fs::remove_all(dir);
 }
@@ -230,9 +231,11 @@ TEST(CliChecks, BenchModelTimesVerificationStepsAndRefusesImpossibleRowCounts) {
   const std::string dir = temp_dir("bench_model_verify");
   const std::string out = dir + "/r.json";
   const CmdResult r = run("bench-model --synthetic llama-tiny --threads 1 --prompt-lengths 4 --decode-context 8 --decode-tokens 2 "
-                          "--repeats 1 --verify-rows 1 3 --output " + out);
+                          "--repeats 1 --verify-rows 3 1 3 --output " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("verify 3 rows after 8 cached"), std::string::npos) << r.out;
+  const size_t at = r.out.find("verify 3 rows after 8 cached");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("verify 3 rows after 8 cached", at + 1), std::string::npos) << "a repeated row count was timed twice:\n" << r.out;
   std::ifstream in(out);
   const nlohmann::json j = nlohmann::json::parse(in);
   ASSERT_TRUE(j.contains("verify")) << j.dump();

@@ -248,13 +248,21 @@ int run(const Args& a) {
     return 2;
   }
   for (int n : a.verify_rows) {
-    if (n < 1 || n > 64 || prompt + n + 1 > c.context_length) {
-      std::fprintf(stderr, "specserve bench-model: --verify-rows: %d is not in 1..64 (or exceeds the context after --decode-context %d)\n",
-                   n, prompt);
+    if (n < 1 || n > 64) {
+      std::fprintf(stderr, "specserve bench-model: --verify-rows: %d is not in 1..64\n", n);
       return 2;
     }
-    max_len = std::max(max_len, prompt + n + 1);
+    if (prompt + n > c.context_length) {
+      std::fprintf(stderr, "specserve bench-model: --verify-rows: %d rows after --decode-context %d exceed the context length %lld\n",
+                   n, prompt, static_cast<long long>(c.context_length));
+      return 2;
+    }
+    max_len = std::max(max_len, prompt + n);
   }
+  // Each row count once, in ascending order (a repeated one was timed and printed twice).
+  std::vector<int> verify_rows = a.verify_rows;
+  std::sort(verify_rows.begin(), verify_rows.end());
+  verify_rows.erase(std::unique(verify_rows.begin(), verify_rows.end()), verify_rows.end());
   int max_batch = 1;
   for (int b : a.decode_batches) {
     if (b < 1 || b > 256) {
@@ -418,7 +426,7 @@ int run(const Args& a) {
   // the context stays the prompt's. ratio_to_one_row: the step's time over the 1-row step's,
   // measured here the same way; it is what a drafted token must pay for (a step that accepts
   // a tokens on average gains when (1 + a) / ratio > 1, before the proposer's own cost).
-  if (!a.verify_rows.empty()) {
+  if (!verify_rows.empty()) {
     ForwardBatch pre;
     SequenceInput ps;
     for (int i = 0; i < prompt; ++i) ps.tokens.push_back(100 + i % vocab_mod);
@@ -449,7 +457,7 @@ int run(const Args& a) {
     };
     const double one = time_rows(1);
     if (one < 0) return 1;
-    for (int n : a.verify_rows) {
+    for (int n : verify_rows) {
       const double s = n == 1 ? one : time_rows(n);
       if (s < 0) return 1;
       std::fprintf(stderr, "[bench-model] verify %d rows after %d cached: %.2f ms/step = %.2fx the 1-row step (%.2f ms)\n", n,
@@ -505,7 +513,8 @@ void add_bench_model(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--verify-rows", a->verify_rows,
                   "Also time verification steps: one sequence, N chain rows after the --decode-context prompt, all "
-                  "with logits (a target pass over N - 1 drafted tokens), as ms and as a ratio to the 1-row step")
+                  "with logits (a target pass over N - 1 drafted tokens), as ms and as a ratio to the 1-row step; "
+                  "--decode-tokens steps per figure, the median of --repeats")
       ->check(CLI::Range(1, 64));
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-model", [a] { return run(*a); });

@@ -13,13 +13,16 @@ A quantised head drafts slightly different tokens; the output stays the target's
 verified). Error per weight: |w - w_q8| <= amax(block) / 254 (half a step) + amax(block) * 2^-11
 (the fp16 rounding of the scale).
 
-OUT is written beside itself and renamed over OUT only when complete; IN and OUT must differ.
+OUT is written to a new temporary file in OUT's folder and renamed over OUT only when complete
+(a failed run leaves no partial file); IN and OUT must differ.
 
 Usage: quantize_head.py IN.gguf OUT.gguf   (--help for this text). Prints OUT's sha256.
 """
 import argparse
 import hashlib
+import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -29,12 +32,16 @@ def main():
     ap.add_argument("input", help="head GGUF (medusa or eagle architecture, F16 / F32 matrices)")
     ap.add_argument("output", help="where to write the Q8_0 head")
     a = ap.parse_args()
-    import os
     import gguf
     from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType as Q
 
     if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.input, a.output):
         sys.exit(f"quantize_head: {a.output} is the input file: write the Q8_0 head to another path")
+    if os.path.isdir(a.output):
+        sys.exit(f"quantize_head: {a.output} is a directory: name the output file")
+    out_dir = os.path.dirname(os.path.abspath(a.output))
+    if not os.path.isdir(out_dir):
+        sys.exit(f"quantize_head: {a.output}: the folder {out_dir} does not exist")
     try:
         r = GGUFReader(a.input)
     except Exception as e:  # a missing, truncated or non-GGUF file
@@ -43,7 +50,25 @@ def main():
     arch = arch_field.contents() if arch_field is not None else None
     if arch not in ("medusa", "eagle"):
         sys.exit(f"quantize_head: {a.input}: general.architecture = {arch!r}; expected 'medusa' or 'eagle'")
-    tmp = a.output + ".tmp"
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(a.output) + ".", suffix=".part", dir=out_dir)
+    os.close(fd)
+    try:
+        write_q8(r, arch, tmp, a, gguf, GGUFValueType, Q)
+        os.replace(tmp, a.output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    h = hashlib.sha256()
+    with open(a.output, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    n_q = sum(1 for t in r.tensors if len(t.shape) == 2 and int(t.shape[0]) % 32 == 0 and t.tensor_type in (Q.F16, Q.F32))
+    print(f"[quantize_head] {a.output}: {n_q} matrices to Q8_0, sha256 {h.hexdigest()}", file=sys.stderr)
+    print(h.hexdigest())
+
+
+def write_q8(r, arch, tmp, a, gguf, GGUFValueType, Q):
+    """Writes r's head with its matrices in Q8_0 to the path tmp (see the module docstring)."""
     w = gguf.GGUFWriter(tmp, arch)
     for f in r.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
@@ -58,7 +83,6 @@ def main():
         except (ValueError, TypeError) as e:  # e.g. an empty array, which the writer refuses
             sys.exit(f"quantize_head: {a.input}: metadata key {f.name} cannot be copied ({e})")
     w.add_string("general.quantized_by", "tools/train/quantize_head.py (Q8_0)")
-    n_q = 0
     for t in r.tensors:
         data = np.asarray(t.data)
         kind = t.tensor_type
@@ -66,20 +90,12 @@ def main():
             x = data.astype(np.float32)  # numpy [rows, cols]: row o is output o
             qd = gguf.quants.quantize(x, Q.Q8_0)
             w.add_tensor(t.name, qd, raw_dtype=Q.Q8_0)
-            n_q += 1
         else:
             w.add_tensor(t.name, data, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    os.replace(tmp, a.output)
-    h = hashlib.sha256()
-    with open(a.output, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    print(f"[quantize_head] {a.output}: {n_q} matrices to Q8_0, sha256 {h.hexdigest()}", file=sys.stderr)
-    print(h.hexdigest())
 
 
 if __name__ == "__main__":
