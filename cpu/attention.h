@@ -50,7 +50,8 @@ struct AttentionCache {
 void attention_f32(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs, int64_t num_heads,
                    int64_t num_kv_heads, int64_t head_dim, float* out);
 
-/// The row-wise implementation (the oracle of the tiled one, and the path for other widths).
+/// The row-wise implementation (cpu/attention_rowwise.cpp; the oracle of the tiled one, and the path
+/// for other widths).
 void attention_f32_rowwise(const AttentionCache& cache, const float* q, const std::vector<AttentionSeq>& seqs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float* out);
 
