@@ -257,6 +257,29 @@ struct TileScratch {
   std::vector<const float*> ptrs;        // key or value pointers of one block
 };
 
+// Scores of each row's own keys (collect_own_keys' lists) for the query vectors of its group:
+// row r's vector g (i = r * group + g) into scores[i * ld + num_shared + t]. `point(slots, n)` sets
+// ptrs to the key rows of slots[0, n) (padded to a key block), `query(i)` gives vector i. Shared by
+// the per-tile and the phased path, which must give the same bits.
+template <int HC, class Point, class Query>
+SPECSERVE_AVX512 inline void score_own_keys(const std::vector<int32_t>& own_slots, const std::vector<int64_t>& own_begin,
+                                            const std::vector<int64_t>& own_n, int32_t num_rows, int64_t group,
+                                            int64_t num_shared, int64_t ld, float scale, const float* const* ptrs,
+                                            float* scores, Point point, Query query) {
+  for (int32_t r = 0; r < num_rows; ++r) {
+    const int32_t* own = own_slots.data() + own_begin[static_cast<size_t>(r)];
+    const int64_t num_own = own_n[static_cast<size_t>(r)];
+    for (int64_t t0 = 0; t0 < num_own; t0 += kKeyBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_own - t0));
+      point(own + t0, n);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = r * group + g;
+        score_block<HC>(query(i), ptrs, scale, scores + i * ld + num_shared + t0, n);
+      }
+    }
+  }
+}
+
 template <int HC>
 SPECSERVE_AVX512 void attend_tile(const AttentionCache& cache, const float* q, const AttentionSeq& sq,
                                   const std::vector<int32_t>& all, const TileItem& it, int64_t num_heads, int64_t group,
@@ -290,18 +313,8 @@ SPECSERVE_AVX512 void attend_tile(const AttentionCache& cache, const float* q, c
     for (int64_t i = 0; i < num_q; ++i) score_block<HC>(query(i), s.ptrs.data(), scale, s.scores.data() + i * ld + t0, n);
   }
   // 2. Each row's own keys, for the query heads of its group.
-  for (int32_t r = 0; r < it.num_rows; ++r) {
-    const int32_t* own = s.own_slots.data() + s.own_begin[static_cast<size_t>(r)];
-    const int64_t num_own = s.own_n[static_cast<size_t>(r)];
-    for (int64_t t0 = 0; t0 < num_own; t0 += kKeyBlock) {
-      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_own - t0));
-      point(kbase, own + t0, n);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t i = r * group + g;
-        score_block<HC>(query(i), s.ptrs.data(), scale, s.scores.data() + i * ld + num_shared + t0, n);
-      }
-    }
-  }
+  score_own_keys<HC>(s.own_slots, s.own_begin, s.own_n, it.num_rows, group, num_shared, ld, scale, s.ptrs.data(),
+                     s.scores.data(), [&](const int32_t* slots, int64_t n) { point(kbase, slots, n); }, query);
   // 3. Softmax numerators over each query vector's visible keys, in logical order.
   for (int64_t i = 0; i < num_q; ++i)
     s.z[static_cast<size_t>(i)] = softmax_numerator(s.scores.data() + i * ld, num_shared + s.own_n[static_cast<size_t>(i / group)]);
@@ -429,18 +442,9 @@ SPECSERVE_AVX512 void attention_phased(const AttentionCache& cache, const float*
         for (int64_t i = 0; i < t.num_q; ++i) score_block<HC>(query(t, i), ptrs.data(), scale, t.scores.data() + i * t.ld + t0, n);
       }
       if (part != num_parts - 1) continue;
-      for (int32_t r = 0; r < t.it.num_rows; ++r) {
-        const int32_t* own = t.own_slots.data() + t.own_begin[static_cast<size_t>(r)];
-        const int64_t num_own = t.own_n[static_cast<size_t>(r)];
-        for (int64_t t0 = 0; t0 < num_own; t0 += kKeyBlock) {
-          const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, num_own - t0));
-          point(kbase, own + t0, n);
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t i = r * group + g;
-            score_block<HC>(query(t, i), ptrs.data(), scale, t.scores.data() + i * t.ld + t.num_shared + t0, n);
-          }
-        }
-      }
+      score_own_keys<HC>(t.own_slots, t.own_begin, t.own_n, t.it.num_rows, group, t.num_shared, t.ld, scale, ptrs.data(),
+                         t.scores.data(), [&](const int32_t* slots, int64_t n) { point(kbase, slots, n); },
+                         [&](int64_t i) { return query(t, i); });
     }
     // 2. Softmax numerators over each query vector's visible keys, in logical order.
 #pragma omp for schedule(dynamic, 1)
