@@ -44,11 +44,15 @@
 // Zen 4 and later; cpu/matmul_q8.cpp) computes Q4_1 and Q8_0 weights as llama.cpp's CPU backend
 // does: each x row is quantised to int8 per 32-value block (block_q8_1: d = amax / 127,
 // q = nearest-even of x * (127 / amax), s = d * sum(q); a block whose 127 / amax is not finite
-// counts as zeros), each block's integer dot product with the weight's quants is
+// counts as zeros; a block holding a NaN or an infinity gets d = NaN, so the row's outputs are
+// NaN as under the fp32 kernels), each block's integer dot product with the weight's quants is
 // exact (VPDPBUSD), and y = sum over blocks, k ascending, of fma(isum, d_w * d_x) (+ fma(m_w, s_x)
 // for Q4_1) in fp32. Error against fp32: |y - y_fp32| <= sum over blocks of (amax_block(x) / 254)
 // * sum |w| in the block, plus fp32 rounding (tests/cpu/matmul_q8_test.cpp). Each output depends
-// only on its own x row and weight row (batch and thread invariance, bit for bit); fp32 weights
+// only on its own x row and weight row (batch and thread invariance, bit for bit), but a
+// last-bit change of an x value can move its quant one step (amax / 127): a tensor-parallel
+// row-parallel sum, added in another order, then shifts later layers by far more than an ulp
+// (tests/model/tensor_parallel_model_test.cpp measures it); fp32 weights
 // (norms, F16/F32 heads) and dot_f32 / attention keep the AVX-512 fp32 kernel. The CPU backend
 // repacks the weights 16 rows at a time as they load under this kernel; the token embedding,
 // and every weight after a switch to it, at its first matmul (pack_weight_q8: 320 bytes per

@@ -7,7 +7,9 @@
 // avx512vnni.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -158,6 +160,38 @@ TEST(MatmulQ8, WithinTheQuantisationBoundOfADoubleProduct) {
         EXPECT_LE(err, 0.02 * mag + 1e-6) << "x row " << i << ", weight row " << r;
       }
     std::printf("[vnni %s] worst error / bound %.3f\n", f == WeightFormat::kQ4_1 ? "Q4_1" : "Q8_0", worst);
+  }
+}
+
+TEST(MatmulQ8, ANonFiniteXValueMakesItsRowsOutputsNaNLikeTheFp32Kernels) {
+  // A NaN or an infinity in x (a corrupt model's norm weight, an overflow) must reach the
+  // output, as it does under the fp32 kernels, so the engine can report non-finite logits; int8
+  // quantisation alone would turn a NaN into -128 (or a NaN block into zeros) and give finite
+  // results. Rows without one keep the scheme's bits, in one batch with the others.
+  IsaScope scope(MatmulIsa::kVnni);
+  SKIP_WITHOUT_VNNI(scope);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const WeightFormat f : {WeightFormat::kQ4_1, WeightFormat::kQ8_0}) {
+    SCOPED_TRACE(f == WeightFormat::kQ4_1 ? "Q4_1" : "Q8_0");
+    const int64_t rows = 37, cols = 576, n = 6;
+    const auto blocks = random_q_blocks(f, rows, cols, 71);
+    MatmulWeight w{f, blocks.data(), rows, cols};
+    const auto packed = pack_weight_q8(w);
+    w.packed_q8 = packed.data();
+    auto x = activations(n, cols, 72);
+    const auto clean = scheme_reference(x, n, blocks, f, rows, cols);
+    // Row 0: one NaN among finite values (max_ps would drop it); row 2: +inf; row 3: -inf in
+    // the last block; row 4: all NaN (the whole row of a NaN norm weight). Rows 1 and 5 clean.
+    x[static_cast<size_t>(0 * cols + 100)] = nan;
+    x[static_cast<size_t>(2 * cols + 7)] = inf;
+    x[static_cast<size_t>(3 * cols + cols - 1)] = -inf;
+    std::fill(x.begin() + 4 * cols, x.begin() + 5 * cols, nan);
+    std::vector<float> y(static_cast<size_t>(n * rows));
+    matmul_weight(x.data(), w, y.data(), n);
+    for (int64_t i : {0, 2, 3, 4})
+      for (int64_t r = 0; r < rows; ++r) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(i * rows + r)])) << "x row " << i << ", weight row " << r;
+    for (int64_t i : {1, 5})
+      EXPECT_TRUE(bit_equal(y.data() + i * rows, clean.data() + i * rows, static_cast<size_t>(rows))) << "x row " << i;
   }
 }
 

@@ -1,7 +1,7 @@
 // `specserve generate` as a user runs it (the real binary): a model whose weights are corrupt
 // (NaN in output_norm, so every logit is NaN) must not look like a success. The engine ends the
 // sequence with finish reason "error"; the command says why on stderr and exits 1, instead of
-// printing an empty completion and exiting 0.
+// printing an empty completion and exiting 0 — under the default kernel and the int8 one.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,13 +47,19 @@ TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
   std::filesystem::create_directories(dir);
   const auto model = nan_model_copy("output_norm.weight", dir);
   ASSERT_FALSE(model.empty()) << "could not write a NaN copy of the default model";
-  for (const char* mode : {"--temperature 0", "--temperature 1 --seed 1"}) {
-    const CliRun r = run("--model " + model.string() + " --threads 1 --max-tokens 4 --chat Hello " + mode);
-    EXPECT_EQ(r.exit_code, 1) << mode << "\n" << r.out;
-    EXPECT_NE(r.out.find("finish: error"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("specserve generate: the generation failed: the target model produced non-finite logits"),
-              std::string::npos)
-        << r.out;
+  // Also under the int8 kernel, whose x quantisation would otherwise turn the NaN rows into
+  // zeros (finite logits, token 0); on a CPU without avx512vnni the process says so and runs
+  // the fp32 kernel, and the check repeats the first.
+  for (const char* kernel : {"", "SPECSERVE_CPU_MATMUL=vnni"}) {
+    for (const char* mode : {"--temperature 0", "--temperature 1 --seed 1"}) {
+      const CliRun r = specserve::testing::run_specserve(
+          "generate --model " + model.string() + " --threads 1 --max-tokens 4 --chat Hello " + mode, 0, kernel);
+      EXPECT_EQ(r.exit_code, 1) << kernel << " " << mode << "\n" << r.out;
+      EXPECT_NE(r.out.find("finish: error"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("specserve generate: the generation failed: the target model produced non-finite logits"),
+                std::string::npos)
+          << r.out;
+    }
   }
   // The intact model still exits 0.
   const CliRun ok = run("--model " + specserve::testing::default_model_path() + " --threads 1 --max-tokens 2 --prompt Hello");
