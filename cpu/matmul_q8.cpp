@@ -98,7 +98,7 @@ namespace {
 // One x row quantised: llama.cpp's block_q8_1 split in arrays. qs: int8 quants (Q4_1 weights) or
 // the quants + 128 as unsigned bytes (Q8_0 weights, VPDPBUSD's unsigned operand); d: the block's
 // scale amax / 127 (0 for an all-zero block or one too small to scale; NaN for a block with a
-// NaN or an infinity: every product with it is then NaN); s: d * sum(q) (Q4_1's min term).
+// NaN or an infinity, so every product with it is NaN); s: d * sum(q) (Q4_1's min term).
 struct QuantX {
   std::vector<uint8_t> qs;
   std::vector<float> d, s;
@@ -120,17 +120,19 @@ SPECSERVE_VNNI void quantize_rows_q8(const float* x, int64_t n, int64_t cols, bo
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       // A block too small for 127 / amax to be finite (amax below ~3.7e-37) counts as zeros. A
       // block holding a NaN or an infinity gets the scale NaN, so every output that reads it is
-      // NaN, as under the fp32 kernels (otherwise max_ps drops a NaN, the conversion turns it
-      // into -128 and an all-NaN row into zeros: finite logits from a corrupt model). x * 0 is
-      // NaN exactly for those values.
-      const __m512 zero_ps = _mm512_setzero_ps();
-      const bool non_finite = (_mm512_cmp_ps_mask(_mm512_mul_ps(v0, zero_ps), zero_ps, _CMP_UNORD_Q) |
-                               _mm512_cmp_ps_mask(_mm512_mul_ps(v1, zero_ps), zero_ps, _CMP_UNORD_Q)) != 0;
+      // NaN: non-finite, as the fp32 kernels' are (otherwise max_ps drops a NaN, the conversion
+      // turns it into -128 and an all-NaN row into zeros: finite logits from a corrupt model).
+      // Tested on the exponent bits (all ones exactly for those), which no fast-math folds away.
+      const __m512i exp_bits = _mm512_set1_epi32(0x7f800000);
+      const bool non_finite =
+          (_mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v0), exp_bits), exp_bits) |
+           _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v1), exp_bits), exp_bits)) != 0;
       const float inv = 127.0f / amax;
       const bool zero = non_finite || !(amax > 0.0f) || !std::isfinite(inv);
       const float d = non_finite ? std::numeric_limits<float>::quiet_NaN() : zero ? 0.0f : amax / 127.0f;
       const float id = zero ? 0.0f : inv;
-      // Nearest, ties to even (the MXCSR default); |x * id| <= 127 so no saturation occurs.
+      // Nearest, ties to even (the MXCSR default); |x * id| <= 127 so no saturation occurs (in a
+      // non-finite block a NaN or infinity lane saturates to -128: d is NaN there anyway).
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
       __m128i b0 = _mm512_cvtsepi32_epi8(q0), b1 = _mm512_cvtsepi32_epi8(q1);

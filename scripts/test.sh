@@ -16,7 +16,8 @@ start=$(date +%s)
 "$here/scripts/venv.sh" >/dev/null
 cd "$here/build"
 # The suite's tolerances are fp32's (llama.cpp parity, tensor parallel against one rank, heads
-# against PyTorch); the AMX and vnni kernels' own tests switch to them in-process (cpu/matmul.h).
+# against PyTorch); the AMX and vnni kernels' own tests switch to them in-process (cpu/matmul.h),
+# and a second pass below runs the kernel-dependent tests under vnni.
 kernel="$(echo "${SPECSERVE_CPU_MATMUL:-}" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')"
 if [ "$kernel" = amx ] || [ "$kernel" = vnni ]; then
   echo "[test] SPECSERVE_CPU_MATMUL=$kernel unset for the suite: its tolerances are fp32's; the $kernel tests select $kernel themselves" >&2
@@ -26,6 +27,18 @@ exclude=(-LE "slow")
 [ "${SPECSERVE_TEST_ALL:-0}" = "1" ] && exclude=()
 # One thread per test process: ctest runs two at a time on a 2-core machine.
 OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 "${exclude[@]}"
+# The int8 kernel (SPECSERVE_CPU_MATMUL=vnni: llama.cpp's arithmetic, the fast one on CPUs with
+# AVX512-VNNI) under the tests whose results depend on the matmul kernel: the model, the
+# speculative engine and heads (greedy identity, distributions), the CLI's error paths, tensor
+# parallelism. Tests of fp32 properties pin an fp32 kernel themselves; the cluster, HTTP and
+# autoscaling tests, which do not depend on the kernel, run once above.
+if grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
+  echo "[test] again under SPECSERVE_CPU_MATMUL=vnni: the kernel-dependent tests" >&2
+  SPECSERVE_CPU_MATMUL=vnni OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE "slow|gpu" \
+    -E '^(Autoscale|Elastic|Ucx|TokenGate|NodeSupervisor|HttpServerTest|OpenAiApi|TargetShardKv|CliChecks|Cluster|KilledRank|ActorsNgram|e2e)'
+else
+  echo "[test] this CPU has no avx512_vnni: the pass under SPECSERVE_CPU_MATMUL=vnni is skipped (the vnni kernel tests skip, saying so)" >&2
+fi
 fuzz="${SPECSERVE_FUZZ_SECONDS:-60}"
 if [ "$fuzz" != "0" ]; then
   "$here/scripts/fuzz-gguf.sh" "$fuzz"

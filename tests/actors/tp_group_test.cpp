@@ -20,6 +20,7 @@
 #include "actors/target_shard.h"
 #include "actors/tp_group.h"
 #include "actors/tp_rank.h"
+#include "tests/cpu/fp32_kernel_scope.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -171,6 +172,9 @@ TEST(TpRendezvous, GetWaitsForSetAndMissingKeysAndBadJoinsFail) {
 }
 
 TEST(TpActors, TwoRanksServeGreedyIdenticalToTheTargetAlone) {
+  // Greedy identity across ranks is an fp32 property (under the int8 kernel TP drifts:
+  // tests/model/tensor_parallel_model_test.cpp); also where the run set SPECSERVE_CPU_MATMUL.
+  testing::Fp32MatmulScope fp32;
   TpCluster c(tp_topology(1, 2));
   ASSERT_TRUE(c.wait_ready(1));
   auto st = c.client().status();
@@ -196,6 +200,9 @@ TEST(TpActors, TwoRanksServeGreedyIdenticalToTheTargetAlone) {
 }
 
 TEST(TpActors, MedusaTreesOverTwoRanksStayGreedyIdentical) {
+  // Greedy identity across ranks is an fp32 property (under the int8 kernel TP drifts:
+  // tests/model/tensor_parallel_model_test.cpp); also where the run set SPECSERVE_CPU_MATMUL.
+  testing::Fp32MatmulScope fp32;
   SpeculativeSpec spec;
   spec.method = SpeculativeMethod::kMedusa;
   spec.model = (std::filesystem::path(SPECSERVE_SOURCE_DIR) / "models/heads/medusa-smollm2-135m.gguf").string();
@@ -214,6 +221,9 @@ TEST(TpActors, MedusaTreesOverTwoRanksStayGreedyIdentical) {
 }
 
 TEST(TpActors, LayerSkipDraftsOverTwoRanksStayGreedyIdentical) {
+  // Greedy identity across ranks is an fp32 property (under the int8 kernel TP drifts:
+  // tests/model/tensor_parallel_model_test.cpp); also where the run set SPECSERVE_CPU_MATMUL.
+  testing::Fp32MatmulScope fp32;
   // The self-speculative draft runs the first layers of the same split model: its own KV store
   // (create_kv with fewer layers) and ForwardBatch::num_layers travel to rank 1 too.
   SpeculativeSpec spec;
@@ -230,6 +240,9 @@ TEST(TpActors, LayerSkipDraftsOverTwoRanksStayGreedyIdentical) {
 }
 
 TEST(TpActors, AFollowerDyingStopsItsReplicaAndTheRequestFinishesOnAnother) {
+  // Greedy identity across ranks is an fp32 property (under the int8 kernel TP drifts:
+  // tests/model/tensor_parallel_model_test.cpp); also where the run set SPECSERVE_CPU_MATMUL.
+  testing::Fp32MatmulScope fp32;
   TpCluster c(tp_topology(2, 2));
   ASSERT_TRUE(c.wait_ready(2));
   auto ps = prompts(c.head());

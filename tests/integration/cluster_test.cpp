@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/cpu/fp32_kernel_scope.h"
 #include "tests/integration/up_process.h"
 
 namespace specserve {
@@ -162,13 +163,19 @@ TEST_P(ClusterTensorParallel, RanksInTwoProcessesServeIdenticalOutputAndDieToget
   const int32_t kTokens = 32;
   auto prompts = prompt_ids();
   prompts.resize(2);
+  // Greedy identity across ranks is an fp32 property (under the int8 kernel TP drifts:
+  // tests/model/tensor_parallel_model_test.cpp): the ranks run float32, this process the same
+  // kernel for the reference, also where the run set SPECSERVE_CPU_MATMUL.
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& p : prompts) expected.push_back(testing::greedy_reference(p, kTokens));
+  {
+    testing::Fp32MatmulScope fp32;
+    for (const auto& p : prompts) expected.push_back(testing::greedy_reference(p, kTokens));
+  }
 
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 0, device: cpu } ] }\n"
                "  - { name: n1, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, rank: 1, device: cpu } ] }\n",
                "  speculative: { method: ngram, num_speculative_tokens: 3, prompt_lookup_min: 1, prompt_lookup_max: 3 }\n",
-               "64MiB", {}, ", tensor_parallel_size: 2");
+               "64MiB", {}, ", tensor_parallel_size: 2, dtype: float32");
   Client* c = up.connect();
   ASSERT_NE(c, nullptr);
   auto st = c->status();
@@ -325,9 +332,12 @@ TEST(Cluster, WorkerOnAGpuThatDoesNotExistStopsUp) {
 // cannot run, stops `up` before any worker starts (exit 2, bad input).
 TEST(Cluster, TargetDtypeReachesEveryWorkerAndStatusShowsIt) {
   const bool amx = amx_usable();  // the workers run on this machine's CPU
-  const std::string want = amx ? "amx bf16" : (__builtin_cpu_supports("avx512f") ? "avx512 fp32" : "avx2 fp32");
+  // (float32 runs AVX2 where the CPU lacks avx512f or the run sets SPECSERVE_CPU_MATMUL=avx2.)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && cpu_kernel_env("SPECSERVE_CPU_MATMUL") != "avx2";
+  const std::string want = amx ? "amx bf16" : (avx512 ? "avx512 fp32" : "avx2 fp32");
   const MatmulIsa saved = matmul_isa();
-  ASSERT_TRUE(set_matmul_isa(amx ? MatmulIsa::kAmx : saved));
+  // The kernel the workers will run (also where this run set SPECSERVE_CPU_MATMUL=vnni).
+  ASSERT_TRUE(set_matmul_isa(amx ? MatmulIsa::kAmx : avx512 ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2));
   const std::vector<int32_t> prompt = prompt_ids()[1];
   const std::vector<int32_t> expected = testing::greedy_reference(prompt, 24);
   set_matmul_isa(saved);

@@ -21,6 +21,7 @@
 #include "model/gguf.h"
 #include "model/sampling.h"
 #include "model/transformer.h"
+#include "tests/cpu/fp32_kernel_scope.h"
 #include "tests/test_util.h"
 
 namespace specserve {
@@ -78,6 +79,10 @@ class LlamaParityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (model_ || error_) return;
+    // The tolerances below are measured for the fp32 kernels; they hold when a run sets
+    // SPECSERVE_CPU_MATMUL=vnni or amx for the whole suite too (the README gives those kernels'
+    // distance from llama.cpp).
+    fp32_ = new testing::Fp32MatmulScope();
     auto f = GgufFile::open(testing::default_model_path());
     if (!f.ok()) {
       error_ = new std::string(f.status().to_string() + " (fetch it with scripts/fetch-model.sh)");
@@ -93,6 +98,8 @@ class LlamaParityTest : public ::testing::Test {
     model_ = m->release();
   }
   static void TearDownTestSuite() {
+    delete fp32_;
+    fp32_ = nullptr;
     delete model_;
     delete backend_;
     delete file_;
@@ -222,6 +229,7 @@ class LlamaParityTest : public ::testing::Test {
   static inline Backend* backend_ = nullptr;
   static inline Transformer* model_ = nullptr;
   static inline std::string* error_ = nullptr;
+  static inline testing::Fp32MatmulScope* fp32_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 
 #include "spec/eagle_proposer.h"
 #include "spec/medusa_proposer.h"
+#include "tests/cpu/fp32_kernel_scope.h"
 #include "tests/spec/heads_test_util.h"
 #include "tests/spec/spec_test_util.h"
 #include "tests/test_util.h"
@@ -52,6 +53,9 @@ class HeadsReference : public ::testing::Test {
     ASSERT_EQ(ref_["target_fingerprint"].get<std::string>(), target_.fingerprint_hex)
         << "the reference was made for another target";
   }
+  // The references are PyTorch's fp32 arithmetic: an fp32 matmul kernel also where the run set
+  // SPECSERVE_CPU_MATMUL=vnni or amx (constructed before SetUp loads anything).
+  testing::Fp32MatmulScope fp32_;
   Target target_;
   nlohmann::json ref_;
 };

@@ -20,6 +20,7 @@
 #include "model/model_fingerprint.h"
 #include "model/transformer.h"
 #include "spec/head_common.h"
+#include "tests/cpu/fp32_kernel_scope.h"
 
 namespace specserve::heads_testing {
 
@@ -91,16 +92,10 @@ inline std::vector<float> add_matrix(GgufWriter& w, const std::string& name, std
   return v;
 }
 
-/// While alive, matmuls of block weights run in fp32 even where the process chose the vnni kernel
-/// (SPECSERVE_CPU_MATMUL=vnni would give a Q8_0 head int8 x: not the fp32 contract formulas the
-/// head tests check; the vnni kernel with the real Q8_0 heads is heads_engine_amx_test's).
-struct Fp32MatmulScope {
-  MatmulIsa saved = matmul_isa();
-  Fp32MatmulScope() {
-    if (saved == MatmulIsa::kVnni && !set_matmul_isa(MatmulIsa::kAvx512)) set_matmul_isa(MatmulIsa::kAvx2);
-  }
-  ~Fp32MatmulScope() { set_matmul_isa(saved); }
-};
+// Matmuls of block weights in fp32 even where the process chose the vnni kernel
+// (SPECSERVE_CPU_MATMUL=vnni would give a Q8_0 head int8 x: not the fp32 contract formulas the
+// head tests check; the vnni kernel with the real Q8_0 heads is heads_engine_amx_test's).
+using specserve::testing::Fp32MatmulScope;
 
 /// A Medusa head file's content.
 struct MedusaFileSpec {
