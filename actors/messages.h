@@ -193,6 +193,7 @@ struct ShardLoad {
   int64_t kv_imported_tokens = 0;    ///< tokens of migrated sequences whose KV arrived (totals)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences that came without usable KV
   int64_t num_reclaims = 0;          ///< reclaim_atom messages handled so far (the head's in-flight accounting)
+  int64_t num_preemptions = 0;       ///< EngineStats::num_preemptions (engine total)
   /// disable_by_goodput, engine totals (EngineStats): sequence-steps that could draft in which the
   /// policy let the sequence draft / left it out. Both 0 when the policy is off.
   int64_t goodput_drafting = 0;
@@ -455,8 +456,8 @@ typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
   return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
            x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
-           x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens, x.num_reclaims, x.goodput_drafting,
-           x.goodput_skipped, x.drafts_by_source, x.draft_tokens_by_source, x.accepted_by_source);
+           x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens, x.num_reclaims, x.num_preemptions,
+           x.goodput_drafting, x.goodput_skipped, x.drafts_by_source, x.draft_tokens_by_source, x.accepted_by_source);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {

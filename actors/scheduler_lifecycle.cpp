@@ -385,6 +385,7 @@ void add_load_counters(ShardLoad& into, const ShardLoad& l) {
   add_counts(into.accepted_by_source, l.accepted_by_source);
   into.prefix_cache_queries += l.prefix_cache_queries;
   into.prefix_cache_hits += l.prefix_cache_hits;
+  into.num_preemptions += l.num_preemptions;
   into.kv_imported_tokens += l.kv_imported_tokens;
   into.kv_recomputed_tokens += l.kv_recomputed_tokens;
   into.goodput_drafting += l.goodput_drafting;

@@ -78,6 +78,7 @@ ShardLoad load_of(ShardState& s) {
   l.kv_imported_tokens = s.kv_imported_tokens;
   l.kv_recomputed_tokens = s.kv_recomputed_tokens;
   l.num_reclaims = s.num_reclaims;
+  l.num_preemptions = st.num_preemptions;
   l.goodput_drafting = st.goodput_drafting;
   l.goodput_skipped = st.goodput_skipped;
   for (const DraftSourceStats& b : st.by_source) {

@@ -29,13 +29,16 @@ exclude=(-LE "slow")
 OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 "${exclude[@]}"
 # The int8 kernel (SPECSERVE_CPU_MATMUL=vnni: llama.cpp's arithmetic, the fast one on CPUs with
 # AVX512-VNNI) under the tests whose results depend on the matmul kernel: the model, the
-# speculative engine and heads (greedy identity, distributions), the CLI's error paths, tensor
-# parallelism. Tests of fp32 properties pin an fp32 kernel themselves; the cluster, HTTP and
-# autoscaling tests, which do not depend on the kernel, run once above.
+# speculative engine and heads (greedy identity, distributions), actors serving greedy requests
+# as the target alone does, the CLI's error paths. Not again: the tests that pin an fp32 kernel
+# (tensor-parallel identity, llama.cpp parity, heads against PyTorch) and the cluster, HTTP,
+# autoscaling and transport tests, whose results do not depend on the kernel.
 if grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
   echo "[test] again under SPECSERVE_CPU_MATMUL=vnni: the kernel-dependent tests" >&2
-  SPECSERVE_CPU_MATMUL=vnni OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE "slow|gpu" \
-    -E '^(Autoscale|Elastic|Ucx|TokenGate|NodeSupervisor|HttpServerTest|OpenAiApi|TargetShardKv|CliChecks|Cluster|KilledRank|ActorsNgram|e2e)'
+  vnni_labels=(-LE "slow|gpu")
+  [ "${SPECSERVE_TEST_ALL:-0}" = "1" ] && vnni_labels=(-LE "gpu")
+  SPECSERVE_CPU_MATMUL=vnni OMP_NUM_THREADS=1 ctest --output-on-failure -j "$(nproc)" --timeout 900 "${vnni_labels[@]}" \
+    -E '^(Autoscale|ElasticPromotion[.]|ElasticLifecycle|Ucx|TokenGate|NodeSupervisor|HttpServerTest|OpenAiApi|TargetShardKv|CliChecks|Cluster|KilledRank|TpActors|LlamaParityTest|TensorParallelSmolLM2|HeadsReference|e2e)'
 else
   echo "[test] this CPU has no avx512_vnni: the pass under SPECSERVE_CPU_MATMUL=vnni is skipped (the vnni kernel tests skip, saying so)" >&2
 fi

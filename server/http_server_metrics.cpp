@@ -42,6 +42,8 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:prefix_cache_queries", K::kCounter,
                   "Prefix cache queries: tokens looked up in the prefix cache at admission.");
   metrics.declare("specserve:prefix_cache_hits", K::kCounter, "Prefix cache hits: tokens found in the prefix cache.");
+  metrics.declare("specserve:num_preemptions", K::kCounter,
+                  "Cumulative number of preemptions: running sequences whose KV was released for lack of blocks (recomputed later).");
   metrics.declare("specserve:spec_decode_draft_seconds", K::kCounter, "Seconds spent proposing draft tokens.");
   metrics.declare("specserve:spec_decode_verify_seconds", K::kCounter,
                   "Seconds spent in target forward passes, which verify the drafts (prefill included).");
@@ -113,7 +115,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   if (!st) return;
   int64_t running = 0, waiting = st->queued, used = 0, total = 0, ready = 0;
   double prompt = 0, gen = 0, drafts = 0, draft_tokens = 0, accepted = 0, draft_s = 0, forward_s = 0;
-  double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0;
+  double pc_queries = 0, pc_hits = 0, gp_drafting = 0, gp_skipped = 0, preemptions = 0;
   std::vector<int64_t> per_pos;
   std::vector<int64_t> by_source[3];  // drafts, draft tokens, accepted tokens; [source] (load_source_name)
   // Counters: the loads of replica incarnations that ended (ClusterStatus::ended) plus every
@@ -141,6 +143,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
     forward_s += l.forward_seconds;
     pc_queries += static_cast<double>(l.prefix_cache_queries);
     pc_hits += static_cast<double>(l.prefix_cache_hits);
+    preemptions += static_cast<double>(l.num_preemptions);
     gp_drafting += static_cast<double>(l.goodput_drafting);
     gp_skipped += static_cast<double>(l.goodput_skipped);
     add_counts(per_pos, l.accepted_per_pos);
@@ -161,6 +164,7 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   metrics.set_counter_at_least("specserve:spec_decode_verify_seconds", labels, forward_s);
   metrics.set_counter_at_least("specserve:prefix_cache_queries", labels, pc_queries);
   metrics.set_counter_at_least("specserve:prefix_cache_hits", labels, pc_hits);
+  metrics.set_counter_at_least("specserve:num_preemptions", labels, preemptions);
   metrics.set_counter_at_least("specserve:spec_decode_goodput_drafting", labels, gp_drafting);
   metrics.set_counter_at_least("specserve:spec_decode_goodput_skipped", labels, gp_skipped);
   for (size_t i = 0; i < per_pos.size(); ++i) {

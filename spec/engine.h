@@ -199,6 +199,9 @@ struct EngineStats {
   /// tokens the admitted sequence knew, and how many of them were found cached.
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
+  /// Sequences preempted for lack of KV blocks (their KV released, recomputed when re-admitted;
+  /// vLLM's num_preemptions), each preemption counted.
+  int64_t num_preemptions = 0;
   /// Target logit rows of which the host got only the argmax and its logprob
   /// (EngineOptions::argmax_on_device), not the row itself.
   int64_t argmax_rows = 0;

@@ -79,6 +79,7 @@ Status Engine::step(std::vector<SeqEvent>* events) {
     victim.hidden_begin = 0;  // the recompute hands every position over again from 0
     if (may_draft(victim)) proposer_->release(victim.id);
     get_logger("spec")->info("seq {}: preempted (recompute) for lack of KV blocks", victim.id);
+    ++stats_.num_preemptions;
     waiting_.push_back(std::move(*it));
     running_.erase(it);
   }

@@ -49,6 +49,7 @@ TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
   l.num_reclaims = 31;
   l.goodput_drafting = 32;
   l.goodput_skipped = 33;
+  l.num_preemptions = 43;
   l.drafts_by_source = {34, 35, 36};
   l.draft_tokens_by_source = {37, 38, 39};
   l.accepted_by_source = {40, 41, 42};
@@ -76,6 +77,7 @@ TEST(Messages, ShardLoadKeepsEveryFieldThroughSerialisation) {
   EXPECT_EQ(r.num_reclaims, 31);
   EXPECT_EQ(r.goodput_drafting, 32);
   EXPECT_EQ(r.goodput_skipped, 33);
+  EXPECT_EQ(r.num_preemptions, 43);
   EXPECT_EQ(r.drafts_by_source, (std::vector<int64_t>{34, 35, 36}));
   EXPECT_EQ(r.draft_tokens_by_source, (std::vector<int64_t>{37, 38, 39}));
   EXPECT_EQ(r.accepted_by_source, (std::vector<int64_t>{40, 41, 42}));

@@ -8,8 +8,9 @@
 namespace specserve::testing {
 
 /// While alive, the process's matmul kernel is an fp32 one: its own where it already is one
-/// (AVX-512 or AVX2), else AVX-512, else AVX2; restored on destruction. Create it before the
-/// weights load: under vnni a weight is packed for the int8 kernel as it loads.
+/// (AVX-512 or AVX2), else AVX-512, else AVX2; restored on destruction. The kernel is chosen at
+/// each matmul, so results do not depend on whether the weights loaded inside the scope (under
+/// vnni they are also packed for the int8 kernel as they load; the fp32 kernels ignore that copy).
 class Fp32MatmulScope {
  public:
   Fp32MatmulScope() {

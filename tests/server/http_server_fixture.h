@@ -48,6 +48,7 @@ struct FakeCluster {
   int64_t prefix_cache_hits = 0;
   int64_t goodput_drafting = 0;      // disable_by_goodput counters, in each replica's load
   int64_t goodput_skipped = 0;
+  int64_t num_preemptions = 0;       // in each replica's load
   ShardLoad ended;                   // ClusterStatus::ended (replica loads that were reset)
   ShardLoad by_source;               // its *_by_source vectors, in each replica's load
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
@@ -113,6 +114,7 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
         r.load.prefix_cache_hits = fc->prefix_cache_hits;
         r.load.goodput_drafting = fc->goodput_drafting;
         r.load.goodput_skipped = fc->goodput_skipped;
+        r.load.num_preemptions = fc->num_preemptions;
         r.load.drafts_by_source = fc->by_source.drafts_by_source;
         r.load.draft_tokens_by_source = fc->by_source.draft_tokens_by_source;
         r.load.accepted_by_source = fc->by_source.accepted_by_source;

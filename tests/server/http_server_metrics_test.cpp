@@ -44,6 +44,18 @@ TEST_F(HttpServerTest, PrefixCacheCountersSumTheReplicas) {
   EXPECT_NE(m->body.find("specserve:prefix_cache_hits_total{model_name=\"fake\"} 500\n"), std::string::npos) << m->body;
 }
 
+// vLLM's num_preemptions: the replicas' totals plus those of ended replica loads, a counter.
+TEST_F(HttpServerTest, PreemptionCounterSumsTheReplicas) {
+  fc_->num_preemptions = 4;
+  fc_->ended.num_preemptions = 3;
+  start();
+  auto c = client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("# TYPE specserve:num_preemptions_total counter"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:num_preemptions_total{model_name=\"fake\"} 11\n"), std::string::npos) << m->body;
+}
+
 // disable_by_goodput's counters: the replicas' totals plus those of ended replica loads, as
 // *_total counters.
 TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {

@@ -133,6 +133,10 @@ TEST(SpecEnginePriority, PreemptsTheLowestPriorityFirst) {
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got.requests[i].tokens, plain.requests[i].tokens) << "request " << i;
   EXPECT_GT(counting.releases[1], 1) << "the priority-1 request was never preempted";
   EXPECT_EQ(counting.releases[2], 1) << "the priority-0 request was preempted";
+  // EngineStats::num_preemptions (/metrics' specserve:num_preemptions) counts each one: every
+  // release but the one at the end of each request. None without the KV shortage.
+  EXPECT_EQ(got.stats.num_preemptions, counting.releases[1] - 1 + counting.releases[2] - 1);
+  EXPECT_EQ(plain.stats.num_preemptions, 0);
 }
 
 }  // namespace

@@ -76,14 +76,15 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                   "\"num_running\": %d, \"num_waiting\": %d, \"generated_tokens\": %lld, \"num_drafts\": %lld, "
                   "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prompt_tokens\": %lld, "
                   "\"prefix_cache_queries\": %lld, \"prefix_cache_hits\": %lld, \"goodput_drafting\": %lld, "
-                  "\"goodput_skipped\": %lld, \"accepted_per_pos\": [",
+                  "\"goodput_skipped\": %lld, \"num_preemptions\": %lld, \"accepted_per_pos\": [",
                   i ? ", " : "", r.replica, r.ready ? "true" : "false", r.assigned,
                   r.load.total_kv_blocks - r.load.free_kv_blocks, r.load.total_kv_blocks, r.load.num_running,
                   r.load.num_waiting, static_cast<long long>(r.load.generated_tokens),
                   static_cast<long long>(r.load.num_drafts), static_cast<long long>(r.load.num_draft_tokens),
                   static_cast<long long>(r.load.num_accepted_tokens), static_cast<long long>(r.load.prompt_tokens),
                   static_cast<long long>(r.load.prefix_cache_queries), static_cast<long long>(r.load.prefix_cache_hits),
-                  static_cast<long long>(r.load.goodput_drafting), static_cast<long long>(r.load.goodput_skipped));
+                  static_cast<long long>(r.load.goodput_drafting), static_cast<long long>(r.load.goodput_skipped),
+                  static_cast<long long>(r.load.num_preemptions));
       for (size_t p = 0; p < r.load.accepted_per_pos.size(); ++p) {
         std::printf("%s%lld", p ? ", " : "", static_cast<long long>(r.load.accepted_per_pos[p]));
       }
@@ -117,12 +118,12 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     std::printf("], \"ended\": {\"generated_tokens\": %lld, \"prompt_tokens\": %lld, \"num_drafts\": %lld, "
                 "\"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, \"prefix_cache_queries\": %lld, "
                 "\"prefix_cache_hits\": %lld, \"goodput_drafting\": %lld, \"goodput_skipped\": %lld, "
-                "\"accepted_per_pos\": [",
+                "\"num_preemptions\": %lld, \"accepted_per_pos\": [",
                 static_cast<long long>(e.generated_tokens), static_cast<long long>(e.prompt_tokens),
                 static_cast<long long>(e.num_drafts), static_cast<long long>(e.num_draft_tokens),
                 static_cast<long long>(e.num_accepted_tokens), static_cast<long long>(e.prefix_cache_queries),
                 static_cast<long long>(e.prefix_cache_hits), static_cast<long long>(e.goodput_drafting),
-                static_cast<long long>(e.goodput_skipped));
+                static_cast<long long>(e.goodput_skipped), static_cast<long long>(e.num_preemptions));
     for (size_t p = 0; p < e.accepted_per_pos.size(); ++p) {
       std::printf("%s%lld", p ? ", " : "", static_cast<long long>(e.accepted_per_pos[p]));
     }
