@@ -426,6 +426,12 @@ ClusterStatus make_status(SchedSelf self) {
     rs.assigned = static_cast<int32_t>(r.assigned.size());
     rs.load = r.load;
     rs.load.finished.clear();
+    // Before the shard's first step report its load is all zeros: the cache it announced in its
+    // hello, all free (status showed KV 0/0 until the first request).
+    if (rs.load.total_kv_blocks == 0 && r.shard && r.shard_hello.total_kv_blocks > 0) {
+      rs.load.total_kv_blocks = r.shard_hello.total_kv_blocks;
+      rs.load.free_kv_blocks = r.shard_hello.total_kv_blocks;
+    }
     rs.state = replica_state_name(r.state);
     rs.state_seconds = now_s(self) - r.state_since;
     rs.state_seconds_total.assign(r.state_seconds.begin(), r.state_seconds.end());

@@ -176,6 +176,11 @@ TEST_F(ActorsNgram, WorkerReportsReadyWithLoadAndWarmupTimes) {
   EXPECT_EQ(st->workers[0].pid, static_cast<int32_t>(::getpid()));
   EXPECT_EQ(st->speculative_method, "ngram");
   EXPECT_TRUE(st->speculative.starts_with("ngram, num_speculative_tokens ")) << st->speculative;
+  // The KV cache is known from the worker's hello, before its first step report (status showed
+  // KV_USED 0/0 until a first request); nothing served yet in this process: all of it free.
+  ASSERT_EQ(st->replicas.size(), 1u);
+  EXPECT_GT(st->replicas[0].load.total_kv_blocks, 0);
+  EXPECT_EQ(st->replicas[0].load.free_kv_blocks, st->replicas[0].load.total_kv_blocks);
 }
 
 TEST_F(ActorsNgram, ConcurrentGreedyRequestsMatchTheTargetAlone) {
