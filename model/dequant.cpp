@@ -327,6 +327,53 @@ Status dequantize(GgmlType type, const uint8_t* src, int64_t num_elements, float
   return Status();
 }
 
+Status check_block_scales(const GgufTensorInfo& t) {
+  // Offsets of the fp16 scales in one block, and the block's size (ggml-common.h).
+  struct Scales {
+    int64_t bytes;
+    int offsets[2];
+    int count;
+    const char* names[2];
+  };
+  Scales s{};
+  switch (t.type()) {
+    case GgmlType::Q4_0: s = {18, {0, 0}, 1, {"d", ""}}; break;
+    case GgmlType::Q4_1: s = {20, {0, 2}, 2, {"d", "m"}}; break;
+    case GgmlType::Q5_0: s = {22, {0, 0}, 1, {"d", ""}}; break;
+    case GgmlType::Q5_1: s = {24, {0, 2}, 2, {"d", "m"}}; break;
+    case GgmlType::Q8_0: s = {34, {0, 0}, 1, {"d", ""}}; break;
+    case GgmlType::Q2_K: s = {84, {80, 82}, 2, {"d", "dmin"}}; break;
+    case GgmlType::Q3_K: s = {110, {108, 0}, 1, {"d", ""}}; break;
+    case GgmlType::Q4_K: s = {144, {0, 2}, 2, {"d", "dmin"}}; break;
+    case GgmlType::Q5_K: s = {176, {0, 2}, 2, {"d", "dmin"}}; break;
+    case GgmlType::Q6_K: s = {210, {208, 0}, 1, {"d", ""}}; break;
+    default: return Status();
+  }
+  const int64_t per_block = t.type() >= GgmlType::Q2_K && t.type() <= GgmlType::Q6_K ? kQkK : kQk;
+  const int64_t blocks = t.num_elements / per_block;
+  if (t.data == nullptr || t.num_elements % per_block != 0 || static_cast<int64_t>(t.num_bytes) != blocks * s.bytes) {
+    return corrupt_data("tensor '" + t.name + "': " + std::to_string(t.num_bytes) + " bytes of " + ggml_type_name(t.raw_type) +
+                        " for " + std::to_string(t.num_elements) + " values");
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int i = 0; i < s.count; ++i) {
+      const uint16_t h = load_u16(t.data + b * s.bytes + s.offsets[i]);
+      if ((h & 0x7c00u) == 0x7c00u) {  // exponent all ones: infinity or NaN
+        // Where: row and columns of a matrix (GGUF shape[0] values per row), else values.
+        const int64_t v = b * per_block, w = t.shape.size() >= 2 ? t.shape[0] : 0;
+        const std::string where = w > 0 && w % per_block == 0
+                                      ? "row " + std::to_string(v / w) + ", columns " + std::to_string(v % w) + ".." +
+                                            std::to_string(v % w + per_block - 1)
+                                      : "values " + std::to_string(v) + ".." + std::to_string(v + per_block - 1);
+        return corrupt_data("tensor '" + t.name + "' (" + ggml_type_name(t.raw_type) + "): block " + std::to_string(b) + " of " +
+                            std::to_string(blocks) + " (" + where + ") has scale " + s.names[i] + " = " +
+                            std::to_string(fp16_to_fp32(h)) + ": the file is corrupt");
+      }
+    }
+  }
+  return Status();
+}
+
 Expected<std::vector<float>> dequantize_tensor(const GgufTensorInfo& t) {
   const std::string type_name = ggml_type_name(t.raw_type);
   const auto traits = ggml_type_traits(t.raw_type);

@@ -33,6 +33,16 @@ bool dequant_supported(GgmlType type);
 /// and num_elements > 0.
 Status dequantize(GgmlType type, const uint8_t* src, int64_t num_elements, float* dst);
 
+/// Checks that every fp16 scale of a block-format tensor is finite: d of Q4_0 / Q5_0 / Q8_0, d
+/// and m of Q4_1 / Q5_1, d and dmin of Q2_K / Q4_K / Q5_K, d of Q3_K / Q6_K (ggml's block
+/// layouts). An infinite or NaN scale is a corrupt file: without this check it gives infinite or
+/// NaN products, or under the int8 kernel a finite-looking -inf logit for one token, far from
+/// where the file is wrong. F32 / F16 / BF16 tensors pass (their values are checked where they
+/// are used: non-finite logits end a request). Reads 2-4 bytes per block.
+/// Errors: kCorruptData naming the tensor, the block, which scale and its value; kCorruptData
+/// when t.num_bytes is not what t.num_elements of its type need or t.data is null.
+Status check_block_scales(const GgufTensorInfo& t);
+
 /// Dequantises a whole tensor of a parsed GGUF file into a new vector of t.num_elements floats,
 /// in storage order (shape[0] innermost).
 /// Errors: those of `dequantize`, naming the tensor; kCorruptData when t.num_bytes differs

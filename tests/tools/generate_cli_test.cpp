@@ -67,6 +67,36 @@ TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
   std::filesystem::remove_all(dir);
 }
 
+// A block-format weight with an infinite or NaN scale (here one fp16 d of the tied output head,
+// token 1000's first block) is refused as the model loads, naming tensor, row and scale. It used
+// to load: the fp32 kernel then gave non-finite logits, while the int8 kernel gave token 1000 a
+// logit of -inf and generated normal-looking text.
+TEST(GenerateCli, AnInfiniteBlockScaleIsRefusedAtLoadNamingTheTensor) {
+  const auto dir = std::filesystem::temp_directory_path() / ("generate_cli_scale_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ifstream in(specserve::testing::default_model_path(), std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto file = GgufFile::from_memory(bytes.data(), bytes.size(), "copy");
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  const GgufTensorInfo* t = file->find_tensor("token_embd.weight");
+  ASSERT_TRUE(t != nullptr && t->type() == GgmlType::Q8_0 && t->shape[0] % 32 == 0);
+  const size_t at = static_cast<size_t>(t->data - bytes.data()) + static_cast<size_t>(1000 * (t->shape[0] / 32) * 34);
+  const uint16_t inf = 0x7c00;
+  std::memcpy(bytes.data() + at, &inf, 2);
+  const auto model = dir / "inf_scale.gguf";
+  std::ofstream(model, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  for (const char* kernel : {"", "SPECSERVE_CPU_MATMUL=vnni"}) {
+    const CliRun r = specserve::testing::run_specserve("generate --model " + model.string() + " --threads 1 --max-tokens 4 --prompt Hello", 0,
+                                                       kernel);
+    EXPECT_EQ(r.exit_code, 2) << kernel << "\n" << r.out;
+    EXPECT_NE(r.out.find("tensor 'token_embd.weight' (Q8_0): block " + std::to_string(1000 * (t->shape[0] / 32)) +
+                         " of "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(row 1000, columns 0..31) has scale d = inf: the file is corrupt"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("generated tokens"), std::string::npos) << r.out;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // An empty --model / --speculative-model (`--model "$UNSET"`) is refused naming the flag, not
 // taken as the flag left out (the default model; no draft model, so n-gram lookup).
 TEST(GenerateCli, EmptyModelPathsAreRefused) {
