@@ -80,8 +80,11 @@ Expected<std::unique_ptr<Transformer>> Transformer::load(const GgufFile& file, B
                        int64_t end) -> Status {
     const GgufTensorInfo* t = file.find_tensor(name);
     if (!t) return corrupt_data(file.path() + ": tensor '" + name + "' is missing");
-    // An infinite or NaN block scale is named here, not found later as a wrong logit.
-    if (Status st = check_block_scales(*t); !st.ok()) return Status(st.code(), file.path() + ": " + st.message());
+    // An infinite or NaN block scale is named here, not found later as a wrong logit. Rank 0
+    // checks whole tensors for its group (a rank that fails to load fails the group).
+    if (opts.tp_rank == 0) {
+      if (Status st = check_block_scales(*t); !st.ok()) return Status(st.code(), file.path() + ": " + st.message());
+    }
     Expected<TensorSlice> slice = TensorSlice();
     if (split && part == Part::kRows) slice = slice_rows(*t, begin, end);
     if (split && part == Part::kCols) slice = slice_cols(*t, begin, end);

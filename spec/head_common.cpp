@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 
+#include "model/dequant.h"
 #include "model/ggml_type.h"
 
 namespace specserve {
@@ -125,6 +126,8 @@ Expected<const GgufTensorInfo*> HeadFileChecker::tensor(const std::string& name,
     for (GgmlType ty : types) allowed += (allowed.empty() ? "" : " or ") + ggml_type_name(static_cast<uint32_t>(ty));
     return corrupt_data(where("tensor '" + name + "'") + " has type " + ggml_type_name(t->raw_type) + ": expected " + allowed);
   }
+  // A Q8_0 matrix with an infinite or NaN block scale (model/dequant.h check_block_scales).
+  if (Status st = check_block_scales(*t); !st.ok()) return Status(st.code(), where(st.message()));
   return t;
 }
 

@@ -509,7 +509,8 @@ class OpenAiApiTest(unittest.TestCase):
                        "specserve:spec_decode_num_accepted_tokens_total",
                        "specserve:spec_decode_num_accepted_tokens_per_pos_total", "specserve:spec_decode_draft_seconds_total",
                        "specserve:spec_decode_verify_seconds_total", "specserve:prefix_cache_queries_total",
-                       "specserve:prefix_cache_hits_total", "specserve:spec_decode_goodput_drafting_total",
+                       "specserve:prefix_cache_hits_total", "specserve:num_preemptions_total",
+                       "specserve:spec_decode_goodput_drafting_total",
                        "specserve:spec_decode_goodput_skipped_total"):
             self.assertIn("# TYPE " + family, text)
         ttft = [v for k, v in values.items() if k.startswith("specserve:time_to_first_token_seconds_count")]

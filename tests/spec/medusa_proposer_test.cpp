@@ -4,9 +4,11 @@
 #include "spec/medusa_proposer.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include <gtest/gtest.h>
+
 #include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "core/logging.h"
@@ -129,6 +131,15 @@ TEST_F(MedusaTest, RejectsMismatchedAndCorruptFiles) {
     w.add_u32("medusa.num_heads", 2);
   };
   expect_error(s, {"medusa.1.weight", "Q4_1", "F32 or F16 or Q8_0"});
+  // A Q8_0 matrix with an infinite block scale (it would give a draft logit of +-inf).
+  s.mutate = [](GgufWriter& w) {
+    std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, 64 * 64)), 0);
+    const uint16_t inf = 0x7c00;
+    std::memcpy(q.data() + 5 * 34, &inf, 2);  // block 5: row 2, columns 32..63
+    EXPECT_TRUE(w.add_tensor("medusa.1.weight", {64, 64}, GgmlType::Q8_0, q.data(), q.size()).ok());
+    w.add_u32("medusa.num_heads", 2);
+  };
+  expect_error(s, {"medusa.1.weight", "block 5 of 128 (row 2, columns 32..63) has scale d = inf"});
   s.mutate = [](GgufWriter& w) {
     EXPECT_TRUE(w.add_tensor_f32("medusa.1.weight", {64, 64}, std::vector<float>(64 * 64, 0.0f)).ok());
     w.add_u32("medusa.num_heads", 2);
