@@ -45,8 +45,8 @@
 // does: each x row is quantised to int8 per 32-value block (block_q8_1: d = amax / 127,
 // q = nearest-even of x * (127 / amax), s = d * sum(q); a block whose 127 / amax is not finite
 // counts as zeros; a block holding a NaN or an infinity gets d = NaN, so the row's outputs are
-// NaN: non-finite, as the fp32 kernels' are), each block's integer dot product with the weight's quants is
-// exact (VPDPBUSD), and y = sum over blocks, k ascending, of fma(isum, d_w * d_x) (+ fma(m_w, s_x)
+// NaN: non-finite, as the fp32 kernels' are), each block's integer dot product with the
+// weight's quants is exact (VPDPBUSD), and y = sum over blocks, k ascending, of fma(isum, d_w * d_x) (+ fma(m_w, s_x)
 // for Q4_1) in fp32. Error against fp32: |y - y_fp32| <= sum over blocks of (amax_block(x) / 254)
 // * sum |w| in the block, plus fp32 rounding (tests/cpu/matmul_q8_test.cpp). Each output depends
 // only on its own x row and weight row (batch and thread invariance, bit for bit), but a

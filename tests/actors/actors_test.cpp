@@ -15,34 +15,13 @@
 #include "cpu/cpu_backend.h"
 #include "model/model_loader.h"
 #include "spec/engine.h"
+#include "tests/actors/actors_cluster_fixture.h"
 #include "tests/test_util.h"
 
 namespace specserve {
 namespace {
 
-const char* kToken = "test-token-0123456789";
-
-Topology make_topology(std::optional<SpeculativeSpec> spec, bool draft_worker, int64_t kv_bytes = int64_t{64} << 20) {
-  Topology t;
-  t.source = "(test)";
-  t.cluster.name = "test";
-  t.models.target.path = testing::default_model_path();
-  t.models.target.max_model_len = 512;
-  t.models.speculative = spec;
-  t.scheduler.max_num_seqs = 8;
-  t.scheduler.kv_cache_bytes = kv_bytes;
-  NodeSpec n;
-  n.name = "local";
-  WorkerSpec w;
-  n.workers.push_back(w);
-  if (draft_worker) {
-    WorkerSpec d;
-    d.role = WorkerRole::kDraftWorker;
-    n.workers.push_back(d);
-  }
-  t.nodes.push_back(n);
-  return t;
-}
+using namespace actors_testing;  // NOLINT: the shared in-process cluster helpers
 
 // Greedy reference with top-n logprobs: the engine alone, no proposer; one SampleResult per token.
 std::vector<SampleResult> reference_logprobs(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_n) {
@@ -68,72 +47,6 @@ std::vector<SampleResult> reference_logprobs(const std::vector<int32_t>& prompt,
   return out;
 }
 
-// Polls the status until `pred` holds for replica 0's load (the last ShardLoad may still be on
-// its way when the client has its result), at most 10 s.
-template <class Pred>
-ClusterStatus status_when(Client& c, Pred pred) {
-  ClusterStatus last;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < end) {
-    auto st = c.status();
-    if (st.ok()) {
-      last = *st;
-      if (!last.replicas.empty() && pred(last.replicas[0].load)) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return last;
-}
-
-int64_t sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
-
-class Cluster {
- public:
-  Cluster(std::optional<SpeculativeSpec> spec, bool draft_worker, int64_t kv_bytes = int64_t{64} << 20) {
-    topo_ = make_topology(spec, draft_worker, kv_bytes);
-    auto h = Head::start(rt_, topo_, kToken, /*publish=*/false);
-    EXPECT_TRUE(h.ok()) << h.status().to_string();
-    head_ = std::move(*h);
-    WorkerConfig wc;
-    wc.node = "local";
-    wc.topology = topo_;
-    wc.threads = 1;
-    wc.token = kToken;
-    wc.scheduler = head_->scheduler();
-    wc.remote_draft = draft_worker;
-    spawn_target_shard(rt_.system(), wc);
-    if (draft_worker) {
-      wc.role = WorkerRole::kDraftWorker;
-      spawn_draft_worker(rt_.system(), wc);
-    }
-    client_ = Client::in_process(rt_.system(), head_->scheduler(), kToken);
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (std::chrono::steady_clock::now() < end) {
-      auto st = client_->status();
-      if (st.ok() && !st->replicas.empty() && st->replicas[0].ready) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  ~Cluster() {
-    client_.reset();
-    head_->stop();
-  }
-  Client& client() { return *client_; }
-  Head& head() { return *head_; }
-
- private:
-  ActorRuntime rt_;
-  Topology topo_;
-  std::unique_ptr<Head> head_;
-  std::unique_ptr<Client> client_;
-};
-
-GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }
-
 SpeculativeSpec ngram_spec() {
   SpeculativeSpec s;
   s.method = SpeculativeMethod::kNgram;
@@ -141,17 +54,6 @@ SpeculativeSpec ngram_spec() {
   s.prompt_lookup_min = 1;
   s.prompt_lookup_max = 4;
   return s;
-}
-
-std::vector<std::vector<int32_t>> prompts(Head& head) {
-  const char* texts[] = {
-      "The capital of France is Paris. The capital of France is Paris. The capital of",
-      "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):",
-      "Once upon a time, there was a little robot who",
-  };
-  std::vector<std::vector<int32_t>> out;
-  for (const char* t : texts) out.push_back(head.tokenizer().encode(t, true, false));
-  return out;
 }
 
 class ActorsNgram : public ::testing::Test {
@@ -528,77 +430,6 @@ TEST(ActorsKv, ASequenceThatOutgrowsTheCacheFailsAloneAndItsBatchMateFinishes) {
   // The replica keeps serving.
   auto again = c.client().generate(greedy({1, 2, 3}, 4));
   EXPECT_TRUE(again.ok()) << again.status().to_string();
-}
-
-TEST(ActorsDraftWorker, SeparateDraftWorkerActorKeepsGreedyOutputAndDrafts) {
-  // draft_model with the target itself as the draft: every greedy draft is accepted.
-  SpeculativeSpec s;
-  s.method = SpeculativeMethod::kDraftModel;
-  s.model = testing::default_model_path();
-  s.num_speculative_tokens = 3;
-  Cluster c(s, /*draft_worker=*/true);
-  auto st = c.client().status();
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->workers.size(), 2u);
-  for (const auto& w : st->workers) EXPECT_EQ(w.state, "ready") << w.role << ": " << w.error;
-  auto ps = prompts(c.head());
-  auto r = c.client().generate(greedy(ps[2], 20));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->tokens, testing::greedy_reference(ps[2], 20));
-  EXPECT_GT(r->num_drafts, 0);
-  EXPECT_EQ(r->num_accepted_tokens, r->num_draft_tokens) << "a draft equal to the target must always be accepted";
-  const ClusterStatus after = status_when(c.client(), [&](const ShardLoad& l) { return l.num_drafts >= r->num_drafts; });
-  ASSERT_EQ(after.replicas.size(), 1u);
-  const ShardLoad& l = after.replicas[0].load;
-  EXPECT_EQ(l.num_accepted_tokens, r->num_accepted_tokens);
-  ASSERT_EQ(l.accepted_per_pos.size(), 3u);
-  EXPECT_EQ(sum(l.accepted_per_pos), l.num_accepted_tokens);
-  EXPECT_EQ(l.accepted_per_pos[0], l.num_drafts) << "every draft's first token is accepted";
-  EXPECT_EQ(l.prompt_tokens, static_cast<int64_t>(ps[2].size()));
-  // Sampling goes through the sparse q path; the request completes with the asked length.
-  GenerateRequest sr = greedy(ps[0], 12);
-  sr.sampling.temperature = 0.8f;
-  sr.sampling.seed = 7;
-  sr.sampling.has_seed = true;
-  auto r2 = c.client().generate(sr);
-  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
-  EXPECT_EQ(r2->completion_tokens, 12);
-  EXPECT_GT(r2->num_draft_tokens, 0);
-}
-
-TEST(ActorsDraftWorker, LookupFirstOnTheDraftWorkerKeepsEachDraftsSource) {
-  // Prompt lookup first runs on the draft worker; who drafted travels back with each draft
-  // (DraftReplySeq::source), so the shard counts the lookup's drafts apart from the model's.
-  SpeculativeSpec s;
-  s.method = SpeculativeMethod::kDraftModel;
-  s.model = testing::default_model_path();
-  s.num_speculative_tokens = 3;
-  s.lookup_first = true;
-  s.prompt_lookup_min = 2;
-  s.prompt_lookup_max = 4;
-  Cluster c(s, /*draft_worker=*/true);
-  auto ps = prompts(c.head());
-  int64_t drafts = 0;
-  for (size_t i : {size_t{0}, size_t{2}}) {  // repetitive text (lookup matches), then a story
-    auto r = c.client().generate(greedy(ps[i], 24));
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->tokens, testing::greedy_reference(ps[i], 24)) << "prompt " << i;
-    drafts += r->num_drafts;
-  }
-  const ClusterStatus st = status_when(c.client(), [&](const ShardLoad& l) {
-    return l.num_drafts >= drafts && l.num_running == 0 && l.num_waiting == 0;
-  });
-  ASSERT_EQ(st.replicas.size(), 1u);
-  const ShardLoad& l = st.replicas[0].load;
-  ASSERT_EQ(l.drafts_by_source.size(), static_cast<size_t>(kNumDraftSources));
-  const int64_t lookup = l.drafts_by_source[static_cast<size_t>(DraftSource::kPromptLookup)];
-  const int64_t model = l.drafts_by_source[static_cast<size_t>(DraftSource::kModel)];
-  EXPECT_GT(lookup, 0) << "the lookup never drafted on repetitive text";
-  EXPECT_GT(model, 0) << "the draft model never drafted";
-  EXPECT_EQ(lookup + model, l.num_drafts);
-  // The draft model is the target itself: its drafts are always accepted.
-  EXPECT_EQ(l.accepted_by_source[static_cast<size_t>(DraftSource::kModel)],
-            l.draft_tokens_by_source[static_cast<size_t>(DraftSource::kModel)]);
 }
 
 }  // namespace
