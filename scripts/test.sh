@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: installs the Debian packages, fetches the default model,
-# builds, runs every unit test and the bounded integration set with ctest, then fuzzes the
-# GGUF reader for a bounded time.
+# builds, runs every unit test and the bounded integration set with ctest (the kernel-dependent
+# tests a second time under SPECSERVE_CPU_MATMUL=vnni where the CPU has AVX512-VNNI), then fuzzes
+# the GGUF reader for a bounded time.
 # Usage: scripts/test.sh            (default set: everything but the "slow" label; "gpu" tests run
 #                                   and show as "Skipped" with their reason where no GPU is present)
 #        SPECSERVE_TEST_ALL=1 scripts/test.sh   (everything, slow ones too)
