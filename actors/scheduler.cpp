@@ -179,6 +179,12 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       // which sees every worker go down, stops the rest of the group itself.
       if (h.rank > 0 && r.shard) {
         log_tp_broken(h.replica, h.rank);
+        // Rank 0 may be blocked waiting for this rank's answer, where the exit below waits too.
+        if (r.tp_waiter) {
+          self->send(r.tp_waiter, tp_abort_atom::value,
+                     "tensor parallel rank " + std::to_string(h.rank) + " went down (" + self->system().render(m.reason) + ")");
+          r.tp_waiter = caf::actor{};
+        }
         self->send_exit(r.shard, caf::exit_reason::user_shutdown);
         replica_lost(self, h.replica, m.reason != caf::exit_reason::normal);
       } else if (r.shard && r.shard.address() == m.source) {
@@ -470,6 +476,11 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
         }
         return make_status(self);
+      },
+      [self](tp_waiter_atom, const std::string& token, int32_t replica, const caf::actor& waiter) {
+        auto& s = self->state;
+        if (!token_matches(token, s.cfg.token)) return;
+        s.replicas[replica].tp_waiter = waiter;  // (before its hello: the entry may be new, as there)
       },
       [self](const TpJoinMsg& m) -> caf::result<TpGroupMsg> {
         auto& s = self->state;

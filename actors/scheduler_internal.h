@@ -58,6 +58,7 @@ struct ReplicaEntry {
   std::set<int64_t> assigned;
   // Disaggregated prefill: the replica's prefill worker takes fresh requests and hands them to
   // a decode replica (MigratedSeq) once their prompt is in its KV cache.
+  caf::actor tp_waiter;  // rank 0's ActorTensorParallelPeers::waiter() (tensor parallelism), or none
   caf::actor prefill;
   WorkerHello prefill_hello;
   bool prefill_ready = false;

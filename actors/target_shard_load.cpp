@@ -100,6 +100,8 @@ Status load_and_warm(Self self) {
     // (create_kv, at warm-up) may wait for ranks still loading their shard.
     s.tp_peers = std::make_unique<ActorTensorParallelPeers>(self->system(), std::move(followers), std::chrono::seconds(90),
                                                             tp_join_timeout(t));
+    // The head tells the waiter when a follower goes down (tp_messages.h: tp_abort_atom).
+    self->send(s.cfg.scheduler, tp_waiter_atom::value, s.cfg.token, s.cfg.replica, s.tp_peers->waiter());
     lo.tp_rank = 0;
     lo.tp_size = tp;
     lo.communicator = s.tp_comm.get();

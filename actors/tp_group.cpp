@@ -158,6 +158,7 @@ Status ActorTensorParallelPeers::wait_all(int64_t serial, std::chrono::milliseco
           missing.erase(rank);
           if (!error.empty() && first.ok()) first = unavailable("tensor parallel rank " + std::to_string(rank) + ": " + error);
         },
+        [&](tp_abort_atom, const std::string& why) { broken_ = unavailable(why); },
         [&](caf::down_msg& m) {
           for (size_t i = 0; i < followers_.size(); ++i) {
             if (followers_[i].address() == m.source) {

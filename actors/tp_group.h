@@ -113,6 +113,11 @@ class ActorTensorParallelPeers final : public TensorParallelPeers {
   Status finish_forward_after_failure(const Status& own) override;
   Status kv_copy_slots(int32_t kv_id, const int32_t* src, const int32_t* dst, int64_t n) override;
 
+  /// The actor the answers come to. (tp_abort_atom, why) sent to it breaks the group: a wait in
+  /// progress or the next one returns kUnavailable with `why` at once (the scheduler sends it when
+  /// it sees a follower go down; tp_messages.h).
+  caf::actor waiter() const { return caf::actor_cast<caf::actor>(waiter_); }
+
   /// A command failed, timed out or a follower went down.
   bool broken() const { return !broken_.ok(); }
   /// Why (empty status when not broken).

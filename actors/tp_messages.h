@@ -76,5 +76,11 @@ using rdv_set_atom = caf::atom_constant<caf::atom("rdv_set")>;
 using rdv_get_atom = caf::atom_constant<caf::atom("rdv_get")>;
 /// Rank r > 0 -> rank 0's waiter: (tp_done_atom, int64 serial, int32 rank, std::string error).
 using tp_done_atom = caf::atom_constant<caf::atom("tp_done")>;
+/// Rank 0 -> the scheduler, once its peers exist: (tp_waiter_atom, std::string token, int32
+/// replica, caf::actor waiter). The scheduler -> that waiter when a follower goes down:
+/// (tp_abort_atom, std::string why). A follower's death reaches rank 0 only through the head
+/// (its actor handle routes there), so without this rank 0 waited out the command timeout.
+using tp_waiter_atom = caf::atom_constant<caf::atom("tp_waiter")>;
+using tp_abort_atom = caf::atom_constant<caf::atom("tp_abort")>;
 
 }  // namespace specserve

@@ -120,6 +120,34 @@ std::vector<std::vector<int32_t>> prompts(Head& head) {
   return out;
 }
 
+// Rank 0's wait for a follower that will never answer (its process died after its last
+// collective; its down message routes through the head and may never arrive) ends as soon as the
+// head's (tp_abort_atom, why) reaches the waiter, not at the command timeout; the group is then
+// broken for every later call.
+TEST(TpPeers, AnAbortFromTheHeadEndsAWaitForAFollowerThatNeverAnswers) {
+  ActorRuntime rt;
+  // A follower that takes every command and never answers (a process gone silent).
+  caf::actor silent = rt.system().spawn([]() -> caf::behavior { return {[](const TpCommand&) {}}; });
+  ActorTensorParallelPeers peers(rt.system(), {silent}, std::chrono::seconds(20), std::chrono::seconds(20));
+  ForwardBatch batch;
+  peers.start_forward(0, batch);
+  std::thread head([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    caf::scoped_actor sender(rt.system());
+    sender->send(peers.waiter(), tp_abort_atom::value, std::string("tensor parallel rank 1 went down (test)"));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = peers.finish_forward();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  head.join();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("rank 1 went down (test)"), std::string::npos) << st.message();
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "waited for the command timeout";
+  EXPECT_TRUE(peers.broken());
+  EXPECT_EQ(peers.create_kv(0, 4, 16, 1).code(), StatusCode::kUnavailable);
+  caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
+}
+
 TEST(TpRendezvous, GetWaitsForSetAndMissingKeysAndBadJoinsFail) {
   // A head alone (its workers never start): the store and the join live on the scheduler.
   ActorRuntime rt;
