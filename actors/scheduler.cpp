@@ -480,7 +480,8 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       [self](tp_waiter_atom, const std::string& token, int32_t replica, const caf::actor& waiter) {
         auto& s = self->state;
         if (!token_matches(token, s.cfg.token)) return;
-        s.replicas[replica].tp_waiter = waiter;  // (before its hello: the entry may be new, as there)
+        // (Every replica of the topology has its entry from the start.)
+        if (auto it = s.replicas.find(replica); it != s.replicas.end()) it->second.tp_waiter = waiter;
       },
       [self](const TpJoinMsg& m) -> caf::result<TpGroupMsg> {
         auto& s = self->state;

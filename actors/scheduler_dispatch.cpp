@@ -260,6 +260,7 @@ void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
   }
   r.assigned = r.on_prefill;
   r.shard = caf::actor{};
+  r.tp_waiter = caf::actor{};  // (its rank 0 went with it)
   r.shard_ready = false;
   r.lost = true;
   r.lost_at = now_s(self);
