@@ -314,8 +314,12 @@ struct WorkerStatus {
 struct ReplicaStatus {
   int32_t replica = 0;
   bool ready = false;
-  int32_t assigned = 0;       ///< requests on it now
-  ShardLoad load;
+  int32_t assigned = 0;       ///< requests on it now (those on its prefill worker included)
+  ShardLoad load;             ///< its target shard's (the decode shard's, with a prefill worker)
+  /// Disaggregated prefill: the replica's prefill worker's last load (its engine's totals: the
+  /// prompts it took and their first tokens), all zero without one or before its first report.
+  bool has_prefill_worker = false;
+  ShardLoad prefill_load;
   // Lifecycle (scheduler/autoscale_policy.h ReplicaState): "starting", "loading", "warming",
   // "ready" (routed), "draining", "standby" (loaded, warm, not routed), "stopped".
   std::string state;
@@ -501,7 +505,8 @@ typename Inspector::result_type inspect(Inspector& f, WorkerStatus& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
-  return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load, x.state, x.state_seconds,
+  return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load, x.has_prefill_worker,
+           x.prefill_load, x.state, x.state_seconds,
            x.state_seconds_total, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
            x.promotion_seconds, x.num_promotions, x.num_cold_starts);
 }

@@ -195,6 +195,9 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       if (r.prefill && r.prefill.address() == m.source) {
         r.prefill = caf::actor{};
         r.prefill_ready = false;
+        // Its counters stay in the cluster's totals (a restarted one counts from 0 again).
+        add_load_counters(s.ended, r.prefill_load);
+        r.prefill_load = ShardLoad{};
         std::set<int64_t> lost = std::move(r.on_prefill);
         r.on_prefill.clear();
         for (int64_t id : lost) r.assigned.erase(id);

@@ -432,6 +432,13 @@ ClusterStatus make_status(SchedSelf self) {
       rs.load.total_kv_blocks = r.shard_hello.total_kv_blocks;
       rs.load.free_kv_blocks = r.shard_hello.total_kv_blocks;
     }
+    rs.has_prefill_worker = static_cast<bool>(r.prefill);
+    rs.prefill_load = r.prefill_load;
+    rs.prefill_load.finished.clear();
+    if (rs.prefill_load.total_kv_blocks == 0 && r.prefill && r.prefill_hello.total_kv_blocks > 0) {
+      rs.prefill_load.total_kv_blocks = r.prefill_hello.total_kv_blocks;
+      rs.prefill_load.free_kv_blocks = r.prefill_hello.total_kv_blocks;
+    }
     rs.state = replica_state_name(r.state);
     rs.state_seconds = now_s(self) - r.state_since;
     rs.state_seconds_total.assign(r.state_seconds.begin(), r.state_seconds.end());

@@ -119,17 +119,21 @@ void HttpServer::Impl::refresh_cluster_metrics() {
   std::vector<int64_t> per_pos;
   std::vector<int64_t> by_source[3];  // drafts, draft tokens, accepted tokens; [source] (load_source_name)
   // Counters: the loads of replica incarnations that ended (ClusterStatus::ended) plus every
-  // replica's own, down ones included (they stay in the status), so they never go back.
+  // replica's own, down ones included (they stay in the status), so they never go back. A
+  // replica's prefill worker counts its prompts and their first tokens, its decode shard the
+  // rest (EngineStats::prompt_tokens: each prompt once, where the request started).
   std::vector<const ShardLoad*> loads{&st->ended};
   for (const ReplicaStatus& r : st->replicas) {
-    const ShardLoad& l = r.load;
-    loads.push_back(&l);
+    loads.push_back(&r.load);
+    loads.push_back(&r.prefill_load);
     if (r.ready) {
       ++ready;
-      running += l.num_running;
-      waiting += l.num_waiting;
-      used += l.total_kv_blocks - l.free_kv_blocks;
-      total += l.total_kv_blocks;
+      for (const ShardLoad* l : {&r.load, &r.prefill_load}) {
+        running += l->num_running;
+        waiting += l->num_waiting;
+        used += l->total_kv_blocks - l->free_kv_blocks;
+        total += l->total_kv_blocks;
+      }
     }
   }
   for (const ShardLoad* lp : loads) {

@@ -213,6 +213,8 @@ Expected<int64_t> Engine::add_migrated(GenerateParams params, SequenceImport imp
   auto id = add_request(std::move(params));
   if (!id.ok()) return id.status();
   Seq& s = *waiting_.back();
+  // The engine it came from counted its prompt (EngineStats::prompt_tokens: once per request).
+  stats_.prompt_tokens -= s.prompt_len;
   if (!import.rng_state.empty()) SPECSERVE_CHECK(s.sampler->set_rng_state(import.rng_state).ok(), "rng state checked above");
   // A tree proposer's k is its node budget and stays at the cap (EngineOptions::adaptive_k).
   if (s.max_k > 0 && import.k >= 1 && !(proposer_ && proposer_->drafts_trees())) s.k = std::min(import.k, s.max_k);

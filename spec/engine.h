@@ -187,7 +187,11 @@ struct EngineStats {
   /// from (or left for) another engine.
   std::array<DraftSourceStats, kNumDraftSources> by_source{};
   int64_t num_steps = 0;
+  /// Prompt tokens of the requests queued by add_request (vLLM's prompt_tokens): a request that
+  /// came from another engine (add_migrated) was counted there, so engines that hand requests
+  /// to each other sum to each prompt once. Prefill work, recomputes included: prefill_tokens.
   int64_t prompt_tokens = 0;
+  /// Output tokens this engine generated (a migrated request's resume_output not included).
   int64_t generated_tokens = 0;
   double draft_seconds = 0;   ///< time in Proposer::propose
   double forward_seconds = 0; ///< time in target forward passes (verify included)

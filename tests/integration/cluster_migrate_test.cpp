@@ -212,16 +212,36 @@ TEST(ClusterMigrate, PrefillWorkerHandsPromptsToTheDecodeShard) {
   }
   ASSERT_TRUE(prefill_ready) << "the prefill worker never became ready";
   MigrationRun run = start_migration_run(c, kTokens);
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0;
   for (size_t i = 0; i < run.handles.size(); ++i) {
     auto r = run.handles[i]->wait();
     ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status().to_string();
     EXPECT_EQ(r->tokens, run.expected[i]) << "request " << i;
     EXPECT_EQ(r->num_migrations, 1) << "request " << i << ": prefill worker -> decode shard";
     prompt_tokens += r->prompt_tokens;
+    output_tokens += static_cast<int64_t>(r->tokens.size());
   }
-  auto st = c->status();
-  ASSERT_TRUE(st.ok());
+  // The cluster's totals (what /metrics and `status` show) count each prompt once (on the
+  // prefill worker) and each output token once (the first on the prefill worker, the rest on
+  // the decode shard). The last step reports reach the head on their own: polled briefly.
+  int64_t counted_prompt = 0, counted_output = 0, prefill_prompt = 0;
+  Expected<ClusterStatus> st = c->status();
+  for (const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);;) {
+    st = c->status();
+    ASSERT_TRUE(st.ok());
+    counted_prompt = st->ended.prompt_tokens, counted_output = st->ended.generated_tokens, prefill_prompt = 0;
+    for (const auto& r : st->replicas) {
+      EXPECT_TRUE(r.has_prefill_worker);
+      counted_prompt += r.load.prompt_tokens + r.prefill_load.prompt_tokens;
+      counted_output += r.load.generated_tokens + r.prefill_load.generated_tokens;
+      prefill_prompt += r.prefill_load.prompt_tokens;
+    }
+    if ((counted_prompt == prompt_tokens && counted_output == output_tokens) || std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(counted_prompt, prompt_tokens);
+  EXPECT_EQ(prefill_prompt, prompt_tokens) << "every prompt started on the prefill worker";
+  EXPECT_EQ(counted_output, output_tokens);
   EXPECT_EQ(st->migrated, static_cast<int64_t>(run.handles.size()));
   EXPECT_GE(st->kv_migrated_tokens, prompt_tokens) << "each prompt's KV comes from the prefill worker";
   EXPECT_EQ(st->kv_recomputed_tokens, 0);

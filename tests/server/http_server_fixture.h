@@ -51,6 +51,9 @@ struct FakeCluster {
   int64_t num_preemptions = 0;       // in each replica's load
   ShardLoad ended;                   // ClusterStatus::ended (replica loads that were reset)
   ShardLoad by_source;               // its *_by_source vectors, in each replica's load
+  ShardLoad shard0;                  // replica 0's own load (its counters and gauges), when with_prefill
+  ShardLoad prefill;                 // replica 0's prefill worker's load, when with_prefill
+  bool with_prefill = false;
   bool lifecycle = false;            // report an autoscaled cluster: replica 0 ready (promoted), 1 standby
   int32_t idle_min_replicas = -1;    // >= 0: an autoscaled cluster with no replica ready (both standby), this min
 
@@ -137,6 +140,11 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
           s.autoscale.enabled = true;
           s.autoscale.target_ready = 1;
           s.autoscale.num_promotions = 1;
+        }
+        if (fc->with_prefill) {
+          s.replicas[0].load = fc->shard0;
+          s.replicas[0].has_prefill_worker = true;
+          s.replicas[0].prefill_load = fc->prefill;
         }
         if (fc->idle_min_replicas >= 0) {
           for (auto& x : s.replicas) {

@@ -56,6 +56,40 @@ TEST_F(HttpServerTest, PreemptionCounterSumsTheReplicas) {
   EXPECT_NE(m->body.find("specserve:num_preemptions_total{model_name=\"fake\"} 11\n"), std::string::npos) << m->body;
 }
 
+// Disaggregated prefill: a replica's prefill worker counts in every family — its prompts and
+// first tokens in the counters (the decode shard counts each prompt once, where it started:
+// EngineStats::prompt_tokens), what it holds now in the gauges of a ready replica.
+TEST_F(HttpServerTest, PrefillWorkersLoadCountsInTheClusterFamilies) {
+  fc_->with_prefill = true;
+  fc_->shard0.num_running = 2;
+  fc_->shard0.total_kv_blocks = 150;
+  fc_->shard0.free_kv_blocks = 100;
+  fc_->shard0.generated_tokens = 40;  // the rest of each output
+  fc_->shard0.forward_seconds = 1.5;
+  fc_->prefill.num_running = 1;
+  fc_->prefill.num_waiting = 2;
+  fc_->prefill.total_kv_blocks = 50;
+  fc_->prefill.free_kv_blocks = 0;
+  fc_->prefill.prompt_tokens = 70;
+  fc_->prefill.generated_tokens = 3;  // one first token per request
+  fc_->prefill.forward_seconds = 0.5;
+  fc_->prefill.prefix_cache_queries = 64;
+  fc_->prefill.prefix_cache_hits = 32;
+  start();
+  auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* want : {"specserve:num_requests_running{model_name=\"fake\"} 3\n",
+                           "specserve:num_requests_waiting{model_name=\"fake\"} 2\n",
+                           "specserve:kv_cache_usage_perc{model_name=\"fake\"} 0.5\n",
+                           "specserve:prompt_tokens_total{model_name=\"fake\"} 70\n",
+                           "specserve:generation_tokens_total{model_name=\"fake\"} 43\n",
+                           "specserve:spec_decode_verify_seconds_total{model_name=\"fake\"} 2\n",
+                           "specserve:prefix_cache_queries_total{model_name=\"fake\"} 64\n",
+                           "specserve:prefix_cache_hits_total{model_name=\"fake\"} 32\n"}) {
+    EXPECT_NE(m->body.find(want), std::string::npos) << want << m->body;
+  }
+}
+
 // disable_by_goodput's counters: the replicas' totals plus those of ended replica loads, as
 // *_total counters.
 TEST_F(HttpServerTest, GoodputCountersSumTheReplicas) {

@@ -25,6 +25,8 @@ struct Outcome {
   int32_t moved = 0;         // sequences that moved
   int32_t kv_loaded = 0;     // ... with their KV imported
   int32_t cached_moved = 0;  // tokens of KV imported
+  int64_t prompt_tokens = 0;     // EngineStats::prompt_tokens of both engines
+  int64_t generated_tokens = 0;  // EngineStats::generated_tokens of both engines
 };
 
 struct MoveOptions {
@@ -118,6 +120,8 @@ Outcome run_moved(const std::vector<GenerateParams>& reqs, const MoveOptions& mo
     collect(ib, evs);
   }
   EXPECT_EQ((*b)->block_pool().num_free(), (*b)->block_pool().num_blocks()) << "the second engine still holds KV";
+  out.prompt_tokens = (*a)->stats().prompt_tokens + (*b)->stats().prompt_tokens;
+  out.generated_tokens = (*a)->stats().generated_tokens + (*b)->stats().generated_tokens;
   return out;
 }
 
@@ -171,6 +175,13 @@ TEST(EngineMigrate, GreedySequencesContinueIdenticallyWithTheirKv) {
     EXPECT_GT(got.moved, 0);
     EXPECT_EQ(got.kv_loaded, got.moved) << "every moved sequence should arrive with its KV (steps " << steps << ")";
     EXPECT_GT(got.cached_moved, 0);
+    // The two engines' counters sum to each prompt once and each output token once (a moved
+    // request's prompt was counted where it started; its resume_output is not generated again).
+    int64_t prompts = 0, outputs = 0;
+    for (const auto& r : reqs) prompts += static_cast<int64_t>(r.prompt.size());
+    for (const auto& t : got.tokens) outputs += static_cast<int64_t>(t.size());
+    EXPECT_EQ(got.prompt_tokens, prompts) << "steps " << steps;
+    EXPECT_EQ(got.generated_tokens, outputs) << "steps " << steps;
   }
 }
 

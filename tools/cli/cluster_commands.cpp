@@ -44,6 +44,15 @@ DraftSourceCounts draft_source_counts(const ShardLoad& l) {
 
 // ---------------------------------------------------------------- status
 
+// A replica's prefill worker's load in `status --json`: what it holds now and its totals.
+std::string prefill_json(const ShardLoad& p) {
+  return fmt::format("{{\"num_running\": {}, \"num_waiting\": {}, \"kv_blocks_used\": {}, \"kv_blocks_total\": {}, "
+                     "\"prompt_tokens\": {}, \"generated_tokens\": {}, \"prefix_cache_queries\": {}, "
+                     "\"prefix_cache_hits\": {}, \"num_preemptions\": {}, \"forward_seconds\": {:.3f}}}",
+                     p.num_running, p.num_waiting, p.total_kv_blocks - p.free_kv_blocks, p.total_kv_blocks, p.prompt_tokens,
+                     p.generated_tokens, p.prefix_cache_queries, p.prefix_cache_hits, p.num_preemptions, p.forward_seconds);
+}
+
 int run_status(const std::string& connect, const std::string& token_file, const std::string& config, bool json) {
   auto client = connect_client(connect, token_file, config);
   if (!client.ok()) {
@@ -97,7 +106,8 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       // A time never measured (no cold start or promotion yet, or its request arrived after the
       // decision) is null, not 0.
       auto secs = [](double v, int digits) { return v > 0 ? fmt::format("{:.{}f}", v, digits) : std::string("null"); };
-      std::printf("}, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
+      std::printf("}, \"prefill_worker\": %s", r.has_prefill_worker ? prefill_json(r.prefill_load).c_str() : "null");
+      std::printf(", \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
                   "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"num_promotions\": %lld, "
                   "\"num_cold_starts\": %lld}",
                   secs(r.cold_start_seconds, 4).c_str(), secs(r.promotion_routable_seconds, 6).c_str(),
@@ -157,9 +167,9 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                 w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds, w.compute.empty() ? "-" : w.compute.c_str(),
                 w.error.empty() ? "" : "  ", w.error.c_str());
   }
-  std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
+  std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
               "READY", "ASSIGNED", "RUNNING", "WAITING", "KV_USED", "GENERATED", "ACCEPTANCE", "MEAN_LEN", "PREFIX_HIT",
-              "COLD_S", "PROMO_MS(ROUTED/SENT/1ST_TOKEN)");
+              "PREEMPT", "COLD_S", "PROMO_MS(ROUTED/SENT/1ST_TOKEN)");
   for (const auto& r : s.replicas) {
     const auto& l = r.load;
     const double acc = l.num_draft_tokens ? double(l.num_accepted_tokens) / l.num_draft_tokens : 0.0;
@@ -173,9 +183,21 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                                                    : "-";
     // Prefix-cache hit rate: tokens found cached / tokens looked up (vLLM V1's hits / queries).
     const double hit = l.prefix_cache_queries ? double(l.prefix_cache_hits) / l.prefix_cache_queries : 0.0;
-    std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f %-10.3f %-8s %-8s\n", r.replica,
+    std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f %-10.3f %-8lld %-8s %-8s\n", r.replica,
                 r.state.c_str(), r.state_seconds, r.ready ? "yes" : "no", r.assigned, l.num_running, l.num_waiting, kv.c_str(),
-                static_cast<long long>(l.generated_tokens), acc, mal, hit, cold.c_str(), promo.c_str());
+                static_cast<long long>(l.generated_tokens), acc, mal, hit, static_cast<long long>(l.num_preemptions),
+                cold.c_str(), promo.c_str());
+  }
+  // Disaggregated prefill: the row above is the decode shard's; each prefill worker's own.
+  for (const auto& r : s.replicas) {
+    if (!r.has_prefill_worker) continue;
+    const ShardLoad& p = r.prefill_load;
+    const double hit = p.prefix_cache_queries ? double(p.prefix_cache_hits) / p.prefix_cache_queries : 0.0;
+    std::printf("replica %d prefill worker: running %d | waiting %d | KV %d/%d | prompt tokens %lld | first tokens %lld | "
+                "prefix hit %.3f | preemptions %lld\n",
+                r.replica, p.num_running, p.num_waiting, p.total_kv_blocks - p.free_kv_blocks, p.total_kv_blocks,
+                static_cast<long long>(p.prompt_tokens), static_cast<long long>(p.generated_tokens), hit,
+                static_cast<long long>(p.num_preemptions));
   }
   ShardLoad all = s.ended;
   for (const auto& r : s.replicas) {
