@@ -17,6 +17,9 @@ find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
 # Debian builds cpp-httplib as a shared library (the header declares, the .so implements); its
 # compile definitions (TLS, zlib, brotli) change the classes' layout, so they come from its .pc.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# Its HTTPS server (HttpServerOptions::ssl_certfile) reports OpenSSL's reasons (libssl-dev, a
+# dependency of libcpp-httplib-dev).
+pkg_check_modules(OPENSSL REQUIRED IMPORTED_TARGET openssl)
 find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
 find_library(CAF_CORE_LIB caf_core REQUIRED)
 find_library(CAF_IO_LIB caf_io REQUIRED)

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
       libcaf-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-      libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libucx-dev ucx-utils
+      libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev libcli11-dev libucx-dev ucx-utils
       libgloo-dev libpcre2-dev libxxhash-dev python3-venv curl)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -3,13 +3,16 @@
 // stop (open streams end first).
 #include "server/http_server.h"
 
+#include <openssl/err.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "core/logging.h"
 #include "server/http_server_internal.h"
@@ -40,6 +43,17 @@ Status HttpServerOptions::validate() const {
   if (threads < 1 || threads > 4096) return invalid_argument("http threads = " + std::to_string(threads) + ": must be in 1..4096");
   if (max_body_bytes < 1024) return invalid_argument("max body bytes = " + std::to_string(max_body_bytes) + ": must be >= 1024");
   if (host.empty()) return invalid_argument("host: empty");
+  if (ssl_certfile.empty() != ssl_keyfile.empty()) {
+    return invalid_argument(ssl_certfile.empty() ? "ssl_keyfile = \"" + ssl_keyfile + "\" without ssl_certfile: HTTPS needs both"
+                                                 : "ssl_certfile = \"" + ssl_certfile + "\" without ssl_keyfile: HTTPS needs both");
+  }
+  for (const auto& [field, path] : {std::pair{"ssl_certfile", &ssl_certfile}, std::pair{"ssl_keyfile", &ssl_keyfile}}) {
+    if (path->empty()) continue;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*path, ec) || ::access(path->c_str(), R_OK) != 0) {
+      return invalid_argument(std::string(field) + " = \"" + *path + "\": not a readable file");
+    }
+  }
   return Status();
 }
 
@@ -59,11 +73,23 @@ void HttpServer::stop() {
   while (impl_->open_streams.load() > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  impl_->svr.stop();
+  impl_->svr->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 namespace {
+
+// cpp-httplib's TLS server with the certificate and key of `options` (both set).
+Expected<std::unique_ptr<ListeningServer<httplib::SSLServer>>> make_tls_server(const HttpServerOptions& options) {
+  ERR_clear_error();
+  auto tls = std::make_unique<ListeningServer<httplib::SSLServer>>(options.ssl_certfile.c_str(), options.ssl_keyfile.c_str());
+  if (tls->is_valid()) return tls;
+  char why[256] = "unknown OpenSSL error";
+  if (const unsigned long e = ERR_peek_last_error()) ERR_error_string_n(e, why, sizeof why);
+  ERR_clear_error();
+  return invalid_argument("ssl_certfile = \"" + options.ssl_certfile + "\", ssl_keyfile = \"" + options.ssl_keyfile +
+                          "\": OpenSSL refused them (" + why + "): both must be PEM, the key unencrypted and the certificate's own");
+}
 
 // The methods a route takes ("POST", "GET, HEAD"), or null for no route.
 const char* allowed_methods(const std::string& p) {
@@ -74,6 +100,13 @@ const char* allowed_methods(const std::string& p) {
 }
 
 }  // namespace
+
+Status HttpServer::check_tls(const HttpServerOptions& options) {
+  SPECSERVE_RETURN_IF_ERROR(options.validate());
+  if (options.ssl_certfile.empty()) return Status();
+  auto tls = make_tls_server(options);
+  return tls.ok() ? Status() : tls.status();
+}
 
 Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, caf::actor_system& sys,
                                                         caf::actor scheduler, std::string token,
@@ -96,8 +129,15 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   d->model.text = text;
   d->labels = {{"model_name", d->model.name}};
   d->declare_metrics();
-
-  ListeningServer& svr = d->svr;
+  if (options.ssl_certfile.empty()) {
+    d->svr = std::make_unique<ListeningServer<httplib::Server>>();
+  } else {
+    auto tls = make_tls_server(options);
+    if (!tls.ok()) return tls.status();
+    d->svr = std::move(*tls);
+    d->tls = true;
+  }
+  httplib::Server& svr = *d->svr;
   const int32_t threads = options.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(options.max_body_bytes);
@@ -261,14 +301,17 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
                        " (address in use, or not an address of this host)");
   }
   d->port = static_cast<uint16_t>(bound);
-  if (!svr.set_backlog(SOMAXCONN)) {
+  const bool backlog = d->tls ? static_cast<ListeningServer<httplib::SSLServer>&>(svr).set_backlog(SOMAXCONN)
+                             : static_cast<ListeningServer<httplib::Server>&>(svr).set_backlog(SOMAXCONN);
+  if (!backlog) {
     get_logger("server")->warn("HTTP: could not raise the listen backlog: {}", std::strerror(errno));
   }
-  d->thread = std::thread([d] { d->svr.listen_after_bind(); });
+  d->thread = std::thread([d] { d->svr->listen_after_bind(); });
   // NOTE: svr.stop() does nothing until the listen loop runs, so stop() right after start()
   // would wait forever for the thread.
   for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  get_logger("server")->info("HTTP: OpenAI-compatible API on http://{}:{}/v1 (model '{}'{})", options.host, d->port,
+  get_logger("server")->info("HTTP: OpenAI-compatible API on {}://{}:{}/v1 (model '{}'{})", d->tls ? "https" : "http",
+                             options.host, d->port,
                              d->model.name, options.api_key.empty() ? "" : ", API key required");
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

@@ -42,7 +42,13 @@ struct HttpServerOptions {
   /// Context length (tokens) the API checks prompts and max_tokens against until a replica
   /// reports its own (ClusterStatus::max_model_len); 0: none until then.
   int32_t max_model_len = 0;
-  /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB.
+  /// HTTPS (vLLM's --ssl-certfile / --ssl-keyfile): PEM files of the server's certificate
+  /// (chain) and its private key, both or neither; neither: plain HTTP. TLS 1.2 or later
+  /// (OpenSSL through cpp-httplib's SSLServer).
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
+  /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB, the TLS files
+  /// both given or neither, each a readable file.
   Status validate() const;
 };
 
@@ -51,11 +57,18 @@ class HttpServer {
   /// Binds host:port and serves on its own threads until stop(). `sys` and `scheduler` are
   /// the head's (the scheduler is asked for status and receives the requests, with `token`);
   /// `text` views the served model's tokenizer and chat template (the GGUF and tokenizer it
-  /// points at must outlive the server). Errors: kInvalidArgument when text is not loaded;: invalid options
-  /// (naming the field), the port cannot be bound (kUnavailable naming host:port).
+  /// points at must outlive the server). Errors: kInvalidArgument when text is not loaded; invalid options
+  /// (naming the field); a certificate or key OpenSSL refuses, or a key that is not the
+  /// certificate's (kInvalidArgument naming both files); the port cannot be bound (kUnavailable
+  /// naming host:port).
   static Expected<std::unique_ptr<HttpServer>> start(const HttpServerOptions& options, caf::actor_system& sys,
                                                      caf::actor scheduler, std::string token, PromptCodec text);
   ~HttpServer();
+
+  /// Loads the certificate and key of `options` as start() does, without listening: the
+  /// errors start() would give for them (validate()'s and OpenSSL's), before a cluster starts.
+  /// OK without TLS files.
+  static Status check_tls(const HttpServerOptions& options);
 
   /// The port actually bound.
   uint16_t port() const;

@@ -79,12 +79,15 @@ struct Job {
 };
 
 /// cpp-httplib's server with its listening socket in reach.
-class ListeningServer : public httplib::Server {
+/// httplib::Server (plain HTTP) or httplib::SSLServer (HTTPS: HttpServerOptions::ssl_certfile).
+template <class Base>
+class ListeningServer : public Base {
  public:
+  using Base::Base;
   /// Re-listens with a backlog of `n` connections. NOTE: cpp-httplib 0.11 listens with a
   /// backlog of 5 (compiled into the library), so a burst of clients overflowed the accept
   /// queue: connections waited for SYN retransmits (seconds) or were reset.
-  bool set_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
+  bool set_backlog(int n) { return ::listen(this->svr_sock_, n) == 0; }
 };
 
 /// Per-choice timing, for the latency histograms.
@@ -104,7 +107,8 @@ struct HttpServer::Impl {
   caf::actor_system* sys = nullptr;
   std::unique_ptr<Client> client;
   ServedModel model;
-  http_server_internal::ListeningServer svr;
+  std::unique_ptr<httplib::Server> svr;  ///< plain or TLS (ListeningServer)
+  bool tls = false;
   std::thread thread;
   uint16_t port = 0;
   MetricsRegistry metrics;

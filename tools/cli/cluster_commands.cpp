@@ -277,7 +277,7 @@ void add_cluster_commands(CLI::App& app) {
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {
-      if (Status st = resolve_api_key(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
+      if (Status st = resolve_http_args(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       if (!o->ready_file.empty()) {
         if (Status st = check_replaceable_file("--ready-file", o->ready_file); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       }

@@ -30,11 +30,22 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
       ->check(CLI::Range(1, 4096));
   sub->add_option("--max-n", a->max_n, "Largest `n` (choices per prompt) a request may ask for (default 16; prompts x n is at most 128)")
       ->check(CLI::Range(1, 128));
+  // vLLM's names. Both or neither (HttpServerOptions::validate says which is missing).
+  sub->add_option("--ssl-certfile", a->ssl_certfile,
+                  "Serve HTTPS with this certificate (PEM, the chain after the server's own); needs --ssl-keyfile")
+      ->check(non_empty("an empty path: leave --ssl-certfile out to serve plain HTTP"));
+  sub->add_option("--ssl-keyfile", a->ssl_keyfile, "The certificate's private key (PEM, unencrypted); needs --ssl-certfile")
+      ->check(non_empty("an empty path: leave --ssl-keyfile out to serve plain HTTP"));
   sub->add_flag("--no-http", a->no_http, "Do not start the HTTP front end (actor port only)");
 }
 
-Status resolve_api_key(HttpArgs* a) {
-  if (a->no_http || !a->api_key.empty()) return Status();
+Status resolve_http_args(HttpArgs* a) {
+  if (a->no_http) return Status();
+  HttpServerOptions tls;
+  tls.ssl_certfile = a->ssl_certfile;
+  tls.ssl_keyfile = a->ssl_keyfile;
+  if (Status st = HttpServer::check_tls(tls); !st.ok()) return Status(st.code(), "--ssl-certfile / --ssl-keyfile: " + st.message());
+  if (!a->api_key.empty()) return Status();
   if (const char* env = std::getenv("SPECSERVE_API_KEY")) {
     // As for an empty --api-key: an empty variable must not quietly mean "no key".
     if (*env == '\0') {
@@ -56,6 +67,8 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     o.model_path = t.models.target.path;
     o.threads = a.threads;
     o.limits.max_n = a.max_n;
+    o.ssl_certfile = a.ssl_certfile;
+    o.ssl_keyfile = a.ssl_keyfile;
     // Until a replica reports its context: the configured max_model_len, else the model's.
     if (t.models.target.max_model_len) {
       o.max_model_len = *t.models.target.max_model_len;
@@ -64,10 +77,15 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     }
     auto s = HttpServer::start(o, rt.system(), head.scheduler(), token, PromptCodec(head.gguf(), head.tokenizer()));
     if (!s.ok()) {
-      const std::string field = a.port >= 0 ? "--port" : t.where("head.http_port") + ": head.http_port";
+      // A bad certificate or key names its flags; anything else is the port's.
+      const bool tls_error = s.status().message().rfind("ssl_", 0) == 0;
+      const std::string field = tls_error ? "--ssl-certfile / --ssl-keyfile"
+                                : a.port >= 0 ? "--port"
+                                              : t.where("head.http_port") + ": head.http_port";
       return Status(s.status().code(), field + ": " + s.status().message());
     }
-    std::fprintf(stderr, "specserve: OpenAI-compatible API on http://%s:%u/v1 (model \"%s\"%s)\n", o.host.c_str(),
+    std::fprintf(stderr, "specserve: OpenAI-compatible API on %s://%s:%u/v1 (model \"%s\"%s)\n",
+                 o.ssl_certfile.empty() ? "http" : "https", o.host.c_str(),
                  static_cast<unsigned>((*s)->port()), (*s)->model_name().c_str(),
                  o.api_key.empty() ? "" : ", API key required");
     return std::shared_ptr<void>(std::shared_ptr<HttpServer>(std::move(*s)));

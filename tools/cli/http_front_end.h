@@ -17,15 +17,19 @@ struct HttpArgs {
   std::string served_model_name;  ///< "" : the GGUF file name without .gguf
   int threads = 64;
   int max_n = 16;
+  std::string ssl_certfile;       ///< HTTPS: the server's certificate (PEM); "" : plain HTTP
+  std::string ssl_keyfile;        ///< HTTPS: its private key (PEM, unencrypted)
 };
 
 /// Adds --port (unless `with_port` is false), --api-key, --served-model-name, --http-threads,
-/// --max-n and --no-http to `sub`.
+/// --max-n, --ssl-certfile, --ssl-keyfile and --no-http to `sub`.
 void add_http_flags(CLI::App* sub, HttpArgs* args, bool with_port);
 
-/// --api-key's default: $SPECSERVE_API_KEY when the flag was not given (and HTTP is on).
-/// kInvalidArgument when the variable is set but empty (it must not quietly mean "no key").
-Status resolve_api_key(HttpArgs* args);
+/// Completes and checks the flags before anything starts (HTTP on): --api-key's default is
+/// $SPECSERVE_API_KEY when the flag was not given (kInvalidArgument when the variable is set but
+/// empty: it must not quietly mean "no key"); --ssl-certfile / --ssl-keyfile are loaded as the
+/// server will load them (HttpServer::check_tls; kInvalidArgument naming the flags).
+Status resolve_http_args(HttpArgs* args);
 
 /// The starter for ServeOptions/UpOptions::front_end (null with --no-http). The HTTP server
 /// listens on head.host : (--port, else head.http_port).

@@ -122,7 +122,7 @@ int run_serve_cmd(const ServeArgs& a) {
   t.scheduler.max_num_seqs = a.max_num_seqs;
   t.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   HttpArgs http = a.http;
-  if (Status st = resolve_api_key(&http); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
+  if (Status st = resolve_http_args(&http); !st.ok()) return std::fprintf(stderr, "specserve serve: %s\n", st.message().c_str()), 2;
   // As the topology's head.host note says for `up`: beyond loopback, other machines reach both ports.
   if (!is_loopback_host(a.host)) {
     std::fprintf(stderr,
@@ -131,7 +131,9 @@ int run_serve_cmd(const ServeArgs& a) {
                  a.host.c_str(),
                  http.no_http ? ""
                  : http.api_key.empty() ? " and the HTTP API, which has no --api-key: anyone who reaches it can use it"
-                                        : " and the HTTP API (--api-key required)");
+                 : http.ssl_certfile.empty() ? " and the HTTP API (--api-key required; without --ssl-certfile the key and "
+                                               "the text travel unencrypted)"
+                                             : " and the HTTPS API (--api-key required)");
   }
   // vLLM refuses the same: a step could not give every running sequence its token.
   if (a.max_num_batched_tokens < a.max_num_seqs) {
