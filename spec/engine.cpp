@@ -179,10 +179,11 @@ Expected<int64_t> Engine::add_request(GenerateParams params) {
       return invalid_argument("resume_output: its text already holds stop string \"" + params.stop[which] +
                               "\" (the request had already finished)");
     }
-    // NOTE: emit() holds back the last max_stop_len - 1 bytes after every token, so after
-    // these tokens the uninterrupted request had sent exactly this much of their text.
+    // NOTE: emit() holds back the last max_stop_len - 1 bytes after every token (and the rest
+    // of a character they cut), so after these tokens the uninterrupted request had sent
+    // exactly this much of their text.
     const size_t hold = s->max_stop_len == 0 ? 0 : s->max_stop_len - 1;
-    s->sent = s->text.size() > hold ? s->text.size() - hold : 0;
+    s->sent = engine_internal::sendable_prefix(s->text, hold);
   }
   // NOTE: a request may lower the engine's k, never raise it: the engine's setting is what the
   // operator sized the token budget and the draft worker for.

@@ -81,5 +81,11 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
 size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t from, size_t floor,
                         size_t* which);
 
+/// How much of a sequence's `text` (valid UTF-8) may be sent while the last `hold` bytes wait
+/// for a possible stop string: text.size() - hold, moved back to the start of the character it
+/// falls in, so a stream never splits a multi-byte character between two events (each event's
+/// text is valid UTF-8 on its own).
+size_t sendable_prefix(const std::string& text, size_t hold);
+
 }  // namespace engine_internal
 }  // namespace specserve

@@ -48,9 +48,16 @@ size_t find_stop_string(const std::string& text, const std::vector<std::string>&
   return best;
 }
 
+size_t sendable_prefix(const std::string& text, size_t hold) {
+  size_t cut = text.size() > hold ? text.size() - hold : 0;
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
 }  // namespace engine_internal
 
 using engine_internal::find_stop_string;
+using engine_internal::sendable_prefix;
 using engine_internal::raw_logprobs;
 
 bool Engine::is_stop_token(const SamplingParams& sp, int32_t token) const {
@@ -125,9 +132,12 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
   }
   // Hold back a possible partial stop string.
   const size_t hold = (at_len || s.max_stop_len == 0) ? 0 : s.max_stop_len - 1;
-  if (s.decoder && s.text.size() > s.sent + hold) {
-    ev->text += s.text.substr(s.sent, s.text.size() - hold - s.sent);
-    s.sent = s.text.size() - hold;
+  if (s.decoder) {
+    const size_t cut = sendable_prefix(s.text, hold);
+    if (cut > s.sent) {
+      ev->text += s.text.substr(s.sent, cut - s.sent);
+      s.sent = cut;
+    }
   }
   if (at_len) {
     finish(s, FinishReason::kLength);

@@ -132,5 +132,76 @@ TEST_F(RealModelSpecTest, GreedyNgramAndLayerSkipEqualPlainDecodingAloneAndBatch
   expect_same(base8, run(ls->get(), 2, 8, 24), "layer_skip k=2 batch 8");
 }
 
+// True when `s` is well-formed UTF-8 (RFC 3629: no overlongs, surrogates or values past U+10FFFF).
+bool well_formed_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// A stop string makes the engine hold back the text's last bytes (a stop string may be
+// starting there); the cut must not split a multi-byte character: every event's text is
+// well-formed UTF-8 on its own (an HTTP stream's deltas are JSON strings, which would turn a
+// split character into U+FFFD), and the events add up to the text without stop strings — plain
+// and with n-gram speculation, for stop strings of several lengths that never match.
+TEST_F(RealModelSpecTest, StreamedTextWithStopStringsNeverSplitsACharacter) {
+  const std::vector<int32_t> prompt = tokenizer_->encode("日本語の文章を書いてください。日本語の文章", true, false);
+  NgramProposer ngram(1, 3);
+  std::string reference;
+  for (const std::vector<std::string>& stops : std::vector<std::vector<std::string>>{{}, {"xy"}, {"xyz"}, {"xyz12"}, {"@@", "never matches"}}) {
+    for (Proposer* proposer : {static_cast<Proposer*>(nullptr), static_cast<Proposer*>(&ngram)}) {
+      EngineOptions o;
+      o.max_model_len = 512;
+      o.num_speculative_tokens = proposer ? 4 : 0;
+      auto e = Engine::create(*model_, tokenizer_, proposer, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      GenerateParams p;
+      p.prompt = prompt;
+      p.max_tokens = 40;
+      p.sampling.temperature = 0;
+      p.sampling.ignore_eos = true;
+      p.stop = stops;
+      ASSERT_TRUE((*e)->add_request(p).ok());
+      std::string text;
+      int events = 0;
+      std::vector<SeqEvent> evs;
+      while ((*e)->has_work()) {
+        evs.clear();
+        ASSERT_TRUE((*e)->step(&evs).ok());
+        for (const auto& ev : evs) {
+          EXPECT_TRUE(well_formed_utf8(ev.text)) << "event " << events << " of stops[0] = '" << (stops.empty() ? "" : stops[0])
+                                                 << "' splits a character: '" << ev.text << "'";
+          text += ev.text;
+          events += !ev.text.empty();
+        }
+      }
+      const std::string what = std::string(proposer ? "ngram" : "plain") + ", " + std::to_string(stops.size()) + " stop strings";
+      if (stops.empty() && !proposer) {
+        reference = text;
+        // Not vacuous: the output holds characters of several bytes, some of them split over
+        // tokens (bytes of one character in two tokens).
+        size_t multibyte = 0;
+        for (unsigned char c : text) multibyte += c >= 0xC0;
+        ASSERT_GE(multibyte, 10u) << "the output has too few multi-byte characters to test with: '" << text << "'";
+        EXPECT_GT(events, 10) << what;
+      } else {
+        EXPECT_EQ(text, reference) << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specserve
