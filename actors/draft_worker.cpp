@@ -241,6 +241,12 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
         for (const auto& [id, st] : s.seqs) s.proposer->release(id);
         s.seqs.clear();
       },
+      [self](retire_atom, const std::string& why) {
+        // Refused by the head (another draft worker holds its slot): it fails, saying why.
+        if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
+        get_logger("actors")->error("replica {}: draft worker refused by the head: {}", self->state.cfg.replica, why);
+        self->quit(caf::exit_reason::user_shutdown);
+      },
       [self](retire_atom) {
         // The autoscaler stopped this replica (or gave up the start it belongs to): quit
         // normally; the process exits 0. Only the head may say so.

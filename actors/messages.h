@@ -13,7 +13,8 @@
 //   shard    -> request   : ShardEvent
 //   shard    -> scheduler : ShardLoad (after every step)
 //   worker   -> scheduler : WorkerHello (register and every state change; the token is checked)
-//   scheduler-> workers   : retire_atom (the autoscaler stops the replica: quit normally)
+//   scheduler-> workers   : retire_atom (the autoscaler stops the replica: quit normally); (retire_atom,
+//                           why): refused, another worker holds its slot (quit failing, saying why)
 //   shard    -> draft     : ProposeMsg (reply: ProposeReply), ReleaseMsg
 //   scheduler-> shard     : KvPeersMsg, KvReleaseMsg, KvSendMsg (the KV data plane: actors/kv_messages.h),
 //                           migrate_atom (move every sequence away: the replica drains)

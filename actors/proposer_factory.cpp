@@ -123,6 +123,23 @@ std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpe
     auto t = parse_token_tree(spec.speculative_token_tree, "speculative_token_tree");
     if (!t.ok()) problems.push_back({"speculative_token_tree", t.status()});
   }
+  // Ranges that depend on the target, checked here too so that `up --dry-run` and `serve`
+  // refuse them before anything starts (the proposer's build says the same, later).
+  if (target_file) {
+    if (auto cfg = ModelConfig::from_gguf(*target_file); cfg.ok()) {
+      const int64_t layers = cfg->num_layers;
+      if (spec.method == SpeculativeMethod::kLayerSkip && spec.num_layers && (*spec.num_layers < 1 || *spec.num_layers >= layers)) {
+        problems.push_back({"num_layers", invalid_argument("num_layers = " + std::to_string(*spec.num_layers) + ": must be in 1.." +
+                                                           std::to_string(layers - 1) + " for layer_skip (the target has " +
+                                                           std::to_string(layers) + " layers)")});
+      }
+      if (head && spec.draft_vocab_size && *spec.draft_vocab_size > cfg->vocab_size) {
+        problems.push_back({"draft_vocab_size", invalid_argument("draft_vocab_size = " + std::to_string(*spec.draft_vocab_size) +
+                                                                 ": must be in 1.." + std::to_string(cfg->vocab_size) +
+                                                                 " (the target's vocabulary; 0: all of it)")});
+      }
+    }
+  }
   if ((head || spec.method == SpeculativeMethod::kDraftModel) && !spec.model.empty()) {
     auto f = GgufFile::open(spec.model);
     if (!f.ok()) {

@@ -32,8 +32,9 @@ struct ProposerBuildOptions {
 };
 
 /// One problem check_speculative_files() found: `field` is the SpeculativeSpec key it is about
-/// ("model", "speculative_token_tree"), `status` the error (kInvalidArgument, or the GGUF
-/// reader's kNotFound / kCorruptData), its message naming the file, key and value.
+/// ("model", "speculative_token_tree", "num_layers", "draft_vocab_size"), `status` the error
+/// (kInvalidArgument, or the GGUF reader's kNotFound / kCorruptData), its message naming the
+/// file, key and value (for num_layers and draft_vocab_size it starts "<key> = <value>: ").
 struct SpeculativeFileProblem {
   std::string field;
   Status status;
@@ -44,8 +45,9 @@ struct SpeculativeFileProblem {
 /// speculative_token_tree that does not parse (spec/token_tree.h parse_token_tree), a head file
 /// at spec.model that does not open as GGUF, is not a head of that method or was trained on
 /// another target than `target_file` (spec/head_common.h check_head_identity); for draft_model a
-/// spec.model that does not open or is not a model load_model() accepts (check_model_file).
-/// ngram and layer_skip have no files: an empty result. `target_file`: the opened target GGUF,
+/// spec.model that does not open or is not a model load_model() accepts (check_model_file);
+/// against the target's configuration, layer_skip's num_layers outside 1..layers-1 and a medusa /
+/// eagle draft_vocab_size above the vocabulary. ngram has no files: an empty result. `target_file`: the opened target GGUF,
 /// or nullptr when it could not be opened (then the fingerprint is not compared).
 std::vector<SpeculativeFileProblem> check_speculative_files(const SpeculativeSpec& spec, const GgufFile* target_file);
 

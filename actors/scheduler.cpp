@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -21,6 +22,19 @@ namespace {
 
 void log_tp_broken(int32_t rid, int32_t rank) {
   get_logger("actors")->error("replica {}: tensor-parallel rank {} is down; the replica's other ranks are stopped", rid, rank);
+}
+
+// The hello of the live worker that already holds the slot `h` asks for (same role, replica
+// and rank; registered, not down, failed or told to quit), if any. A topology has one worker
+// per slot; a restarted one registers after its predecessor is down.
+std::optional<WorkerHello> slot_holder(const SchedulerState& s, const WorkerHello& h) {
+  for (const auto& [addr, w] : s.workers) {
+    const WorkerHello& o = w.hello;
+    if (addr == h.self.address() || o.role != h.role || o.replica != h.replica || o.rank != h.rank) continue;
+    if (o.state == "down" || o.state == "failed" || s.retired.count(addr)) continue;
+    return o;
+  }
+  return std::nullopt;
 }
 
 void attach_draft_if_ready(SchedSelf self, ReplicaEntry& r) {
@@ -246,7 +260,25 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           }
         }
         const bool is_new = !s.workers.count(h.self.address());
-        if (is_new) self->monitor(h.self);
+        if (is_new) {
+          // A second live worker in a slot the topology gives one (a node started twice under
+          // one name, or another process claiming its replica): told to quit, not registered, so
+          // it neither shows in `status` nor, when it stops, drains the replica it never served.
+          if (const std::optional<WorkerHello> holder = slot_holder(s, h)) {
+            const std::string why = fmt::format(
+                "replica {} already has its {}{} (node '{}', pid {}){}", h.replica, h.role,
+                h.rank > 0 ? fmt::format(" rank {}", h.rank) : std::string(), holder->node, holder->pid,
+                h.node == holder->node ? fmt::format(": is node '{}' running twice?", h.node) : std::string());
+            log->error("refused {} of replica {} from node '{}' (pid {}): {}; telling it to quit", h.role, h.replica, h.node,
+                       h.pid, why);
+            self->monitor(h.self);
+            s.retired[h.self.address()] = h.replica;
+            ++s.replicas[h.replica].num_retiring;
+            self->send(h.self, retire_atom::value, why);
+            return;
+          }
+          self->monitor(h.self);
+        }
         auto& w = s.workers[h.self.address()];
         w.hello = h;
         w.hello.token.clear();
@@ -407,12 +439,17 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (!sender || !self->state.workers.count(sender->address())) return;
         if (auto src = kv_peer(self->state, m.source)) self->send(src, m);
       },
-      [self](drain_rep_atom, const std::string& token, int32_t replica, bool then_quit) -> int32_t {
+      [self](drain_rep_atom, const std::string& token, int32_t replica, bool then_quit, const caf::actor& worker) -> int32_t {
         // One replica drains (its worker is stopping, or the autoscaler scales down): its running
         // sequences move to other replicas with their KV. -1: nothing to do here (the whole
-        // cluster drains, the replica is unknown, or no other replica is ready to take them).
+        // cluster drains, the replica is unknown, the asking worker is not one of the replica's,
+        // or no other replica is ready to take them).
         auto& s = self->state;
         if (!token_matches(token, s.cfg.token) || s.draining) return -1;
+        if (auto w = worker ? s.workers.find(worker.address()) : s.workers.end(); w == s.workers.end() || w->second.hello.replica != replica) {
+          get_logger("actors")->warn("replica {}: drain asked by a worker that is not one of its own; ignored", replica);
+          return -1;
+        }
         auto it = s.replicas.find(replica);
         if (it == s.replicas.end() || !it->second.shard) return -1;
         bool other = false;

@@ -196,6 +196,13 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
         schedule_expiry(self);
         maybe_quit(self);
       },
+      [self](retire_atom, const std::string& why) {
+        // Refused by the head (another worker holds its slot): it never served, it fails (its
+        // process exits 1, saying why).
+        if (!from_scheduler(self)) return;
+        get_logger("actors")->error("replica {}: refused by the head: {}", self->state.cfg.replica, why);
+        self->quit(caf::exit_reason::user_shutdown);
+      },
       [self](retire_atom) {
         // The autoscaler stopped this replica (after draining it): quit normally (the process
         // exits 0) once receivers have read the KV of the sequences that moved away.

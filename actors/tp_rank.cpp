@@ -124,6 +124,11 @@ caf::behavior tp_rank(Self self, WorkerConfig cfg) {
         }
         self->send(c.reply_to, tp_done_atom::value, c.serial, st.cfg.rank, r.ok() ? std::string() : r.to_string());
       },
+      [self](retire_atom, const std::string& why) {
+        if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
+        get_logger("actors")->error("replica {} rank {}: refused by the head: {}", self->state.cfg.replica, self->state.cfg.rank, why);
+        self->quit(caf::exit_reason::user_shutdown);
+      },
       [self](retire_atom) {
         if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(self->state.cfg.scheduler)) return;
         self->quit();

@@ -122,6 +122,11 @@ std::vector<ModelFileProblem> check_model_files(const Topology& t, bool cpu_pool
   if (t.models.speculative) {
     const SpeculativeSpec& sp = *t.models.speculative;
     for (const SpeculativeFileProblem& p : check_speculative_files(sp, target ? &*target : nullptr)) {
+      if (p.field != "model" && p.field != "speculative_token_tree") {  // "<field> = <value>: ..." already
+        const std::string key = "models.speculative." + p.field;
+        problems.push_back({"", "", Status(p.status.code(), t.where(key) + ": models.speculative." + p.status.message())});
+        continue;
+      }
       const std::string value = p.field == "model" ? sp.model : "\"" + sp.speculative_token_tree + "\"";
       problems.push_back({"models.speculative." + p.field, value, p.status});
     }

@@ -326,7 +326,7 @@ int run_worker(const WorkerOptions& o) {
             // The head answers -1 when the whole cluster drains (then it stops at once).
             int32_t moving = -1;
             if (spec.role == WorkerRole::kTargetShard) {
-              self->request(head, std::chrono::seconds(2), drain_rep_atom::value, *token, spec.replica, true)
+              self->request(head, std::chrono::seconds(2), drain_rep_atom::value, *token, spec.replica, true, a)
                   .receive([&](int32_t n) { moving = n; }, [&](caf::error&) { moving = -1; });
             }
             if (moving >= 0) {

@@ -36,6 +36,32 @@ using api_fields::valid_utf8;
 using api_fields::wrong_type;
 
 // The fields each endpoint accepts. Anything else: 400 unknown_parameter (OpenAI's behaviour).
+// Fields of vLLM's requests (and OpenAI's service_tier / reasoning_effort) that clients written
+// for vLLM send, often at their defaults: accepted when absent, null or that default (what this
+// server does anyway), refused as not honoured otherwise (check_unsupported). An entry whose
+// value is the string "*" takes any string: request_id, service_tier and reasoning_effort
+// change nothing here (one tier; a model without reasoning).
+const std::vector<std::pair<std::string, json>>& default_only_fields(ApiKind kind) {
+  static const std::vector<std::pair<std::string, json>> common = {
+      {"skip_special_tokens", true}, {"spaces_between_special_tokens", true}, {"use_beam_search", false},
+      {"length_penalty", 1.0}, {"truncate_prompt_tokens", nullptr}, {"prompt_logprobs", nullptr},
+      {"guided_json", nullptr}, {"guided_regex", nullptr}, {"guided_choice", nullptr}, {"guided_grammar", nullptr},
+      {"return_tokens_as_token_ids", false}, {"request_id", "*"}, {"service_tier", "*"}};
+  static const std::vector<std::pair<std::string, json>> completion = [] {
+    auto v = common;
+    v.push_back({"add_special_tokens", true});
+    return v;
+  }();
+  static const std::vector<std::pair<std::string, json>> chat = [] {
+    auto v = common;
+    v.insert(v.end(), {{"add_special_tokens", false}, {"add_generation_prompt", true}, {"continue_final_message", false},
+                       {"echo", false}, {"chat_template", nullptr}, {"chat_template_kwargs", json::object()},
+                       {"documents", nullptr}, {"reasoning_effort", "*"}});
+    return v;
+  }();
+  return kind == ApiKind::kChat ? chat : completion;
+}
+
 const std::set<std::string>& known_fields(ApiKind kind) {
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
@@ -46,12 +72,14 @@ const std::set<std::string>& known_fields(ApiKind kind) {
   static const std::set<std::string> completion = [] {
     std::set<std::string> s = common;
     s.insert({"prompt", "echo", "suffix", "best_of"});
+    for (const auto& [f, v] : default_only_fields(ApiKind::kCompletion)) s.insert(f);
     return s;
   }();
   static const std::set<std::string> chat = [] {
     std::set<std::string> s = common;
     s.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-              "response_format", "parallel_tool_calls", "store", "metadata"});
+              "response_format", "parallel_tool_calls", "store", "metadata", "best_of"});
+    for (const auto& [f, v] : default_only_fields(ApiKind::kChat)) s.insert(f);
     return s;
   }();
   return kind == ApiKind::kChat ? chat : completion;
@@ -66,13 +94,23 @@ std::optional<ApiError> check_unsupported(const json& body, ApiKind kind, int32_
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null() && !(it->is_object() && it->empty())) {
     return unsupported("logit_bias", "not supported by this server");
   }
+  for (const auto& [f, def] : default_only_fields(kind)) {
+    auto it = body.find(f);
+    if (it == body.end() || it->is_null()) continue;
+    if (def == "*") {
+      if (!it->is_string()) return wrong_type(f, *it, "a string");
+      continue;
+    }
+    if (*it != def) return unsupported(f, "= " + shown(*it) + ": only " + def.dump() + " (vLLM's default) is supported by this server");
+  }
+  if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return wrong_type("best_of", *it, "an integer");
+    // vLLM: best_of >= n; this server returns n choices and samples no extra ones.
+    if (it->get<int64_t>() != n) return unsupported("best_of", "= " + shown(*it) + ": only best_of = n (" + std::to_string(n) + ") is supported");
+  }
   if (kind == ApiKind::kCompletion) {
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
       return unsupported("suffix", "not supported by this server (no fill-in-the-middle)");
-    }
-    if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {
-      if (!it->is_number_integer()) return wrong_type("best_of", *it, "an integer");
-      if (it->get<int64_t>() != n && it->get<int64_t>() != 1) return unsupported("best_of", "= " + shown(*it) + ": only best_of = n is supported");
     }
   } else {
     for (const char* f : {"tools", "functions"}) {
@@ -128,6 +166,7 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* o
         if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string()) {
           return bad(pw, pw + ": only {\"type\": \"text\", \"text\": ...} parts are supported", 400, "unsupported_parameter");
         }
+        if (k > 0) content += "\n";  // vLLM joins text parts with a newline
         content += part["text"].get<std::string>();
       }
     } else {
@@ -491,8 +530,16 @@ json logprobs_json(const ParsedRequest& req, const PromptCodec& tok, const Choic
     return json{{"content", content}};
   }
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  // Offsets in characters of the choice's text (OpenAI's and vLLM's: a Python str index), not
+  // bytes: a token counts the characters that start in it (bytes that are not UTF-8
+  // continuation bytes), so a character split over two tokens counts once, in the first.
+  auto chars = [&](int32_t id) {
+    size_t n = 0;
+    for (unsigned char ch : tok.token_piece(id)) n += (ch & 0xC0) != 0x80;
+    return n;
+  };
   size_t offset = text_offset0;
-  for (size_t i = 0; i < begin && i < c.tokens.size(); ++i) offset += tok.token_piece(c.tokens[i]).size();
+  for (size_t i = 0; i < begin && i < c.tokens.size(); ++i) offset += chars(c.tokens[i]);
   for (size_t i = begin; i < end; ++i) {
     tokens.push_back(logprob_token_string(tok, c.tokens[i]));
     token_logprobs.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
@@ -510,7 +557,7 @@ json logprobs_json(const ParsedRequest& req, const PromptCodec& tok, const Choic
     if (!t.contains(tokens.back().get_ref<const std::string&>())) t[tokens.back().get<std::string>()] = token_logprobs.back();
     top.push_back(std::move(t));
     offsets.push_back(offset);
-    offset += tok.token_piece(c.tokens[i]).size();
+    offset += chars(c.tokens[i]);
   }
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }

@@ -112,7 +112,7 @@ struct ChoiceOutput {
 
 /// The logprobs object of a choice for `tokens` [begin, end) of `c`, or null when the request
 /// did not ask for logprobs. Completions: {tokens, token_logprobs, top_logprobs, text_offset}
-/// with offsets starting at `text_offset0`, each top_logprobs entry an object of the top
+/// with offsets (in characters, not bytes) starting at `text_offset0`, each top_logprobs entry an object of the top
 /// `logprobs` tokens plus the sampled one (OpenAI's "up to logprobs + 1"; logprobs = 0: the
 /// sampled token alone); chat: {content: [{token, logprob, bytes,
 /// top_logprobs: [{token, logprob, bytes}]}]}. Token strings are the token's UTF-8 text, or

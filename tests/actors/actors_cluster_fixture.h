@@ -100,6 +100,17 @@ class Cluster {
   }
   Client& client() { return *client_; }
   Head& head() { return *head_; }
+  ActorRuntime& runtime() { return rt_; }
+  /// The target shard's configuration (another worker for the same slot: change its node).
+  WorkerConfig shard_config() const {
+    WorkerConfig wc;
+    wc.node = "local";
+    wc.topology = topo_;
+    wc.threads = 1;
+    wc.token = kToken;
+    wc.scheduler = head_->scheduler();
+    return wc;
+  }
 
  private:
   ActorRuntime rt_;

@@ -107,6 +107,36 @@ TEST(UpPlan, ModelFileThatIsNotGgufIsRefused) {
   EXPECT_NE(m.find(bad.string()), std::string::npos) << m;
 }
 
+// Ranges that depend on the target are --dry-run's too (a trial found them refused only by the
+// workers, after `up` had started the cluster): layer_skip's num_layers must leave the target a
+// layer, a head's draft_vocab_size must fit the vocabulary; each named with its line and value.
+TEST(UpPlan, TargetDependentSpeculativeRangesAreRefused) {
+  for (int layers : {30, 1000, 0}) {
+    auto t = parse(testing::default_model_path(), "cpu",
+                   "{method: layer_skip, num_speculative_tokens: 3, num_layers: " + std::to_string(layers) + "}");
+    if (layers == 0) {  // the parser's own range (1..)
+      EXPECT_FALSE(t.ok());
+      continue;
+    }
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    const std::string m = problem_about(check_up_plan(*t), "models.speculative.num_layers");
+    EXPECT_NE(m.find("plan.yaml:4:"), std::string::npos) << m;
+    EXPECT_NE(m.find("num_layers = " + std::to_string(layers) + ": must be in 1..29"), std::string::npos) << m;
+  }
+  auto ok = parse(testing::default_model_path(), "cpu", "{method: layer_skip, num_speculative_tokens: 3, num_layers: 29}");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(check_up_plan(*ok).empty()) << joined(check_up_plan(*ok));
+  auto big = parse(testing::default_model_path(), "cpu",
+                   "{method: eagle, model: " + head_path("eagle") + ", num_speculative_tokens: 3, draft_vocab_size: 100000}");
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  const std::string m = problem_about(check_up_plan(*big), "models.speculative.draft_vocab_size");
+  EXPECT_NE(m.find("draft_vocab_size = 100000: must be in 1..49152"), std::string::npos) << m;
+  auto fits = parse(testing::default_model_path(), "cpu",
+                    "{method: eagle, model: " + head_path("eagle") + ", num_speculative_tokens: 3, draft_vocab_size: 49152}");
+  ASSERT_TRUE(fits.ok());
+  EXPECT_TRUE(check_up_plan(*fits).empty()) << joined(check_up_plan(*fits));
+}
+
 // cluster.token_file naming a directory (or a file others can read) is said by --dry-run too,
 // naming the field, not only once `up` starts; a missing one is fine (`up` creates it).
 TEST(UpPlan, TokenFileThatUpWouldRefuseIsNamed) {

@@ -112,6 +112,13 @@ TEST_F(OpenAiApi, ChatUsesTheChatTemplateAndDefaultsToTheRoomLeft) {
   EXPECT_EQ(r.top_logprobs, 3);
   ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 9})", ApiKind::kChat, &r));
   EXPECT_EQ(r.prompts[0].max_tokens, 9);
+  // Several text parts are one text joined with newlines, as vLLM joins them.
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]})",
+                     ApiKind::kChat, &r));
+  g.messages = {{"user", "Hi\nthere"}};
+  auto parts = tokenize_prompt(*gguf_, *tok_, g);
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(r.prompts[0].tokens, *parts);
 }
 
 struct BadCase {
@@ -121,6 +128,29 @@ struct BadCase {
   const char* param;
   const char* in_message;
 };
+
+// What clients written for vLLM send (LangChain, lm-eval, vLLM's own benchmarks) at vLLM's
+// defaults, or null, is accepted and changes nothing; so are OpenAI's service_tier and
+// reasoning_effort and any request_id string.
+TEST_F(OpenAiApi, VllmsOwnFieldsAtTheirDefaultsAreAccepted) {
+  ParsedRequest plain, with;
+  ASSERT_FALSE(parse(R"({"prompt": "Hello", "max_tokens": 4})", ApiKind::kCompletion, &plain));
+  auto e = parse(R"({"prompt": "Hello", "max_tokens": 4, "skip_special_tokens": true, "spaces_between_special_tokens": true,
+                     "use_beam_search": false, "length_penalty": 1, "truncate_prompt_tokens": null, "prompt_logprobs": null,
+                     "guided_json": null, "guided_regex": null, "guided_choice": null, "guided_grammar": null,
+                     "return_tokens_as_token_ids": false, "add_special_tokens": true, "request_id": "abc-1",
+                     "service_tier": "auto", "best_of": 1})",
+                 ApiKind::kCompletion, &with);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(with.prompts[0].tokens, plain.prompts[0].tokens);
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}]})", ApiKind::kChat, &plain));
+  e = parse(R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true, "continue_final_message": false,
+                "echo": false, "chat_template": null, "chat_template_kwargs": {}, "documents": null, "add_special_tokens": false,
+                "reasoning_effort": "low", "skip_special_tokens": true, "best_of": null})",
+            ApiKind::kChat, &with);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(with.prompts[0].tokens, plain.prompts[0].tokens);
+}
 
 TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
   const std::string long_prompt(3000, 'x');
@@ -174,7 +204,20 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
        "tool calling"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", ApiKind::kChat, 400, "top_logprobs",
        "logprobs: true"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", ApiKind::kChat, 400, "echo", "Unrecognized"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", ApiKind::kChat, 400, "echo",
+       "echo = true: only false (vLLM's default) is supported"},
+      // vLLM's own fields, at another value than their default: not honoured, said so.
+      {R"({"prompt": "x", "skip_special_tokens": false})", ApiKind::kCompletion, 400, "skip_special_tokens",
+       "skip_special_tokens = false: only true"},
+      {R"({"prompt": "x", "guided_json": {"type": "object"}})", ApiKind::kCompletion, 400, "guided_json", "only null"},
+      {R"({"prompt": "x", "use_beam_search": true})", ApiKind::kCompletion, 400, "use_beam_search", "only false"},
+      {R"({"prompt": "x", "request_id": 7})", ApiKind::kCompletion, 400, "request_id", "expected a string"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", ApiKind::kChat, 400,
+       "add_generation_prompt", "only true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": true}})", ApiKind::kChat,
+       400, "chat_template_kwargs", "only {}"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 2})", ApiKind::kChat, 400, "best_of", "only best_of = n (1)"},
+      {R"({"prompt": "x", "n": 3, "best_of": 1})", ApiKind::kCompletion, 400, "best_of", "only best_of = n (3)"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", ApiKind::kChat, 400,
        "response_format", "text"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000})", ApiKind::kChat, 400, "max_tokens",
@@ -514,6 +557,36 @@ TEST_F(OpenAiApi, CompletionTopLogprobsAlwaysHoldTheSampledToken) {
     EXPECT_EQ(lp["top_logprobs"][0].size(), static_cast<size_t>(std::max(logprobs, 1))) << lp.dump();
     EXPECT_EQ(lp["top_logprobs"][1].size(), static_cast<size_t>(logprobs + 1)) << lp.dump();
   }
+}
+
+// text_offset counts characters of the choice's text (OpenAI's and vLLM's), not bytes: "日本語"
+// is 3 characters of 9 bytes, and a character split over two tokens counts in the first.
+TEST_F(OpenAiApi, CompletionTextOffsetsCountCharactersNotBytes) {
+  const std::string text = "日本語の文abc";
+  const std::vector<int32_t> ids = tok_->encode(text, false, false);
+  ASSERT_GE(ids.size(), 3u);
+  ParsedRequest r;
+  ASSERT_FALSE(parse(R"({"prompt": "Hi", "max_tokens": 16, "logprobs": 0})", ApiKind::kCompletion, &r));
+  ChoiceOutput c;
+  StreamChunk chunk;
+  chunk.tokens = ids;
+  chunk.logprobs.assign(ids.size(), -1.0f);
+  chunk.text = text;
+  chunk.finish_reason = "length";
+  c.add(chunk);
+  const json lp = logprobs_json(r, PromptCodec(*gguf_, *tok_), c, 0, c.tokens.size(), 0);
+  ASSERT_EQ(lp["text_offset"].size(), ids.size());
+  // Each offset is the number of characters of the text before its token's bytes.
+  size_t bytes = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    size_t chars = 0;
+    for (size_t b = 0; b < bytes; ++b) chars += (static_cast<unsigned char>(text[b]) & 0xC0) != 0x80;
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), chars) << "token " << i;
+    bytes += tok_->token_to_piece(ids[i], false).size();
+  }
+  EXPECT_EQ(bytes, text.size());
+  // The last token ("c" or "abc"'s tail) starts within the 8 characters, never at a byte index.
+  EXPECT_LE(lp["text_offset"].back().get<size_t>(), 7u);
 }
 
 TEST_F(OpenAiApi, TokenStringsThatAreNotUtf8UseBytesNotation) {

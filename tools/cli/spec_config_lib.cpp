@@ -290,7 +290,7 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
 }
 
 std::string with_field(const std::string& field, const std::string& message) {
-  return message.rfind(field + ":", 0) == 0 ? message : field + ": " + message;
+  return message.rfind(field + ":", 0) == 0 || message.rfind(field + " = ", 0) == 0 ? message : field + ": " + message;
 }
 
 std::string proposer_error_prefix(const SpecArgs& a, const SpeculativeSpec& spec, const std::string& message) {
