@@ -94,7 +94,7 @@ json chunk_base(const StreamState& s) {
   c["object"] = s.req.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion";
   c["created"] = s.created;
   c["model"] = s.model.name;
-  if (s.req.include_usage) c["usage"] = nullptr;
+  if (s.req.include_usage) c["usage"] = s.req.continuous_usage ? usage_json(s.req, s.outputs) : json(nullptr);
   return c;
 }
 

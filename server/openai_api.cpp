@@ -271,6 +271,9 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
       }
     }
     if (auto e = read_bool(*it, "include_usage", &r.include_usage)) return bad("stream_options.include_usage", e->message);
+    bool continuous = false;
+    if (auto e = read_bool(*it, "continuous_usage_stats", &continuous)) return bad("stream_options.continuous_usage_stats", e->message);
+    r.continuous_usage = continuous && r.include_usage;
   }
   GenerateRequest& g = r.base;
   SamplingParams& s = g.sampling;

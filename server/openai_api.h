@@ -69,6 +69,9 @@ struct ParsedRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
+  /// stream_options.continuous_usage_stats with include_usage (vLLM's): every chunk carries the
+  /// usage so far, not null.
+  bool continuous_usage = false;
   bool echo = false;           ///< completions only
   bool logprobs = false;       ///< return logprobs (completions: logprobs != null; chat: logprobs: true)
   int32_t top_logprobs = 0;    ///< 0..20 alternatives per token

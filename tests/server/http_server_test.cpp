@@ -20,6 +20,49 @@ TEST_F(HttpServerTest, CompletesThroughTheScheduler) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
 
+// stream_options: include_usage gives a last chunk with the usage and null usage before it;
+// with continuous_usage_stats too (vLLM's), every chunk carries the usage so far, its
+// completion_tokens never going back and ending at the total.
+TEST_F(HttpServerTest, StreamUsageIsLastOrContinuous) {
+  start();
+  auto c = client();
+  for (bool continuous : {false, true}) {
+    SCOPED_TRACE(continuous);
+    const std::string body = std::string(R"({"prompt": "Hi", "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true)") +
+                             (continuous ? R"(, "continuous_usage_stats": true)" : "") + "}}";
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::vector<json> chunks;
+    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+      chunks.push_back(json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6)));
+    }
+    ASSERT_GE(chunks.size(), 5u) << r->body;  // 4 tokens, the finish, the usage chunk
+    const json& last = chunks.back();
+    EXPECT_TRUE(last["choices"].empty());
+    EXPECT_EQ(last["usage"]["completion_tokens"], 4);
+    int64_t seen = 0;
+    for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+      if (!continuous) {
+        EXPECT_TRUE(chunks[i]["usage"].is_null()) << chunks[i].dump();
+        continue;
+      }
+      ASSERT_TRUE(chunks[i]["usage"].is_object()) << chunks[i].dump();
+      const int64_t done = chunks[i]["usage"]["completion_tokens"];
+      EXPECT_GE(done, seen);
+      EXPECT_EQ(chunks[i]["usage"]["total_tokens"], chunks[i]["usage"]["prompt_tokens"].get<int64_t>() + done);
+      seen = done;
+    }
+    if (continuous) EXPECT_EQ(seen, 4);
+  }
+  // A value that is not a boolean is named.
+  auto bad = c.Post("/v1/completions", R"({"prompt": "Hi", "stream": true, "stream_options": {"continuous_usage_stats": "yes"}})",
+                    "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "stream_options.continuous_usage_stats") << bad->body;
+}
+
 // Bug: cpp-httplib 0.11 checks its payload limit against Content-Length only, so a chunked
 // body, or a gzip one (which it inflates), had no limit (a 200 KiB gzip body became 200 MiB).
 TEST_F(HttpServerTest, BodyLimitHoldsForChunkedAndCompressedBodies) {
