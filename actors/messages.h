@@ -318,7 +318,8 @@ struct ReplicaStatus {
   int32_t assigned = 0;       ///< requests on it now (those on its prefill worker included)
   ShardLoad load;             ///< its target shard's (the decode shard's, with a prefill worker)
   /// Disaggregated prefill: the replica's prefill worker's last load (its engine's totals: the
-  /// prompts it took and their first tokens), all zero without one or before its first report.
+  /// prompts it took and their first tokens); all zero without one; before its first report,
+  /// zero but its KV cache (from its hello: all free).
   bool has_prefill_worker = false;
   ShardLoad prefill_load;
   // Lifecycle (scheduler/autoscale_policy.h ReplicaState): "starting", "loading", "warming",
@@ -550,6 +551,7 @@ using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
 using first_tok_atom = caf::atom_constant<caf::atom("first_tok")>;
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using drain_rep_atom = caf::atom_constant<caf::atom("drainrep")>;
+using slot_check_atom = caf::atom_constant<caf::atom("slotcheck")>;  // head -> itself: a slot conflict's wait ended
 /// Scheduler -> target shard: (reclaim_atom, int32 n, bool running): hand back up to n requests as
 /// MigratedSeq (reason "rebalance"), then a ShardLoad: those still waiting in the engine first
 /// (the last queued first); with `running`, then running sequences with their KV offered (the

@@ -9,7 +9,7 @@
 namespace specserve {
 
 Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Tokenizer& tokenizer,
-                                               const GenerateRequest& req) {
+                                               const GenerateRequest& req, const PromptOptions& options) {
   const int n = (!req.prompt.empty()) + (!req.messages.empty()) + (!req.prompt_token_ids.empty());
   if (n != 1) return invalid_argument("request: give exactly one of prompt, messages, prompt_token_ids (got " + std::to_string(n) + ")");
   // NOTE: caps on the raw input before any tokenizing, so a huge request costs nothing: no
@@ -32,11 +32,11 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
     }
     ids = req.prompt_token_ids;
   } else if (!req.messages.empty()) {
-    auto text = PromptCodec(gguf, tokenizer).render_chat(req.messages, /*add_generation_prompt=*/true);
+    auto text = PromptCodec(gguf, tokenizer).render_chat(req.messages, options.add_generation_prompt);
     if (!text.ok()) return text.status();
-    ids = tokenizer.encode(*text, /*add_special=*/true, /*parse_special=*/true);
+    ids = tokenizer.encode(*text, options.add_special, /*parse_special=*/true);
   } else {
-    ids = tokenizer.encode(req.prompt, /*add_special=*/true, /*parse_special=*/true);
+    ids = tokenizer.encode(req.prompt, options.add_special, /*parse_special=*/true);
   }
   if (ids.empty()) return invalid_argument("prompt: empty after tokenization");
   return ids;
@@ -47,9 +47,9 @@ const Tokenizer& PromptCodec::tok() const {
   return *tokenizer_;
 }
 
-Expected<std::vector<int32_t>> PromptCodec::tokenize(const GenerateRequest& request) const {
+Expected<std::vector<int32_t>> PromptCodec::tokenize(const GenerateRequest& request, const PromptOptions& options) const {
   const Tokenizer& t = tok();
-  return tokenize_prompt(*gguf_, t, request);
+  return tokenize_prompt(*gguf_, t, request, options);
 }
 
 std::vector<int32_t> PromptCodec::encode(std::string_view text, bool add_special) const {

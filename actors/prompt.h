@@ -39,8 +39,15 @@ class Tokenizer;
 ///  - kInvalidArgument "prompt: empty after tokenization".
 /// Nothing here knows max_model_len: the context limit is the caller's (it depends on the
 /// replicas).
+/// How text becomes ids (vLLM's request fields of the same names): add_special applies the
+/// model's BOS rule to prompt text and rendered chats; add_generation_prompt ends a rendered
+/// chat with the assistant's prompt.
+struct PromptOptions {
+  bool add_special = true;
+  bool add_generation_prompt = true;
+};
 Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Tokenizer& tokenizer,
-                                               const GenerateRequest& request);
+                                               const GenerateRequest& request, const PromptOptions& options = {});
 
 /// The served model's tokenizer and chat template behind the few calls a front end makes
 /// (DESIGN.md: server/ includes actors/ and config/, not model/). A view: copies share the
@@ -54,8 +61,8 @@ class PromptCodec {
 
   /// True when it views a GGUF and a tokenizer (every other call aborts otherwise).
   bool loaded() const { return gguf_ != nullptr && tokenizer_ != nullptr; }
-  /// tokenize_prompt(gguf, tokenizer, request): the ids the scheduler will see, same errors.
-  Expected<std::vector<int32_t>> tokenize(const GenerateRequest& request) const;
+  /// tokenize_prompt(gguf, tokenizer, request, options): the ids the scheduler will see, same errors.
+  Expected<std::vector<int32_t>> tokenize(const GenerateRequest& request, const PromptOptions& options = {}) const;
   /// `text` encoded with parse_special = true (special-token text becomes its id, as in
   /// tokenize_prompt); add_special: the model's BOS rule.
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;

@@ -24,6 +24,10 @@ void log_tp_broken(int32_t rid, int32_t rank) {
   get_logger("actors")->error("replica {}: tensor-parallel rank {} is down; the replica's other ranks are stopped", rid, rank);
 }
 
+// How long a new worker for a taken slot waits for the holder to be found down (CAF's
+// connection timeout is 5 s) before it is refused.
+constexpr double kSlotWaitS = 6.0;
+
 // The hello of the live worker that already holds the slot `h` asks for (same role, replica
 // and rank; registered, not down, failed or told to quit), if any. A topology has one worker
 // per slot; a restarted one registers after its predecessor is down.
@@ -166,7 +170,13 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
   }
   self->set_down_handler([self](caf::down_msg& m) {
     auto& s = self->state;
+    // A worker refused its slot, or one gone while it waited for it: never registered.
+    if (s.refused.erase(m.source) + s.slot_conflicts.erase(m.source) > 0) {
+      s.tp.forget(m.source);
+      return;
+    }
     if (auto rit = s.retired.find(m.source); rit != s.retired.end()) {  // a worker the autoscaler stopped
+      s.tp.forget(m.source);
       auto& rr = s.replicas[rit->second];
       rr.num_retiring = std::max(0, rr.num_retiring - 1);
       s.retired.erase(rit);
@@ -260,24 +270,47 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           }
         }
         const bool is_new = !s.workers.count(h.self.address());
+        if (s.refused.count(h.self.address())) return;
         if (is_new) {
           // A second live worker in a slot the topology gives one (a node started twice under
-          // one name, or another process claiming its replica): told to quit, not registered, so
-          // it neither shows in `status` nor, when it stops, drains the replica it never served.
-          if (const std::optional<WorkerHello> holder = slot_holder(s, h)) {
+          // one name, or another process claiming its replica) is not registered, so it neither
+          // shows in `status` nor, when it stops, drains the replica it never served. It waits
+          // kSlotWaitS first: a holder that died (a host rebooted, a rank the head stopped) is
+          // found down by then (CAF's 5 s connection timeout) and the newcomer takes its place;
+          // a holder still live then makes the newcomer quit, failing, with the reason.
+          const auto conflict = s.slot_conflicts.find(h.self.address());
+          const std::optional<WorkerHello> holder = slot_holder(s, h);
+          if (holder && conflict == s.slot_conflicts.end()) {
+            s.slot_conflicts[h.self.address()] = {h, now_s(self)};
+            self->monitor(h.self);
+            log->warn("{} of replica {} from node '{}' (pid {}): replica {} already has its {} (node '{}', pid {}); waiting "
+                      "{:.0f} s for that one to be found down before refusing this one",
+                      h.role, h.replica, h.node, h.pid, h.replica, h.role, holder->node, holder->pid, kSlotWaitS);
+            self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(kSlotWaitS * 1000)), slot_check_atom::value, h.self);
+            return;
+          }
+          if (holder && now_s(self) - conflict->second.since < kSlotWaitS) {
+            conflict->second.hello = h;  // its newest state, for when the wait ends
+            return;
+          }
+          if (holder) {
             const std::string why = fmt::format(
                 "replica {} already has its {}{} (node '{}', pid {}){}", h.replica, h.role,
                 h.rank > 0 ? fmt::format(" rank {}", h.rank) : std::string(), holder->node, holder->pid,
                 h.node == holder->node ? fmt::format(": is node '{}' running twice?", h.node) : std::string());
             log->error("refused {} of replica {} from node '{}' (pid {}): {}; telling it to quit", h.role, h.replica, h.node,
                        h.pid, why);
-            self->monitor(h.self);
-            s.retired[h.self.address()] = h.replica;
-            ++s.replicas[h.replica].num_retiring;
+            s.slot_conflicts.erase(conflict);
+            s.refused.insert(h.self.address());
             self->send(h.self, retire_atom::value, why);
             return;
           }
-          self->monitor(h.self);
+          // No live holder (any more): registered as any worker.
+          if (conflict != s.slot_conflicts.end()) {
+            s.slot_conflicts.erase(conflict);  // already monitored
+          } else {
+            self->monitor(h.self);
+          }
         }
         auto& w = s.workers[h.self.address()];
         w.hello = h;
@@ -439,6 +472,14 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (!sender || !self->state.workers.count(sender->address())) return;
         if (auto src = kv_peer(self->state, m.source)) self->send(src, m);
       },
+      [self](slot_check_atom, const caf::actor& who) {
+        // A slot conflict's wait ended: its newest hello again, now decided (registered, or refused).
+        auto& s = self->state;
+        auto it = s.slot_conflicts.find(who.address());
+        if (it == s.slot_conflicts.end()) return;
+        it->second.since = -1e9;  // the wait is over
+        self->send(self, it->second.hello);
+      },
       [self](drain_rep_atom, const std::string& token, int32_t replica, bool then_quit, const caf::actor& worker) -> int32_t {
         // One replica drains (its worker is stopping, or the autoscaler scales down): its running
         // sequences move to other replicas with their KV. -1: nothing to do here (the whole
@@ -528,6 +569,14 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (!token_matches(m.token, s.cfg.token)) {
           get_logger("actors")->warn("refused a tensor-parallel join: wrong cluster token");
           return caf::make_error(caf::sec::request_receiver_down, "refused: wrong cluster token");
+        }
+        // A rank refused its slot, waiting for it or told to quit has no place in a group.
+        if (const auto sender = self->current_sender()) {
+          const auto addr = sender->address();
+          if (s.refused.count(addr) || s.slot_conflicts.count(addr) || s.retired.count(addr)) {
+            get_logger("actors")->warn("replica {}: tensor-parallel join of rank {} refused: that worker has no slot", m.replica, m.rank);
+            return caf::make_error(caf::sec::request_receiver_down, "refused: this worker has no slot in replica " + std::to_string(m.replica));
+          }
         }
         auto rp = self->make_response_promise<TpGroupMsg>();
         auto answers = s.tp.join(m, s.cfg.topology.models.target.tensor_parallel_size, rp);

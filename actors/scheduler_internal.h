@@ -133,6 +133,14 @@ struct SchedulerState {
   bool ever_routed = false;             // a replica was routed once (the start-up promotion is no scale-up)
   std::deque<TtftSample> ttft;          // recent first-token samples, pruned to the look-back window
   std::map<caf::actor_addr, int32_t> retired;  // workers told to quit -> replica: their down message is expected
+  /// A new worker for a slot a live worker holds (scheduler.cpp slot_holder): its newest hello,
+  /// waiting (kSlotWaitS) for the holder to be found down before it is refused.
+  struct SlotConflict {
+    WorkerHello hello;
+    double since = 0;
+  };
+  std::map<caf::actor_addr, SlotConflict> slot_conflicts;
+  std::set<caf::actor_addr> refused;  // workers refused their slot and told to quit: their down is expected
   std::map<int64_t, int32_t> rebalanced_from;  // request handed back by a busy replica -> that replica
   double held_deficit_since = -1;       // a scale-up's cold start held back (CPU host) since this decision
   bool deficit_by_wanted = false;       // cold starts were held: AutoscaleInput::deficit_by_wanted

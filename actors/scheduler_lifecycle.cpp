@@ -32,7 +32,13 @@ void retire(SchedSelf self, int32_t rid) {
     ++r.num_retiring;
     self->send(f, retire_atom::value);
   }
-  for (caf::actor* a : {&r.shard, &r.draft}) {
+  // A disaggregated prefill worker goes with its replica too (its counters stay in the totals).
+  if (r.prefill) {
+    add_load_counters(s.ended, r.prefill_load);
+    r.prefill_load = ShardLoad{};
+    r.prefill_ready = false;
+  }
+  for (caf::actor* a : {&r.shard, &r.draft, &r.prefill}) {
     if (!*a) continue;
     s.retired[a->address()] = rid;
     ++r.num_retiring;  // not startable until its down message comes: never two processes of it

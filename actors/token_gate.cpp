@@ -1,7 +1,9 @@
 #include "actors/token_gate.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <system_error>
 #include <vector>
 
@@ -154,6 +157,157 @@ Expected<int> tcp_connect(const std::string& host, uint16_t port, std::chrono::m
   return unavailable("cannot connect to " + where + ": " + last);
 }
 
+// ---------------------------------------------------------------- CAF's loopback ports
+// CAF listens on 127.0.0.1 behind the gate, and a client hands CAF a one-shot forwarder port on
+// 127.0.0.1: without more, any process on the host could connect to either directly and crash
+// CAF's reader (a trial did, with 40 bytes, killing `up`). So:
+// - the gate guards CAF's listening socket with a classic BPF socket filter (Linux
+//   SO_ATTACH_FILTER): a TCP segment reaches it only from 127.0.0.1 and a source port of one of
+//   the gate's own inner connections, each bound before it connects (without SO_REUSEADDR, so
+//   no other socket can take that port while it lives); accepted connections keep the filter
+//   they were accepted under;
+// - a forwarder splices only a connection whose other end is a socket of this process.
+
+// IPv4 address and port of a socket's own (peer = false) or peer end; false when not IPv4.
+bool inet_end(int fd, bool peer, uint32_t* addr, uint16_t* port) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  const int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                      : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (rc != 0 || a.sin_family != AF_INET) return false;
+  *addr = ntohl(a.sin_addr.s_addr);
+  *port = ntohs(a.sin_port);
+  return true;
+}
+
+// The first descriptor of this process (from /proc/self/fd) that is a socket satisfying `pred`;
+// -1 when none.
+template <class Pred>
+int find_own_socket(Pred pred) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    if (pred(static_cast<int>(fd))) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+constexpr uint32_t kLoopback = 0x7f000001;
+
+// True when `fd` is a socket listening on 127.0.0.1:port.
+bool is_loopback_listener(int fd, uint16_t port) {
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  uint32_t a = 0;
+  uint16_t p = 0;
+  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening && inet_end(fd, false, &a, &p) &&
+         a == kLoopback && p == port;
+}
+
+// Lets TCP segments reach listening socket `fd` only from 127.0.0.1 and a source port in
+// `allowed` (none: nothing). Offsets: SKF_NET_OFF + 12 is the IPv4 source address; a TCP
+// socket's filter sees the TCP header at offset 0, its source port first. Accepting returns
+// the largest length, so nothing of a segment is trimmed.
+bool attach_source_filter(int fd, const std::multiset<uint16_t>& allowed) {
+  const std::vector<uint16_t> ports(allowed.begin(), allowed.end());
+  const auto n = static_cast<uint8_t>(std::min<size_t>(ports.size(), 200));
+  std::vector<sock_filter> prog;
+  prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, static_cast<uint32_t>(SKF_NET_OFF + 12)));
+  prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kLoopback, 0, static_cast<uint8_t>(n + 1)));  // else: reject
+  prog.push_back(BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 0));
+  for (uint8_t i = 0; i < n; ++i) prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ports[i], static_cast<uint8_t>(n - i), 0));
+  prog.push_back(BPF_STMT(BPF_RET | BPF_K, 0));           // reject
+  prog.push_back(BPF_STMT(BPF_RET | BPF_K, 0xFFFFFFFFu));  // accept, whole
+  sock_fprog fprog{static_cast<unsigned short>(prog.size()), prog.data()};
+  return ::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof fprog) == 0;
+}
+
+// The filter of CAF's listener as `sh` wants it now (its allowed ports). Locked by the caller.
+// The listener is looked at again each time: CAF owns the descriptor.
+void refresh_inner_filter(TokenGate::Shared& sh) {
+  if (sh.inner_listener >= 0 && is_loopback_listener(sh.inner_listener, sh.inner_port)) {
+    attach_source_filter(sh.inner_listener, sh.inner_allowed);
+  }
+}
+
+// A connection from this process to CAF at 127.0.0.1:inner_port through the guard: a socket
+// bound to a free loopback port that the filter then lets through, connected within `timeout`.
+// The port stays allowed (`*allowed_port`) until release_inner_port.
+Expected<int> connect_inner(TokenGate::Shared& sh, std::chrono::milliseconds timeout, uint16_t* allowed_port) {
+  *allowed_port = 0;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return unavailable("socket: " + errno_text());
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = htonl(kLoopback);
+  uint32_t a = 0;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 || !inet_end(fd, false, &a, &port)) {
+    const std::string e = errno_text();
+    ::close(fd);
+    return unavailable("cannot bind a loopback port: " + e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(sh.filter_mu);
+    sh.inner_allowed.insert(port);
+    refresh_inner_filter(sh);
+  }
+  *allowed_port = port;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(kLoopback);
+  to.sin_port = htons(sh.inner_port);
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to);
+  if (rc < 0 && errno == EINPROGRESS) {
+    pollfd pfd{fd, POLLOUT, 0};
+    rc = ::poll(&pfd, 1, static_cast<int>(timeout.count())) == 1 ? 0 : -1;
+    int err = rc == 0 ? 0 : ETIMEDOUT;
+    socklen_t len = sizeof err;
+    if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) errno = err, rc = -1;
+  }
+  if (rc != 0) {
+    const std::string e = errno_text();
+    ::close(fd);
+    return unavailable("cannot connect to 127.0.0.1:" + std::to_string(sh.inner_port) + ": " + e);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  set_nodelay(fd);
+  return fd;
+}
+
+void release_inner_port(TokenGate::Shared& sh, uint16_t port) {
+  if (port == 0) return;
+  std::lock_guard<std::mutex> lock(sh.filter_mu);
+  if (auto it = sh.inner_allowed.find(port); it != sh.inner_allowed.end()) sh.inner_allowed.erase(it);
+  refresh_inner_filter(sh);
+}
+
+// True when the other end of accepted connection `c` (on our listening port `port`) is a
+// socket of this process: one whose own end is c's peer and whose peer is 127.0.0.1:port.
+bool peer_is_own_socket(int c, uint16_t port) {
+  uint32_t pa = 0;
+  uint16_t pp = 0;
+  if (!inet_end(c, true, &pa, &pp) || pa != kLoopback) return false;
+  return find_own_socket([&](int fd) {
+           uint32_t a = 0, b = 0;
+           uint16_t p = 0, q = 0;
+           return fd != c && inet_end(fd, false, &a, &p) && a == pa && p == pp && inet_end(fd, true, &b, &q) &&
+                  b == kLoopback && q == port;
+         }) >= 0;
+}
+
 // A listening socket on host:port (host "" or "0.0.0.0": any IPv4 address); the bound port.
 Expected<std::pair<int, uint16_t>> tcp_listen(const std::string& host, uint16_t port) {
   addrinfo hints{};
@@ -250,6 +404,15 @@ Expected<std::unique_ptr<TokenGate>> TokenGate::start(const std::string& host, u
   g->shared_->inner_port = inner_port;
   g->shared_->token = std::move(token);
   g->shared_->what = std::move(what);
+  // CAF's listener, guarded from now on (see connect_inner). Not found (another library layout):
+  // said once; the gate works as before, CAF's port unguarded.
+  g->shared_->inner_listener = find_own_socket([inner_port](int fd) { return is_loopback_listener(fd, inner_port); });
+  if (g->shared_->inner_listener < 0 || !attach_source_filter(g->shared_->inner_listener, {})) {
+    get_logger("actors")->warn("{} actor port: could not guard its actor system's port 127.0.0.1:{} ({}): local processes "
+                               "can reach it directly", g->shared_->what, inner_port,
+                               g->shared_->inner_listener < 0 ? "its listening socket was not found" : errno_text());
+    g->shared_->inner_listener = -1;
+  }
   if (::pipe2(g->wake_, O_CLOEXEC) != 0) return unavailable("pipe: " + errno_text());
   g->acceptor_ = std::thread([gp = g.get()] { gp->accept_loop(); });
   return g;
@@ -346,11 +509,13 @@ static void gate_handshake(TokenGate::Shared& sh, int fd, const std::string& pee
     ::close(fd);
     return;
   }
-  auto inner = tcp_connect("127.0.0.1", sh.inner_port, std::chrono::milliseconds(kHandshakeMs));
+  uint16_t allowed_port = 0;
+  auto inner = connect_inner(sh, std::chrono::milliseconds(kHandshakeMs), &allowed_port);
   const std::string& what = sh.what;
   release_slot(sh, peer);
   if (!inner.ok()) {
     log->warn("{} actor port: cannot reach its actor system: {}", what, inner.status().message());
+    release_inner_port(sh, allowed_port);
     ::close(fd);
     return;
   }
@@ -358,9 +523,11 @@ static void gate_handshake(TokenGate::Shared& sh, int fd, const std::string& pee
   if (!write_full(fd, "Y", 1)) {
     ::close(fd);
     ::close(*inner);
+    release_inner_port(sh, allowed_port);
     return;
   }
   splice(fd, *inner);
+  release_inner_port(sh, allowed_port);
 }
 
 Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, const std::string& token,
@@ -395,21 +562,32 @@ Expected<uint16_t> connect_token_gate(const std::string& host, uint16_t port, co
   // NOTE: the listening socket stays open (accepting nothing more) until the splice ends: CAF
   // caches remote_actor results by host and port, so the port must not be reused by another
   // forwarder while this connection lives.
+  const uint16_t lport = local->second;
   try {
-    std::thread([fd, lfd, deadline_ms] {
-      pollfd pfd{lfd, POLLIN, 0};
-      int r;
-      do {
-        r = ::poll(&pfd, 1, deadline_ms);
-      } while (r < 0 && errno == EINTR);
-      const int c = r == 1 ? ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC) : -1;
-      if (c < 0) {
-        ::close(lfd);
-        ::close(fd);
+    std::thread([fd, lfd, deadline_ms, lport] {
+      const auto deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
+      for (;;) {
+        pollfd pfd{lfd, POLLIN, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        const int r = left > 0 ? ::poll(&pfd, 1, static_cast<int>(left)) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        const int c = r == 1 ? ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+        if (c < 0) {
+          ::close(lfd);
+          ::close(fd);
+          return;
+        }
+        // Only this process's CAF may have the authenticated connection: another local
+        // process that raced it to the port is closed, and the forwarder waits on.
+        if (!peer_is_own_socket(c, lport)) {
+          get_logger("actors")->warn("closed a connection to a forwarder port from another process (127.0.0.1:{})", lport);
+          ::close(c);
+          continue;
+        }
+        set_nodelay(c);
+        splice(c, fd, lfd);
         return;
       }
-      set_nodelay(c);
-      splice(c, fd, lfd);
     }).detach();
   } catch (const std::system_error& e) {
     ::close(lfd);

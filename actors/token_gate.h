@@ -16,9 +16,12 @@
 // Preamble (client -> gate): 8 bytes "SSGATE01", u32 little-endian token length (1..4096),
 // the token bytes. Verdict (gate -> client): one byte, 'Y' (spliced from now on) or 'N'
 // (wrong token; the gate closes).
+// - CAF's internal port is guarded too (Linux): a BPF socket filter on its listening socket lets
+//   a connection in only from 127.0.0.1 and the source port of one of the gate's own inner
+//   connections, so another local process cannot reach CAF behind the gate (a trial crashed
+//   `up` that way); a client's forwarder splices only a connection from its own process.
 // NOTE: the token travels in clear text, as it did before inside the CAF message; TLS is not
-// built. CAF's internal port and a client's forwarder port listen on 127.0.0.1 only: a process
-// on the same host can still reach CAF's port directly, as any local user could before.
+// built for the actor port.
 // Thread-safety: a TokenGate is made and destroyed on one thread; its threads are its own.
 #pragma once
 
@@ -28,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -61,6 +65,11 @@ class TokenGate {
     std::atomic<int64_t> refused{0};
     std::atomic<int64_t> last_warn_ms{-1000000};  // steady-clock ms of the last warning (one per second at most)
     std::atomic<int64_t> unwarned{0};             // refusals since it
+    /// CAF's listening socket (found at start; -1: not found, unguarded) and the source ports
+    /// its filter lets through: those of the gate's live inner connections (token_gate.cpp).
+    int inner_listener = -1;
+    std::mutex filter_mu;
+    std::multiset<uint16_t> inner_allowed;  // guarded by filter_mu
   };
 
  private:

@@ -43,8 +43,10 @@ struct HttpServerOptions {
   /// reports its own (ClusterStatus::max_model_len); 0: none until then.
   int32_t max_model_len = 0;
   /// HTTPS (vLLM's --ssl-certfile / --ssl-keyfile): PEM files of the server's certificate
-  /// (chain) and its private key, both or neither; neither: plain HTTP. TLS 1.2 or later
-  /// (OpenSSL through cpp-httplib's SSLServer).
+  /// (chain) and its private key (unencrypted: a passphrase is refused, never asked for), both
+  /// or neither; neither: plain HTTP. TLS 1.2 or later (OpenSSL through cpp-httplib's
+  /// SSLServer). OpenSSL writes without MSG_NOSIGNAL: the process must ignore SIGPIPE (the
+  /// specserve commands do), or a client gone mid-write kills it.
   std::string ssl_certfile;
   std::string ssl_keyfile;
   /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB, the TLS files

@@ -47,14 +47,10 @@ const std::vector<std::pair<std::string, json>>& default_only_fields(ApiKind kin
       {"length_penalty", 1.0}, {"truncate_prompt_tokens", nullptr}, {"prompt_logprobs", nullptr},
       {"guided_json", nullptr}, {"guided_regex", nullptr}, {"guided_choice", nullptr}, {"guided_grammar", nullptr},
       {"return_tokens_as_token_ids", false}, {"request_id", "*"}, {"service_tier", "*"}};
-  static const std::vector<std::pair<std::string, json>> completion = [] {
-    auto v = common;
-    v.push_back({"add_special_tokens", true});
-    return v;
-  }();
+  static const std::vector<std::pair<std::string, json>>& completion = common;
   static const std::vector<std::pair<std::string, json>> chat = [] {
     auto v = common;
-    v.insert(v.end(), {{"add_special_tokens", false}, {"add_generation_prompt", true}, {"continue_final_message", false},
+    v.insert(v.end(), {{"continue_final_message", false},
                        {"echo", false}, {"chat_template", nullptr}, {"chat_template_kwargs", json::object()},
                        {"documents", nullptr}, {"reasoning_effort", "*"}});
     return v;
@@ -71,14 +67,15 @@ const std::set<std::string>& known_fields(ApiKind kind) {
       "min_tokens"};
   static const std::set<std::string> completion = [] {
     std::set<std::string> s = common;
-    s.insert({"prompt", "echo", "suffix", "best_of"});
+    s.insert({"prompt", "echo", "suffix", "best_of", "add_special_tokens"});
     for (const auto& [f, v] : default_only_fields(ApiKind::kCompletion)) s.insert(f);
     return s;
   }();
   static const std::set<std::string> chat = [] {
     std::set<std::string> s = common;
     s.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-              "response_format", "parallel_tool_calls", "store", "metadata", "best_of"});
+              "response_format", "parallel_tool_calls", "store", "metadata", "best_of", "add_special_tokens",
+              "add_generation_prompt"});
     for (const auto& [f, v] : default_only_fields(ApiKind::kChat)) s.insert(f);
     return s;
   }();
@@ -401,11 +398,19 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     return bad("n", "n = " + std::to_string(r.n) + " with " + std::to_string(prompts.size()) + " prompts: at most " +
                         std::to_string(limits.max_choices) + " choices in one request");
   }
+  // vLLM's add_special_tokens (the model's BOS rule; default true here for both kinds, where
+  // vLLM's chat default is false: the same ids for models that add no BOS, e.g. SmolLM2) and
+  // add_generation_prompt (chat; default true).
+  PromptOptions how;
+  if (auto e = read_bool(body, "add_special_tokens", &how.add_special)) return e;
+  if (kind == ApiKind::kChat) {
+    if (auto e = read_bool(body, "add_generation_prompt", &how.add_generation_prompt)) return e;
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     ParsedPrompt pp;
     pp.text = texts[i];
     if (!model.text.loaded()) return bad("", "the server has no tokenizer", 500, "internal_error");
-    auto toks = model.text.tokenize(prompts[i]);
+    auto toks = model.text.tokenize(prompts[i], how);
     if (!toks.ok()) {
       const bool size = toks.status().code() == StatusCode::kOutOfRange;
       return bad(prompt_field, toks.status().message(), size ? 413 : 400);

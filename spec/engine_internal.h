@@ -81,10 +81,12 @@ SampleResult raw_logprobs(const float* row, int32_t vocab, int32_t token, int32_
 size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t from, size_t floor,
                         size_t* which);
 
-/// How much of a sequence's `text` (valid UTF-8) may be sent while the last `hold` bytes wait
-/// for a possible stop string: text.size() - hold, moved back to the start of the character it
-/// falls in, so a stream never splits a multi-byte character between two events (each event's
-/// text is valid UTF-8 on its own).
+/// How many bytes of a sequence's `text` may be sent while the last `hold` bytes wait for a
+/// possible stop string: text.size() - hold, moved back (at most 3 bytes) to the start of the
+/// character it falls in, so a stream never splits a multi-byte character between two events
+/// (each event's text is valid UTF-8 on its own when `text` is). Where no character starts
+/// within those 3 bytes (bytes that are not UTF-8), text.size() - hold. Non-decreasing as text
+/// grows by appending, so a resumed sequence's sent position is the uninterrupted one's.
 size_t sendable_prefix(const std::string& text, size_t hold);
 
 }  // namespace engine_internal

@@ -49,9 +49,12 @@ size_t find_stop_string(const std::string& text, const std::vector<std::string>&
 }
 
 size_t sendable_prefix(const std::string& text, size_t hold) {
-  size_t cut = text.size() > hold ? text.size() - hold : 0;
-  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return cut;
+  const size_t end = text.size() > hold ? text.size() - hold : 0;
+  // At most 3 bytes back (a character's continuation bytes): stray continuation bytes that the
+  // decoder passed through (text that can never be valid) must not hold back the rest.
+  size_t cut = end;
+  while (cut > 0 && end - cut < 3 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) ? end : cut;
 }
 
 }  // namespace engine_internal

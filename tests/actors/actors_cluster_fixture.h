@@ -81,7 +81,7 @@ class Cluster {
     wc.token = kToken;
     wc.scheduler = head_->scheduler();
     wc.remote_draft = draft_worker;
-    spawn_target_shard(rt_.system(), wc);
+    shard_ = spawn_target_shard(rt_.system(), wc);
     if (draft_worker) {
       wc.role = WorkerRole::kDraftWorker;
       spawn_draft_worker(rt_.system(), wc);
@@ -101,6 +101,7 @@ class Cluster {
   Client& client() { return *client_; }
   Head& head() { return *head_; }
   ActorRuntime& runtime() { return rt_; }
+  caf::actor shard() const { return shard_; }  ///< the target shard spawned at start
   /// The target shard's configuration (another worker for the same slot: change its node).
   WorkerConfig shard_config() const {
     WorkerConfig wc;
@@ -117,6 +118,7 @@ class Cluster {
   Topology topo_;
   std::unique_ptr<Head> head_;
   std::unique_ptr<Client> client_;
+  caf::actor shard_;
 };
 
 inline GenerateRequest greedy(const std::vector<int32_t>& ids, int32_t n) { return testing::greedy_request(ids, n); }

@@ -6,9 +6,15 @@
 #include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <filesystem>
@@ -60,9 +66,36 @@ TlsFiles make_tls_files(const std::filesystem::path& dir, const std::string& ste
   return f;
 }
 
+// True when a TLS handshake with 127.0.0.1:port succeeds for a client limited to TLS versions
+// [min_version, max_version] (no certificate check: only the protocol is tested).
+bool tls_handshake(uint16_t port, int min_version, int max_version) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_set_min_proto_version(ctx, min_version);
+  SSL_CTX_set_max_proto_version(ctx, max_version);
+  SSL_CTX_set_security_level(ctx, 0);  // let the client offer old versions at all
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    ok = SSL_connect(ssl) == 1;
+    if (ok) SSL_shutdown(ssl);
+    SSL_free(ssl);
+  }
+  ::close(fd);
+  SSL_CTX_free(ctx);
+  return ok;
+}
+
 class HttpsServerTest : public HttpServerTest {
  protected:
   void SetUp() override {
+    // OpenSSL writes without MSG_NOSIGNAL (HttpServerOptions::ssl_certfile): as the commands do.
+    std::signal(SIGPIPE, SIG_IGN);
     HttpServerTest::SetUp();
     dir_ = std::filesystem::temp_directory_path() / ("specserve-tls-" + std::to_string(::getpid()));
     files_ = make_tls_files(dir_, "server");
@@ -131,6 +164,16 @@ TEST_F(HttpsServerTest, PlainHttpAndAnUntrustedCertificateGetNoAnswer) {
   ASSERT_TRUE(good) << httplib::to_string(good.error());
 }
 
+// TLS 1.2 and 1.3 only (cpp-httplib's own set-up allows 1.1).
+TEST_F(HttpsServerTest, OnlyTls12AndLaterAreSpoken) {
+  opts_.ssl_certfile = files_.cert;
+  opts_.ssl_keyfile = files_.key;
+  start();
+  EXPECT_TRUE(tls_handshake(server_->port(), TLS1_2_VERSION, TLS1_2_VERSION));
+  EXPECT_TRUE(tls_handshake(server_->port(), TLS1_3_VERSION, TLS1_3_VERSION));
+  EXPECT_FALSE(tls_handshake(server_->port(), TLS1_VERSION, TLS1_1_VERSION)) << "the server spoke TLS 1.1 or older";
+}
+
 // Bad TLS options are refused before the server listens, naming the field and the file.
 TEST_F(HttpsServerTest, BadTlsFilesAreRefusedNamingTheFieldAndFile) {
   auto refused = [&](const HttpServerOptions& o) {
@@ -165,6 +208,24 @@ TEST_F(HttpsServerTest, BadTlsFilesAreRefusedNamingTheFieldAndFile) {
   m = refused(o);
   EXPECT_NE(m.find("OpenSSL refused them"), std::string::npos) << m;
   EXPECT_NE(m.find(other.key), std::string::npos) << m;
+  // A key that needs a passphrase: refused at once (OpenSSL would ask on the terminal).
+  const std::string locked = (dir_ / "locked.key").string();
+  {
+    FILE* in = std::fopen(files_.key.c_str(), "r");
+    EVP_PKEY* pkey = PEM_read_PrivateKey(in, nullptr, nullptr, nullptr);
+    std::fclose(in);
+    ASSERT_NE(pkey, nullptr);
+    FILE* out = std::fopen(locked.c_str(), "w");
+    static char pass[] = "secret";
+    PEM_write_PrivateKey(out, pkey, EVP_aes_256_cbc(), nullptr, 0, nullptr, pass);
+    std::fclose(out);
+    EVP_PKEY_free(pkey);
+  }
+  o.ssl_certfile = files_.cert;
+  o.ssl_keyfile = locked;
+  m = refused(o);
+  EXPECT_NE(m.find("OpenSSL refused them"), std::string::npos) << m;
+  EXPECT_NE(m.find("no passphrase"), std::string::npos) << m;
   // Without TLS files, nothing to check.
   EXPECT_TRUE(HttpServer::check_tls(opts_).ok());
 }

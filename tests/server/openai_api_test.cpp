@@ -150,6 +150,15 @@ TEST_F(OpenAiApi, VllmsOwnFieldsAtTheirDefaultsAreAccepted) {
             ApiKind::kChat, &with);
   ASSERT_FALSE(e) << e->message;
   EXPECT_EQ(with.prompts[0].tokens, plain.prompts[0].tokens);
+  // add_generation_prompt and add_special_tokens are honoured: without the generation prompt
+  // the chat ends with the user's turn (the template's own rendering, encoded).
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false})", ApiKind::kChat, &with));
+  auto rendered = PromptCodec(*gguf_, *tok_).render_chat({{"user", "Hi"}}, false);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(with.prompts[0].tokens, PromptCodec(*gguf_, *tok_).encode(*rendered, true));
+  EXPECT_LT(with.prompts[0].tokens.size(), plain.prompts[0].tokens.size());
+  ASSERT_FALSE(parse(R"({"prompt": "Hello", "add_special_tokens": false})", ApiKind::kCompletion, &with));
+  EXPECT_EQ(with.prompts[0].tokens, PromptCodec(*gguf_, *tok_).encode("Hello", false));
 }
 
 TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
@@ -212,8 +221,9 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
       {R"({"prompt": "x", "guided_json": {"type": "object"}})", ApiKind::kCompletion, 400, "guided_json", "only null"},
       {R"({"prompt": "x", "use_beam_search": true})", ApiKind::kCompletion, 400, "use_beam_search", "only false"},
       {R"({"prompt": "x", "request_id": 7})", ApiKind::kCompletion, 400, "request_id", "expected a string"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", ApiKind::kChat, 400,
-       "add_generation_prompt", "only true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": 0})", ApiKind::kChat, 400,
+       "add_generation_prompt", "expected a boolean"},
+      {R"({"prompt": "x", "add_special_tokens": "yes"})", ApiKind::kCompletion, 400, "add_special_tokens", "expected a boolean"},
       {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": true}})", ApiKind::kChat,
        400, "chat_template_kwargs", "only {}"},
       {R"({"messages": [{"role": "user", "content": "x"}], "best_of": 2})", ApiKind::kChat, 400, "best_of", "only best_of = n (1)"},

@@ -1,5 +1,6 @@
 // Tests for spec/engine.h with speculation: stop tokens, max_tokens and stop strings honoured
 // exactly inside an accepted block; a failing or garbage proposer degrades to plain decoding.
+#include "spec/engine_internal.h"
 #include "tests/spec/spec_engine_fixtures.h"
 
 namespace specserve {
@@ -158,6 +159,33 @@ TEST(SpecEngineStops, StopStringsCutExactly) {
     ++tested;
   }
   EXPECT_GE(tested, 10);
+}
+
+// What a stream may send while a stop string may be starting: never half a character, at most 3
+// bytes less than the plain cut, never less as the text grows.
+TEST(SendablePrefix, CutsAtCharacterStartsAndOnlyGrows) {
+  using engine_internal::sendable_prefix;
+  const std::string text = "ab\xCE\xB5\xE6\x97\xA5\xF0\x9F\x98\x80z";  // a b ε 日 😀 z: 1+1+2+3+4+1 bytes
+  for (size_t hold = 0; hold <= 6; ++hold) {
+    const size_t cut = sendable_prefix(text, hold);
+    const size_t plain = text.size() > hold ? text.size() - hold : 0;
+    EXPECT_LE(cut, plain) << hold;
+    EXPECT_GE(cut + 3, plain) << hold;
+    EXPECT_TRUE(cut == text.size() || (static_cast<unsigned char>(text[cut]) & 0xC0) != 0x80) << "hold " << hold << " cuts inside a character";
+  }
+  EXPECT_EQ(sendable_prefix(text, 1), 11u);  // before "z"
+  EXPECT_EQ(sendable_prefix(text, 2), 7u);   // "z" and the emoji's last byte held: the whole emoji waits
+  EXPECT_EQ(sendable_prefix(text, 5), 7u);
+  EXPECT_EQ(sendable_prefix(text, 6), 4u);   // before 日
+  size_t last = 0;
+  for (size_t n = 0; n <= text.size(); ++n) {
+    const size_t cut = sendable_prefix(text.substr(0, n), 4);
+    EXPECT_GE(cut, last) << "prefix of " << n << " bytes";
+    last = cut;
+  }
+  // Bytes that can never be UTF-8 (a run of continuation bytes) do not hold the rest back.
+  const std::string junk = "x" + std::string(8, '\x80');
+  EXPECT_EQ(sendable_prefix(junk, 2), junk.size() - 2);
 }
 
 // ---- proposers that fail or talk nonsense --------------------------------------------------

@@ -40,7 +40,12 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
 }
 
 Status resolve_http_args(HttpArgs* a) {
-  if (a->no_http) return Status();
+  if (a->no_http) {
+    if (!a->ssl_certfile.empty() || !a->ssl_keyfile.empty()) {
+      return invalid_argument("--ssl-certfile / --ssl-keyfile with --no-http: there is no HTTP server to serve them");
+    }
+    return Status();
+  }
   HttpServerOptions tls;
   tls.ssl_certfile = a->ssl_certfile;
   tls.ssl_keyfile = a->ssl_keyfile;
