@@ -136,6 +136,7 @@ int run_up(const UpOptions& o) {
   bool failed = false;
   const AutoscaleSpec& as = topo->autoscale;
   const size_t replicas = autoscaled ? static_cast<size_t>(as.min_replicas) : topo->replica_ids().size();
+  remove_ready_file(o.ready_file);
   const bool ready = autoscaled ? wait_ready(*client, replicas, 1e9, &failed, launcher.children(), &launcher, endpoint)
                                 : wait_ready(*client, replicas, 1e9, &failed, &children);
   if (ready) {
@@ -167,6 +168,7 @@ int run_up(const UpOptions& o) {
     }
     wait_for_stop(autoscaled ? 0.05 : 0.2);
   }
+  remove_ready_file(o.ready_file);  // no longer serving
   shut_down(**head, &children, failed ? 0 : o.drain_timeout_s, &front_end);
   stop_children(launcher.children(), 10.0);
   return rc;
@@ -422,6 +424,7 @@ int run_serve(const ServeOptions& o) {
   const std::string endpoint = t.head.host + ":" + std::to_string((*head)->actor_port());
   auto client = Client::in_process(rt.system(), (*head)->scheduler(), *token);
   bool failed = false;
+  remove_ready_file(o.ready_file);
   if (wait_ready(*client, 1, 1e9, &failed)) {
     std::fprintf(stderr, "specserve serve: ready on %s (token in %s)\n", endpoint.c_str(), t.cluster.token_file.c_str());
     print_status_line(*client);
@@ -431,6 +434,7 @@ int run_serve(const ServeOptions& o) {
     }
   }
   while (!failed && !stop_requested()) wait_for_stop(0.2);
+  remove_ready_file(o.ready_file);  // no longer serving
   shut_down(**head, nullptr, failed ? 0 : o.drain_timeout_s, &front_end);
   return failed ? 1 : 0;
 }

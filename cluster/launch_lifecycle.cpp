@@ -159,6 +159,10 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
   return false;
 }
 
+void remove_ready_file(const std::string& path) {
+  if (!path.empty()) std::remove(path.c_str());
+}
+
 Status write_ready_file(const std::string& path, const std::string& endpoint) {
   if (path.empty()) return Status();
   const std::string tmp = path + ".tmp";

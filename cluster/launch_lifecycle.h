@@ -82,6 +82,9 @@ bool wait_ready(Client& client, size_t replicas, double timeout_s, bool* failed,
 /// nothing. Errors: kUnavailable "--ready-file PATH: cannot write[ PATH.tmp]: <why>" (the
 /// temporary file is removed).
 Status write_ready_file(const std::string& path, const std::string& endpoint);
+/// Removes the ready file (when `path` is set and names one): before the cluster is ready (a
+/// file left by an earlier run must not say "ready" for this one) and once it stops serving.
+void remove_ready_file(const std::string& path);
 
 /// One stderr line per worker the head knows: role, replica, rank, node, pid, state, load and warm-up times.
 void print_status_line(Client& client);

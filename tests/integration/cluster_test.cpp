@@ -302,7 +302,11 @@ TEST(Cluster, DraftWorkerInItsOwnProcessAndTokenChecks) {
   EXPECT_EQ(plain->tokens, r->tokens);
   EXPECT_EQ(plain->num_drafts, 0);
   ::kill(draft_pid, SIGKILL);
+  EXPECT_TRUE(up.ready_file_exists());
   EXPECT_EQ(up.terminate(60), 0);
+  // Stopped: the ready file says so by being gone (a trial found it left behind, so the next
+  // run's waiters saw "ready" at once).
+  EXPECT_FALSE(up.ready_file_exists());
 }
 
 TEST(Cluster, WorkerThatCannotLoadStopsUpWithItsError) {

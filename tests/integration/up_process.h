@@ -108,6 +108,7 @@ class UpProcess {
     }
     return client_.get();
   }
+  bool ready_file_exists() const { return std::filesystem::exists(ready_); }
   // SIGTERM, then the exit code (-1 when it did not exit within `seconds`).
   int terminate(double seconds) {
     client_.reset();
