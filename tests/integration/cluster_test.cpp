@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "tests/cpu/fp32_kernel_scope.h"
 #include "tests/integration/up_process.h"
 
@@ -366,6 +369,32 @@ TEST(Cluster, TargetDtypeReachesEveryWorkerAndStatusShowsIt) {
   UpProcess f16("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
                 "", "64MiB", {}, ", dtype: float16");
   EXPECT_EQ(f16.wait_exit(60), 2);
+}
+
+// `specserve client` with several requests of which one is refused (a prompt too long for the
+// context) answers the others: under --json one object per request, the refused one with its
+// error (a trial found the finished answers thrown away and nothing on stdout), exit 2.
+TEST(Cluster, ClientAnswersEveryRequestWhenOneIsRefused) {
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n", "");
+  ASSERT_NE(up.connect(), nullptr);
+  std::string long_prompt;
+  for (int i = 0; i < 700; ++i) long_prompt += "word ";
+  const auto r = testing::run_specserve("client --config " + up.config() + " --json --max-tokens 4 --prompt 'Once upon a time' --prompt '" +
+                                            long_prompt + "' --prompt 'The capital of France is'",
+                                        120);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  std::vector<nlohmann::json> objects;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line[0] == '{') objects.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(objects.size(), 3u) << r.out;
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(objects[i]["index"], i);
+  EXPECT_EQ(objects[0]["completion_tokens"], 4);
+  EXPECT_EQ(objects[2]["completion_tokens"], 4);
+  EXPECT_EQ(objects[1]["finish_reason"], "error");
+  EXPECT_NE(objects[1]["error"].get<std::string>().find("max_model_len"), std::string::npos) << objects[1].dump();
+  EXPECT_EQ(up.terminate(60), 0);
 }
 
 }  // namespace

@@ -131,6 +131,7 @@ class UpProcess {
   const std::vector<int>& worker_pids() const { return worker_pids_; }
   const std::string& token() const { return token_; }
   int port() const { return port_; }
+  const std::string& config() const { return config_; }
 
  private:
   static inline int counter_ = 0;

@@ -176,20 +176,34 @@ int run_client(const ClientArgs& a) {
     reqs.push_back(std::move(r));
   }
   const bool stream = reqs.size() == 1 && !a.json;
+  // One request refused (a prompt too long for the context) does not take the others with it:
+  // each is answered on its own, a refused or failed one as an error (an object with "error"
+  // under --json), and the exit status says the worst (2: bad input, 1: a failure).
   std::vector<std::shared_ptr<RequestHandle>> handles;
+  std::vector<std::string> refused(reqs.size());
+  int rc = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (auto& r : reqs) {
-    auto h = (*client)->submit(std::move(r));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto h = (*client)->submit(std::move(reqs[i]));
     if (!h.ok()) {
-      std::fprintf(stderr, "specserve client: request %zu: %s\n", handles.size() + 1, h.status().message().c_str());
-      for (auto& prev : handles) prev->cancel();
-      return exit_status_for(h.status());  // a refused parameter (--top-p 2, --stop ''): 2
+      refused[i] = h.status().message();
+      rc = std::max(rc, exit_status_for(h.status()));  // a refused parameter (--top-p 2, --stop ''): 2
+      handles.push_back(nullptr);
+      continue;
     }
     handles.push_back(*h);
   }
-  int rc = 0;
+  auto report_error = [&](size_t i, const std::string& why) {
+    std::fprintf(stderr, "specserve client: request %zu failed: %s\n", i + 1, why.c_str());
+    if (a.json) std::printf("{\"request_id\": null, \"index\": %zu, \"finish_reason\": \"error\", \"error\": \"%s\"}\n", i, json_escape(why).c_str());
+    std::fflush(stdout);
+  };
   int64_t total_tokens = 0, drafts = 0, draft_tokens = 0, accepted = 0;
   for (size_t i = 0; i < handles.size(); ++i) {
+    if (!handles[i]) {
+      report_error(i, refused[i]);
+      continue;
+    }
     if (stream) {
       while (auto c = handles[i]->next()) {
         std::fwrite(c->text.data(), 1, c->text.size(), stdout);
@@ -198,8 +212,8 @@ int run_client(const ClientArgs& a) {
     }
     auto res = handles[i]->wait();
     if (!res.ok()) {
-      std::fprintf(stderr, "specserve client: request %zu failed: %s\n", i + 1, res.status().message().c_str());
-      rc = 1;
+      report_error(i, res.status().message());
+      rc = std::max(rc, 1);
       continue;
     }
     total_tokens += res->completion_tokens;
@@ -208,10 +222,10 @@ int run_client(const ClientArgs& a) {
     accepted += res->num_accepted_tokens;
     const double mal = res->num_drafts ? 1.0 + double(res->num_accepted_tokens) / res->num_drafts : 1.0;
     if (a.json) {
-      std::printf("{\"request_id\": %lld, \"text\": \"%s\", \"finish_reason\": \"%s\", \"prompt_tokens\": %d, "
+      std::printf("{\"request_id\": %lld, \"index\": %zu, \"text\": \"%s\", \"finish_reason\": \"%s\", \"prompt_tokens\": %d, "
                   "\"completion_tokens\": %d, \"num_drafts\": %lld, \"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, "
                   "\"num_requeues\": %d, \"num_migrations\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f, \"tokens\": [",
-                  static_cast<long long>(res->request_id), json_escape(res->text).c_str(), res->finish_reason.c_str(),
+                  static_cast<long long>(res->request_id), i, json_escape(res->text).c_str(), res->finish_reason.c_str(),
                   res->prompt_tokens, res->completion_tokens, static_cast<long long>(res->num_drafts),
                   static_cast<long long>(res->num_draft_tokens), static_cast<long long>(res->num_accepted_tokens),
                   res->num_requeues, res->num_migrations, res->seconds, res->first_token_seconds);
