@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -157,6 +158,32 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   svr.set_keep_alive_timeout(5);
   svr.set_tcp_nodelay(true);
   svr.set_pre_routing_handler([d](const httplib::Request& req, httplib::Response& res) {
+    // CORS: before the key check (a browser's preflight carries no Authorization).
+    if (req.has_header("Origin") && !d->opts.allowed_origins.empty()) {
+      const std::string origin = req.get_header_value("Origin");
+      const auto& allowed = d->opts.allowed_origins;
+      const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+      const bool ok = any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end();
+      if (req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method")) {
+        if (!ok) {
+          res.status = 400;
+          res.set_content("Disallowed CORS origin", "text/plain");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        res.status = 200;
+        res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        if (!asked.empty()) res.set_header("Access-Control-Allow-Headers", asked);
+        res.set_header("Access-Control-Max-Age", "600");
+        if (!any) res.set_header("Vary", "Origin");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (ok) {
+        res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+        if (!any) res.set_header("Vary", "Origin");
+      }
+    }
     // Before cpp-httplib reads a body: it reads Content-Length with strtoull, so "-5" became
     // 2^64 - 5 bytes to drain and held the thread for the whole read timeout before a 413.
     if (req.has_header("Content-Length")) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/prompt.h"
 #include "core/status.h"
@@ -49,6 +50,12 @@ struct HttpServerOptions {
   /// specserve commands do), or a client gone mid-write kills it.
   std::string ssl_certfile;
   std::string ssl_keyfile;
+  /// CORS (vLLM's --allowed-origins, the Fetch standard's CORS protocol): origins whose browser
+  /// pages may call the API; "*" any (vLLM's default). A request with an Origin header that is
+  /// allowed gets Access-Control-Allow-Origin; a preflight (OPTIONS with
+  /// Access-Control-Request-Method) from an allowed origin gets 200 with the methods and headers
+  /// allowed, from another origin 400. Empty: no CORS headers and preflights are 405.
+  std::vector<std::string> allowed_origins = {"*"};
   /// Validates: port in 0..65535, threads in 1..4096, max_body_bytes >= 1 KiB, the TLS files
   /// both given or neither, each a readable file.
   Status validate() const;

@@ -20,6 +20,60 @@ TEST_F(HttpServerTest, CompletesThroughTheScheduler) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
 
+// CORS (vLLM's --allowed-origins, default any): a browser's preflight is answered before the
+// API key is asked for, and answers carry Access-Control-Allow-Origin (401s too, so a page can
+// read the error); an origin not in the list gets a 400 preflight and no header; an empty list
+// turns CORS off.
+TEST_F(HttpServerTest, CorsPreflightAndHeadersFollowTheAllowedOrigins) {
+  opts_.api_key = "sk-cors";
+  opts_.allowed_origins = {"http://app.example"};
+  start();
+  auto c = client();
+  httplib::Headers pre = {{"Origin", "http://app.example"}, {"Access-Control-Request-Method", "POST"},
+                          {"Access-Control-Request-Headers", "authorization, content-type"}};
+  auto p = c.Options("/v1/chat/completions", pre);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 200) << p->body;
+  EXPECT_EQ(p->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_NE(p->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(p->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+  auto unauth = c.Post("/v1/completions", httplib::Headers{{"Origin", "http://app.example"}}, R"({"prompt": "Hi", "max_tokens": 2})",
+                       "application/json");
+  ASSERT_TRUE(unauth);
+  EXPECT_EQ(unauth->status, 401);
+  EXPECT_EQ(unauth->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  auto ok = c.Post("/v1/completions", httplib::Headers{{"Origin", "http://app.example"}, {"Authorization", "Bearer sk-cors"}},
+                   R"({"prompt": "Hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  // Another origin: refused preflight, no header on answers.
+  pre.erase("Origin");
+  pre.emplace("Origin", "http://evil.example");
+  auto bad = c.Options("/v1/chat/completions", pre);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  auto other = c.Get("/health", httplib::Headers{{"Origin", "http://evil.example"}});
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+}
+
+TEST_F(HttpServerTest, CorsAllowsAnyOriginByDefaultAndNoneWhenTheListIsEmpty) {
+  start();
+  auto any = client().Get("/health", httplib::Headers{{"Origin", "http://anything.example"}});
+  ASSERT_TRUE(any);
+  EXPECT_EQ(any->get_header_value("Access-Control-Allow-Origin"), "*");
+  server_.reset();
+  opts_.allowed_origins.clear();
+  start();
+  auto none = client().Get("/health", httplib::Headers{{"Origin", "http://anything.example"}});
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_header("Access-Control-Allow-Origin"));
+  auto pre = client().Options("/v1/models", httplib::Headers{{"Origin", "http://anything.example"}, {"Access-Control-Request-Method", "GET"}});
+  ASSERT_TRUE(pre);
+  EXPECT_NE(pre->status, 200);
+}
+
 // stream_options: include_usage gives a last chunk with the usage and null usage before it;
 // with continuous_usage_stats too (vLLM's), every chunk carries the usage so far, its
 // completion_tokens never going back and ending at the total.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "model/model_config.h"
 #include "server/http_server.h"
@@ -36,6 +37,9 @@ void add_http_flags(CLI::App* sub, HttpArgs* a, bool with_port) {
       ->check(non_empty("an empty path: leave --ssl-certfile out to serve plain HTTP"));
   sub->add_option("--ssl-keyfile", a->ssl_keyfile, "The certificate's private key (PEM, unencrypted); needs --ssl-certfile")
       ->check(non_empty("an empty path: leave --ssl-keyfile out to serve plain HTTP"));
+  sub->add_option("--allowed-origins", a->allowed_origins_json,
+                  "CORS: the origins whose browser pages may call the API, a JSON list (vLLM's; default [\"*\"]: any; [] : no "
+                  "CORS headers)");
   sub->add_flag("--no-http", a->no_http, "Do not start the HTTP front end (actor port only)");
 }
 
@@ -45,6 +49,16 @@ Status resolve_http_args(HttpArgs* a) {
       return invalid_argument("--ssl-certfile / --ssl-keyfile with --no-http: there is no HTTP server to serve them");
     }
     return Status();
+  }
+  {
+    const auto j = nlohmann::json::parse(a->allowed_origins_json, nullptr, /*allow_exceptions=*/false);
+    bool ok = j.is_array();
+    for (const auto& o : j) ok = ok && o.is_string() && !o.get<std::string>().empty();
+    if (!ok) {
+      return invalid_argument("--allowed-origins = " + a->allowed_origins_json +
+                              ": expected a JSON list of origins, e.g. '[\"http://localhost:3000\"]' or '[\"*\"]'");
+    }
+    a->allowed_origins = j.get<std::vector<std::string>>();
   }
   HttpServerOptions tls;
   tls.ssl_certfile = a->ssl_certfile;
@@ -73,6 +87,7 @@ FrontEndStarter make_http_front_end(const HttpArgs& a) {
     o.threads = a.threads;
     o.limits.max_n = a.max_n;
     o.ssl_certfile = a.ssl_certfile;
+    o.allowed_origins = a.allowed_origins;
     o.ssl_keyfile = a.ssl_keyfile;
     // Until a replica reports its context: the configured max_model_len, else the model's.
     if (t.models.target.max_model_len) {

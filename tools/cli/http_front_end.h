@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "cluster/launch.h"
 
@@ -19,10 +20,12 @@ struct HttpArgs {
   int max_n = 16;
   std::string ssl_certfile;       ///< HTTPS: the server's certificate (PEM); "" : plain HTTP
   std::string ssl_keyfile;        ///< HTTPS: its private key (PEM, unencrypted)
+  std::string allowed_origins_json = "[\"*\"]";  ///< --allowed-origins as given (a JSON list)
+  std::vector<std::string> allowed_origins = {"*"};  ///< parsed by resolve_http_args
 };
 
 /// Adds --port (unless `with_port` is false), --api-key, --served-model-name, --http-threads,
-/// --max-n, --ssl-certfile, --ssl-keyfile and --no-http to `sub`.
+/// --max-n, --ssl-certfile, --ssl-keyfile, --allowed-origins and --no-http to `sub`.
 void add_http_flags(CLI::App* sub, HttpArgs* args, bool with_port);
 
 /// Completes and checks the flags before anything starts (HTTP on): --api-key's default is
