@@ -118,6 +118,24 @@ void splice(int a, int b, int extra = -1) {
   pump(p, a, b);
 }
 
+// Connects non-blocking socket `fd` to `to` within `timeout`; on success makes it blocking with
+// TCP_NODELAY. False with errno set otherwise.
+bool connect_within(int fd, const sockaddr* to, socklen_t len, std::chrono::milliseconds timeout) {
+  int rc = ::connect(fd, to, len);
+  if (rc < 0 && errno == EINPROGRESS) {
+    pollfd pfd{fd, POLLOUT, 0};
+    rc = ::poll(&pfd, 1, static_cast<int>(timeout.count())) == 1 ? 0 : -1;
+    int err = rc == 0 ? 0 : ETIMEDOUT;
+    socklen_t elen = sizeof err;
+    if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err != 0) errno = err, rc = -1;
+  }
+  if (rc != 0) return false;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  set_nodelay(fd);
+  return true;
+}
+
 // A connected TCP socket to host:port, or an error naming them.
 Expected<int> tcp_connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
   addrinfo hints{};
@@ -132,21 +150,7 @@ Expected<int> tcp_connect(const std::string& host, uint16_t port, std::chrono::m
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) continue;
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc < 0 && errno == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
-      rc = ::poll(&pfd, 1, static_cast<int>(timeout.count())) == 1 ? 0 : -1;
-      int err = rc == 0 ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof err;
-      if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        errno = err;
-        rc = -1;
-      }
-    }
-    if (rc == 0) {
-      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-      set_nodelay(fd);
+    if (connect_within(fd, ai->ai_addr, ai->ai_addrlen, timeout)) {
       ::freeaddrinfo(res);
       return fd;
     }
@@ -268,22 +272,11 @@ Expected<int> connect_inner(TokenGate::Shared& sh, std::chrono::milliseconds tim
   to.sin_family = AF_INET;
   to.sin_addr.s_addr = htonl(kLoopback);
   to.sin_port = htons(sh.inner_port);
-  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to);
-  if (rc < 0 && errno == EINPROGRESS) {
-    pollfd pfd{fd, POLLOUT, 0};
-    rc = ::poll(&pfd, 1, static_cast<int>(timeout.count())) == 1 ? 0 : -1;
-    int err = rc == 0 ? 0 : ETIMEDOUT;
-    socklen_t len = sizeof err;
-    if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) errno = err, rc = -1;
-  }
-  if (rc != 0) {
+  if (!connect_within(fd, reinterpret_cast<sockaddr*>(&to), sizeof to, timeout)) {
     const std::string e = errno_text();
     ::close(fd);
     return unavailable("cannot connect to 127.0.0.1:" + std::to_string(sh.inner_port) + ": " + e);
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  set_nodelay(fd);
   return fd;
 }
 

@@ -74,12 +74,7 @@ class Cluster {
     auto h = Head::start(rt_, topo_, kToken, /*publish=*/false);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     head_ = std::move(*h);
-    WorkerConfig wc;
-    wc.node = "local";
-    wc.topology = topo_;
-    wc.threads = 1;
-    wc.token = kToken;
-    wc.scheduler = head_->scheduler();
+    WorkerConfig wc = shard_config();
     wc.remote_draft = draft_worker;
     shard_ = spawn_target_shard(rt_.system(), wc);
     if (draft_worker) {
