@@ -153,7 +153,10 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions&
   const int32_t threads = options.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(options.max_body_bytes);
-  svr.set_read_timeout(30, 0);
+  // Over TLS the handshake reads under this timeout too: an idle connection that never sends a
+  // ClientHello held an HTTP thread for it (64 of them froze the API for 30 s, where plain HTTP
+  // drops an idle one after the 5 s keep-alive wait). A live client's reads never stall 5 s.
+  svr.set_read_timeout(d->tls ? 5 : 30, 0);
   svr.set_write_timeout(30, 0);
   svr.set_keep_alive_timeout(5);
   svr.set_tcp_nodelay(true);

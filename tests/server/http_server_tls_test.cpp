@@ -164,6 +164,34 @@ TEST_F(HttpsServerTest, PlainHttpAndAnUntrustedCertificateGetNoAnswer) {
   ASSERT_TRUE(good) << httplib::to_string(good.error());
 }
 
+// A connection that never starts its TLS handshake holds an HTTP thread for the 5 s read bound
+// only, as an idle plain-HTTP connection does (it held one for 30 s: 64 idle sockets froze the
+// API that long). One HTTP thread here: the second client waits behind the idle one.
+TEST_F(HttpsServerTest, AnIdleConnectionReleasesItsThreadWithinTheReadBound) {
+  opts_.ssl_certfile = files_.cert;
+  opts_.ssl_keyfile = files_.key;
+  opts_.threads = 1;
+  start();
+  const int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(server_->port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the thread is on it
+  httplib::SSLClient c("127.0.0.1", server_->port());
+  c.set_ca_cert_path(files_.cert.c_str());
+  c.enable_server_certificate_verification(true);
+  c.set_read_timeout(60, 0);
+  c.set_connection_timeout(60, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.Get("/health");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(idle);
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_LT(waited, 15.0) << "the idle connection held the only thread past the 5 s bound";
+}
+
 // TLS 1.2 and 1.3 only (cpp-httplib's own set-up allows 1.1).
 TEST_F(HttpsServerTest, OnlyTls12AndLaterAreSpoken) {
   opts_.ssl_certfile = files_.cert;

@@ -59,6 +59,14 @@ Status resolve_http_args(HttpArgs* a) {
                               ": expected a JSON list of origins, e.g. '[\"http://localhost:3000\"]' or '[\"*\"]'");
     }
     a->allowed_origins = j.get<std::vector<std::string>>();
+    // An origin is "scheme://host[:port]" as a browser sends it (no path, no trailing slash):
+    // anything else would never match, silently.
+    for (const std::string& o : a->allowed_origins) {
+      const size_t sep = o.find("://");
+      if (o == "*" || (sep != std::string::npos && sep > 0 && o.size() > sep + 3 && o.find('/', sep + 3) == std::string::npos)) continue;
+      return invalid_argument("--allowed-origins: \"" + o + "\" is not an origin (scheme://host[:port], no path or trailing "
+                              "slash, e.g. \"http://localhost:3000\"; or \"*\")");
+    }
   }
   HttpServerOptions tls;
   tls.ssl_certfile = a->ssl_certfile;
