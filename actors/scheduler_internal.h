@@ -182,6 +182,10 @@ void maybe_drained(SchedSelf self);
 /// Runs the dispatch policy (scheduler/dispatch.h) over the queue and sends what it assigns (or
 /// fails the queue when no replica is left), then rebalance().
 void dispatch(SchedSelf self);
+/// A worker's hello (registration, and each state change after it): checks the token and its
+/// slot (a live holder makes a newcomer wait, then be refused), records it in its replica and
+/// acts on it (draft attached, KV peers told, start-up state, dispatch). scheduler_register.cpp.
+void register_worker(SchedSelf self, WorkerHello& h);
 
 /// Busy replicas hand requests back to the head when another routed replica has room
 /// (scheduler/rebalance.h: first requests waiting beyond a batch, then running sequences toward

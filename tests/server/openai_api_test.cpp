@@ -10,40 +10,15 @@
 #include "actors/prompt.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "tests/server/openai_api_fixture.h"
 #include "tests/test_util.h"
 
 namespace specserve {
 namespace {
 
 using json = nlohmann::json;
+using openai_testing::OpenAiApi;
 
-class OpenAiApi : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    gguf_ = &specserve::testing::default_gguf();
-    tok_ = &specserve::testing::default_tokenizer();
-  }
-  ServedModel model(int32_t max_model_len = 2048) const {
-    ServedModel m;
-    m.name = "smollm";
-    m.aliases = {"/models/smollm.gguf"};
-    m.max_model_len = max_model_len;
-    m.text = PromptCodec(*gguf_, *tok_);
-    return m;
-  }
-  // Parses `body` for `kind`; returns the error (nullopt when it parsed).
-  std::optional<ApiError> parse(const std::string& body, ApiKind kind, ParsedRequest* out = nullptr,
-                                int32_t max_model_len = 2048) const {
-    ParsedRequest r;
-    auto e = parse_openai_request(body, kind, model(max_model_len), ApiLimits{}, &r);
-    if (out) *out = r;
-    return e;
-  }
-  static const GgufFile* gguf_;
-  static const Tokenizer* tok_;
-};
-const GgufFile* OpenAiApi::gguf_ = nullptr;
-const Tokenizer* OpenAiApi::tok_ = nullptr;
 
 TEST_F(OpenAiApi, CompletionFieldsMapToTheGenerateRequest) {
   ParsedRequest r;
@@ -128,38 +103,6 @@ struct BadCase {
   const char* param;
   const char* in_message;
 };
-
-// What clients written for vLLM send (LangChain, lm-eval, vLLM's own benchmarks) at vLLM's
-// defaults, or null, is accepted and changes nothing; so are OpenAI's service_tier and
-// reasoning_effort and any request_id string.
-TEST_F(OpenAiApi, VllmsOwnFieldsAtTheirDefaultsAreAccepted) {
-  ParsedRequest plain, with;
-  ASSERT_FALSE(parse(R"({"prompt": "Hello", "max_tokens": 4})", ApiKind::kCompletion, &plain));
-  auto e = parse(R"({"prompt": "Hello", "max_tokens": 4, "skip_special_tokens": true, "spaces_between_special_tokens": true,
-                     "use_beam_search": false, "length_penalty": 1, "truncate_prompt_tokens": null, "prompt_logprobs": null,
-                     "guided_json": null, "guided_regex": null, "guided_choice": null, "guided_grammar": null,
-                     "return_tokens_as_token_ids": false, "add_special_tokens": true, "request_id": "abc-1",
-                     "service_tier": "auto", "best_of": 1})",
-                 ApiKind::kCompletion, &with);
-  ASSERT_FALSE(e) << e->message;
-  EXPECT_EQ(with.prompts[0].tokens, plain.prompts[0].tokens);
-  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}]})", ApiKind::kChat, &plain));
-  e = parse(R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true, "continue_final_message": false,
-                "echo": false, "chat_template": null, "chat_template_kwargs": {}, "documents": null, "add_special_tokens": false,
-                "reasoning_effort": "low", "skip_special_tokens": true, "best_of": null})",
-            ApiKind::kChat, &with);
-  ASSERT_FALSE(e) << e->message;
-  EXPECT_EQ(with.prompts[0].tokens, plain.prompts[0].tokens);
-  // add_generation_prompt and add_special_tokens are honoured: without the generation prompt
-  // the chat ends with the user's turn (the template's own rendering, encoded).
-  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false})", ApiKind::kChat, &with));
-  auto rendered = PromptCodec(*gguf_, *tok_).render_chat({{"user", "Hi"}}, false);
-  ASSERT_TRUE(rendered.ok());
-  EXPECT_EQ(with.prompts[0].tokens, PromptCodec(*gguf_, *tok_).encode(*rendered, true));
-  EXPECT_LT(with.prompts[0].tokens.size(), plain.prompts[0].tokens.size());
-  ASSERT_FALSE(parse(R"({"prompt": "Hello", "add_special_tokens": false})", ApiKind::kCompletion, &with));
-  EXPECT_EQ(with.prompts[0].tokens, PromptCodec(*gguf_, *tok_).encode("Hello", false));
-}
 
 TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
   const std::string long_prompt(3000, 'x');
@@ -567,36 +510,6 @@ TEST_F(OpenAiApi, CompletionTopLogprobsAlwaysHoldTheSampledToken) {
     EXPECT_EQ(lp["top_logprobs"][0].size(), static_cast<size_t>(std::max(logprobs, 1))) << lp.dump();
     EXPECT_EQ(lp["top_logprobs"][1].size(), static_cast<size_t>(logprobs + 1)) << lp.dump();
   }
-}
-
-// text_offset counts characters of the choice's text (OpenAI's and vLLM's), not bytes: "日本語"
-// is 3 characters of 9 bytes, and a character split over two tokens counts in the first.
-TEST_F(OpenAiApi, CompletionTextOffsetsCountCharactersNotBytes) {
-  const std::string text = "日本語の文abc";
-  const std::vector<int32_t> ids = tok_->encode(text, false, false);
-  ASSERT_GE(ids.size(), 3u);
-  ParsedRequest r;
-  ASSERT_FALSE(parse(R"({"prompt": "Hi", "max_tokens": 16, "logprobs": 0})", ApiKind::kCompletion, &r));
-  ChoiceOutput c;
-  StreamChunk chunk;
-  chunk.tokens = ids;
-  chunk.logprobs.assign(ids.size(), -1.0f);
-  chunk.text = text;
-  chunk.finish_reason = "length";
-  c.add(chunk);
-  const json lp = logprobs_json(r, PromptCodec(*gguf_, *tok_), c, 0, c.tokens.size(), 0);
-  ASSERT_EQ(lp["text_offset"].size(), ids.size());
-  // Each offset is the number of characters of the text before its token's bytes.
-  size_t bytes = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    size_t chars = 0;
-    for (size_t b = 0; b < bytes; ++b) chars += (static_cast<unsigned char>(text[b]) & 0xC0) != 0x80;
-    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), chars) << "token " << i;
-    bytes += tok_->token_to_piece(ids[i], false).size();
-  }
-  EXPECT_EQ(bytes, text.size());
-  // The last token ("c" or "abc"'s tail) starts within the 8 characters, never at a byte index.
-  EXPECT_LE(lp["text_offset"].back().get<size_t>(), 7u);
 }
 
 TEST_F(OpenAiApi, TokenStringsThatAreNotUtf8UseBytesNotation) {
