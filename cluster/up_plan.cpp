@@ -1,6 +1,8 @@
 // specserve cluster: `specserve up --dry-run` (see up_plan.h).
 #include "cluster/up_plan.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "actors/backend_factory.h"
@@ -62,6 +64,28 @@ std::vector<Status> check_up_plan(const Topology& t) {
   const bool cpu_pool = t.models.target.tensor_parallel_size == 1 && cpu_target(t, /*here_only=*/false);
   for (const ModelFileProblem& p : check_model_files(t, cpu_pool, /*check_memory=*/cpu_target(t, /*here_only=*/true))) {
     problems.push_back(p.field.empty() ? p.status : field_error(t, p.field, p.value, p.status));
+  }
+  // Every CPU target-side worker on this host allocates its own pool of scheduler.kv_cache_bytes
+  // at start (a 4 GiB pool is 4 GiB resident): together they must fit this machine's memory,
+  // not only each alone (a trial's 2 x 15 GiB on a 23.5 GiB host passed). Tensor parallelism
+  // splits a pool over its ranks: checked for size 1.
+  if (t.models.target.tensor_parallel_size == 1) {
+    int64_t pools = 0;
+    for (const NodeSpec& n : t.nodes) {
+      if (!runs_here(t, n)) continue;
+      for (const WorkerSpec& w : n.workers) pools += w.device.kind == DeviceKind::kCpu && w.role != WorkerRole::kDraftWorker;
+    }
+    const int64_t pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    const int64_t memory = pages > 0 && page > 0 ? pages * page : 0;
+    if (pools > 1 && memory > 0 && t.scheduler.kv_cache_bytes <= memory && t.scheduler.kv_cache_bytes > memory / pools) {
+      char need[32], have[32];
+      std::snprintf(need, sizeof need, "%.1f GiB", static_cast<double>(t.scheduler.kv_cache_bytes) * pools / (1LL << 30));
+      std::snprintf(have, sizeof have, "%.1f GiB", static_cast<double>(memory) / (1LL << 30));
+      problems.push_back(invalid_argument(t.where("scheduler.kv_cache_bytes") + ": scheduler.kv_cache_bytes = " +
+                                          std::to_string(t.scheduler.kv_cache_bytes) + " for each of the " +
+                                          std::to_string(pools) + " CPU target shards and prefill workers on this host is " +
+                                          need + ", more than this machine's memory (" + have + ")"));
+    }
   }
   // An existing cluster.token_file that `up` would refuse (a directory, a device, readable by
   // others, empty); a missing one is fine: `up` creates it.

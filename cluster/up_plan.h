@@ -20,7 +20,8 @@ namespace specserve {
 ///    models.target.max_model_len within the model's context length; with tensor_parallel_size
 ///    1 and a target shard on a CPU, scheduler.kv_cache_bytes holds one sequence of
 ///    max_model_len (actors/worker_config.h check_kv_holds_one_sequence) and, for a shard on
-///    this host, fits this machine's memory (check_kv_fits_memory);
+///    this host, fits this machine's memory (check_kv_fits_memory), and so do the pools of all
+///    CPU target shards and prefill workers on this host together;
 ///  - models.speculative (actors/proposer_factory.h check_speculative_files): its
 ///    speculative_token_tree parses; its model opens as GGUF and, for medusa / eagle, is a head
 ///    of that method (general.architecture) trained on this target (`<arch>.target_fingerprint`

@@ -82,6 +82,8 @@ std::optional<ApiError> check_unsupported(const json& body, ApiKind kind, int32_
       if (!it->is_string()) return wrong_type(f, *it, "a string");
       continue;
     }
+    if (def.is_boolean() && !it->is_boolean()) return wrong_type(f, *it, "a boolean");
+    if (def.is_number() && !it->is_number()) return wrong_type(f, *it, "a number");
     if (*it != def) return unsupported(f, "= " + shown(*it) + ": only " + def.dump() + " (vLLM's default) is supported by this server");
   }
   if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {

@@ -182,6 +182,21 @@ TEST(UpPlan, KvCacheThatCannotHoldOneSequenceIsRefused) {
   EXPECT_TRUE(check_up_plan(*t).empty()) << joined(check_up_plan(*t));
 }
 
+// Each CPU target shard on this host allocates its own pool: two pools that each fit the memory
+// but not together are refused (a trial's 2 x 15 GiB on a 23.5 GiB machine passed --dry-run).
+TEST(UpPlan, KvPoolsOfThisHostsShardsMustFitItsMemoryTogether) {
+  auto t = parse(testing::default_model_path(), "cpu");  // replicas 0 and 1 on this host, 2 on another
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  ASSERT_GT(memory, 0);
+  t->scheduler.kv_cache_bytes = memory / 10 * 6;
+  const std::string m = problem_about(check_up_plan(*t), "scheduler.kv_cache_bytes");
+  EXPECT_NE(m.find("for each of the 2 CPU target shards and prefill workers on this host"), std::string::npos) << m;
+  EXPECT_NE(m.find("more than this machine's memory"), std::string::npos) << m;
+  t->scheduler.kv_cache_bytes = memory / 10 * 4;
+  for (const Status& st : check_up_plan(*t)) EXPECT_EQ(st.message().find("CPU target shards"), std::string::npos) << st.message();
+}
+
 TEST(UpPlan, MaxModelLenPastTheModelsContextIsRefused) {
   auto t = parse(testing::default_model_path(), "cpu");
   ASSERT_TRUE(t.ok()) << t.status().to_string();

@@ -45,6 +45,17 @@ TEST_F(OpenAiApi, VllmsOwnFieldsAtTheirDefaultsAreAccepted) {
 
 // text_offset counts characters of the choice's text (OpenAI's and vLLM's), not bytes: "日本語"
 // is 3 characters of 9 bytes, and a character split over two tokens counts in the first.
+// A vLLM field of the wrong type is a type error, not "only the default is supported".
+TEST_F(OpenAiApi, VllmFieldsOfTheWrongTypeAreTypeErrors) {
+  auto e = parse(R"({"prompt": "x", "skip_special_tokens": "yes"})", ApiKind::kCompletion);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "skip_special_tokens");
+  EXPECT_NE(e->message.find("expected a boolean"), std::string::npos) << e->message;
+  e = parse(R"({"prompt": "x", "length_penalty": "1"})", ApiKind::kCompletion);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("expected a number"), std::string::npos) << e->message;
+}
+
 TEST_F(OpenAiApi, CompletionTextOffsetsCountCharactersNotBytes) {
   const std::string text = "日本語の文abc";
   const std::vector<int32_t> ids = tok_->encode(text, false, false);

@@ -194,7 +194,7 @@ int run_client(const ClientArgs& a) {
     handles.push_back(*h);
   }
   auto report_error = [&](size_t i, const std::string& why) {
-    std::fprintf(stderr, "specserve client: request %zu failed: %s\n", i + 1, why.c_str());
+    std::fprintf(stderr, "specserve client: request %zu (index %zu) failed: %s\n", i + 1, i, why.c_str());
     if (a.json) std::printf("{\"request_id\": null, \"index\": %zu, \"finish_reason\": \"error\", \"error\": \"%s\"}\n", i, json_escape(why).c_str());
     std::fflush(stdout);
   };
