@@ -1,7 +1,6 @@
 #include "actors/token_gate.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <netdb.h>
@@ -15,12 +14,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <system_error>
 #include <vector>
 
 #include "actors/runtime.h"
 #include "core/logging.h"
+#include "core/own_fds.h"
 
 namespace specserve {
 namespace {
@@ -184,27 +185,13 @@ bool inet_end(int fd, bool peer, uint32_t* addr, uint16_t* port) {
   return true;
 }
 
-// The first descriptor of this process (from /proc/self/fd) that is a socket satisfying `pred`;
-// -1 when none.
-template <class Pred>
-int find_own_socket(Pred pred) {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+// The first stream socket of this process satisfying `pred`; -1 when none.
+int find_own_socket(const std::function<bool(int)>& pred) {
+  return find_own_fd([&pred](int fd) {
     int type = 0;
     socklen_t len = sizeof type;
-    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
-    if (pred(static_cast<int>(fd))) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  ::closedir(dir);
-  return found;
+    return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM && pred(fd);
+  });
 }
 
 constexpr uint32_t kLoopback = 0x7f000001;

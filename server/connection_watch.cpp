@@ -1,13 +1,14 @@
 #include "server/connection_watch.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
 #include <string>
+
+#include "core/own_fds.h"
 
 namespace specserve {
 namespace {
@@ -38,31 +39,19 @@ int connection_socket(const ConnectionAddress& req) {
                                          : reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
     return true;
   };
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+  return find_own_fd([&](int fd) {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
     std::string ip;
     int port = 0;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
         port != req.remote_port || ip != req.remote_addr) {
-      continue;
+      return false;
     }
     len = sizeof a;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &len) != 0 || !endpoint(a, len, &ip, &port) ||
-        port != req.local_port || (!req.local_addr.empty() && ip != req.local_addr)) {
-      continue;
-    }
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
-  return found;
+    return getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && endpoint(a, len, &ip, &port) &&
+           port == req.local_port && (req.local_addr.empty() || ip == req.local_addr);
+  });
 }
 
 // True when the peer of `fd` closed the connection (or shut down its sending side, which

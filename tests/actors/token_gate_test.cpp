@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,24 +46,33 @@ int32_t ask(caf::actor_system& sys, uint16_t port, const std::string& token, Sta
   return out;
 }
 
-// A connection to 127.0.0.1:port from `source` (any 127.0.0.0/8 address) that sends nothing.
-int idle_connection(uint16_t port, const char* source = "127.0.0.1") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A connection to 127.0.0.1:port from `source` (any 127.0.0.0/8 address) that sends nothing,
+// made within `timeout_ms`; -1 when it was not.
+int idle_connection(uint16_t port, const char* source = "127.0.0.1", int timeout_ms = 10000) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   sockaddr_in from{};
   from.sin_family = AF_INET;
   ::inet_pton(AF_INET, source, &from.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
-    ::close(fd);
-    return -1;
-  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+  int rc = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0) {
+    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    if (rc < 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = ETIMEDOUT;
+      socklen_t len = sizeof err;
+      if (::poll(&p, 1, timeout_ms) == 1) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+    }
+  }
+  if (rc != 0) {
     ::close(fd);
     return -1;
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -267,28 +277,9 @@ std::vector<uint16_t> own_loopback_listeners() {
 
 // True when a TCP connection from `source` to 127.0.0.1:port completes within 2 s.
 bool connects(uint16_t port, const char* source = "127.0.0.1") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  bool ok = false;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0) {
-    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    if (rc < 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = ETIMEDOUT;
-      socklen_t len = sizeof err;
-      if (::poll(&p, 1, 2000) == 1) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      rc = err == 0 ? 0 : -1;
-    }
-    ok = rc == 0;
-  }
-  ::close(fd);
-  return ok;
+  const int fd = idle_connection(port, source, 2000);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 // Behind the gate, CAF's own loopback port takes no connection but the gate's: another socket
