@@ -173,6 +173,7 @@ struct ShardLoad {
   int32_t total_kv_blocks = 0;
   int32_t num_running = 0;
   int32_t num_waiting = 0;     ///< waiting in the engine, plus migrated requests whose KV is being fetched
+  int32_t num_fetching = 0;    ///< of num_waiting: the migrated requests whose KV is being fetched
   int64_t num_steps = 0;
   int64_t generated_tokens = 0;
   int64_t num_drafts = 0;
@@ -334,6 +335,11 @@ struct ReplicaStatus {
   double promotion_seconds = 0;             ///< -> the first token of the first request sent to it with none yet
   int64_t num_promotions = 0;
   int64_t num_cold_starts = 0;
+  int32_t num_start_failures = 0;  ///< failed starts in a row (0 once it is ready again)
+  std::string last_start_error;    ///< why its last start failed; "" once it is ready
+  /// The topology gives it a draft worker, which is down (or failed to load): its target shard
+  /// serves without speculation (under an autoscaler, until a standby replica replaces it).
+  bool draft_lost = false;
 };
 
 /// The head's autoscaler (all zero / empty when it does not run).
@@ -350,7 +356,10 @@ struct AutoscaleStatus {
   int32_t ongoing = 0;             ///< queued + assigned at the last tick
   double ttft_p90_seconds = 0;     ///< over the look-back window, new replicas' grace excluded
   int64_t num_promotions = 0;
-  int64_t num_cold_starts = 0;
+  int64_t num_cold_starts = 0;    ///< process starts requested (a failed start is one too)
+  /// Starts that failed (the launcher's error, a target shard that failed to load, a start
+  /// abandoned after start_timeout_s): never ready.
+  int64_t num_failed_starts = 0;
   int64_t num_drains = 0;
   int64_t num_stops = 0;
   std::string last_reason;         ///< why the target last changed
@@ -393,7 +402,9 @@ struct ClusterStatus {
   bool draining = false;
   int32_t max_model_len = 0;  ///< smallest max_model_len among registered target shards (WorkerHello::max_model_len); 0 when none
   AutoscaleStatus autoscale;
-  int64_t migrated = 0;              ///< sequences moved to another replica with their state
+  /// Sequences handed off their replica (drain, rebalance, KV pressure) with their state,
+  /// counted at the hand-off: whether their KV arrived or was recomputed is in the kv_* counters.
+  int64_t migrated = 0;
   int64_t kv_migrated_tokens = 0;    ///< tokens whose KV arrived with them (not recomputed)
   int64_t kv_recomputed_tokens = 0;  ///< tokens of migrated sequences whose KV had to be recomputed
   int32_t tensor_parallel_size = 1;  ///< ranks per replica (models.target.tensor_parallel_size)
@@ -459,7 +470,7 @@ typename Inspector::result_type inspect(Inspector& f, ShardEvent& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardLoad& x) {
-  return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting,
+  return f(caf::meta::type_name("ShardLoad"), x.replica, x.free_kv_blocks, x.total_kv_blocks, x.num_running, x.num_waiting, x.num_fetching,
            x.num_steps, x.generated_tokens, x.num_drafts, x.num_draft_tokens, x.num_accepted_tokens, x.forward_seconds,
            x.draft_seconds, x.finished, x.received, x.prompt_tokens, x.accepted_per_pos, x.prefix_cache_queries,
            x.prefix_cache_hits, x.kv_imported_tokens, x.kv_recomputed_tokens, x.num_reclaims, x.num_preemptions,
@@ -510,12 +521,12 @@ typename Inspector::result_type inspect(Inspector& f, ReplicaStatus& x) {
   return f(caf::meta::type_name("ReplicaStatus"), x.replica, x.ready, x.assigned, x.load, x.has_prefill_worker,
            x.prefill_load, x.state, x.state_seconds,
            x.state_seconds_total, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
-           x.promotion_seconds, x.num_promotions, x.num_cold_starts);
+           x.promotion_seconds, x.num_promotions, x.num_cold_starts, x.num_start_failures, x.last_start_error, x.draft_lost);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AutoscaleStatus& x) {
   return f(caf::meta::type_name("AutoscaleStatus"), x.enabled, x.min_replicas, x.max_replicas, x.warm_pool, x.target_ready,
-           x.wanted, x.starts_held, x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_drains, x.num_stops, x.last_reason,
+           x.wanted, x.starts_held, x.ongoing, x.ttft_p90_seconds, x.num_promotions, x.num_cold_starts, x.num_failed_starts, x.num_drains, x.num_stops, x.last_reason,
            x.last_change_seconds, x.cold_start_seconds, x.promotion_routable_seconds, x.promotion_dispatch_seconds,
            x.promotion_seconds, x.cold_scale_up_seconds, x.num_promotions_without_waiting_work);
 }

@@ -44,9 +44,16 @@ Status RemoteProposer::propose(const std::vector<DraftRequest>& requests, std::v
   }
   ProposeReply reply;
   std::string err;
-  self->request(draft_, timeout_, std::move(msg))
-      .receive([&](ProposeReply& r) { reply = std::move(r); },
-               [&](caf::error& e) { err = sys_.render(e); });
+  // NOTE: a request's blocking receive waits for its answer or its timeout only, so a draft
+  // worker that died (kill -9) stalled every sequence of the shard for the whole timeout (3 s)
+  // before the shard went on without drafts. The worker is monitored instead, and its reply (a
+  // handler's result goes back to the sender) or its death ends the wait, whichever comes first.
+  self->monitor(draft_);
+  self->send(draft_, std::move(msg));
+  self->receive([&](ProposeReply& r) { reply = std::move(r); },
+                [&](caf::error& e) { err = sys_.render(e); },
+                [&](caf::down_msg& d) { err = "the draft worker is gone (" + sys_.render(d.reason) + ")"; },
+                caf::after(timeout_) >> [&] { err = sys_.render(caf::make_error(caf::sec::request_timeout)); });
   if (!err.empty()) {
     sent_.clear();  // the worker may have lost them (restarted): start over
     return unavailable("draft worker: " + err);

@@ -104,6 +104,8 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
     o.look_back_period_s = as.look_back_period_s;
     o.new_replica_grace_s = as.new_replica_grace_s;
     o.start_timeout_s = as.start_timeout_s;
+    o.start_backoff_s = as.start_backoff_s;
+    o.start_backoff_max_s = as.start_backoff_max_s;
     s.autoscaler = std::make_unique<Autoscaler>(o, as.min_replicas);
     s.as.enabled = true;
     s.as.min_replicas = as.min_replicas;
@@ -183,6 +185,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
       // The replica keeps serving without drafts (lossless: the target alone decides).
       if (r.shard && r.draft_attached) self->send(r.shard, AttachDraftMsg{});
       r.draft_attached = false;
+      if (m.reason != caf::exit_reason::normal) draft_lost(self, h.replica);
     }
     dispatch(self);
   });
@@ -311,6 +314,19 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         if (it == s.replicas.end() || !it->second.shard) return -1;
         bool other = false;
         for (const auto& [rid, r] : s.replicas) other = other || (rid != replica && r.routed());
+        // With none routed but a warm standby one (the autoscaler's pool), that one is promoted
+        // now and takes the requests with their KV: they finished here before while it sat idle,
+        // and the leaving replica ran out of KV and preempted.
+        if (!other && s.autoscaler) {
+          for (auto& [rid, o] : s.replicas) {
+            if (rid == replica || o.state != ReplicaState::kStandby || !o.ready()) continue;
+            get_logger("actors")->info("replica {}: promoted from the warm pool to take the requests of replica {}, "
+                                       "which is stopping", rid, replica);
+            promote(self, rid, now_s(self), /*measured=*/false);  // a swap, not a scale-up
+            other = true;
+            break;
+          }
+        }
         ReplicaEntry& r = it->second;
         if (!other) {
           // Nowhere to move them: the replica takes no new work, finishes what it has, then stops.

@@ -88,21 +88,30 @@ void dispatch(SchedSelf self) {
   // serve the queue, so fail it now instead of letting clients wait forever.
   // NOTE: with an autoscaler that can start processes, a stopped replica that can be started
   // (possibly after its backoff, or once its old workers are gone) keeps the queue waiting;
-  // kMaxStartFailures bounds that wait.
+  // kMaxStartFailures bounds that wait (a parked replica is started again, but not waited for).
   // Without it, a lost replica whose node restarts workers (scheduler.worker_restarts) keeps the
   // queue waiting until worker_restart_timeout_s has passed since the loss.
   const bool can_start = s.autoscaler && s.cfg.start_replica;
   bool none_left = !s.replicas.empty();
   for (const auto& [rid, r] : s.replicas) {
     const bool alive = r.state != ReplicaState::kStopped;
-    const bool startable = r.state == ReplicaState::kStopped && can_start && !r.not_startable;
+    const bool startable = r.state == ReplicaState::kStopped && can_start && r.can_serve_later();
     if (alive || startable || awaiting_restart(self, r)) none_left = false;
   }
   if (none_left) {
     // Say so when a restart was waited for in vain.
     std::string why = "no replica is left: every target shard is down and none can be started";
     const SchedulerSpec& spec = s.cfg.topology.scheduler;
+    // NOTE: tensor-parallel ranks are never restarted (awaiting_restart): a killed rank blamed
+    // worker_restart_timeout_s, which was never waited for.
+    const bool tp = s.cfg.topology.models.target.tensor_parallel_size > 1;
     for (const auto& [rid, r] : s.replicas) {
+      if (tp && r.lost && !s.autoscaler && spec.worker_restarts > 0) {
+        why += fmt::format(" (replica {} lost a tensor-parallel rank; the ranks of a tensor-parallel target are not "
+                           "restarted: scheduler.worker_restarts applies to single-shard replicas)",
+                           rid);
+        break;
+      }
       if (!s.autoscaler && spec.worker_restarts > 0 && r.lost && r.restart_possible) {
         why += fmt::format(" (replica {}'s target shard was not restarted within scheduler.worker_restart_timeout_s = {:g} s)",
                            rid, spec.worker_restart_timeout_s);
@@ -224,6 +233,14 @@ void rebalance(SchedSelf self) {
     // On its decode shard (requests on its prefill worker are not there).
     l.assigned = static_cast<int32_t>(r.assigned.size() - std::min(r.assigned.size(), r.on_prefill.size()));
     l.eligible = r.reclaims_sent <= r.reclaims_done && now >= r.no_reclaim_until;
+    // KV pressure as the autoscaler measures it (target_kv_cache_usage): such a replica takes
+    // nothing, and what waits in its engine for cache room while its batch has slots goes back.
+    const ShardLoad& ld = r.load;
+    if (ld.total_kv_blocks > 0) {
+      const double usage = static_cast<double>(ld.total_kv_blocks - ld.free_kv_blocks) / ld.total_kv_blocks;
+      l.kv_full = usage > s.cfg.topology.autoscale.target_kv_cache_usage;
+      if (l.kv_full && ld.num_running < l.max_num_seqs) l.kv_waiting = std::max(0, ld.num_waiting - ld.num_fetching);
+    }
     loads.push_back(l);
   }
   RebalanceOptions opts;
@@ -252,17 +269,20 @@ void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
   auto& s = self->state;
   auto& r = s.replicas[replica_id];
   auto log = get_logger("actors");
-  log->warn("replica {}: target shard down; re-queueing {} request(s)", replica_id, r.assigned.size());
   // Requests still on the replica's prefill worker stay there: their hand-over goes elsewhere.
   std::set<int64_t> lost;
   for (int64_t id : r.assigned) {
     if (!r.on_prefill.count(id)) lost.insert(id);
   }
+  // NOTE: the count said all assigned requests, those staying on the prefill worker included.
+  log->warn("replica {}: target shard down; re-queueing {} request(s){}", replica_id, lost.size(),
+            r.on_prefill.empty() ? "" : fmt::format(" ({} on its prefill worker stay there)", r.on_prefill.size()));
   r.assigned = r.on_prefill;
   r.shard = caf::actor{};
   r.tp_waiter = caf::actor{};  // (its rank 0 went with it)
   r.shard_ready = false;
   r.lost = true;
+  r.draft_lost = false;  // its next incarnation (a restart) comes with a draft worker again
   r.lost_at = now_s(self);
   r.restart_possible = abnormal;
   r.draft_attached = false;
@@ -301,7 +321,7 @@ bool awaiting_restart(SchedSelf self, const ReplicaEntry& r) {
   const auto& s = self->state;
   const SchedulerSpec& spec = s.cfg.topology.scheduler;
   if (s.autoscaler || spec.worker_restarts <= 0 || s.cfg.topology.models.target.tensor_parallel_size > 1) return false;
-  return r.lost && r.restart_possible && !r.not_startable && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
+  return r.lost && r.restart_possible && r.can_serve_later() && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
 }
 
 void requeue(SchedSelf self, const std::set<int64_t>& lost) {

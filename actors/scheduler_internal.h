@@ -47,6 +47,9 @@ struct ReplicaEntry {
   bool needs_draft = false;   // the topology gives it a draft worker
   bool draft_settled = false; // the draft worker is ready, failed or gone
   bool draft_attached = false;
+  // Its draft worker died (under an autoscaler that starts processes): it serves without drafts
+  // until a standby replica replaces it (replace_draftless); cleared when it stops.
+  bool draft_lost = false;
   bool lost = false;          // its target shard died
   double lost_at = 0;         // when (now_s); with scheduler.worker_restarts its node may restart it
   bool restart_possible = false;  // it died abnormally (a worker that quit on its own is not restarted)
@@ -90,9 +93,17 @@ struct ReplicaEntry {
   // for it belongs to a start the head gave up, never to a new one.
   bool head_launched = false;
   bool drain_to_standby = false;
-  bool not_startable = false;       // start_replica failed, its worker failed to load, or too many failed starts
+  bool not_startable = false;       // start_replica refused it (no worker of it on this host): for good
+  // kMaxStartFailures failed starts in a row, or its worker failed to load: the queue does not
+  // wait for it (it fails at once when nothing else can serve it), but the autoscaler starts it
+  // again after its backoff (start_backoff_s doubling up to start_backoff_max_s), so a cause that
+  // is fixed (a model file put back, memory freed) heals the cluster. Cleared once it is ready.
+  bool parked = false;
+  double start_failed_at = -1;      // its last failed start (the backoff counts from there)
+  std::string last_start_error;     // why it last failed to start ("" once ready)
   int32_t num_retiring = 0;         // its workers told to quit whose down message has not come
   int32_t num_start_failures = 0;   // consecutive failed starts (the policy's backoff)
+  bool can_serve_later() const { return !not_startable && !parked; }
   double cold_start_s = 0, promotion_s = 0;
   int64_t num_promotions = 0, num_cold_starts = 0;
   bool routed() const { return state == ReplicaState::kReady && ready(); }
@@ -216,6 +227,27 @@ void migrated(SchedSelf self, MigratedSeq m);
 /// Moves replica `rid` to `to`, adding the time spent in its old state.
 void set_state(SchedSelf self, int32_t rid, ReplicaState to);
 
+/// Tells replica `rid`'s workers to quit (the autoscaler stops it; their down messages are
+/// expected) and moves it to stopped; counted as a stop unless it is being replaced.
+void retire(SchedSelf self, int32_t rid);
+
+/// Stops routing new requests to replica `rid` (ready -> draining); its running sequences move
+/// to the routed replicas that stay when they have KV room for them, else finish there. Then it
+/// parks in standby (`to_standby`) or stops (finish_drain_if_idle).
+void begin_drain(SchedSelf self, int32_t rid, bool to_standby);
+
+/// Starts replica `rid`'s processes (the launcher); `for_deficit`: for a scale-up (its promotion
+/// is timed from the decision), not a pool refill.
+void start_cold(SchedSelf self, int32_t rid, bool for_deficit);
+
+/// A draining replica routed again (a burst during a scale-down).
+void undrain(SchedSelf self, int32_t rid);
+
+/// Routes a standby replica (the decision was taken at `decided_at`, head clock): a state flip,
+/// timed as a warm promotion (or as the cold path of a scale-up it was started for).
+/// `measured` false: a swap (replace_draftless), not a scale-up: not counted or timed.
+void promote(SchedSelf self, int32_t rid, double decided_at, bool measured = true);
+
 /// The tensor-parallel ranks > 0 of replica `rid` that registered and are not down (actors/tp_rank.h).
 std::vector<caf::actor> tp_followers(const SchedulerState& s, int32_t rid);
 
@@ -226,6 +258,22 @@ void update_startup_state(SchedSelf self, int32_t rid);
 
 /// A draining replica whose last request finished parks in standby or stops.
 void finish_drain_if_idle(SchedSelf self, int32_t rid);
+
+// (The two below: scheduler_replace.cpp.)
+
+/// Replica `rid`'s draft worker died (abnormally). Under an autoscaler that starts processes the
+/// replica is replaced, since nothing restarts a draft worker alone there (worker_restarts is
+/// off): a replica not routed (standby, starting) stops and the pool refills it; a routed one
+/// keeps serving without drafts (lossless: the target alone decides) and is marked draft_lost
+/// for replace_draftless. Without such an autoscaler nothing changes (scheduler.worker_restarts
+/// restarts the draft worker, which attaches again).
+void draft_lost(SchedSelf self, int32_t rid);
+
+/// Each routed replica whose draft worker died is replaced: a warm standby is promoted and the
+/// draftless replica drains (its sequences move there with their KV), then stops; with no
+/// standby ready, a stopped replica is started cold for it (it is promoted once warm). Runs on
+/// every autoscaler tick before the policy, so the policy sees the swap done.
+void replace_draftless(SchedSelf self);
 
 /// A start failed (the launcher said so, or the policy gave up on it): stopped, one more failure
 /// for the backoff.

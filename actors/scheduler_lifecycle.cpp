@@ -18,10 +18,13 @@ bool at_startup(const SchedulerState& s) {
   return !s.ever_routed && (!s.autoscaler || s.autoscaler->options().min_replicas > 0);
 }
 
+}  // namespace
+
 // Tells a replica's workers to quit (the autoscaler stops it). Their down messages are expected.
 void retire(SchedSelf self, int32_t rid) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
+  const bool replaced = r.draft_lost;  // its draft worker died: a replacement, not a scale-down
   // A retired shard keeps serving the KV of the sequences that just moved off it until receivers
   // have read it: it stays reachable as a data-plane peer until its down message.
   if (r.shard && !r.shard_hello.kv_address.empty()) s.retiring_peers[kv_peer_name(r.shard_hello.role, rid)] = r.shard;
@@ -51,6 +54,7 @@ void retire(SchedSelf self, int32_t rid) {
   add_load_counters(s.ended, r.load);
   r.load = ShardLoad{};
   r.lost = false;
+  r.draft_lost = false;
   r.draining_out = false;
   r.start_requested_at = -1;
   r.draft_settled = false;
@@ -61,15 +65,16 @@ void retire(SchedSelf self, int32_t rid) {
   r.reclaims_sent = r.reclaims_done = 0;
   r.awaiting_first_token = false;
   r.awaiting_assign = false;  // a later undrain or restart must not time itself from this decision
-  ++s.as.num_stops;
+  if (!replaced) ++s.as.num_stops;
   set_state(self, rid, ReplicaState::kStopped);
 }
 
 // Stops routing new requests to the replica; its in-flight requests finish there and their
 // streams go on.
-// When another replica is routed, the running requests move there at once with their KV
-// (migrate_atom: the shard exports each sequence, MigratedSeq re-dispatches it, streams go on), so
-// a drain takes one step instead of the longest request; otherwise they finish here.
+// When another replica is routed and the routed replicas that stay have free KV blocks for what
+// the draining one holds, the running requests move there at once with their KV (migrate_atom:
+// the shard exports each sequence, MigratedSeq re-dispatches it, streams go on), so a drain
+// takes one step instead of the longest request; otherwise they finish here.
 void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
@@ -79,18 +84,89 @@ void begin_drain(SchedSelf self, int32_t rid, bool to_standby) {
   ++s.as.num_drains;
   set_state(self, rid, ReplicaState::kDraining);
   bool other = false;
-  for (const auto& [id, o] : s.replicas) other = other || (id != rid && o.routed());
-  if (other && r.shard && !r.assigned.empty()) self->send(r.shard, migrate_atom::value, false);
+  int64_t free_elsewhere = 0;  // KV blocks free on the routed replicas that stay
+  for (const auto& [id, o] : s.replicas) {
+    if (id == rid || !o.routed()) continue;
+    other = true;
+    free_elsewhere += (o.load.total_kv_blocks ? o.load.free_kv_blocks : o.shard_hello.total_kv_blocks) - o.pending_blocks;
+  }
+  // NOTE: the sequences moved into replicas without room for their KV, which then preempted
+  // (and recomputed) them or others, and the KV pressure that caused brought the replica back
+  // (a scale-down and scale-up in turn). Without room they finish here.
+  const int64_t used = r.load.total_kv_blocks > 0 ? r.load.total_kv_blocks - r.load.free_kv_blocks : 0;
+  if (other && r.shard && !r.assigned.empty()) {
+    if (used <= free_elsewhere) {
+      self->send(r.shard, migrate_atom::value, false);
+    } else {
+      get_logger("actors")->info("replica {}: draining; its {} request(s) finish here: they hold {} KV block(s), the "
+                                 "replicas that stay have {} free",
+                                 rid, r.assigned.size(), used, free_elsewhere);
+    }
+  }
   finish_drain_if_idle(self, rid);
 }
+
+void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
+  auto& s = self->state;
+  auto& r = s.replicas[rid];
+  Status st = s.cfg.start_replica ? s.cfg.start_replica(rid) : unavailable("no launcher");
+  if (!st.ok()) {
+    get_logger("actors")->warn("replica {}: cannot start it: {}", rid, st.message());
+    r.not_startable = true;
+    return;
+  }
+  r.lost = false;
+  r.draft_lost = false;  // a new incarnation, with a new draft worker
+  r.parked = false;  // a start in flight: the queue waits for it again
+  r.head_launched = true;
+  r.start_requested_at = now_s(self);
+  // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured
+  // from now.
+  r.scale_decision_at = !for_deficit || at_startup(s) ? -1
+                        : s.held_deficit_since >= 0  ? s.held_deficit_since
+                                                     : r.start_requested_at;
+  ++r.num_cold_starts;
+  ++s.as.num_cold_starts;
+  set_state(self, rid, ReplicaState::kStarting);
+}
+
+// A replica routed again before its drain finished (a burst during a scale-down): its shard
+// keeps its running sequences (those already sent away migrate on as usual).
+void undrain(SchedSelf self, int32_t rid) {
+  auto& r = self->state.replicas[rid];
+  if (r.state != ReplicaState::kDraining || !r.ready()) return;  // its worker is leaving on its own
+  r.drain_to_standby = false;
+  set_state(self, rid, ReplicaState::kReady);
+}
+
+// After this many consecutive failed starts a replica is parked (ReplicaEntry::parked): the queue
+// fails when no other replica can serve it, instead of waiting for restarts that keep failing,
+// and the autoscaler goes on trying it after its capped backoff.
+constexpr int32_t kMaxStartFailures = 5;
+
+// The longest a cold start waits for a promoted replica's first token on a CPU host.
+constexpr double kRefillHoldS = 5.0;
+
 
 // Routes a standby replica (the policy decided so at `decided_at`, head clock): a state flip here,
 // so the dispatch that follows in the same tick can give it queued work, and rebalance() can ask
 // busy replicas for the requests waiting in their engines. No message to the replica, no
 // warm-up, no KV allocation, no draft-worker handshake: all of that happened before standby.
-void promote(SchedSelf self, int32_t rid, double decided_at) {
+void promote(SchedSelf self, int32_t rid, double decided_at, bool measured) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
+  if (!measured) {
+    // A swap (a replacement), not a scale-up: routed, not counted, timed or held for.
+    set_state(self, rid, ReplicaState::kReady);
+    r.promoted_at = now_s(self);
+    s.ever_routed = true;
+    r.awaiting_first_token = false;
+    r.measured_request = 0;
+    r.awaiting_assign = false;
+    r.cold_path = false;
+    r.scale_decision_at = -1;
+    return;
+  }
   // The cold path belongs to the scale-up, not to the replica its start was issued for: a replica
   // that reached standby just now (its cold start finished) and is routed at once takes over the
   // decision time of any other not-routed replica started for that scale-up (they finish in any
@@ -127,46 +203,6 @@ void promote(SchedSelf self, int32_t rid, double decided_at) {
   r.promotion_routable_s = r.promoted_at - decided_at;
   keep_last(&s.as.promotion_routable_seconds, r.promotion_routable_s);
 }
-
-void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
-  auto& s = self->state;
-  auto& r = s.replicas[rid];
-  Status st = s.cfg.start_replica ? s.cfg.start_replica(rid) : unavailable("no launcher");
-  if (!st.ok()) {
-    get_logger("actors")->warn("replica {}: cannot start it: {}", rid, st.message());
-    r.not_startable = true;
-    return;
-  }
-  r.lost = false;
-  r.head_launched = true;
-  r.start_requested_at = now_s(self);
-  // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured
-  // from now.
-  r.scale_decision_at = !for_deficit || at_startup(s) ? -1
-                        : s.held_deficit_since >= 0  ? s.held_deficit_since
-                                                     : r.start_requested_at;
-  ++r.num_cold_starts;
-  ++s.as.num_cold_starts;
-  set_state(self, rid, ReplicaState::kStarting);
-}
-
-// A replica routed again before its drain finished (a burst during a scale-down): its shard
-// keeps its running sequences (those already sent away migrate on as usual).
-void undrain(SchedSelf self, int32_t rid) {
-  auto& r = self->state.replicas[rid];
-  if (r.state != ReplicaState::kDraining || !r.ready()) return;  // its worker is leaving on its own
-  r.drain_to_standby = false;
-  set_state(self, rid, ReplicaState::kReady);
-}
-
-// After this many consecutive failed starts a replica is not started again (the queue is failed
-// when no other replica can serve it, instead of waiting for restarts that keep failing).
-constexpr int32_t kMaxStartFailures = 5;
-
-// The longest a cold start waits for a promoted replica's first token on a CPU host.
-constexpr double kRefillHoldS = 5.0;
-
-}  // namespace
 
 void set_state(SchedSelf self, int32_t rid, ReplicaState to) {
   auto& r = self->state.replicas[rid];
@@ -217,6 +253,8 @@ void update_startup_state(SchedSelf self, int32_t rid) {
   set_state(self, rid, to);
   if (to == ReplicaState::kStandby || to == ReplicaState::kReady) {
     r.num_start_failures = 0;
+    r.parked = false;
+    r.last_start_error.clear();
     if (r.start_requested_at >= 0) {
       r.cold_start_s = now_s(self) - r.start_requested_at;
       keep_last(&s.as.cold_start_seconds, r.cold_start_s);
@@ -243,9 +281,16 @@ void start_failed(SchedSelf self, int32_t rid, const std::string& why) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   ++r.num_start_failures;
-  if (r.num_start_failures >= kMaxStartFailures) r.not_startable = true;
-  get_logger("actors")->warn("replica {}: start failed ({} in a row{}): {}", rid, r.num_start_failures,
-                             r.not_startable ? ", not started again" : "", why);
+  ++s.as.num_failed_starts;
+  r.start_failed_at = now_s(self);
+  r.last_start_error = why;
+  if (r.num_start_failures >= kMaxStartFailures) r.parked = true;
+  std::string next;
+  if (s.autoscaler && s.cfg.start_replica && !r.not_startable) {
+    next = fmt::format("; next try in {:g} s", s.autoscaler->start_backoff_s(r.num_start_failures));
+    if (r.parked) next += ", the queue does not wait for it";
+  }
+  get_logger("actors")->warn("replica {}: start failed ({} in a row{}): {}", rid, r.num_start_failures, next, why);
   if (r.shard || r.draft) {
     retire(self, rid);
     --s.as.num_stops;  // not a scale-down
@@ -271,6 +316,7 @@ void autoscale_tick(SchedSelf self) {
     dispatch(self);
     return;
   }
+  replace_draftless(self);
   const AutoscaleOptions& o = s.autoscaler->options();
   while (!s.ttft.empty() && s.ttft.front().at_s < now - o.look_back_period_s) s.ttft.pop_front();
   AutoscaleInput in;
@@ -279,9 +325,22 @@ void autoscale_tick(SchedSelf self) {
   for (const auto& [id, p] : s.queue) in.oldest_wait_s = std::max(in.oldest_wait_s, now - p.enqueued_at);
   for (const auto& [rid, r] : s.replicas) {
     if (r.not_startable && r.state == ReplicaState::kStopped) continue;  // not a slot the policy can use
+    // NOTE: a parked replica stays a slot: the policy starts it again once its backoff is over.
     ReplicaView v;
     v.id = rid;
     v.state = r.state;
+    // A replica whose worker is stopping (drain_rep_atom) is leaving: draining, never undrained.
+    // NOTE: it read as warming since it became ready, and past start_timeout_s the policy
+    // abandoned it as a start that made no progress.
+    if (r.draining_out && r.state == ReplicaState::kReady) {
+      v.state = ReplicaState::kDraining;
+      v.leaving = true;
+    }
+    // One whose draft worker died is being replaced: drained first, never routed again.
+    if (r.draft_lost) {
+      v.draftless = v.state == ReplicaState::kReady;
+      v.leaving = v.leaving || v.state == ReplicaState::kDraining;
+    }
     // A ready replica whose shard has not confirmed ready (cannot happen) or a standby one whose
     // draft worker has not settled is still warming for the policy.
     if ((v.state == ReplicaState::kReady || v.state == ReplicaState::kStandby) && !r.ready()) v.state = ReplicaState::kWarming;
@@ -291,7 +350,9 @@ void autoscale_tick(SchedSelf self) {
       v.kv_cache_usage = static_cast<double>(r.load.total_kv_blocks - r.load.free_kv_blocks) / r.load.total_kv_blocks;
     }
     v.draining_to_standby = r.drain_to_standby;
-    v.state_since_s = r.state_since;
+    // The backoff counts from the last failed start (a load failure can come after the state's
+    // last change).
+    v.state_since_s = std::max(r.state_since, r.start_failed_at);
     v.num_start_failures = r.num_start_failures;
     v.startable = r.num_retiring == 0;
     in.replicas.push_back(v);
@@ -445,7 +506,9 @@ ClusterStatus make_status(SchedSelf self) {
       rs.prefill_load.total_kv_blocks = r.prefill_hello.total_kv_blocks;
       rs.prefill_load.free_kv_blocks = r.prefill_hello.total_kv_blocks;
     }
-    rs.state = replica_state_name(r.state);
+    // A replica whose worker is stopping (drain_rep_atom) is still kReady in the lifecycle (it
+    // leaves when its worker goes) but routes nothing: shown as draining, not ready.
+    rs.state = replica_state_name(r.draining_out && r.state == ReplicaState::kReady ? ReplicaState::kDraining : r.state);
     rs.state_seconds = now_s(self) - r.state_since;
     rs.state_seconds_total.assign(r.state_seconds.begin(), r.state_seconds.end());
     rs.state_seconds_total[static_cast<size_t>(r.state)] += rs.state_seconds;
@@ -455,6 +518,9 @@ ClusterStatus make_status(SchedSelf self) {
     rs.promotion_seconds = r.promotion_s;
     rs.num_promotions = r.num_promotions;
     rs.num_cold_starts = r.num_cold_starts;
+    rs.num_start_failures = r.num_start_failures;
+    rs.last_start_error = r.last_start_error;
+    rs.draft_lost = r.needs_draft && !r.draft && r.shard && r.draft_settled;
     c.replicas.push_back(rs);
   }
   c.queued = static_cast<int32_t>(s.queue.size());

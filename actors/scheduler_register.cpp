@@ -197,8 +197,18 @@ void register_worker(SchedSelf self, WorkerHello& h) {
       break;
     }
   }
-  // A replica whose target shard cannot load is not restarted in a loop.
-  if (h.role == worker_role_name(WorkerRole::kTargetShard)) r.not_startable = h.state == "failed";
+  // A replica whose target shard cannot load is parked: not waited for, started again only after
+  // the autoscaler's backoff (not in a tight loop). A shard of it that registers fine (e.g. a
+  // node started by hand for a replica the launcher cannot start) makes it servable again.
+  if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
+    if (h.state == "failed") {
+      r.parked = true;
+      r.last_start_error = "its target shard failed to load (see that worker's log)";
+      if (s.autoscaler) ++s.as.num_failed_starts;  // a start of the autoscaler's that failed
+    } else {
+      r.not_startable = false;
+    }
+  }
   attach_draft_if_ready(self, r);
   if (h.state == "ready" && !h.kv_address.empty()) broadcast_kv_peers(self);
   update_startup_state(self, h.replica);

@@ -103,7 +103,7 @@ void add_work(Self self, WorkItem& w, std::shared_ptr<KvFetch> fetched) {
 void maybe_quit(Self self) {
   auto& s = self->state;
   if (!s.quit_when_empty || !s.by_request.empty() || !s.fetching.empty() || (s.plane && s.plane->num_offers() > 0)) return;
-  get_logger("actors")->info("replica {}: drained (every sequence moved away); the worker stops", s.cfg.replica);
+  get_logger("actors")->info("replica {}: drained (each sequence finished here or moved away); the worker stops", s.cfg.replica);
   self->quit();
 }
 

@@ -59,6 +59,7 @@ ShardLoad load_of(ShardState& s) {
   for (const auto& [serial, p] : s.fetching) {
     if (p.aborted) continue;
     ++l.num_waiting;
+    ++l.num_fetching;
     fetching_blocks += blocks_needed(static_cast<int64_t>(p.item.prompt.size() + p.item.resume_output.size()), pool.block_size());
   }
   l.free_kv_blocks = static_cast<int32_t>(std::max<int64_t>(0, pool.num_free() - fetching_blocks));

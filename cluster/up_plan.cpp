@@ -135,9 +135,15 @@ std::string describe_up_plan(const Topology& t) {
        t.scheduler.max_num_seqs, t.scheduler.max_num_batched_tokens, t.scheduler.block_size,
        static_cast<long long>(t.scheduler.kv_cache_bytes), t.scheduler.enable_prefix_caching ? "on" : "off");
   if (t.scheduler.worker_restarts > 0 && !t.autoscale.enabled()) {
-    line("restarts: a worker killed by a signal is restarted up to %d times; a dead target shard's requests wait up to "
-         "%g s for it",
-         t.scheduler.worker_restarts, t.scheduler.worker_restart_timeout_s);
+    if (t.models.target.tensor_parallel_size > 1) {
+      line("restarts: a draft worker killed by a signal is restarted up to %d times; the ranks of a tensor-parallel "
+           "target are never restarted (a dead rank fails its replica)",
+           t.scheduler.worker_restarts);
+    } else {
+      line("restarts: a worker killed by a signal is restarted up to %d times; a dead target shard's requests wait up "
+           "to %g s for it",
+           t.scheduler.worker_restarts, t.scheduler.worker_restart_timeout_s);
+    }
   }
   if (t.autoscale.enabled()) {
     line("autoscale: %d..%d ready replicas, warm_pool %d", t.autoscale.min_replicas, t.autoscale.max_replicas,

@@ -189,6 +189,11 @@ struct AutoscaleSpec {
   double look_back_period_s = 30.0;      ///< > 0: TTFT samples window
   double new_replica_grace_s = 10.0;     ///< >= 0: TTFT samples of a replica ready for less are ignored
   double start_timeout_s = 300.0;        ///< > 0: a replica starting/loading/warming this long without progress is stopped
+  /// A replica whose start failed is started again after start_backoff_s * 2^(failures in a row - 1)
+  /// seconds, at most start_backoff_max_s (Kubernetes' CrashLoopBackOff); after 5 in a row the
+  /// queue no longer waits for it, but it is still tried at that pace.
+  double start_backoff_s = 1.0;
+  double start_backoff_max_s = 60.0;
   /// The file has an `autoscale:` section. Without one every declared replica serves (static).
   bool configured = false;
   /// True when the head runs the autoscaler: an `autoscale:` section with

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -513,19 +514,30 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
   Fields f(*this, n, "autoscale",
            {"min_replicas", "max_replicas", "warm_pool", "upscale_delay_s", "downscale_delay_s",
             "target_ongoing_requests", "ttft_slo_ms", "target_kv_cache_usage", "look_back_period_s",
-            "new_replica_grace_s", "start_timeout_s"});
+            "new_replica_grace_s", "start_timeout_s", "start_backoff_s", "start_backoff_max_s"});
   AutoscaleSpec& a = topo_.autoscale;
   a.configured = true;
   if (auto v = read_int(f, "min_replicas", 0, INT32_MAX, false)) a.min_replicas = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "max_replicas", 1, INT32_MAX, false)) *max_replicas = static_cast<int32_t>(*v);
   if (auto v = read_int(f, "warm_pool", 0, INT32_MAX, false)) a.warm_pool = static_cast<int32_t>(*v);
-  if (auto v = read_double(f, "upscale_delay_s", 0, false)) a.upscale_delay_s = *v;
-  if (auto v = read_double(f, "downscale_delay_s", 0, false)) a.downscale_delay_s = *v;
-  if (auto v = read_double(f, "ttft_slo_ms", 0, false)) a.ttft_slo_ms = *v;
-  if (auto v = read_double(f, "new_replica_grace_s", 0, false)) a.new_replica_grace_s = *v;
+  // Every duration is bounded as start_timeout_s is (1e300 was taken; -3 said ">= 0" where 0 then
+  // said "(0, 1e9]"): one range per field, named whatever the value.
+  auto in_range = [&](const std::string& key, double* out, bool zero_ok, double max, const std::string& range) {
+    auto v = read_double(f, key, -std::numeric_limits<double>::infinity(), false);
+    if (!v) return;
+    if (*v < 0 || (*v == 0 && !zero_ok) || *v > max) {
+      error(*f.get(key), "autoscale." + key, quote(f.get(key)->Scalar()) + " must be in " + range);
+      return;
+    }
+    *out = *v;
+  };
+  in_range("upscale_delay_s", &a.upscale_delay_s, true, 1e9, "[0, 1e9] seconds");
+  in_range("downscale_delay_s", &a.downscale_delay_s, true, 1e9, "[0, 1e9] seconds");
+  in_range("ttft_slo_ms", &a.ttft_slo_ms, true, 1e12, "[0, 1e12] ms");
+  in_range("new_replica_grace_s", &a.new_replica_grace_s, true, 1e9, "[0, 1e9] seconds");
   // Fields that must be strictly positive (or within (0, 1]).
   auto positive = [&](const std::string& key, double* out, double max, const std::string& range) {
-    auto v = read_double(f, key, 0, false);
+    auto v = read_double(f, key, -std::numeric_limits<double>::infinity(), false);
     if (!v) return;
     if (*v <= 0 || *v > max) {
       error(*f.get(key), "autoscale." + key, quote(f.get(key)->Scalar()) + " must be in " + range);
@@ -537,6 +549,14 @@ void TopologyParser::parse_autoscale(const YAML::Node& n, std::optional<int32_t>
   positive("target_kv_cache_usage", &a.target_kv_cache_usage, 1.0, "(0, 1]");
   positive("look_back_period_s", &a.look_back_period_s, 1e9, "(0, 1e9] seconds");
   positive("start_timeout_s", &a.start_timeout_s, 1e9, "(0, 1e9] seconds");
+  positive("start_backoff_s", &a.start_backoff_s, 1e9, "(0, 1e9] seconds");
+  positive("start_backoff_max_s", &a.start_backoff_max_s, 1e9, "(0, 1e9] seconds");
+  if (a.start_backoff_max_s < a.start_backoff_s) {
+    const char* key = f.get("start_backoff_max_s") ? "start_backoff_max_s" : "start_backoff_s";
+    error(*f.get(key), "autoscale.start_backoff_max_s",
+          quote(fmt::format("{:g}", a.start_backoff_max_s)) + " is less than start_backoff_s " +
+              quote(fmt::format("{:g}", a.start_backoff_s)));
+  }
   if (*max_replicas && a.min_replicas > **max_replicas) {
     error(f.get("min_replicas") ? *f.get("min_replicas") : *f.get("max_replicas"), "autoscale.min_replicas",
           quote(std::to_string(a.min_replicas)) + " is greater than max_replicas " +

@@ -125,7 +125,8 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
     a.max_replicas = *explicit_max_replicas;
     // NOTE: the warm pool's standby replicas are declared too (their devices are placed), so a
     // topology may declare up to max_replicas + warm_pool replicas.
-    if (declared > a.max_replicas + a.warm_pool) {
+    // NOTE: sums in 64 bits: max_replicas + warm_pool overflowed int32 (2147483647 gave nonsense).
+    if (declared > int64_t{a.max_replicas} + a.warm_pool) {
       error_at(topo_.where("autoscale.max_replicas"), "autoscale.max_replicas",
                quote(std::to_string(a.max_replicas)) + " is less than the " + std::to_string(declared) +
                    " replicas the nodes declare" +
@@ -143,19 +144,21 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
   // devices): the min_replicas ready replicas and the warm_pool standby ones must all be
   // placeable, or the cluster can never reach its floor. Fewer than max_replicas + warm_pool
   // is allowed (the top of the range stays out of reach), with a note logged at `up`.
-  if (a.enabled() && !shards.empty() && declared < a.min_replicas + a.warm_pool) {
+  // Without the autoscaler too (min_replicas == max_replicas and no warm pool: every declared
+  // replica serves), a floor above the declared count is a mistake (it was taken silently).
+  if (a.configured && !shards.empty() && declared < int64_t{a.min_replicas} + a.warm_pool) {
     const std::string field = a.min_replicas > declared || a.warm_pool == 0 ? "autoscale.min_replicas" : "autoscale.warm_pool";
     error_at(topo_.where(field), field,
              "autoscale.min_replicas " + quote(std::to_string(a.min_replicas)) + " + autoscale.warm_pool " +
-                 quote(std::to_string(a.warm_pool)) + " need " + std::to_string(a.min_replicas + a.warm_pool) +
+                 quote(std::to_string(a.warm_pool)) + " need " + std::to_string(int64_t{a.min_replicas} + a.warm_pool) +
                  " replicas but the nodes declare only " + std::to_string(declared) +
                  " replica(s): declare each replica's workers under nodes[].workers, or lower min_replicas / warm_pool");
-  } else if (a.enabled() && !shards.empty() && declared < a.max_replicas + a.warm_pool) {
+  } else if (a.enabled() && !shards.empty() && declared < int64_t{a.max_replicas} + a.warm_pool) {
     const std::string where = topo_.where(explicit_max_replicas ? "autoscale.max_replicas" : "autoscale");
     topo_.notes.push_back(where + ": autoscale.max_replicas " + quote(std::to_string(a.max_replicas)) +
                           (explicit_max_replicas ? "" : " (the default: max(min_replicas, declared replicas - warm_pool, 1))") +
                           " + autoscale.warm_pool " + quote(std::to_string(a.warm_pool)) + " want " +
-                          std::to_string(a.max_replicas + a.warm_pool) + " replicas but the nodes declare " +
+                          std::to_string(int64_t{a.max_replicas} + a.warm_pool) + " replicas but the nodes declare " +
                           std::to_string(declared) + ": up to " + std::to_string(std::max(0, declared - a.warm_pool)) +
                           " ready the pool stays full; beyond that its standby replicas are promoted and the pool is not "
                           "refilled (declare more replicas to keep a warm pool at max_replicas)");
@@ -164,6 +167,14 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
     topo_.notes.push_back(topo_.where("scheduler.worker_restarts") + ": scheduler.worker_restarts " +
                           quote(std::to_string(topo_.scheduler.worker_restarts)) +
                           " is ignored: with the autoscaler, it starts replicas in place of dead ones");
+  } else if (topo_.scheduler.worker_restarts > 0 && topo_.models.target.tensor_parallel_size > 1) {
+    // NOTE: a killed rank's requests failed naming worker_restart_timeout_s, never waited for.
+    topo_.notes.push_back(topo_.where("scheduler.worker_restarts") + ": scheduler.worker_restarts " +
+                          quote(std::to_string(topo_.scheduler.worker_restarts)) +
+                          " restarts draft workers only: the ranks of a tensor-parallel target "
+                          "(models.target.tensor_parallel_size " +
+                          std::to_string(topo_.models.target.tensor_parallel_size) +
+                          ") are never restarted, and a dead rank fails its replica");
   }
 }
 

@@ -80,6 +80,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
         break;
       case ReplicaState::kDraining:
         ongoing += r.num_assigned;
+        if (r.leaving) break;  // never routed again: not one to undrain, nor a pool member
         draining.push_back(&r);
         if (r.draining_to_standby) ++draining_to_standby;
         break;
@@ -221,14 +222,16 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     d.num_start_for_deficit = static_cast<int32_t>(d.start.size());
   } else if (deficit < 0) {
     std::vector<const ReplicaView*> order = ready;
+    // A draftless replica (its draft worker died) first, then the emptiest.
     std::sort(order.begin(), order.end(), [](const ReplicaView* a, const ReplicaView* b) {
+      if (a->draftless != b->draftless) return a->draftless;
       return a->num_assigned != b->num_assigned ? a->num_assigned < b->num_assigned : a->id > b->id;
     });
     for (int32_t i = 0; i < -deficit; ++i) {
       // NOTE: warm replicas only: a replica still starting is not counted, so a drained replica
       // (loaded and warm) refills the pool rather than stopping while a cold start is under way;
-      // the surplus is trimmed below once the starting one is warm.
-      const bool to_standby = standby_left + draining_to_standby < o.warm_pool;
+      // the surplus is trimmed below once the starting one is warm. A draftless one never joins it.
+      const bool to_standby = !order[static_cast<size_t>(i)]->draftless && standby_left + draining_to_standby < o.warm_pool;
       if (to_standby) ++draining_to_standby;
       d.drain.push_back({order[static_cast<size_t>(i)]->id, to_standby});
     }

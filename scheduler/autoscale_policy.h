@@ -134,6 +134,12 @@ struct ReplicaView {
   /// kStopped: false while a process of it is still stopping (the head waits for its workers'
   /// down messages): it is not cold-started until then.
   bool startable = true;
+  /// kDraining: it cannot be routed again (its worker is stopping, or its draft worker died and
+  /// it is being replaced): its requests count as ongoing, but it is never undrained.
+  bool leaving = false;
+  /// kReady: its draft worker died (the head replaces it): a scale-down drains it first, and
+  /// never into the pool.
+  bool draftless = false;
 };
 
 /// A time-to-first-token observation.
@@ -203,9 +209,11 @@ class Autoscaler {
 
   int32_t target_ready() const { return target_; }
   const AutoscaleOptions& options() const { return options_; }
+  /// Seconds a replica waits to be started again after `num_failures` failed starts in a row
+  /// (0 for none): start_backoff_s * 2^(failures - 1), at most start_backoff_max_s.
+  double start_backoff_s(int32_t num_failures) const;
 
  private:
-  double start_backoff_s(int32_t num_failures) const;
   bool startable_now(const ReplicaView& r, double now_s) const;
 
   AutoscaleOptions options_;

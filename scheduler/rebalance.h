@@ -10,9 +10,11 @@
 //
 // Rules (all counts are requests on the replica's decode engine: running + waiting there):
 //   1. Waiting first. A replica holding more than max_num_seqs (some wait in its engine's local
-//      queue) hands back up to that excess, bounded by the batch slots free on the other routed
-//      replicas (sum of max(0, max_num_seqs - assigned)), in replica-id order. Those requests
-//      have no KV yet, so moving them costs one message round-trip.
+//      queue), or whose KV cache is full while requests wait in its engine for room (kv_waiting:
+//      sequences preempted back into the queue, prompts not admitted), hands back up to that
+//      excess, bounded by the batch slots free on the other routed replicas whose cache is not
+//      full (sum of max(0, max_num_seqs - assigned)), in replica-id order. Those requests have no
+//      KV in the cache, so moving them costs one message round-trip.
 //   2. Running second (only when rule 1 planned nothing, and RebalanceOptions::running is on):
 //      live migration for load balance, as in Llumnix (Sun et al., OSDI 2024): with A requests on
 //      N routed replicas the share is ceil(A / N); a replica whose count exceeds the least-loaded
@@ -23,7 +25,12 @@
 //      replica picks which (actors/target_shard.cpp: most recently admitted first, never one
 //      with few tokens left).
 //   3. A replica not `eligible` (a hand-back still in flight, or one recently refused) neither
-//      gives nor is asked again; it still counts as a receiver and in the share.
+//      gives nor is asked again; it still counts as a receiver and in the share. A replica whose
+//      cache is full (kv_full) is no receiver under either rule: what it took would wait or
+//      preempt there.
+// NOTE: before kv_waiting, a replica preempting under KV pressure with fewer requests than its
+// batch kept them all while a replica promoted for that pressure sat idle; and a full replica
+// counted its free batch slots as room.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +44,12 @@ struct RebalanceLoad {
   int32_t max_num_seqs = 0;  ///< its engine's batch size; <= 0: not reported yet (ignored)
   int32_t assigned = 0;      ///< requests on its decode engine (running + waiting there), >= 0
   bool eligible = true;      ///< may be asked to hand requests back now (rule 3)
+  /// Its KV-cache usage is above the pressure threshold (the autoscaler's
+  /// target_kv_cache_usage): it receives nothing (rule 3).
+  bool kv_full = false;
+  /// With kv_full: requests waiting in its engine while its batch has free slots (waiting for
+  /// KV room), from its last load report, >= 0; rule 1 hands them back.
+  int32_t kv_waiting = 0;
 };
 
 struct RebalanceOptions {

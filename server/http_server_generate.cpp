@@ -37,7 +37,10 @@ ApiError error_from_status(const Status& st) {
       e.http_status = 400;
       break;
     case StatusCode::kOutOfRange:
-      e.http_status = 413;
+      // A prompt past the context: 400 context_length_exceeded, as vLLM and OpenAI answer (413
+      // is kept for a request body past max_body_bytes).
+      e.http_status = 400;
+      e.code = "context_length_exceeded";
       break;
     case StatusCode::kUnavailable:
     case StatusCode::kResourceExhausted:
@@ -59,7 +62,7 @@ ApiError error_from_chunk(const StreamChunk& c, ApiKind kind) {
   // a replica has registered its limit, so a request that came in before (the front end could
   // not check it then) fails this way: it is the client's error, as when the front end checks.
   if (c.error.rfind("prompt too long", 0) == 0) {
-    e.http_status = 413;
+    e.http_status = 400;
     e.type = "invalid_request_error";
     e.param = kind == ApiKind::kChat ? "messages" : "prompt";
     e.code = "context_length_exceeded";
@@ -194,7 +197,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
       if (!h.ok()) {
         job->cancel_all();
         ApiError e = error_from_status(h.status());
-        if (e.http_status == 413 || e.http_status == 400) e.param = kind == ApiKind::kChat ? "messages" : "prompt";
+        if (e.http_status == 400) e.param = kind == ApiKind::kChat ? "messages" : "prompt";
         log->info("{} {}: {} {}", http_req.method, http_req.path, e.http_status, e.message);
         return send_error(res, e);
       }

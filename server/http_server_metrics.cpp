@@ -22,6 +22,10 @@ void HttpServer::Impl::declare_metrics() {
   metrics.declare("specserve:prompt_tokens", K::kCounter, "Number of prefill tokens processed.");
   metrics.declare("specserve:generation_tokens", K::kCounter, "Number of generation tokens processed.");
   metrics.declare("specserve:request_success", K::kCounter, "Count of successfully processed requests (HTTP).");
+  metrics.declare("specserve:request_failure", K::kCounter,
+                  "Count of requests (choices) that failed while being served: finish_reason error (HTTP).");
+  // A sample from the start (0), so rate() and alerts on it work before the first failure.
+  metrics.add("specserve:request_failure", labels, 0);
   metrics.declare("specserve:time_to_first_token_seconds", K::kHistogram, "Histogram of time to first token in seconds.",
                   ttft_buckets());
   metrics.declare("specserve:inter_token_latency_seconds", K::kHistogram,
@@ -67,7 +71,11 @@ void HttpServer::Impl::declare_lifecycle_metrics() {
   metrics.declare("specserve:num_replicas_standby", K::kGauge, "Standby replicas: loaded and warm, not routed (the warm pool).");
   metrics.declare("specserve:autoscaler_target_replicas", K::kGauge, "Ready replicas the autoscaler wants.");
   metrics.declare("specserve:autoscaler_promotions", K::kCounter, "Standby replicas promoted to ready.");
-  metrics.declare("specserve:autoscaler_cold_starts", K::kCounter, "Replica processes started by the autoscaler.");
+  metrics.declare("specserve:autoscaler_cold_starts", K::kCounter,
+                  "Replica processes started by the autoscaler (failed starts included: autoscaler_failed_starts).");
+  metrics.declare("specserve:autoscaler_failed_starts", K::kCounter,
+                  "Replica starts that failed: the launcher's error, a target shard that failed to load, or a start "
+                  "abandoned after start_timeout_s.");
   metrics.declare("specserve:autoscaler_drains", K::kCounter, "Ready replicas drained by the autoscaler.");
   metrics.declare("specserve:replica_cold_start_seconds", K::kGauge,
                   "The replica's last cold start: process start requested to ready (loaded and warmed up).");
@@ -107,6 +115,7 @@ void HttpServer::Impl::refresh_lifecycle_metrics(const ClusterStatus& st) {
   metrics.set("specserve:autoscaler_target_replicas", labels, a.enabled ? a.target_ready : 0.0);
   metrics.set_counter_at_least("specserve:autoscaler_promotions", labels, static_cast<double>(a.num_promotions));
   metrics.set_counter_at_least("specserve:autoscaler_cold_starts", labels, static_cast<double>(a.num_cold_starts));
+  metrics.set_counter_at_least("specserve:autoscaler_failed_starts", labels, static_cast<double>(a.num_failed_starts));
   metrics.set_counter_at_least("specserve:autoscaler_drains", labels, static_cast<double>(a.num_drains));
 }
 
@@ -205,7 +214,12 @@ void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point s
   MetricLabels l = labels;
   l.emplace_back("finished_reason", finish);
   // vLLM V1 counts every finished request by its reason (stop, length, abort); failures are not successes.
-  if (finish != "error") metrics.add("specserve:request_success", l, 1);
+  // NOTE: a failure was counted nowhere, so a cluster failing every request looked idle.
+  if (finish != "error") {
+    metrics.add("specserve:request_success", l, 1);
+  } else {
+    metrics.add("specserve:request_failure", labels, 1);
+  }
 }
 
 void HttpServer::Impl::observe_tokens(ChoiceTiming& t, const Arrival& a) {

@@ -321,8 +321,9 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     if (!model.text.loaded()) return bad("", "the server has no tokenizer", 500, "internal_error");
     auto toks = model.text.tokenize(prompts[i], how);
     if (!toks.ok()) {
+      // A prompt too long to tokenize is the context-length error of vLLM / OpenAI: a 400.
       const bool size = toks.status().code() == StatusCode::kOutOfRange;
-      return bad(prompt_field, toks.status().message(), size ? 413 : 400);
+      return bad(prompt_field, toks.status().message(), 400, size ? "context_length_exceeded" : "");
     }
     pp.tokens = std::move(*toks);
     // echo of a prompt given as token ids: its text (it echoed nothing, as vLLM echoes the prompt).
@@ -335,7 +336,7 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
                                      " tokens; the " + prompt_field + (kind == ApiKind::kChat ? " have " : " has ") + std::to_string(len) + " tokens (" +
                                      prompt_field + (prompts.size() > 1 ? "[" + std::to_string(i) + "]" : "") +
                                      "), leaving no room for a completion",
-                   413, "context_length_exceeded");
+                   400, "context_length_exceeded");
       }
       if (max_given && max_tokens > room) {
         const char* f = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null() ? "max_completion_tokens" : "max_tokens";

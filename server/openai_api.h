@@ -6,7 +6,8 @@
 // "Chat", "Streaming") and vLLM's extensions (top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, include_stop_str_in_output, priority). Errors use OpenAI's shape
 //   {"error": {"message": ..., "type": "invalid_request_error", "param": FIELD, "code": ...}}
-// with 400 (bad field), 404 (unknown model), 413 (prompt longer than the context).
+// with 400 (bad field; code context_length_exceeded for a prompt longer than the context, as
+// vLLM and OpenAI answer), 404 (unknown model).
 // Pure: no sockets, no actors (the tokenizer and chat template are read-only).
 #pragma once
 
@@ -89,7 +90,8 @@ struct ParsedRequest {
 /// this server cannot honour (logit_bias, suffix, tools, best_of > n, response_format other
 /// than text, ...) too (400, code "unsupported_parameter"). max_tokens defaults to 16
 /// (completions, OpenAI's default) or to the room left in the context (chat); the prompt must
-/// leave at least one token of room (else 413) and prompt + max_tokens must fit (else 400).
+/// leave at least one token of room and prompt + max_tokens must fit (else 400, code
+/// "context_length_exceeded").
 std::optional<ApiError> parse_openai_request(const std::string& body, ApiKind kind, const ServedModel& model,
                                              const ApiLimits& limits, ParsedRequest* out);
 

@@ -1,6 +1,7 @@
 #include "tests/test_util.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -140,6 +142,12 @@ CliResult run_specserve(const std::string& args, int timeout_s, const std::strin
   const int status = ::pclose(f);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + name + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 }  // namespace specserve::testing

@@ -59,4 +59,8 @@ struct CliResult {
 /// command alone.
 CliResult run_specserve(const std::string& args, int timeout_s = 0, const std::string& env = "");
 
+/// A fresh directory for one test's files: gtest's TempDir() + `name` + this process's pid
+/// (created with its parents; the test removes it).
+std::string temp_dir(const std::string& name);
+
 }  // namespace specserve::testing

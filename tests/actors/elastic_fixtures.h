@@ -78,6 +78,9 @@ struct FakeSpec {
 
 struct FakeState {
   FakeSpec spec;
+  // > 0 (the message "kv_full N"): its KV cache is full; only N of its requests run, the rest
+  // wait in its engine for cache room (as sequences preempted under KV pressure).
+  int32_t kv_running = 0;
   std::vector<WorkItem> held;  // the first max_num_seqs run, the rest wait
   int64_t received = 0;
   int64_t num_reclaims = 0;
@@ -112,8 +115,9 @@ inline void send_load(FakeSelf self, std::vector<int64_t> finished = {}) {
   int64_t used = 0;
   for (const WorkItem& w : s.held) used += static_cast<int64_t>(w.prompt.size() + w.resume_output.size()) / 16 + 1;
   l.free_kv_blocks = static_cast<int32_t>(std::max<int64_t>(0, s.spec.total_kv_blocks - used));
-  l.num_running = std::min<int32_t>(static_cast<int32_t>(s.held.size()), s.spec.max_num_seqs);
+  l.num_running = std::min<int32_t>(static_cast<int32_t>(s.held.size()), s.kv_running > 0 ? s.kv_running : s.spec.max_num_seqs);
   l.num_waiting = static_cast<int32_t>(s.held.size()) - l.num_running;
+  if (s.kv_running > 0) l.free_kv_blocks = 0;
   l.received = s.received;
   l.num_reclaims = s.num_reclaims;
   l.prompt_tokens = s.spec.prompt_tokens;
@@ -162,7 +166,7 @@ inline caf::behavior fake_worker(FakeSelf self, FakeSpec spec) {
         auto& s = self->state;
         ++s.num_reclaims;
         s.spec.rec->add(tag(s.spec) + ": reclaim " + std::to_string(n) + (running ? " running" : ""));
-        const int32_t keep = running && !s.spec.keeps_running ? 0 : s.spec.max_num_seqs;
+        const int32_t keep = running && !s.spec.keeps_running ? 0 : s.kv_running > 0 ? s.kv_running : s.spec.max_num_seqs;
         for (int32_t i = 0; i < n && static_cast<int32_t>(s.held.size()) > keep; ++i) {
           hand_back(self, s.held.back(), "rebalance");
           s.held.pop_back();
@@ -170,6 +174,10 @@ inline caf::behavior fake_worker(FakeSelf self, FakeSpec spec) {
         send_load(self);
       },
       [self](step_atom) { send_load(self); },  // the test asks for a load report
+      [self](const std::string& cmd) {         // "kv_full N": the cache fills up (FakeState::kv_running)
+        if (cmd.rfind("kv_full ", 0) == 0) self->state.kv_running = std::stoi(cmd.substr(8));
+        send_load(self);
+      },
       [self](migrate_atom, bool) {
         auto& s = self->state;
         s.spec.rec->add(tag(s.spec) + ": migrate");
@@ -261,6 +269,53 @@ inline GenerateRequest request(int32_t num_tokens) {
 }
 
 
+// A cluster whose replicas the head's launcher starts: the launcher records each start, and the
+// test spawns a started replica's fake target shard when it wants it to register.
+struct Launched {
+  Recorder rec;
+  std::mutex mu;
+  std::vector<int32_t> starts;
+  ActorRuntime rt;
+  std::unique_ptr<Head> head;
+  std::unique_ptr<Client> client;
+  void start(const Topology& t) {
+    auto h = Head::start(rt, t, kToken, /*publish=*/false, [this](int32_t replica) {
+      std::lock_guard<std::mutex> lock(mu);
+      starts.push_back(replica);
+      return Status();
+    });
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    head = std::move(*h);
+    client = Client::in_process(rt.system(), head->scheduler(), kToken);
+  }
+  int num_starts(int32_t replica) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<int>(std::count(starts.begin(), starts.end(), replica));
+  }
+  size_t num_starts() {
+    std::lock_guard<std::mutex> lock(mu);
+    return starts.size();
+  }
+  void spawn(int32_t replica, bool first_token = true) {
+    FakeSpec f;
+    f.replica = replica;
+    f.first_token = first_token;
+    f.scheduler = head->scheduler();
+    f.rec = &rec;
+    rt.system().spawn(fake_worker, f);
+  }
+  bool wait_state(int32_t replica, const std::string& state, double seconds = 5) {
+    return until(seconds, [&] {
+      auto st = client->status();
+      return st.ok() && state_of(*st, replica) == state;
+    });
+  }
+  ~Launched() {
+    client.reset();
+    if (head) head->stop();
+  }
+};
+
 // min 1, max 2, warm pool 1, no delay, 2 requests per replica; replicas run 1 request at a time
 // (max_num_seqs 1) and hold 2 more waiting (the dispatch's local queue).
 struct Promotion {
@@ -279,14 +334,15 @@ struct Promotion {
     }
   }
   void start(int32_t replica1_kv_blocks, int32_t replica1_max_num_seqs = 1, double upscale_delay_s = 0,
-             int32_t replica0_max_num_seqs = 1, bool rebalance_running = true, bool replica0_keeps_running = false) {
+             int32_t replica0_max_num_seqs = 1, bool rebalance_running = true, bool replica0_keeps_running = false,
+             double downscale_delay_s = 1000, double target_ongoing_requests = 2) {
     Topology t = make_topology(2, /*drafts=*/false);
     t.autoscale.min_replicas = 1;
     t.autoscale.max_replicas = 2;
     t.autoscale.warm_pool = 1;
     t.autoscale.upscale_delay_s = upscale_delay_s;
-    t.autoscale.downscale_delay_s = 1000;
-    t.autoscale.target_ongoing_requests = 2;
+    t.autoscale.downscale_delay_s = downscale_delay_s;
+    t.autoscale.target_ongoing_requests = target_ongoing_requests;
     t.scheduler.rebalance_running = rebalance_running;
     auto h = Head::start(rt, t, kToken, /*publish=*/false);
     ASSERT_TRUE(h.ok()) << h.status().to_string();

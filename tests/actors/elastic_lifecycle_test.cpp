@@ -3,7 +3,13 @@
 //    (it would otherwise run on unattached, and block the slot's next start), the real draft
 //    worker actor included;
 //  - a replica whose target shard dies loses its draft worker too (a restart starts both);
-//  - the counters of a replica whose shard died stay in the cluster's totals (ClusterStatus::ended).
+//  - the counters of a replica whose shard died stay in the cluster's totals (ClusterStatus::ended);
+//  - a replica parked after failed starts in a row is started again once its backoff is over, so
+//    the cluster heals when the cause is fixed (it stayed dead for good);
+//  - a replica whose draft worker dies is replaced (a standby promoted, or one started cold for
+//    it), and a standby whose draft worker dies is started again.
+#include <map>
+
 #include "tests/actors/elastic_fixtures.h"
 
 namespace specserve {
@@ -197,6 +203,225 @@ TEST(ElasticLifecycle, CountersOfADeadShardStayInTheClusterTotals) {
   EXPECT_EQ(last.ended.num_running, 0) << "gauges are not carried";
   client.reset();
   (*head)->stop();
+}
+
+// Bug: after 5 failed starts in a row a replica was never started again; with every replica there,
+// the cluster ran on, answering every request "no replica is left", after the cause was fixed.
+TEST(ElasticLifecycle, AParkedReplicaIsStartedAgainOnceItsCauseIsFixed) {
+  Recorder rec;
+  std::mutex mu;
+  bool broken = true;  // every start is taken and then never shows up (start_timeout_s ends it)
+  int32_t starts = 0;
+  caf::actor sched_for_starts;
+  ActorRuntime rt;
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 0;
+  t.autoscale.start_timeout_s = 0.2;
+  t.autoscale.start_backoff_s = 0.05;
+  t.autoscale.start_backoff_max_s = 0.3;
+  auto start = [&](int32_t replica) -> Status {
+    std::lock_guard<std::mutex> lock(mu);
+    ++starts;
+    if (!broken && sched_for_starts) {
+      FakeSpec f;
+      f.replica = replica;
+      f.scheduler = sched_for_starts;
+      f.rec = &rec;
+      rt.system().spawn(fake_worker, f);
+    }
+    return Status();
+  };
+  auto head = Head::start(rt, t, kToken, /*publish=*/false, start);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  caf::actor sched = (*head)->scheduler();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched_for_starts = sched;
+  }
+  auto client = Client::in_process(rt.system(), sched, kToken);
+  // Both replicas reach 5 failures in a row: a request then fails at once instead of waiting.
+  ASSERT_TRUE(until(20, [&] {
+    auto st = client->status();
+    if (!st.ok()) return false;
+    for (const auto& r : st->replicas) {
+      if (r.num_start_failures < 5 || r.state != "stopped") return false;
+    }
+    return true;
+  })) << describe(client->status());
+  auto st = client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_NE(st->replicas[0].last_start_error.find("start_timeout_s"), std::string::npos) << st->replicas[0].last_start_error;
+  auto refused = client->generate(request(5));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no replica is left"), std::string::npos) << refused.status().to_string();
+  // The cause goes away: the next start (within the 0.3 s backoff cap) brings a replica up.
+  int32_t starts_when_fixed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    broken = false;
+    starts_when_fixed = starts;
+  }
+  ASSERT_TRUE(until(10, [&] {
+    auto s = client->status();
+    return s.ok() && (state_of(*s, 0) == "ready" || state_of(*s, 1) == "ready");
+  })) << describe(client->status());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_GT(starts, starts_when_fixed);
+  }
+  st = client->status();
+  ASSERT_TRUE(st.ok());
+  for (const auto& r : st->replicas) {
+    if (r.state != "ready") continue;
+    EXPECT_EQ(r.num_start_failures, 0);
+    EXPECT_EQ(r.last_start_error, "");
+  }
+  // And it serves: the request reaches a shard (the fake gives its first token at once).
+  auto h = client->submit(request(5));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  auto chunk = (*h)->next(std::chrono::seconds(10));
+  ASSERT_TRUE(chunk.has_value()) << rec.dump() << describe(client->status());
+  EXPECT_EQ(chunk->tokens, std::vector<int32_t>{42});
+  h->reset();
+  client.reset();
+  (*head)->stop();
+}
+
+// A cluster of `n` declared replicas with draft workers whose processes the head's launcher
+// starts (recorded); the test spawns a started replica's fake target shard and draft worker.
+struct DraftCluster : Launched {
+  std::map<int32_t, caf::actor> drafts;
+  // (min 1, max 2 with no scale-up for the load, or the autoscaler is off: min = max, no pool)
+  void start(int32_t n, int32_t warm_pool) {
+    Topology t = make_topology(n, /*drafts=*/true);
+    t.autoscale.min_replicas = 1;
+    t.autoscale.max_replicas = 2;
+    t.autoscale.warm_pool = warm_pool;
+    t.autoscale.upscale_delay_s = 1000;
+    t.autoscale.downscale_delay_s = 1000;
+    Launched::start(t);
+  }
+  void spawn(int32_t replica, const std::string& draft_state = "ready") {
+    Launched::spawn(replica);
+    FakeSpec f;
+    f.role = "draft_worker";
+    f.replica = replica;
+    f.state = draft_state;
+    f.scheduler = head->scheduler();
+    f.rec = &rec;
+    drafts[replica] = rt.system().spawn(fake_worker, f);
+  }
+  bool draft_lost(int32_t replica) {
+    auto st = client->status();
+    if (!st.ok()) return false;
+    for (const auto& r : st->replicas) {
+      if (r.replica == replica) return r.draft_lost;
+    }
+    return false;
+  }
+};
+
+// Helper review of the autoscaler: under an autoscaler nothing restarts a draft worker alone
+// (scheduler.worker_restarts is off there), so a replica whose draft worker died served without
+// speculation for good, its status row a plain "ready". Now a warm standby is promoted, the
+// draftless replica's sequences move there and it stops; the pool is refilled.
+TEST(ElasticLifecycle, AReplicaWhoseDraftWorkerDiesIsReplacedByAStandby) {
+  DraftCluster c;
+  ASSERT_NO_FATAL_FAILURE(c.start(3, /*warm_pool=*/1));
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1 && c.num_starts(1) == 1; }));
+  c.spawn(0);
+  ASSERT_TRUE(c.wait_state(0, "ready")) << describe(c.client->status());
+  c.spawn(1);
+  ASSERT_TRUE(c.wait_state(1, "standby")) << describe(c.client->status());
+  auto h = c.client->submit(request(8));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(until(5, [&] { return c.rec.count_prefix("r0/target_shard: work") == 1; })) << c.rec.dump();
+  EXPECT_FALSE(c.draft_lost(0));
+
+  caf::anon_send_exit(c.drafts[0], caf::exit_reason::kill);
+  EXPECT_TRUE(c.wait_state(1, "ready")) << "the standby was not promoted:\n" << describe(c.client->status());
+  EXPECT_TRUE(until(5, [&] { return c.rec.count_prefix("r1/target_shard: work") == 1; }))
+      << "the request did not move to the replacement:\n" << c.rec.dump() << describe(c.client->status());
+  EXPECT_EQ(c.rec.count("r0/target_shard: migrate"), 1) << c.rec.dump();
+  EXPECT_TRUE(until(5, [&] { return c.rec.count("r0/target_shard: retire") == 1; }))
+      << "the draftless replica did not stop:\n" << c.rec.dump() << describe(c.client->status());
+  // The warm pool is refilled: a cold start of a stopped slot (2, or 0 once its shard is gone).
+  EXPECT_TRUE(until(5, [&] { return c.num_starts(2) + c.num_starts(0) >= 2; })) << describe(c.client->status());
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_drains, 0) << "a replacement is no scale-down";
+}
+
+// With no standby to promote, the replica whose draft worker died serves on without speculation
+// (status says so) while a stopped replica is started cold for it; once that one is warm it is
+// promoted and the draftless one stops. A standby whose draft worker dies is stopped and started
+// again (it was promoted later as if whole).
+TEST(ElasticLifecycle, WithNoStandbyADraftlessReplicaServesOnUntilAColdStartReplacesIt) {
+  DraftCluster c;
+  ASSERT_NO_FATAL_FAILURE(c.start(2, /*warm_pool=*/0));
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1; })) << describe(c.client->status());
+  c.spawn(0);
+  ASSERT_TRUE(c.wait_state(0, "ready")) << describe(c.client->status());
+  EXPECT_EQ(c.num_starts(1), 0);
+
+  caf::anon_send_exit(c.drafts[0], caf::exit_reason::kill);
+  EXPECT_TRUE(until(5, [&] { return c.draft_lost(0); })) << describe(c.client->status());
+  EXPECT_TRUE(until(5, [&] { return c.num_starts(1) == 1; })) << "no replacement started:\n" << describe(c.client->status());
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 0), "ready") << "it serves on until replaced:\n" << describe(st);
+  auto h = c.client->submit(request(8));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_TRUE(until(5, [&] { return c.rec.count_prefix("r0/target_shard: work") == 1; })) << c.rec.dump();
+  // Only one replacement, however many ticks pass while it loads.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(c.num_starts(1), 1);
+
+  c.spawn(1);
+  EXPECT_TRUE(c.wait_state(1, "ready")) << describe(c.client->status());
+  EXPECT_TRUE(until(5, [&] { return c.rec.count_prefix("r1/target_shard: work") == 1; }))
+      << "the request did not move to the replacement:\n" << c.rec.dump() << describe(c.client->status());
+  EXPECT_TRUE(until(5, [&] { return c.rec.count("r0/target_shard: retire") == 1; })) << c.rec.dump();
+  EXPECT_FALSE(c.draft_lost(1));
+}
+
+TEST(ElasticLifecycle, AStandbyWhoseDraftWorkerDiesIsStartedAgain) {
+  DraftCluster c;
+  ASSERT_NO_FATAL_FAILURE(c.start(2, /*warm_pool=*/1));
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1 && c.num_starts(1) == 1; }));
+  c.spawn(0);
+  ASSERT_TRUE(c.wait_state(0, "ready")) << describe(c.client->status());
+  c.spawn(1);
+  ASSERT_TRUE(c.wait_state(1, "standby")) << describe(c.client->status());
+  caf::anon_send_exit(c.drafts[1], caf::exit_reason::kill);
+  EXPECT_TRUE(until(5, [&] { return c.rec.count("r1/target_shard: retire") == 1; })) << c.rec.dump();
+  EXPECT_TRUE(until(5, [&] { return c.num_starts(1) == 2; })) << "not started again:\n" << describe(c.client->status());
+  EXPECT_EQ(c.rec.count("r0/target_shard: retire"), 0) << c.rec.dump();
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 0), "ready") << describe(st);
+}
+
+// Review of the draft-worker replacement: a draft worker that fails to load (it says "failed",
+// then quits) made its replica restart in a loop (no backoff, never parked) where it used to
+// serve without speculation; it serves without speculation again, and is not restarted.
+TEST(ElasticLifecycle, ADraftWorkerThatFailsToLoadIsNotReplacedInALoop) {
+  DraftCluster c;
+  ASSERT_NO_FATAL_FAILURE(c.start(2, /*warm_pool=*/0));
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1; })) << describe(c.client->status());
+  c.spawn(0, "failed");
+  ASSERT_TRUE(c.wait_state(0, "ready")) << "a replica whose draft failed serves without it:\n" << describe(c.client->status());
+  caf::anon_send_exit(c.drafts[0], caf::exit_reason::user_shutdown);  // the failed worker quits
+  EXPECT_TRUE(until(5, [&] { return c.draft_lost(0); })) << describe(c.client->status());
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  EXPECT_EQ(c.num_starts(0), 1) << "restarted";
+  EXPECT_EQ(c.num_starts(1), 0) << "a replacement was started for a draft that cannot load";
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 0), "ready") << describe(st);
+  EXPECT_EQ(c.rec.count("r0/target_shard: retire"), 0) << c.rec.dump();
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 //  - a promotion's first token is the first the promoted replica makes (for a moved request too);
 //    a promotion with no work waiting is not measured; nothing is promoted while the cluster drains;
 //  - scale from zero is a measured promotion; cold starts covering a scale-up are timed from the
-//    decision as cold, and held cold starts for load that went away are not started.
+//    decision as cold, and held cold starts for load that went away are not started;
+//  - a worker stopping the only routed replica (SIGTERM) promotes a standby one, which takes its
+//    requests (they finished on the leaving replica while the standby sat idle), and status shows
+//    the leaving replica as draining.
 #include "tests/actors/elastic_fixtures.h"
 
 namespace specserve {
@@ -282,53 +285,6 @@ TEST(ElasticPromotion, ScaleFromZeroIsAMeasuredPromotion) {
   (*head)->stop();
 }
 
-// A cluster whose replicas the head's launcher starts: the launcher records each start, and the
-// test spawns a started replica's fake target shard when it wants it to register.
-struct Launched {
-  Recorder rec;
-  std::mutex mu;
-  std::vector<int32_t> starts;
-  ActorRuntime rt;
-  std::unique_ptr<Head> head;
-  std::unique_ptr<Client> client;
-  void start(const Topology& t) {
-    auto h = Head::start(rt, t, kToken, /*publish=*/false, [this](int32_t replica) {
-      std::lock_guard<std::mutex> lock(mu);
-      starts.push_back(replica);
-      return Status();
-    });
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    head = std::move(*h);
-    client = Client::in_process(rt.system(), head->scheduler(), kToken);
-  }
-  int num_starts(int32_t replica) {
-    std::lock_guard<std::mutex> lock(mu);
-    return static_cast<int>(std::count(starts.begin(), starts.end(), replica));
-  }
-  size_t num_starts() {
-    std::lock_guard<std::mutex> lock(mu);
-    return starts.size();
-  }
-  void spawn(int32_t replica, bool first_token = true) {
-    FakeSpec f;
-    f.replica = replica;
-    f.first_token = first_token;
-    f.scheduler = head->scheduler();
-    f.rec = &rec;
-    rt.system().spawn(fake_worker, f);
-  }
-  bool wait_state(int32_t replica, const std::string& state, double seconds = 5) {
-    return until(seconds, [&] {
-      auto st = client->status();
-      return st.ok() && state_of(*st, replica) == state;
-    });
-  }
-  ~Launched() {
-    client.reset();
-    if (head) head->stop();
-  }
-};
-
 // 4 declared replicas, autoscale 1..3 with a warm pool of 1, immediate scale-up, no scale-down
 // within a test: the scale-up tests' cluster.
 Topology scale_up_topology(int32_t target_ongoing_requests) {
@@ -466,6 +422,86 @@ TEST(ElasticPromotion, HeldColdStartsForLoadThatWentAwayAreNotStarted) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->autoscale.target_ready, 3) << "the target keeps its hysteresis";
   EXPECT_EQ(l.num_starts(), 3u) << "a held scale-up start began with 0 ongoing: " << describe(st);
+}
+
+TEST(ElasticPromotion, StoppingTheOnlyRoutedReplicaPromotesAStandbyThatTakesItsRequests) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(64));
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  ASSERT_NO_FATAL_FAILURE(p.submit(1, 10, &hs));
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: work") == 1; })) << p.rec.dump();
+  // Replica 0's worker asks for a drain as a SIGTERM'd target shard does.
+  caf::scoped_actor self{p.rt.system()};
+  int32_t answer = -2;
+  self->request(p.head->scheduler(), std::chrono::seconds(5), drain_rep_atom::value, std::string(kToken), int32_t{0}, false,
+                p.shards[0])
+      .receive([&](int32_t n) { answer = n; }, [&](caf::error& e) { ADD_FAILURE() << p.rt.system().render(e); });
+  EXPECT_EQ(answer, 1);
+  EXPECT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work") == 1; }))
+      << "the request did not move to the promoted replica:\n" << p.rec.dump() << describe(p.client->status());
+  EXPECT_EQ(p.rec.count("r0/target_shard: migrate"), 1) << p.rec.dump();
+  auto st = p.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 1), "ready") << describe(st);
+  EXPECT_EQ(state_of(*st, 0), "draining") << describe(st);
+}
+
+// Helper review of the autoscaler: a replica whose KV cache filled up (its sequences preempting
+// each other, fewer of them than its batch) kept every request while the replica promoted beside
+// it sat idle: the rebalance counted only requests beyond a batch. Those waiting for cache room
+// now go back to the head and run on the promoted replica.
+TEST(ElasticPromotion, RequestsWaitingForKvRoomMoveToThePromotedReplica) {
+  Promotion p;
+  ASSERT_NO_FATAL_FAILURE(p.start(64, /*replica1_max_num_seqs=*/4, /*upscale_delay_s=*/0, /*replica0_max_num_seqs=*/4));
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  ASSERT_NO_FATAL_FAILURE(p.submit(3, 50, &hs));
+  ASSERT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: work") == 3; })) << p.rec.dump();
+  ASSERT_TRUE(until(5, [&] {
+    auto st = p.client->status();
+    return st.ok() && state_of(*st, 1) == "ready";
+  })) << describe(p.client->status());
+  // 3 on replica 0 (a batch of 4) and none on replica 1 is within the running rebalance's gap.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(p.rec.count_prefix("r1/target_shard: work"), 0) << p.rec.dump();
+  // Replica 0's cache fills: one request runs, two wait for room.
+  caf::anon_send(p.shards[0], std::string("kv_full 1"));
+  EXPECT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work") == 2; }))
+      << "the requests waiting for KV room stayed:\n" << p.rec.dump() << describe(p.client->status());
+  EXPECT_EQ(p.rec.count("r0/target_shard: reclaim 2"), 1) << p.rec.dump();
+}
+
+// Helper review of the autoscaler: a scale-down moved the drained replica's sequences into
+// replicas without free KV blocks for them, which then preempted (and the KV pressure brought a
+// replica back). Replica 0 holds one long prompt (26 blocks); replica 1 keeps two short requests
+// and has `replica1_kv_blocks` in all. Returns how often replica 0 was asked to migrate.
+int drain_with_receiver_blocks(int32_t replica1_kv_blocks) {
+  Promotion p;
+  p.start(replica1_kv_blocks, /*replica1_max_num_seqs=*/4, /*upscale_delay_s=*/0, /*replica0_max_num_seqs=*/1,
+          /*rebalance_running=*/true, /*replica0_keeps_running=*/false, /*downscale_delay_s=*/0.3,
+          /*target_ongoing_requests=*/3);
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  p.submit(1, 400, &hs);  // A: the long prompt, on replica 0
+  EXPECT_TRUE(until(5, [&] { return p.rec.count_prefix("r0/target_shard: work") == 1; })) << p.rec.dump();
+  p.submit(3, 8, &hs);  // B, C, D: 4 ongoing want 2 replicas; the waiting ones go to replica 1
+  EXPECT_TRUE(until(5, [&] { return p.rec.count_prefix("r1/target_shard: work") == 3; }))
+      << p.rec.dump() << describe(p.client->status());
+  hs.erase(hs.begin() + 1);  // B cancelled: 3 ongoing want 1 replica; the emptiest (replica 0) drains
+  EXPECT_TRUE(until(5, [&] {
+    auto st = p.client->status();
+    return st.ok() && st->autoscale.num_drains >= 1;
+  })) << describe(p.client->status()) << p.rec.dump();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A drain that moved its sequences ends (standby); one that did not waits for them.
+  EXPECT_TRUE(until(5, [&] {
+    auto st = p.client->status();
+    return st.ok() && state_of(*st, 0) == (p.rec.count("r0/target_shard: migrate") ? "standby" : "draining");
+  })) << describe(p.client->status());
+  return p.rec.count("r0/target_shard: migrate");
+}
+
+TEST(ElasticPromotion, ADrainMovesSequencesOnlyWhereTheirKvFits) {
+  EXPECT_EQ(drain_with_receiver_blocks(64), 1) << "with room, the drained replica's sequences move";
+  EXPECT_EQ(drain_with_receiver_blocks(20), 0) << "18 free blocks cannot take 26: they finish where they are";
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ Topology make_topology() {
   t.source = "(test)";
   t.cluster.name = "test";
   t.models.target.path = testing::default_model_path();
-  t.models.target.max_model_len = 512;
+  // Room for request A to step through the whole test (below).
+  t.models.target.max_model_len = 4096;
   t.scheduler.max_num_seqs = 8;
-  t.scheduler.kv_cache_bytes = int64_t{64} << 20;
+  t.scheduler.kv_cache_bytes = int64_t{256} << 20;
   NodeSpec n;
   n.name = "local";
   n.workers.push_back(WorkerSpec{});
@@ -128,10 +129,12 @@ TEST(TargetShardKv, OtherSequencesKeepSteppingWhileAFetchFromAStalledPeerWaits) 
 
   // Request A: an ordinary long request on the same shard. Its first event also tells that the
   // shard has handled KvPeersMsg (same sender, so in order).
+  // NOTE: it must outlast both fetch deadlines and the drain (~12 s): 400 tokens ended after
+  // ~4 s on an AVX-512 core in a fresh-clone CI run ("A must still be running: length").
   WorkItem a;
   a.request_id = 1;
   for (int i = 0; i < 12; ++i) a.prompt.push_back(100 + i);
-  a.max_tokens = 400;
+  a.max_tokens = 4000;
   a.sampling.temperature = 0;
   a.sampling.ignore_eos = true;
   a.request_actor = me;

@@ -146,6 +146,27 @@ TEST(TopologyWorkerRestarts, UnderTheAutoscalerTheyAreIgnoredWithANote) {
   for (const auto& n : plain->notes) EXPECT_EQ(n.find("worker_restarts"), std::string::npos) << n;
 }
 
+// Review of the tensor-parallel serving: a killed rank's requests failed naming
+// worker_restart_timeout_s, though ranks are never restarted: the topology says so up front.
+TEST(TopologyWorkerRestarts, TensorParallelRanksAreNotRestartedAndANoteSaysSo) {
+  const std::string tp =
+      "cluster: {name: t, token_file: /tmp/specserve-test-token}\n"
+      "models: {target: {path: " + testing::default_model_path() + ", tensor_parallel_size: 2}}\n"
+      "nodes: [{name: n0, host: 127.0.0.1, devices: [cpu], workers: [{role: target_shard, device: cpu, rank: 0}, "
+      "{role: target_shard, device: cpu, rank: 1}]}]\n";
+  auto t = parse_topology(tp + "scheduler: {worker_restarts: 2}\n", "t.yaml");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  bool noted = false;
+  for (const auto& n : t->notes) {
+    noted = noted || (n.find("scheduler.worker_restarts '2' restarts draft workers only") != std::string::npos &&
+                      n.find("tensor_parallel_size 2") != std::string::npos);
+  }
+  EXPECT_TRUE(noted) << "no note says tensor-parallel ranks are not restarted";
+  auto plain = parse_topology(tp + "scheduler: {max_num_seqs: 4}\n", "t.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  for (const auto& n : plain->notes) EXPECT_EQ(n.find("worker_restarts"), std::string::npos) << n;
+}
+
 TEST(TopologyWorkerRestarts, BadValuesNameTheFieldAndTheValue) {
   for (const auto& [yaml, field, value] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"worker_restarts: -1", "scheduler.worker_restarts", "-1"},

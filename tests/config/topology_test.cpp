@@ -117,6 +117,16 @@ const BadCase kBadCases[] = {
   {"slo_not_a_number", "warm_pool: 0}", "warm_pool: 0, ttft_slo_ms: fast}", {"t.yaml:14:74:", "autoscale.ttft_slo_ms", "'fast'"}},
   {"min_over_declared", "min_replicas: 0, max_replicas: 1", "min_replicas: 2, max_replicas: 3", {"t.yaml:14:27:", "autoscale.min_replicas", "'2'", "autoscale.warm_pool '0'", "need 2 replicas", "declare only 1 replica"}},
   {"min_plus_pool_over_declared", "min_replicas: 0, max_replicas: 1, warm_pool: 0", "min_replicas: 1, max_replicas: 1, warm_pool: 1", {"t.yaml:14:58:", "autoscale.warm_pool", "autoscale.min_replicas '1'", "autoscale.warm_pool '1'", "need 2 replicas", "declare only 1 replica"}},
+  // With the autoscaler off (min == max, no pool) too: a floor above the declared replicas was taken.
+  {"min_over_declared_autoscaler_off", "min_replicas: 0, max_replicas: 1", "min_replicas: 5, max_replicas: 5", {"t.yaml:14:27:", "autoscale.min_replicas", "'5'", "need 5 replicas", "declare only 1 replica"}},
+  // 64-bit sums: max_replicas + warm_pool overflowed int32 and named the wrong problem.
+  {"warm_pool_int32_max", "min_replicas: 0, max_replicas: 1, warm_pool: 0", "min_replicas: 1, max_replicas: 2, warm_pool: 2147483647", {"t.yaml:14:58:", "autoscale.warm_pool", "'2147483647'", "need 2147483648 replicas"}},
+  // One range per field whatever the value (-3 said ">= 0", 0 then said "(0, 1e9]"), durations bounded.
+  {"target_ongoing_negative", "warm_pool: 0}", "warm_pool: 0, target_ongoing_requests: -3}", {"t.yaml:14:86:", "autoscale.target_ongoing_requests", "'-3'", "(0, 1e9]"}},
+  {"upscale_delay_huge", "warm_pool: 0}", "warm_pool: 0, upscale_delay_s: 1e300}", {"t.yaml:14:78:", "autoscale.upscale_delay_s", "'1e300'", "[0, 1e9] seconds"}},
+  {"grace_huge", "warm_pool: 0}", "warm_pool: 0, new_replica_grace_s: 1e300}", {"t.yaml:14:82:", "autoscale.new_replica_grace_s", "'1e300'", "[0, 1e9] seconds"}},
+  {"backoff_zero", "warm_pool: 0}", "warm_pool: 0, start_backoff_s: 0}", {"t.yaml:14:78:", "autoscale.start_backoff_s", "'0'", "(0, 1e9] seconds"}},
+  {"backoff_max_below_backoff", "warm_pool: 0}", "warm_pool: 0, start_backoff_s: 5, start_backoff_max_s: 2}", {"t.yaml:14:", "autoscale.start_backoff_max_s", "'2'", "less than start_backoff_s '5'"}},
 };
 // clang-format on
 

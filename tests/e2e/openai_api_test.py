@@ -337,9 +337,10 @@ class OpenAiApiTest(unittest.TestCase):
                              str(e.exception))
         with self.assertRaises(openai.BadRequestError):
             c.chat.completions.create(model=m, messages=[{"role": "wizard", "content": "x"}], max_tokens=2)
-        with self.assertRaises(openai.APIStatusError) as e:
+        with self.assertRaises(openai.BadRequestError) as e:
             c.completions.create(model=m, prompt="word " * 3000, max_tokens=2)
-        self.assertEqual(e.exception.status_code, 413)
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertEqual(e.exception.code, "context_length_exceeded", str(e.exception))
         # Malformed JSON and a non-object body: raw HTTP (the package never sends these).
         h = {"Authorization": "Bearer " + API_KEY}
         status, body = SPEC.raw("POST", "/v1/completions", '{"prompt": "x", ', h)

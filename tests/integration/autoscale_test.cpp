@@ -214,12 +214,31 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
   EXPECT_GE(measured, 1) << "no replica reports its promotion's three times";
 
   // Long requests keep running while the load falls: the drain of a replica that holds one
-  // moves it, with its KV, to a replica that stays. Each of three lanes submits its long request
-  // again as soon as it finishes, until one moved (or 120 s): on a fast CPU one request of kLong
-  // tokens can end before the two 3 s downscale delays pass (it did at ~60 tokens/s with
-  // AVX-512), and the dispatcher may put two requests on one replica (the most free KV blocks
-  // wins) while the drains take the emptiest replicas first; a third request (max_num_seqs 2)
-  // lands on another replica, and the lanes' later requests land where the drains leave room.
+  // moves it, with its KV, to a replica that stays. One lane per ready replica, each submitting
+  // its long request again as soon as it finishes, until one moved (or 120 s): on a fast CPU one
+  // request of kLong tokens can end before a 3 s downscale delay passes (it did at ~60 tokens/s
+  // with AVX-512). The lanes start once every replica reported itself empty, so the dispatcher
+  // (the most free KV blocks wins) puts one on each ready replica, and R lanes at 2 per replica
+  // want fewer than R replicas: the next drain, which takes the emptiest replica, takes one that
+  // holds a long request.
+  // NOTE: three lanes whatever the ready count flaked: with 2 ready (the burst's first drain
+  // already done) 3 lanes want 2 replicas, so no drain came while they ran; and lanes started
+  // while the replicas' last loads still counted burst requests landed 2 + 1 + 0, and the drain
+  // took the empty replica.
+  int32_t lanes = 0;
+  ASSERT_TRUE(until(10, [&] {
+    auto s = c.status();
+    if (!s.ok()) return false;
+    int32_t ready = 0;
+    for (const auto& r : s->replicas) {
+      if (r.state != "ready") continue;
+      ++ready;
+      if (r.assigned > 0 || r.load.num_running + r.load.num_waiting > 0 || r.load.free_kv_blocks < r.load.total_kv_blocks) return false;
+    }
+    lanes = ready;
+    return ready > 0 && s->queued == 0 && s->running == 0;
+  })) << "the replicas did not report themselves empty after the burst";
+  ASSERT_GE(lanes, 2) << "the cluster scaled down to one replica before the long requests: no drain is left to test";
   const char* long_texts[] = {"Once upon a time, in a land far away,", "The ocean covers most of the planet and",
                               "The history of mathematics begins with counting, and"};
   constexpr int32_t kLong = 300;
@@ -252,10 +271,9 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
       ++long_finished;
     } while (long_migrations == 0 && std::chrono::steady_clock::now() < long_deadline);
   };
-  std::thread lane0(lane, 0), lane1(lane, 1), lane2(lane, 2);
-  lane0.join();
-  lane1.join();
-  lane2.join();
+  std::vector<std::thread> lane_threads;
+  for (int32_t i = 0; i < std::min(lanes, 3); ++i) lane_threads.emplace_back(lane, static_cast<size_t>(i));
+  for (auto& th : lane_threads) th.join();
   for (const auto& e : long_errors) ADD_FAILURE() << e;
   burst_done = true;
   watcher.join();

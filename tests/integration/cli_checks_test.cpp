@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu/matmul.h"
 #include "tests/test_util.h"
@@ -33,11 +35,7 @@ std::string head_path(const char* method) {
   return std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/" + method + "-smollm2-135m.gguf";
 }
 
-std::string temp_dir(const char* name) {
-  const std::string dir = ::testing::TempDir() + name + std::to_string(::getpid());
-  fs::create_directories(dir);
-  return dir;
-}
+using specserve::testing::temp_dir;
 
 // The help line of `flag` (the line that names it first).
 std::string help_line(const std::string& help, const std::string& flag) {
@@ -176,6 +174,29 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   const CmdResult zero = run("bench-spec --questions " + typed + " --batch-sizes 0");
   EXPECT_EQ(zero.exit_code, 2) << zero.out;
   EXPECT_NE(zero.out.find("--batch-sizes"), std::string::npos) << zero.out;
+  // A batch holds one task's questions: "--batch-sizes 3" with one question a task ran batches of
+  // 1 under the heading "batch 3". A category Spec-Bench does not have counted as mt_bench; an
+  // empty first turn was benchmarked; --max-tokens 1 leaves no decode phase ("-nanx" speedups).
+  const std::string two = dir + "/two.jsonl", odd = dir + "/odd.jsonl", blank = dir + "/blank.jsonl";
+  std::ofstream(two) << "{\"question_id\": 1, \"category\": \"writing\", \"turns\": [\"Hi\"]}\n"
+                     << "{\"question_id\": 2, \"category\": \"qa\", \"turns\": [\"Hi\"]}\n"
+                     << "{\"question_id\": 3, \"category\": \"qa\", \"turns\": [\"Hi\"]}\n";
+  std::ofstream(odd) << "{\"question_id\": 1, \"category\": \"poetry\", \"turns\": [\"Hi\"]}\n";
+  std::ofstream(blank) << "{\"question_id\": 1, \"category\": \"qa\", \"turns\": [\"\"]}\n";
+  const CmdResult big = run("bench-spec --threads 1 --questions " + two + " --per-task 2 --max-tokens 2 --batch-sizes 1 2");
+  EXPECT_EQ(big.exit_code, 2) << big.out;
+  EXPECT_NE(big.out.find("--batch-sizes 2: a batch holds questions of one task, and mt_bench has 1 (--per-task 2)"),
+            std::string::npos) << big.out;
+  EXPECT_EQ(big.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << big.out;
+  const CmdResult poetry = run("bench-spec --threads 1 --questions " + odd + " --max-tokens 2");
+  EXPECT_EQ(poetry.exit_code, 1) << poetry.out;
+  EXPECT_NE(poetry.out.find(odd + ":1: category 'poetry' is not a Spec-Bench task"), std::string::npos) << poetry.out;
+  const CmdResult empty_turn = run("bench-spec --threads 1 --questions " + blank + " --max-tokens 2");
+  EXPECT_EQ(empty_turn.exit_code, 1) << empty_turn.out;
+  EXPECT_NE(empty_turn.out.find(blank + ":1: turns[0] is empty"), std::string::npos) << empty_turn.out;
+  const CmdResult one = run("bench-spec --questions " + two + " --max-tokens 1");
+  EXPECT_EQ(one.exit_code, 2) << one.out;
+  EXPECT_NE(one.out.find("--max-tokens"), std::string::npos) << one.out;
   fs::remove_all(dir);
 }
 
@@ -551,6 +572,17 @@ TEST(CliChecks, HelpShowsTheDefaults) {
   EXPECT_NE(help_line(s.out, "--drain-timeout").find("=60"), std::string::npos) << s.out;
   const CmdResult u = run("up --help");
   EXPECT_NE(help_line(u.out, "--drain-timeout").find("=60"), std::string::npos) << u.out;
+  // bench-model's --repeats, --prompt-lengths and --decode-tokens said nothing of their defaults
+  // (helper review of the CLI). CLI11 puts a long option's text on the next line.
+  const CmdResult b = run("bench-model --help");
+  for (const auto& [flag, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--repeats", "(default 3)"}, {"--prompt-lengths", "default: 256 512"}, {"--decode-tokens", "(default 128)"}}) {
+    const size_t at = b.out.find(flag + " ");
+    ASSERT_NE(at, std::string::npos) << flag << "\n" << b.out;
+    const size_t next = b.out.find("\n  --", at + 1);
+    EXPECT_NE(b.out.substr(at, next == std::string::npos ? std::string::npos : next - at).find(want), std::string::npos)
+        << flag << "\n" << b.out;
+  }
 }
 
 }  // namespace

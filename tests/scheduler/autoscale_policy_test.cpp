@@ -336,6 +336,32 @@ TEST(AutoscalePolicy, BurstDuringDrainUndrainsInsteadOfColdStarting) {
   EXPECT_EQ(d.start, (std::vector<int32_t>{2}));
 }
 
+// Review of the draft-worker replacement: a replica that is leaving (its worker stopping, or its
+// draft worker dead and a replacement promoted) was undrained when a burst came; a draftless
+// ready replica is drained first on a scale-down, and never into the pool.
+TEST(AutoscalePolicy, LeavingReplicasAreNotUndrainedAndDraftlessOnesDrainFirstToStop) {
+  Autoscaler a(opts(1, 3, 1, /*up=*/0.0, /*down=*/0.0), 3);
+  AutoscaleInput in;
+  in.replicas = {rv(0, S::kReady, 0), rv(1, S::kDraining, 1), rv(2, S::kStandby)};
+  in.replicas[1].leaving = true;
+  in.num_queued = 10;  // a burst wants every slot
+  auto d = a.tick(in);
+  EXPECT_TRUE(d.undrain.empty()) << "a leaving replica was undrained";
+  EXPECT_EQ(d.promote, (std::vector<int32_t>{2}));
+  EXPECT_EQ(d.ongoing, 11) << "its request still counts as ongoing";
+
+  Autoscaler b(opts(1, 3, 1, /*up=*/0.0, /*down=*/0.0), 2);
+  AutoscaleInput idle;
+  // Two ready, no load: one drains. The busier one is draftless: it goes, and to stop (the pool
+  // is short, yet a replica without its draft worker is no standby).
+  idle.replicas = {rv(0, S::kReady, 0), rv(1, S::kReady, 2)};
+  idle.replicas[1].draftless = true;
+  d = b.tick(idle);
+  ASSERT_EQ(d.drain.size(), 1u);
+  EXPECT_EQ(d.drain[0].replica, 1);
+  EXPECT_FALSE(d.drain[0].to_standby);
+}
+
 // Issue: a replica that never registered stayed `starting` forever and blocked the pool refill.
 TEST(AutoscalePolicy, StuckStartingIsAbandonedAndRetriedWithBackoff) {
   AutoscaleOptions o = opts(1, 2, 1);

@@ -22,6 +22,14 @@ RebalanceLoad rep(int32_t id, int32_t assigned, int32_t max_num_seqs = 64, bool 
   return l;
 }
 
+/// A routed replica whose KV cache is full, with `kv_waiting` requests waiting for cache room.
+RebalanceLoad full(int32_t id, int32_t assigned, int32_t max_num_seqs, int32_t kv_waiting) {
+  RebalanceLoad l = rep(id, assigned, max_num_seqs);
+  l.kv_full = true;
+  l.kv_waiting = kv_waiting;
+  return l;
+}
+
 RebalanceOptions opts(bool running = true, int32_t min_imbalance = 4) {
   RebalanceOptions o;
   o.running = running;
@@ -53,6 +61,15 @@ std::vector<Case> cases() {
       {"waiting_go_to_free_slots", {rep(0, 4, 2), rep(1, 0, 2)}, opts(), {{0, 2, false}}},
       {"waiting_bounded_by_free_slots", {rep(0, 6, 2), rep(1, 1, 2)}, opts(), {{0, 1, false}}},
       {"waiting_first_running_not_asked_in_the_same_plan", {rep(0, 70, 64), rep(1, 0, 64)}, opts(), {{0, 6, false}}},
+      // ---- rule 1 under KV pressure (helper review of the autoscaler: a replica preempting with
+      // fewer requests than its batch kept them beside a replica promoted for that pressure) ----
+      {"kv_waiting_go_to_a_replica_with_room", {full(0, 3, 8, 2), rep(1, 0, 8)}, opts(), {{0, 2, false}}},
+      {"kv_waiting_bounded_by_free_slots", {full(0, 5, 8, 4), rep(1, 6, 8)}, opts(), {{0, 2, false}}},
+      {"kv_waiting_counts_only_when_full", {[] { RebalanceLoad l = rep(0, 3, 8); l.kv_waiting = 2; return l; }(), rep(1, 0, 8)},
+       opts(), {}},
+      {"full_replica_is_no_receiver_of_waiting", {rep(0, 4, 2), full(1, 0, 2, 0)}, opts(), {}},
+      {"full_replica_is_no_receiver_of_running", {rep(0, 48), full(1, 0, 64, 0)}, opts(), {}},
+      {"both_full_nothing_moves", {full(0, 3, 8, 2), full(1, 0, 8, 0)}, opts(), {}},
       {"waiting_slots_shared_in_replica_order", {rep(2, 4, 2), rep(0, 3, 2), rep(1, 0, 2)}, opts(), {{0, 1, false}, {2, 1, false}}},
       {"no_free_slot_no_waiting_handback", {rep(0, 4, 2), rep(1, 2, 2)}, opts(), {}},
       // ---- rule 2: running toward an even share ----
@@ -99,7 +116,11 @@ TEST(Rebalance, RandomLoadsKeepTheInvariants) {
     for (int i = 0; i < n; ++i) {
       const int32_t cap = 1 + static_cast<int32_t>(rng() % 16);
       loads.push_back(rep(i, static_cast<int32_t>(rng() % (2 * cap + 1)), cap, rng() % 5 != 0));
-      free_slots += std::max(0, cap - loads.back().assigned);
+      if (rng() % 4 == 0) {
+        loads.back().kv_full = true;
+        loads.back().kv_waiting = static_cast<int32_t>(rng() % (loads.back().assigned + 1));
+      }
+      if (!loads.back().kv_full) free_slots += std::max(0, cap - loads.back().assigned);
     }
     const RebalanceOptions o = opts(true, 1 + static_cast<int32_t>(rng() % 4));
     const std::vector<Reclaim> plan = plan_rebalance(loads, o);
@@ -110,7 +131,8 @@ TEST(Rebalance, RandomLoadsKeepTheInvariants) {
       ASSERT_TRUE(loads[static_cast<size_t>(c.replica)].eligible);
       ASSERT_EQ(seen[static_cast<size_t>(c.replica)]++, 0);
       ASSERT_LE(c.count, loads[static_cast<size_t>(c.replica)].assigned);
-      if (!c.running) ASSERT_LE(c.count, loads[static_cast<size_t>(c.replica)].assigned - loads[static_cast<size_t>(c.replica)].max_num_seqs);
+      const RebalanceLoad& g = loads[static_cast<size_t>(c.replica)];
+      if (!c.running) ASSERT_LE(c.count, std::max(g.assigned - g.max_num_seqs, g.kv_full ? g.kv_waiting : 0));
       asked += c.count;
     }
     ASSERT_LE(asked, free_slots) << "trial " << trial;
@@ -123,7 +145,7 @@ TEST(Rebalance, RandomLoadsKeepTheInvariants) {
       for (int64_t k = 0; k < asked; ++k) {
         size_t best = a.size();
         for (size_t i = 0; i < a.size(); ++i) {
-          if (a[i] >= loads[i].max_num_seqs) continue;
+          if (a[i] >= loads[i].max_num_seqs || loads[i].kv_full) continue;
           if (best == a.size() || a[i] < a[best]) best = i;
         }
         ASSERT_LT(best, a.size());

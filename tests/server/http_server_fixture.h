@@ -140,6 +140,8 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
           s.autoscale.enabled = true;
           s.autoscale.target_ready = 1;
           s.autoscale.num_promotions = 1;
+          s.autoscale.num_cold_starts = 3;
+          s.autoscale.num_failed_starts = 2;
         }
         if (fc->with_prefill) {
           s.replicas[0].load = fc->shard0;

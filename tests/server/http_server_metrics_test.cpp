@@ -163,6 +163,36 @@ TEST_F(HttpServerTest, LifecycleMetricsShowStatesTimeInEachAndPromotionTimes) {
   EXPECT_NE(b.find(R"(specserve:replica_promotion_routable_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
   EXPECT_NE(b.find(R"(specserve:replica_promotion_dispatch_seconds{model_name="fake",replica="0"} )"), std::string::npos) << b;
   EXPECT_TRUE(has(R"(specserve:autoscaler_promotions_total{model_name="fake"} 1)")) << b;
+  // Helper review of the autoscaler: failed starts counted as cold starts with nothing to tell
+  // them apart.
+  EXPECT_TRUE(has(R"(specserve:autoscaler_cold_starts_total{model_name="fake"} 3)")) << b;
+  EXPECT_TRUE(has(R"(specserve:autoscaler_failed_starts_total{model_name="fake"} 2)")) << b;
+}
+
+// Helper review of the autoscaler: a request that failed on the cluster (finish_reason error)
+// was counted nowhere in /metrics, so a cluster failing every request looked idle.
+TEST_F(HttpServerTest, FailedRequestsAreCountedApartFromSuccesses) {
+  start();
+  auto c = client();
+  // 0 before the first failure (no sample at all before: rate() had nothing to work on).
+  auto m0 = c.Get("/metrics");
+  ASSERT_TRUE(m0);
+  EXPECT_NE(m0->body.find("specserve:request_failure_total{model_name=\"fake\"} 0\n"), std::string::npos) << m0->body;
+  auto ok = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  fc_->fail_with = "the replica failed";
+  for (int i = 0; i < 2; ++i) {
+    auto bad = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 500) << bad->body;
+  }
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string& b = m->body;
+  EXPECT_NE(b.find("specserve:request_failure_total{model_name=\"fake\"} 2\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("specserve:request_success_total{model_name=\"fake\",finished_reason=\"length\"} 1\n"), std::string::npos) << b;
+  EXPECT_EQ(b.find("finished_reason=\"error\""), std::string::npos) << b;
 }
 
 }  // namespace

@@ -354,14 +354,15 @@ TEST_F(HttpServerTest, StopRightAfterStartReturns) {
 }
 
 // Bug: a failure the cluster reports for a prompt longer than the context (a request that came
-// before any replica had registered its max_model_len) was a 500.
-TEST_F(HttpServerTest, PromptTooLongFromTheClusterIs413) {
+// before any replica had registered its max_model_len) was a 500 (then a 413: now the 400
+// context_length_exceeded of vLLM and OpenAI, as when the front end checks).
+TEST_F(HttpServerTest, PromptTooLongFromTheClusterIs400ContextLengthExceeded) {
   fc_->fail_with = "prompt too long: needs 2002 token positions but the largest max_model_len of any replica is 1024";
   start();
   auto c = client();
   auto r = c.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 3})", "application/json");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(r->status, 400) << r->body;
   const json e = json::parse(r->body)["error"];
   EXPECT_EQ(e["code"], "context_length_exceeded");
   EXPECT_EQ(e["param"], "prompt");

@@ -187,10 +187,12 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
     EXPECT_EQ(j["error"]["message"], e->message);
     EXPECT_EQ(j["error"]["type"], e->type);
   }
-  // A prompt longer than the context: 413, naming the field.
+  // A prompt longer than the context: 400 context_length_exceeded (vLLM's and OpenAI's answer;
+  // it was a 413, which clients read as a body-size error), naming the field.
   auto e = parse(json{{"prompt", long_prompt}}.dump(), ApiKind::kCompletion, nullptr, 64);
   ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->http_status, 413);
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->code, "context_length_exceeded");
   EXPECT_EQ(e->param, "prompt");
   EXPECT_NE(e->message.find("maximum context length is 64"), std::string::npos) << e->message;
 }

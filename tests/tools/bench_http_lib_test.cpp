@@ -328,6 +328,12 @@ TEST(Summarize, VllmDefinitions) {
   EXPECT_NE(text.find("HTTP 400: max_tokens must be at least 1"), std::string::npos);
   const std::string table = format_table({s, s});
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 4);
+  EXPECT_EQ(table.find("n/a"), std::string::npos) << table;
+  // A run where nothing completed: its latencies are "n/a" in the summary and the table, not 0.
+  const BenchSummary none = summarize({}, 1.0, 1);
+  EXPECT_NE(format_summary(none, "x").find("Mean TTFT (ms):                          n/a"), std::string::npos);
+  const std::string t2 = format_table({none});
+  EXPECT_NE(t2.find("| n/a | n/a | n/a | n/a |"), std::string::npos) << t2;
 }
 
 }  // namespace

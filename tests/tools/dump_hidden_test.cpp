@@ -176,7 +176,15 @@ TEST(DumpHidden, OverwriteIsWholeOrHasNoIndex) {
   o.out_dir = (dir / "out").string();
   o.max_new_tokens = 3;
   o.write_weights = false;
+  // A previous dump's weights (of another model, perhaps): a dump --no-weights removes them
+  // (they were left, and the trainers read them as this dump's).
+  std::filesystem::create_directories(dir / "out");
+  std::ofstream(dir / "out" / "head.npy") << "stale";
+  std::ofstream(dir / "out" / "embed.npy") << "stale";
   ASSERT_TRUE(dump_hidden(*lm, o).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "head.npy"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "embed.npy"));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "out" / "index.json"))["weights"], false);
   const auto [rows1, indexed1] = rows_and_index(dir / "out");
   ASSERT_GT(rows1, 0);
   ASSERT_EQ(rows1, indexed1);
@@ -204,6 +212,32 @@ TEST(DumpHidden, OverwriteIsWholeOrHasNoIndex) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "argmax.npy"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "notes.txt"));
   EXPECT_FALSE(has_partial(dir / "out"));
+  std::filesystem::remove_all(dir);
+}
+
+// Helper review of the CLI: past the model's context the error was the engine's ("max_model_len
+// = 9004 exceeds the model's context length 8192"), a number the user never gave.
+TEST(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const int64_t ctx = lm->model->config().context_length;
+  ASSERT_GT(ctx, 0);
+  const auto dir = temp_dir("context");
+  std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"Hello there\"}\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = static_cast<int32_t>(ctx);
+  o.write_weights = false;
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  const std::string m = r.status().message();
+  for (const std::string& w : std::vector<std::string>{"--max-new-tokens " + std::to_string(ctx), "--max-prompt-tokens",
+                                                       "context length " + std::to_string(ctx), "lower --max-new-tokens to at most"}) {
+    EXPECT_NE(m.find(w), std::string::npos) << "'" << w << "' in " << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out")) << "a failed dump leaves nothing";
   std::filesystem::remove_all(dir);
 }
 

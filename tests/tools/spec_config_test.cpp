@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 
 #include "actors/proposer_factory.h"
@@ -242,6 +243,38 @@ Expected<std::optional<SpeculativeSpec>> parse_with_flag(int k_flag, const std::
   a.speculative_config = json;
   EngineOptions local;
   return parse_spec_args(a, eo ? eo : &local);
+}
+
+TEST(SpecConfig, FlagAndJsonModelMustAgree) {
+  // --speculative-model X with {"model": Y} used Y silently; refused naming both, like k.
+  SpecArgs a;
+  a.speculative_model = "/models/x.gguf";
+  a.speculative_config = R"({"method": "draft_model", "model": "/models/y.gguf", "num_speculative_tokens": 3})";
+  EngineOptions eo;
+  auto r = parse_spec_args(a, &eo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  for (const char* w : {"--speculative-model /models/x.gguf", "model = /models/y.gguf", "disagree"}) {
+    EXPECT_NE(r.status().message().find(w), std::string::npos) << "'" << w << "' in " << r.status().message();
+  }
+  // The same path (written the same or another way) is fine, as is either one alone.
+  for (auto [flag, json] : {std::pair<const char*, const char*>{"/models/x.gguf", R"({"model": "/models/x.gguf", "num_speculative_tokens": 3})"},
+                            {"/models/./x.gguf", R"({"model": "/models/x.gguf", "num_speculative_tokens": 3})"},
+                            {"/models/x.gguf", R"({"method": "draft_model", "num_speculative_tokens": 3})"},
+                            {"", R"({"model": "/models/x.gguf", "num_speculative_tokens": 3})"}}) {
+    a.speculative_model = flag;
+    a.speculative_config = json;
+    auto ok = parse_spec_args(a, &eo);
+    ASSERT_TRUE(ok.ok()) << flag << " " << json << ": " << ok.status().to_string();
+    ASSERT_TRUE(ok->has_value());
+    EXPECT_EQ((*ok)->method, SpeculativeMethod::kDraftModel) << json;
+  }
+  // A relative and an absolute path of one existing file are one file.
+  const std::string abs = std::filesystem::absolute(SPECSERVE_SOURCE_DIR "/README.md").string();
+  a.speculative_model = std::filesystem::relative(abs).string();
+  a.speculative_config = R"({"model": ")" + abs + R"(", "num_speculative_tokens": 3})";
+  auto same = parse_spec_args(a, &eo);
+  EXPECT_TRUE(same.ok()) << a.speculative_model << " vs " << abs << ": " << same.status().to_string();
 }
 
 TEST(SpecConfig, WithFieldNamesTheFieldOnce) {

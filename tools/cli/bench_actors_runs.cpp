@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -21,6 +23,37 @@
 
 namespace specserve::cli::bench_actors {
 namespace {
+
+/// A mkdtemp directory (the topology, the cluster token, the `up` log) removed when the run
+/// returns after finishing (done()); after an error it stays, and the path is printed, since the
+/// errors point at its up.log. Declared before the paths, so it goes after they have stopped.
+/// NOTE: it stayed without a word on every error return, and once the run ended that way the
+/// error's "its log: DIR/up.log" was the only trace of it.
+class RunDir {
+ public:
+  RunDir() {
+    char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
+    if (::mkdtemp(tmpl)) path_ = tmpl;
+  }
+  ~RunDir() {
+    if (path_.empty()) return;
+    if (!done_) {
+      std::fprintf(stderr, "[bench-actors] kept %s (the topology and the cluster's up.log) for a look; remove it when done\n",
+                   path_.c_str());
+      return;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+  const std::string& path() const { return path_; }  ///< "" when mkdtemp failed
+  void done() { done_ = true; }
+
+ private:
+  std::string path_;
+  bool done_ = false;
+};
 
 // ---------------------------------------------------------------- the topology shared by all paths
 
@@ -69,12 +102,6 @@ void add_machine_fields(json* out, const std::string& yaml, const std::string& l
 
 Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int threads, LoadedModel* lm, Backend* backend,
                             const std::vector<Question>& questions, const OverheadConfig& cfg, std::string* markdown) {
-  char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
-  if (!::mkdtemp(tmpl)) return internal_error("mkdtemp failed");
-  const std::string dir = tmpl;
-  std::string yaml;
-  auto topo = write_topology(dir, a, model, cfg.spec, &yaml);
-  if (!topo.ok()) return topo.status();
   // The direct Engine always runs (it is the peer); the actor paths the flags ask for.
   std::vector<std::string> paths = {"direct"};
   for (const char* p : {"actor", "network"}) {
@@ -83,6 +110,12 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
     }
   }
   if (paths.size() < 2) return invalid_argument("--paths: name at least one of actor, network");
+  RunDir run_dir;
+  if (run_dir.path().empty()) return internal_error(std::string("mkdtemp /tmp/specserve-bench-actors-XXXXXX: ") + std::strerror(errno));
+  const std::string& dir = run_dir.path();
+  std::string yaml;
+  auto topo = write_topology(dir, a, model, cfg.spec, &yaml);
+  if (!topo.ok()) return topo.status();
   std::string names;
   for (const auto& p : paths) names += (names.empty() ? "" : ", ") + p;
   std::fprintf(stderr, "[bench-actors] overhead, speculation %s: starting the paths (%s)\n", cfg.name.c_str(), names.c_str());
@@ -241,9 +274,7 @@ Expected<json> run_overhead(const BenchArgs& a, const std::string& model, int th
                "greedy mismatches %d\n",
                cfg.name.c_str(), out["machine_during"]["other_processes_cores"].get<double>(), load0.c_str(),
                out["loadavg_after"].get<std::string>().c_str(), mismatches);
-  std::error_code ec;
-  network.reset();
-  std::filesystem::remove_all(dir, ec);
+  run_dir.done();
   return out;
 }
 
@@ -260,9 +291,9 @@ int level_requests(const BenchArgs& a, int n) { return std::max(n * a.requests_p
 Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int threads, LoadedModel* lm, Backend* backend,
                                const std::vector<Question>& qs, const std::optional<SpeculativeSpec>& spec,
                                std::string* markdown) {
-  char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
-  if (!::mkdtemp(tmpl)) return internal_error("mkdtemp failed");
-  const std::string dir = tmpl;
+  RunDir run_dir;
+  if (run_dir.path().empty()) return internal_error(std::string("mkdtemp /tmp/specserve-bench-actors-XXXXXX: ") + std::strerror(errno));
+  const std::string& dir = run_dir.path();
   std::string yaml;
   auto topo = write_topology(dir, a, model, spec, &yaml);
   if (!topo.ok()) return topo.status();
@@ -350,10 +381,7 @@ Expected<json> run_concurrency(const BenchArgs& a, const std::string& model, int
   std::fprintf(stderr, "[bench-actors] concurrency: other processes used %.2f cores meanwhile (load %s -> %s)\n",
                out["machine_during"]["other_processes_cores"].get<double>(), load0.c_str(),
                out["loadavg_after"].get<std::string>().c_str());
-  network.reset();
-  inproc.reset();
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  run_dir.done();
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -33,6 +34,7 @@
 #include "model/tokenizer.h"
 #include "tools/cli/bench_http_client.h"
 #include "tools/cli/bench_http_lib.h"
+#include "tools/cli/output_file_lib.h"
 #include "tools/cli/registry.h"
 #include "tools/cli/subcommands.h"
 
@@ -175,6 +177,21 @@ int run_bench(const HttpBenchArgs& a) {
     if (extra.is_discarded() || !extra.is_object()) return fail("--extra-body is not a JSON object: " + a.extra_body);
   }
   if (!a.plot.empty() && !std::filesystem::path(a.plot).has_filename()) return fail("--plot needs a file name (e.g. out.png)");
+  // NOTE: checked before the run (minutes): a path in a missing directory was found only at the
+  // end, and a --plot that could not be drawn (no matplotlib, the script failed) exited 0.
+  if (!a.output_json.empty()) {
+    if (Status st = check_output_file("--output-json", a.output_json); !st.ok()) return fail(st.message());
+  }
+  std::optional<std::string> plot_python;
+  if (!a.plot.empty()) {
+    if (Status st = check_output_file("--plot", a.plot); !st.ok()) return fail(st.message());
+    std::string tried;
+    plot_python = find_plot_python(&tried);
+    if (!plot_python) {
+      return fail("--plot " + a.plot + ": no python with matplotlib (tried " + tried +
+                  "); `scripts/venv.sh --with-plot` installs one, or set SPECSERVE_PYTHON");
+    }
+  }
 
   auto all = load_prompts(a.dataset);
   if (!all.ok()) return fail("--dataset: " + all.status().message());
@@ -229,11 +246,12 @@ int run_bench(const HttpBenchArgs& a) {
       return fail("warm-up request to " + t.describe() + " failed: " +
                   (w.http_status ? "HTTP " + std::to_string(w.http_status) + ": " : "") + w.error);
     }
-    std::fprintf(stderr, "[bench] warm-up: %lld output tokens, TTFT %.0f ms, %.2f s\n",
-                 static_cast<long long>(w.output_tokens), w.ttft_s * 1e3, w.latency_s);
-    if (w.num_deltas == 0) std::fprintf(stderr, "[bench] warning: the warm-up response carried no content delta\n");
-    warmup = {{"output_tokens", w.output_tokens}, {"ttft_ms", w.ttft_s * 1e3}, {"e2el_ms", w.latency_s * 1e3},
-              {"usage_reported", w.usage_reported}};
+    const bool any = w.num_deltas > 0;  // no content: no TTFT (n/a, null), not 0
+    std::fprintf(stderr, "[bench] warm-up: %lld output tokens, TTFT %s, %.2f s\n", static_cast<long long>(w.output_tokens),
+                 any ? (std::to_string(std::lround(w.ttft_s * 1e3)) + " ms").c_str() : "n/a", w.latency_s);
+    if (!any) std::fprintf(stderr, "[bench] warning: the warm-up response carried no content delta\n");
+    warmup = {{"output_tokens", w.output_tokens}, {"ttft_ms", any ? json(w.ttft_s * 1e3) : json(nullptr)},
+              {"e2el_ms", w.latency_s * 1e3}, {"usage_reported", w.usage_reported}};
   }
 
   std::vector<BenchSummary> summaries;
@@ -284,29 +302,22 @@ int run_bench(const HttpBenchArgs& a) {
     temp_json = true;
   }
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << out.dump(1) << "\n";
-    if (!f) return fail("cannot write --output-json '" + json_path + "'");
+    if (Status st = write_output_file("--output-json", json_path, out.dump(1) + "\n"); !st.ok()) return fail(st.message());
     if (!temp_json) std::fprintf(stderr, "[bench] wrote %s\n", json_path.c_str());
   }
+  bool plot_failed = false;
   if (!a.plot.empty()) {
-    std::string tried;
     const std::string script = std::string(SPECSERVE_SOURCE_DIR) + "/bench/plot_http_bench.py";
-    if (auto py = find_plot_python(&tried)) {
-      if (run_process({*py, script, "-o", a.plot, json_path}, false) == 0) {
-        std::fprintf(stderr, "[bench] wrote %s\n", a.plot.c_str());
-      } else {
-        std::fprintf(stderr, "[bench] --plot: %s %s failed; no plot\n", py->c_str(), script.c_str());
-      }
+    if (run_process({*plot_python, script, "-o", a.plot, json_path}, false) == 0) {
+      std::fprintf(stderr, "[bench] wrote %s\n", a.plot.c_str());
     } else {
-      std::fprintf(stderr,
-                   "[bench] --plot skipped: no python with matplotlib (tried %s); `scripts/venv.sh --with-plot` "
-                   "installs one, or set SPECSERVE_PYTHON\n",
-                   tried.c_str());
+      std::fprintf(stderr, "specserve bench: error: --plot: %s %s failed; no plot%s\n", plot_python->c_str(), script.c_str(),
+                   temp_json ? "" : (" (the numbers are in " + json_path + ")").c_str());
+      plot_failed = true;
     }
     if (temp_json) std::filesystem::remove(json_path);
   }
-  return any_empty ? 1 : 0;
+  return any_empty || plot_failed ? 1 : 0;
 }
 
 }  // namespace
@@ -365,6 +376,8 @@ void add_bench_http(CLI::App& app) {
       "Every request streams (stream: true, stream_options.include_usage). Per request: TTFT = send -> first non-empty\n"
       "content delta; ITL = gap between deltas; TPOT = (latency - TTFT) / (output tokens - 1); output tokens from usage,\n"
       "else the number of deltas. Throughputs divide by the level's wall time. Progress goes to stderr, the report to stdout.\n"
+      "Exit status: 0 when every concurrency level completed at least one request (failed requests are counted and\n"
+      "listed in the report); 1 when a level completed none, a warm-up or a check failed, or --plot could not draw.\n"
       "bench/run_http_bench.sh compares specserve's server with llama.cpp's.");
   register_command("bench", [a] { return run_bench(*a); });
 }

@@ -109,7 +109,7 @@ RequestResult run_request(httplib::Client& cli, const Target& t, const BenchProm
   std::string content_type, error_body, raw_head;
   SseParser parser;
   Clock::time_point t0, last;
-  bool stop = false;
+  bool stop = false, saw_done = false;
   auto on_event = [&](std::string_view data) {
     if (stop) return;
     const Clock::time_point now = Clock::now();
@@ -124,7 +124,10 @@ RequestResult run_request(httplib::Client& cli, const Target& t, const BenchProm
       stop = true;
       return;
     }
-    if (chunk->done) return;
+    if (chunk->done) {
+      saw_done = true;
+      return;
+    }
     if (!chunk->text.empty()) {
       if (r.num_deltas == 0) {
         r.ttft_s = std::chrono::duration<double>(now - t0).count();
@@ -177,6 +180,13 @@ RequestResult run_request(httplib::Client& cli, const Target& t, const BenchProm
   if (parser.num_events() == 0) {
     r.error = "response of " + t.describe() + " is not an event stream (Content-Type: " +
               (content_type.empty() ? "none" : content_type) + "): " + error_message_of(raw_head);
+    return r;
+  }
+  // NOTE: a stream cut short (the server died, a proxy timed out) ends with neither a
+  // finish_reason nor data: [DONE]; it was counted a success, its partial text and token count in
+  // the figures. Either one ends a stream (some servers send no [DONE]: older llama.cpp).
+  if (!saw_done && r.finish_reason.empty()) {
+    r.error = "the event stream of " + t.describe() + " ended with no finish_reason and no data: [DONE] (cut short)";
     return r;
   }
   if (!r.usage_reported) r.output_tokens = r.num_deltas;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -388,7 +389,7 @@ json requests_json(const std::vector<RequestResult>& results) {
                  {"output_tokens", r.output_tokens},
                  {"usage_reported", r.usage_reported},
                  {"num_deltas", r.num_deltas},
-                 {"ttft_ms", r.ttft_s * 1e3},
+                 {"ttft_ms", r.num_deltas > 0 ? json(r.ttft_s * 1e3) : json(nullptr)},  // null: no token came
                  {"e2el_ms", r.latency_s * 1e3},
                  {"itl_ms", std::move(itl)},
                  {"finish_reason", r.finish_reason},
@@ -426,10 +427,13 @@ std::string format_summary(const BenchSummary& s, const std::string& label) {
   auto block = [&](const char* title, const char* abbrev, const LatencyStats& l) {
     head(title);
     const std::string a = abbrev;
-    row("Mean " + a + " (ms)", fmt("%.2f", l.mean_ms));
-    row("Median " + a + " (ms)", fmt("%.2f", l.median_ms));
-    row("P90 " + a + " (ms)", fmt("%.2f", l.p90_ms));
-    row("P99 " + a + " (ms)", fmt("%.2f", l.p99_ms));
+    // No samples (no request produced a token, or none produced two): "n/a", not a 0.00 that
+    // reads as a measurement.
+    auto v = [&](double ms) { return l.count > 0 ? fmt("%.2f", ms) : std::string("n/a"); };
+    row("Mean " + a + " (ms)", v(l.mean_ms));
+    row("Median " + a + " (ms)", v(l.median_ms));
+    row("P90 " + a + " (ms)", v(l.p90_ms));
+    row("P99 " + a + " (ms)", v(l.p99_ms));
   };
   block("Time to First Token", "TTFT", s.ttft);
   block("Time per Output Token (excl. 1st token)", "TPOT", s.tpot);
@@ -456,15 +460,25 @@ std::string format_table(const std::vector<BenchSummary>& runs) {
   o << "| concurrency | ok / failed | req/s | output tok/s | total tok/s | TTFT p50 / p90 / p99 (ms) "
        "| TPOT p50 / p90 / p99 (ms) | ITL p50 / p99 (ms) | E2E p50 / p99 (s) |\n"
     << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  // A latency with no sample: "n/a" (as in format_summary), not a 0 that reads as measured.
+  auto cell = [](const LatencyStats& l, std::initializer_list<double> values, const char* f, double scale) {
+    if (l.count == 0) return std::string("n/a");
+    std::string out;
+    char buf[64];
+    for (double v : values) {
+      std::snprintf(buf, sizeof(buf), f, v / scale);
+      out += (out.empty() ? "" : " / ") + std::string(buf);
+    }
+    return out;
+  };
   for (const BenchSummary& s : runs) {
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "| %d | %d / %d | %.2f | %.1f | %.1f | %.0f / %.0f / %.0f | %.1f / %.1f / %.1f | %.1f / %.1f | %.2f / %.2f |\n",
-                  s.max_concurrency, s.completed, s.failed, s.request_throughput, s.output_throughput,
-                  s.total_token_throughput, s.ttft.median_ms, s.ttft.p90_ms, s.ttft.p99_ms, s.tpot.median_ms,
-                  s.tpot.p90_ms, s.tpot.p99_ms, s.itl.median_ms, s.itl.p99_ms, s.e2el.median_ms / 1e3,
-                  s.e2el.p99_ms / 1e3);
-    o << buf;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "| %d | %d / %d | %.2f | %.1f | %.1f | ", s.max_concurrency, s.completed, s.failed,
+                  s.request_throughput, s.output_throughput, s.total_token_throughput);
+    o << buf << cell(s.ttft, {s.ttft.median_ms, s.ttft.p90_ms, s.ttft.p99_ms}, "%.0f", 1) << " | "
+      << cell(s.tpot, {s.tpot.median_ms, s.tpot.p90_ms, s.tpot.p99_ms}, "%.1f", 1) << " | "
+      << cell(s.itl, {s.itl.median_ms, s.itl.p99_ms}, "%.1f", 1) << " | "
+      << cell(s.e2el, {s.e2el.median_ms, s.e2el.p99_ms}, "%.2f", 1e3) << " |\n";
   }
   return o.str();
 }

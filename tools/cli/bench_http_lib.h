@@ -187,7 +187,7 @@ BenchSummary summarize(const std::vector<RequestResult>& results, double duratio
 nlohmann::json summary_json(const BenchSummary& s);
 
 /// The per-request detail of a run as JSON: one object per request (category, prompt_tokens,
-/// output_tokens, ttft_ms, e2el_ms, itl_ms, finish_reason, generated_text, http_status, error).
+/// output_tokens, ttft_ms (null when no token came), e2el_ms, itl_ms, finish_reason, generated_text, http_status, error).
 nlohmann::json requests_json(const std::vector<RequestResult>& results);
 
 /// vLLM's "Serving Benchmark Result" block for one run, as text.

@@ -505,9 +505,9 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--synthetic", a->synthetic,
                   "Instead of --model: a model shaped like llama-1b or llama-8b (or llama-tiny) with random bf16 weights, built in memory");
   sub->add_option("--decode-batches", a->decode_batches, "Decode batch sizes to time (default: 1)");
-  sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported")->check(CLI::Range(1, 100));
-  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time (decode follows a --decode-context-token prompt)");
-  sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time")->check(CLI::Range(1, 4096));
+  sub->add_option("--repeats", a->repeats, "Runs per figure; the median is reported (default 3)")->check(CLI::Range(1, 100));
+  sub->add_option("--prompt-lengths", a->prompt_lengths, "Prefill lengths to time (default: 256 512; decode follows a --decode-context-token prompt)");
+  sub->add_option("--decode-tokens", a->decode_tokens, "Decode steps to time (default 128)")->check(CLI::Range(1, 4096));
   sub->add_option("--decode-context", a->decode_context,
                   "Tokens each sequence has cached when the timed decode steps start (llama-bench's depth; default 64)")
       ->capture_default_str();

@@ -45,10 +45,14 @@ struct BenchArgs {
   std::string output;
 };
 
-// Spec-Bench's six tasks; MT-bench's eight categories form "mt_bench".
+// Spec-Bench's six tasks; MT-bench's eight categories form "mt_bench". Any other category is not
+// Spec-Bench's: "" (the caller refuses it, naming the line; it used to count as mt_bench).
 std::string task_of(const std::string& category) {
   static const std::set<std::string> kOwn = {"translation", "summarization", "qa", "math_reasoning", "rag"};
-  return kOwn.count(category) ? category : "mt_bench";
+  static const std::set<std::string> kMtBench = {"writing", "roleplay", "reasoning", "math",
+                                                 "coding", "extraction", "stem", "humanities", "mt_bench"};
+  if (kOwn.count(category)) return category;
+  return kMtBench.count(category) ? "mt_bench" : "";
 }
 
 struct Question { int id; std::string task; std::vector<int32_t> prompt; };
@@ -245,6 +249,16 @@ int run_bench(const BenchArgs& a) {
       return 1;
     }
     const std::string task = task_of(j["category"].get<std::string>());
+    if (task.empty()) {
+      std::fprintf(stderr, "specserve bench-spec: %s:%d: category '%s' is not a Spec-Bench task (translation, summarization, qa, "
+                   "math_reasoning, rag, or one of MT-bench's: writing, roleplay, reasoning, math, coding, extraction, stem, "
+                   "humanities)\n", a.questions.c_str(), lineno, j["category"].get<std::string>().c_str());
+      return 1;
+    }
+    if (j["turns"][0].get_ref<const std::string&>().empty()) {
+      std::fprintf(stderr, "specserve bench-spec: %s:%d: turns[0] is empty\n", a.questions.c_str(), lineno);
+      return 1;
+    }
     if (taken[task] >= a.per_task) continue;
     ++taken[task];
     // First turn only, through the chat template (Spec-Bench's setting for one-turn tasks).
@@ -259,6 +273,18 @@ int run_bench(const BenchArgs& a) {
     // An empty file ran every configuration over nothing and printed "-nanx" speedups (exit 0).
     std::fprintf(stderr, "specserve bench-spec: --questions %s holds no question\n", a.questions.c_str());
     return 2;
+  }
+  // Questions are batched within a task (per-task timing stays clean), so a batch can be no larger
+  // than the smallest task's question count: "--batch-sizes 8" with 3 questions a task ran
+  // batches of 3 under the heading "batch 8".
+  const auto smallest = std::min_element(taken.begin(), taken.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  for (int batch : a.batch_sizes) {
+    if (batch > smallest->second) {
+      std::fprintf(stderr, "specserve bench-spec: --batch-sizes %d: a batch holds questions of one task, and %s has %d (--per-task %d); "
+                   "give --per-task %d or more, or a smaller batch\n", batch, smallest->first.c_str(), smallest->second,
+                   a.per_task, batch);
+      return 2;
+    }
   }
   nlohmann::json report;
   report["model"] = path;
@@ -292,7 +318,17 @@ int run_bench(const BenchArgs& a) {
       }
       runs.push_back(std::move(*r));
     }
-    std::printf("\n## batch %d, greedy, %d questions per task, %d tokens each\n\n", batch, a.per_task, a.max_tokens);
+    // A task whose question count is not a multiple of the batch runs a smaller last group.
+    int64_t groups = 0;
+    for (const auto& [task, count] : taken) groups += (count + batch - 1) / batch;
+    const double mean_batch = static_cast<double>(qs.size()) / static_cast<double>(groups);
+    std::string questions_line;
+    for (const auto& [task, count] : taken) {
+      questions_line += (questions_line.empty() ? "" : ", ") + task + " " + std::to_string(count);
+    }
+    std::printf("\n## batch %d, greedy, %d tokens each; questions per task: %s", batch, a.max_tokens, questions_line.c_str());
+    if (mean_batch < batch) std::printf("; mean batch %.2f (a task's last group is smaller)", mean_batch);
+    std::printf("\n\n");
     std::printf("| method | mt_bench | translation | summarization | qa | math_reasoning | rag | overall | overall end-to-end | mean accepted tokens | tokens per step | acceptance rate | decode tokens/s | greedy mismatches |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const char* order[] = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"};
@@ -300,6 +336,7 @@ int run_bench(const BenchArgs& a) {
       nlohmann::json jr;
       jr["name"] = r.name;
       jr["batch"] = batch;
+      jr["mean_batch"] = mean_batch;
       std::printf("| %s |", r.name.c_str());
       for (const char* t : order) {
         auto it = r.tasks.find(t);
@@ -467,15 +504,16 @@ void add_bench_spec(CLI::App& app) {
                  "Spec-Bench question.jsonl (default: the project's shared/ folder beside the checkout, "
                  "../shared/data/spec_bench/question.jsonl)");
   sub->add_option("--per-task", a->per_task, "Questions per task (the first N of each)")->check(CLI::Range(1, 80))->capture_default_str();
-  sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question")->check(CLI::Range(1, 4096))->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "Tokens generated per question (2 or more: the speedup is measured after each sequence's first token)")->check(CLI::Range(2, 4096))->capture_default_str();
   sub->add_option("--threads", a->threads, "CPU threads (default: all)")->check(CLI::Range(0, 1024));
   sub->add_option("--device", a->device, "Where the model runs: cpu or cuda:N (default: cpu)");
   add_dtype_option(*sub, &a->dtype);
   add_enforce_eager_flag(*sub);
   add_gpu_memory_utilization_option(*sub, &a->gpu_memory_utilization,
                                     "cuda:N: fraction of the GPU's total memory to use for weights, activations and KV (vLLM's)");
-  sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8)")->check(CLI::Range(1, 1024))->capture_default_str();
-  sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare (repeatable)")->check(non_empty_json());
+  sub->add_option("--batch-sizes", a->batch_sizes, "Batch sizes to run (e.g. 1 8); a batch holds questions of one task, so each must be at most --per-task")->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_option("--spec", a->specs, "A --speculative-config JSON per method to compare with the baseline (repeatable; default: one, "
+                 R"({"method":"ngram","num_speculative_tokens":4}))")->check(non_empty_json());
   sub->add_option("--output", a->output, "Write the results as JSON here");
   register_command("bench-spec", [a] { return run_bench(*a); });
 }

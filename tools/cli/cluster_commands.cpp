@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/client.h"
 #include "cluster/launch.h"
 #include "cluster/process.h"
@@ -109,10 +111,12 @@ int run_status(const std::string& connect, const std::string& token_file, const 
       std::printf("}, \"prefill_worker\": %s", r.has_prefill_worker ? prefill_json(r.prefill_load).c_str() : "null");
       std::printf(", \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
                   "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"num_promotions\": %lld, "
-                  "\"num_cold_starts\": %lld}",
+                  "\"num_cold_starts\": %lld, \"num_start_failures\": %d, \"last_start_error\": %s, \"draft_lost\": %s}",
                   secs(r.cold_start_seconds, 4).c_str(), secs(r.promotion_routable_seconds, 6).c_str(),
                   secs(r.promotion_dispatch_seconds, 6).c_str(), secs(r.promotion_seconds, 4).c_str(),
-                  static_cast<long long>(r.num_promotions), static_cast<long long>(r.num_cold_starts));
+                  static_cast<long long>(r.num_promotions), static_cast<long long>(r.num_cold_starts), r.num_start_failures,
+                  r.last_start_error.empty() ? "null" : nlohmann::json(r.last_start_error).dump().c_str(),
+                  r.draft_lost ? "true" : "false");
     }
     const AutoscaleStatus& a = s.autoscale;
     auto list = [](const std::vector<double>& v) {
@@ -215,6 +219,15 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                           r.state_seconds_total[k]);
     }
     if (!line.empty()) std::printf("replica %d seconds in each state: %s\n", r.replica, line.c_str());
+    if (r.num_start_failures > 0) {
+      std::printf("replica %d: start failed %d time(s) in a row; last: %s\n", r.replica, r.num_start_failures,
+                  r.last_start_error.c_str());
+    }
+    if (r.draft_lost) {
+      // NOTE: its row said plain "ready" while it served without speculation.
+      std::printf("replica %d: its draft worker is down (or failed to load): it serves without speculation%s\n", r.replica,
+                  s.autoscale.enabled ? " (a replica whose draft worker died is replaced)" : "");
+    }
   }
   const AutoscaleStatus& a = s.autoscale;
   if (a.enabled) {

@@ -129,7 +129,8 @@ void add_dump_hidden(CLI::App& app) {
                   "compared (1: all rows, slowest)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   sub->add_flag("--no-weights", [args](int64_t) { args->opts.write_weights = false; },
-                "Do not write head.npy / embed.npy (the dequantized output head and embedding; default: written)");
+                "Do not write head.npy / embed.npy (the dequantized output head and embedding; default: written); a previous "
+                "dump's in --out are removed (they may be another model's)");
   sub->add_flag("--print-fingerprint", args->print_fingerprint,
                 "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
   sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();

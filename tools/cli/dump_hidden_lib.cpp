@@ -252,6 +252,16 @@ Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<Dum
   int32_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.prompt_length);
   eo.max_model_len = longest + o.max_new_tokens + 1;
+  // NOTE: past the model's context the engine's error named its own max_model_len, a number
+  // the user never gave: name the flags and what fits.
+  const int64_t ctx = lm.model->config().context_length;
+  if (ctx > 0 && eo.max_model_len > ctx) {
+    return invalid_argument("dump-hidden: the longest prompt kept (" + std::to_string(longest) + " token(s), --max-prompt-tokens " +
+                            std::to_string(o.max_prompt_tokens) + ") + --max-new-tokens " + std::to_string(o.max_new_tokens) +
+                            " + 1 = " + std::to_string(eo.max_model_len) + " positions exceed the model's context length " +
+                            std::to_string(ctx) + ": lower --max-new-tokens to at most " +
+                            std::to_string(std::max<int64_t>(0, ctx - longest - 1)) + " or --max-prompt-tokens");
+  }
   eo.max_num_seqs = o.max_num_seqs;
   eo.max_num_batched_tokens = std::max(2048, eo.max_model_len);
   eo.num_kv_blocks = static_cast<int64_t>(o.max_num_seqs) * ((eo.max_model_len + eo.block_size - 1) / eo.block_size) + 16;
@@ -358,6 +368,14 @@ Status publish(const fs::path& tmp, const fs::path& out, bool write_weights) {
   std::error_code ec;
   fs::remove(out / "index.json", ec);
   if (ec) return internal_error("dump-hidden: cannot remove the previous " + (out / "index.json").string() + ": " + ec.message());
+  // NOTE: a dump --no-weights over one with weights left the old head.npy / embed.npy beside
+  // it, which the trainers then read as this dump's (of another model, perhaps).
+  if (!write_weights) {
+    for (const char* name : {"head.npy", "embed.npy"}) {
+      fs::remove(out / name, ec);
+      if (ec) return internal_error("dump-hidden: cannot remove the previous " + (out / name).string() + ": " + ec.message());
+    }
+  }
   for (const std::string& name : dump_files(write_weights)) {
     fs::rename(tmp / name, out / name, ec);
     if (ec) return internal_error("dump-hidden: cannot move " + (tmp / name).string() + " to " + (out / name).string() + ": " + ec.message());
@@ -511,6 +529,7 @@ Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& 
   idx["num_argmax_checked"] = sum.num_argmax_checked;
   idx["check_every"] = o.check_every;
   idx["tied_output"] = cfg.tied_output;
+  idx["weights"] = o.write_weights;  // head.npy / embed.npy written (not with --no-weights)
   idx["eog_ids"] = std::vector<int32_t>(lm.tokenizer->eog_ids().begin(), lm.tokenizer->eog_ids().end());
   idx["target_config"] = {{"arch", cfg.arch},
                           {"hidden_size", cfg.hidden_size},

@@ -17,7 +17,8 @@
 //   head.npy     [vocab_size, hidden_size] float32      the output head, dequantized (tied: = embedding)
 //   embed.npy    [vocab_size, hidden_size] float32      the token embedding, dequantized
 //   index.json   sequences (offset, length, prompt_length, generated, line, finish), shapes,
-//                target_fingerprint, num_prompts_skipped, num_prompts_empty, ...
+//                target_fingerprint, weights (head.npy / embed.npy written), num_prompts_skipped,
+//                num_prompts_empty, ...
 // Positions of sequence i are rows [offset_i, offset_i + length_i); its first prompt_length_i are
 // the prompt (chat template applied), the rest the target's greedy continuation. Every position
 // whose hidden state the target computed is recorded, so the only generated token left out is
@@ -62,7 +63,7 @@ struct DumpHiddenOptions {
   /// compared with the generated token (num_argmax_mismatches; 1: every row, the slowest and
   /// most thorough). Logit rows cost a vocab x hidden GEMM each.
   int32_t check_every = 8;
-  bool write_weights = true;        ///< also write head.npy and embed.npy
+  bool write_weights = true;        ///< also write head.npy and embed.npy (false: a previous dump's are removed)
 };
 
 /// What a dump produced.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -88,6 +89,20 @@ Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& a, Engi
       // An empty "model" (an unset variable in a script) is not "no model": without a method it
       // used to fall back to n-gram lookup silently.
       if (model.empty()) return invalid_argument("--speculative-config: model is an empty path");
+      // NOTE: both given and different used to take the JSON's silently (a benchmark of the wrong
+      // draft); refused as vLLM-style num_speculative_tokens is. The same file written two ways
+      // (./d.gguf and d.gguf, relative and absolute, a link) is the same file.
+      auto same_file = [](const std::string& x, const std::string& y) {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (fs::path(x).lexically_normal() == fs::path(y).lexically_normal()) return true;
+        const bool eq = fs::equivalent(x, y, ec);
+        return !ec && eq;
+      };
+      if (!a.speculative_model.empty() && !same_file(a.speculative_model, model)) {
+        return invalid_argument("--speculative-model " + a.speculative_model + " and --speculative-config model = " + model +
+                                " disagree: give one of them (or the same path in both)");
+      }
     }
     SPECSERVE_RETURN_IF_ERROR(get_int("num_speculative_tokens", &k_json));
     if (j.contains("num_speculative_tokens")) {
@@ -295,7 +310,7 @@ std::string with_field(const std::string& field, const std::string& message) {
 
 std::string proposer_error_prefix(const SpecArgs& a, const SpeculativeSpec& spec, const std::string& message) {
   // A message about the draft / head file starts with its path: name the flag that gave the path
-  // (the JSON "model" wins over --speculative-model, spec_config_lib.cpp).
+  // (when both are given they name the same file: parse_spec_args refuses two).
   if (!spec.model.empty() && message.rfind(spec.model, 0) == 0) {
     return spec.model == a.speculative_model ? "--speculative-model " : "--speculative-config \"model\" ";
   }

@@ -36,7 +36,8 @@ struct SpecArgs {
 /// Errors (kInvalidArgument) name the flag or JSON key and the value: malformed JSON, unknown
 /// key or method, a value of the wrong type or out of range, a key for another method, a
 /// method that needs a model (draft_model, medusa, eagle) without one, --num-speculative-tokens
-/// and the JSON num_speculative_tokens given with different values (both named).
+/// and the JSON num_speculative_tokens given with different values (both named), and so
+/// --speculative-model and the JSON model naming different paths.
 Expected<std::optional<SpeculativeSpec>> parse_spec_args(const SpecArgs& args, EngineOptions* engine_options);
 
 /// What to put before a proposer error `message` so that it names its source: the flag that gave

@@ -46,8 +46,15 @@ class Dump:
         self.hidden = torch.from_numpy(np.concatenate(hid).astype(np.float32))  # [N, d]
         self.tokens = torch.from_numpy(np.concatenate(tok).astype(np.int64))  # [N]
         self.argmax = torch.from_numpy(np.concatenate(arg).astype(np.int64))  # [N]
-        self.head = torch.from_numpy(np.load(os.path.join(self.path, "head.npy")))  # [V, d] float32
-        self.embed = torch.from_numpy(np.load(os.path.join(self.path, "embed.npy")))  # [V, d] float32
+        # The output head and embedding come from the first dump that has both files (dump-hidden
+        # --no-weights writes neither, and removes a previous dump's).
+        with_weights = [p for p in paths if os.path.exists(os.path.join(p, "head.npy"))
+                        and os.path.exists(os.path.join(p, "embed.npy"))]
+        if not with_weights:
+            raise ValueError(f"{', '.join(paths)}: no head.npy / embed.npy (dumped with --no-weights): "
+                             "run `specserve dump-hidden` once without --no-weights")
+        self.head = torch.from_numpy(np.load(os.path.join(with_weights[0], "head.npy")))  # [V, d] float32
+        self.embed = torch.from_numpy(np.load(os.path.join(with_weights[0], "embed.npy")))  # [V, d] float32
         self.d = int(self.index["hidden_size"])
         self.vocab = int(self.index["vocab_size"])
         self.fingerprint = self.index["target_fingerprint"]

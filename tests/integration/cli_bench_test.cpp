@@ -1,0 +1,127 @@
+// `specserve bench` (the HTTP serving benchmark) against a fake OpenAI-compatible server on
+// loopback: what counts as a completed request, latencies with no sample, and the output paths
+// checked before the run.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace specserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+using CmdResult = specserve::testing::CliResult;
+using specserve::testing::run_specserve;
+using specserve::testing::temp_dir;
+
+// A fake OpenAI-compatible server on loopback for `specserve bench`: /good streams two content
+// chunks, a finish_reason and data: [DONE]; /cut stops after the first chunk (a server that died,
+// a proxy's timeout); /empty finishes with no content at all; /nodone sends no [DONE].
+class FakeStreamServer {
+ public:
+  FakeStreamServer() {
+    for (const char* prefix : {"/good", "/cut", "/empty", "/nodone"}) {
+      const std::string p = prefix;
+      srv_.Get(p + "/v1/models", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content(R"({"object": "list", "data": [{"id": "fake", "object": "model"}]})", "application/json");
+      });
+      srv_.Post(p + "/v1/chat/completions", [p](const httplib::Request&, httplib::Response& res) {
+        auto chunk = [](const std::string& delta, const char* finish) {
+          nlohmann::json c = {{"object", "chat.completion.chunk"},
+                              {"choices", {{{"index", 0}, {"delta", {{"content", delta}}}, {"finish_reason", nullptr}}}}};
+          if (finish) c["choices"][0]["finish_reason"] = finish;
+          return "data: " + c.dump() + "\n\n";
+        };
+        std::string body;
+        if (p == "/empty") {
+          body = chunk("", "stop") + "data: [DONE]\n\n";
+        } else {
+          body = chunk("Hello", nullptr);
+          if (p == "/good") body += chunk(" world", "stop") + "data: [DONE]\n\n";
+          if (p == "/nodone") body += chunk(" world", "length");  // a finish_reason, no [DONE]
+        }
+        res.set_content(body, "text/event-stream");
+      });
+    }
+    port_ = srv_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_.listen_after_bind(); });
+    while (!srv_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ~FakeStreamServer() {
+    srv_.stop();
+    thread_.join();
+  }
+  std::string url(const char* prefix) const { return "http://127.0.0.1:" + std::to_string(port_) + prefix; }
+
+ private:
+  httplib::Server srv_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// Bugs: `bench` counted a stream cut short (no finish_reason, no data: [DONE]) as a successful
+// request; a run where no token came printed "Mean TTFT (ms): 0.00"; --output-json in a missing
+// directory was found only after the run, and a --plot that could not be drawn exited 0.
+TEST(CliChecks, BenchCountsACutStreamAsFailedAndChecksItsOutputsFirst) {
+  FakeStreamServer fake;
+  const std::string dir = temp_dir("bench_http_checks");
+  const std::string prompts = dir + "/p.txt";
+  std::ofstream(prompts) << "one\ntwo\n";
+  const std::string common = " --dataset " + prompts + " --num-prompts 2 --no-warmup --max-tokens 4";
+
+  const CmdResult good = run_specserve("bench --base-url " + fake.url("/good") + common + " --output-json " + dir + "/g.json", 60);
+  EXPECT_EQ(good.exit_code, 0) << good.out;
+  EXPECT_NE(good.out.find("Successful requests:                     2"), std::string::npos) << good.out;
+  const nlohmann::json g = nlohmann::json::parse(std::ifstream(dir + "/g.json"));
+  EXPECT_EQ(g["runs"][0]["completed"], 2) << g.dump();
+  EXPECT_TRUE(g["runs"][0]["requests"][0]["ttft_ms"].is_number()) << g.dump();
+
+  const CmdResult cut = run_specserve("bench --base-url " + fake.url("/cut") + common + " --output-json " + dir + "/c.json", 60);
+  EXPECT_EQ(cut.exit_code, 1) << cut.out;  // no request completed
+  EXPECT_NE(cut.out.find("Successful requests:                     0"), std::string::npos) << cut.out;
+  EXPECT_NE(cut.out.find("Failed requests:                         2"), std::string::npos) << cut.out;
+  EXPECT_NE(cut.out.find("ended with no finish_reason and no data: [DONE] (cut short)"), std::string::npos) << cut.out;
+  EXPECT_NE(cut.out.find("Mean TTFT (ms):                          n/a"), std::string::npos) << cut.out;
+
+  // A finish_reason without data: [DONE] (older llama.cpp servers): complete.
+  const CmdResult nodone = run_specserve("bench --base-url " + fake.url("/nodone") + common, 60);
+  EXPECT_EQ(nodone.exit_code, 0) << nodone.out;
+  EXPECT_NE(nodone.out.find("Successful requests:                     2"), std::string::npos) << nodone.out;
+
+  // Completed with no content: no TTFT sample, "n/a" and a null per-request ttft_ms.
+  const CmdResult empty = run_specserve("bench --base-url " + fake.url("/empty") + common + " --output-json " + dir + "/e.json", 60);
+  EXPECT_EQ(empty.exit_code, 0) << empty.out;
+  EXPECT_NE(empty.out.find("Mean TTFT (ms):                          n/a"), std::string::npos) << empty.out;
+  const nlohmann::json e = nlohmann::json::parse(std::ifstream(dir + "/e.json"));
+  EXPECT_TRUE(e["runs"][0]["requests"][0]["ttft_ms"].is_null()) << e.dump();
+
+  // Output paths that cannot be written: refused before any request, naming the flag.
+  for (const char* flag : {"--output-json", "--plot"}) {
+    const CmdResult bad = run_specserve("bench --base-url " + fake.url("/good") + common + " " + flag + " " + dir + "/no/such/x.out", 60);
+    EXPECT_EQ(bad.exit_code, 1) << flag << "\n" << bad.out;
+    EXPECT_NE(bad.out.find(std::string(flag) + " " + dir + "/no/such/x.out"), std::string::npos) << bad.out;
+    EXPECT_EQ(bad.out.find("Serving Benchmark Result"), std::string::npos) << "it ran:\n" << bad.out;
+  }
+  // --plot with no python that has matplotlib: refused before the run, not skipped after it.
+  // (a python3 first on PATH that has no matplotlib; no venv, no SPECSERVE_PYTHON)
+  fs::create_directories(dir + "/bin");
+  std::ofstream(dir + "/bin/python3") << "#!/bin/sh\nexit 1\n";
+  fs::permissions(dir + "/bin/python3", fs::perms::owner_all);
+  const CmdResult noplot = run_specserve("bench --base-url " + fake.url("/good") + common + " --plot " + dir + "/p.png", 60,
+                               "SPECSERVE_PYTHON= SPECSERVE_CACHE=" + dir + "/nocache PATH=" + dir + "/bin:/usr/bin:/bin");
+  EXPECT_EQ(noplot.exit_code, 1) << noplot.out;
+  EXPECT_NE(noplot.out.find("--plot " + dir + "/p.png: no python with matplotlib"), std::string::npos) << noplot.out;
+  EXPECT_EQ(noplot.out.find("Serving Benchmark Result"), std::string::npos) << "it ran:\n" << noplot.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace specserve
