@@ -28,8 +28,12 @@ void finish_request(RequestSelf self, StreamChunk last) {
   last.num_requeues = s.requeues;
   last.num_migrations = s.migrations;
   if (s.timed_out && last.finish_reason == "abort") last.finish_reason = "timeout";
-  self->send(s.sink, std::move(last));
+  // The scheduler first: a client that reads status or /metrics once it has its answer finds
+  // the request counted as finished (CAF keeps the order of one sender's messages to one
+  // receiver, and the client's query leaves after this).
+  // NOTE: the answer went first, and a status read right after it could miss the request.
   self->send(s.scheduler, done_atom::value, s.id);
+  self->send(s.sink, std::move(last));
   self->quit();
 }
 

@@ -97,6 +97,11 @@ void do_step(Self self) {
   Status st = s.engine->step(&events);
   ShardLoad load;
   std::vector<int64_t> handover;
+  // A request's last event leaves after the load report that counts it: the head's books (the
+  // replica's tokens, its free slots) hold the request before its client hears it finished.
+  // NOTE: the events went first, and a status read right after an answer could show the load
+  // of the step before.
+  std::vector<std::pair<caf::actor, ShardEvent>> finals;
   if (!st.ok() && s.tp_peers && s.tp_peers->broken()) {
     // Not this batch's fault: the tensor-parallel group is broken (a rank died or stalled). The
     // shard stops and the scheduler re-queues every request it held.
@@ -120,7 +125,7 @@ void do_step(Self self) {
     ev.attempt = r.attempt;
     ev.finish_reason = "error";
     ev.error = st.to_string() + " (request of " + std::to_string(r.num_tokens) + " tokens)";
-    self->send(r.request_actor, std::move(ev));
+    finals.emplace_back(r.request_actor, std::move(ev));
     s.engine->abort(r.seq_id);
     load.finished.push_back(rid);
     s.by_request.erase(rid);
@@ -153,7 +158,11 @@ void do_step(Self self) {
         ev.num_accepted_tokens = sp->num_accepted_tokens;
       }
     }
-    if (!ev.tokens.empty() || !ev.text.empty() || !ev.finish_reason.empty()) self->send(r.request_actor, std::move(ev));
+    if (e.finish != FinishReason::kNone) {
+      finals.emplace_back(r.request_actor, std::move(ev));
+    } else if (!ev.tokens.empty() || !ev.text.empty()) {
+      self->send(r.request_actor, std::move(ev));
+    }
     if (e.finish != FinishReason::kNone) {
       load.finished.push_back(rid);
       s.by_request.erase(rid);
@@ -168,6 +177,7 @@ void do_step(Self self) {
   ShardLoad l = load_of(s);
   l.finished = std::move(load.finished);
   self->send(s.cfg.scheduler, std::move(l));
+  for (auto& [to, ev] : finals) self->send(to, std::move(ev));
   if (s.engine->has_work()) schedule_step(self);
   maybe_quit(self);
 }

@@ -366,6 +366,11 @@ std::span<const BlockHash> Engine::hit_candidates(const Seq& s) const {
   return std::span<const BlockHash>(s.block_hashes).first(std::min(max_blocks, s.block_hashes.size()));
 }
 
+int32_t Engine::num_running() const {
+  return static_cast<int32_t>(
+      std::count_if(running_.begin(), running_.end(), [](const auto& s) { return s->finish == FinishReason::kNone; }));
+}
+
 StepState Engine::step_state() const {
   StepState st;
   st.num_free_blocks = pool_->num_free();

@@ -305,7 +305,10 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   /// Counters of a finished sequence (erased after the call); nullopt if unknown.
   std::optional<SpecStats> take_finished_stats(int64_t seq_id);
-  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  /// Sequences in the running batch that have not finished. A sequence that finished in the
+  /// last step stays in the batch until the next step starts (its blocks already free); it is
+  /// not counted (a load report right after a request's last step showed it still running).
+  int32_t num_running() const;
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   const BlockPool& block_pool() const { return *pool_; }
   const EngineOptions& options() const { return opts_; }

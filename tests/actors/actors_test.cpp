@@ -410,6 +410,32 @@ TEST(ActorsQueue, RequestSubmittedBeforeAnyReplicaIsReadyWaitsForOne) {
   (*head)->stop();
 }
 
+// The head's books hold a request before its client hears it finished: one status read right
+// after each answer (no polling) counts it as finished, its tokens in the replica's load, and
+// the replica idle again. (The shard sends a request's last event after the load report that
+// counts it, the request actor tells the scheduler before the client.)
+TEST(ActorsStatus, AStatusReadRightAfterAnAnswerCountsTheRequest) {
+  Cluster c(std::nullopt, false);
+  auto before = c.client().status();
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->replicas.size(), 1u);
+  const int64_t finished0 = before->finished;
+  const int64_t generated0 = before->replicas[0].load.generated_tokens;
+  constexpr int32_t kTokens = 6;
+  for (int32_t i = 0; i < 12; ++i) {
+    auto r = c.client().generate(greedy({1, 2, 3, 4, 5 + i}, kTokens));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->completion_tokens, kTokens);
+    auto st = c.client().status();
+    ASSERT_TRUE(st.ok());
+    ASSERT_EQ(st->replicas.size(), 1u);
+    EXPECT_EQ(st->finished, finished0 + i + 1) << "request " << i;
+    EXPECT_GE(st->replicas[0].load.generated_tokens, generated0 + int64_t{kTokens} * (i + 1)) << "request " << i;
+    EXPECT_EQ(st->replicas[0].load.num_running, 0) << "request " << i;
+    EXPECT_EQ(st->replicas[0].load.num_waiting, 0) << "request " << i;
+  }
+}
+
 TEST(ActorsKv, ASequenceThatOutgrowsTheCacheFailsAloneAndItsBatchMateFinishes) {
   // 4 KV blocks of 16 tokens: the long request cannot fit 64 + 1 positions.
   const int64_t block_bytes = 2 * 30 * 3 * 64 * 4 * 16;  // K and V, 30 layers, 3 KV heads x 64, fp32, 16 tokens
