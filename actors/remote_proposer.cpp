@@ -54,6 +54,9 @@ Status RemoteProposer::propose(const std::vector<DraftRequest>& requests, std::v
                 [&](caf::error& e) { err = sys_.render(e); },
                 [&](caf::down_msg& d) { err = "the draft worker is gone (" + sys_.render(d.reason) + ")"; },
                 caf::after(timeout_) >> [&] { err = sys_.render(caf::make_error(caf::sec::request_timeout)); });
+  // NOTE: a monitor stays attached to the worker (or its proxy) after its observer is gone: one
+  // per step piled up for the worker's lifetime without this.
+  self->demonitor(draft_);
   if (!err.empty()) {
     sent_.clear();  // the worker may have lost them (restarted): start over
     return unavailable("draft worker: " + err);

@@ -317,7 +317,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         // With none routed but a warm standby one (the autoscaler's pool), that one is promoted
         // now and takes the requests with their KV: they finished here before while it sat idle,
         // and the leaving replica ran out of KV and preempted.
-        if (!other && s.autoscaler) {
+        // (only for a routed replica with requests to hand over: a pool member stopping, or an
+        // idle replica, would have routed a standby for nothing)
+        const ReplicaEntry& leaving = it->second;
+        if (!other && s.autoscaler && leaving.state == ReplicaState::kReady && !leaving.assigned.empty()) {
           for (auto& [rid, o] : s.replicas) {
             if (rid == replica || o.state != ReplicaState::kStandby || !o.ready()) continue;
             get_logger("actors")->info("replica {}: promoted from the warm pool to take the requests of replica {}, "

@@ -94,7 +94,8 @@ void dispatch(SchedSelf self) {
   const bool can_start = s.autoscaler && s.cfg.start_replica;
   bool none_left = !s.replicas.empty();
   for (const auto& [rid, r] : s.replicas) {
-    const bool alive = r.state != ReplicaState::kStopped;
+    // (a parked replica starting again is not waited for: it serves once ready, if it gets there)
+    const bool alive = r.state != ReplicaState::kStopped && !(r.parked && !r.ready());
     const bool startable = r.state == ReplicaState::kStopped && can_start && r.can_serve_later();
     if (alive || startable || awaiting_restart(self, r)) none_left = false;
   }
@@ -283,6 +284,7 @@ void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
   r.shard_ready = false;
   r.lost = true;
   r.draft_lost = false;  // its next incarnation (a restart) comes with a draft worker again
+  r.swapped_out = false;
   r.lost_at = now_s(self);
   r.restart_possible = abnormal;
   r.draft_attached = false;

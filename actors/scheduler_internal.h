@@ -50,6 +50,8 @@ struct ReplicaEntry {
   // Its draft worker died (under an autoscaler that starts processes): it serves without drafts
   // until a standby replica replaces it (replace_draftless); cleared when it stops.
   bool draft_lost = false;
+  // Drained by replace_draftless (a swap, not a scale-down): its stop is not counted as one.
+  bool swapped_out = false;
   bool lost = false;          // its target shard died
   double lost_at = 0;         // when (now_s); with scheduler.worker_restarts its node may restart it
   bool restart_possible = false;  // it died abnormally (a worker that quit on its own is not restarted)

@@ -24,7 +24,10 @@ bool at_startup(const SchedulerState& s) {
 void retire(SchedSelf self, int32_t rid) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
-  const bool replaced = r.draft_lost;  // its draft worker died: a replacement, not a scale-down
+  // Swapped for a replica with drafts (replace_draftless), not a scale-down.
+  // NOTE: told by draft_lost, a draftless replica the policy drained as a scale-down (or whose
+  // draft died during one) was counted as a drain but never as a stop.
+  const bool replaced = r.swapped_out;
   // A retired shard keeps serving the KV of the sequences that just moved off it until receivers
   // have read it: it stays reachable as a data-plane peer until its down message.
   if (r.shard && !r.shard_hello.kv_address.empty()) s.retiring_peers[kv_peer_name(r.shard_hello.role, rid)] = r.shard;
@@ -55,6 +58,7 @@ void retire(SchedSelf self, int32_t rid) {
   r.load = ShardLoad{};
   r.lost = false;
   r.draft_lost = false;
+  r.swapped_out = false;
   r.draining_out = false;
   r.start_requested_at = -1;
   r.draft_settled = false;
@@ -117,7 +121,9 @@ void start_cold(SchedSelf self, int32_t rid, bool for_deficit) {
   }
   r.lost = false;
   r.draft_lost = false;  // a new incarnation, with a new draft worker
-  r.parked = false;  // a start in flight: the queue waits for it again
+  r.swapped_out = false;
+  // NOTE: a parked replica stays parked while it starts again (the queue does not wait for its
+  // retries: that start cleared it, and queued requests waited up to start_timeout_s each time).
   r.head_launched = true;
   r.start_requested_at = now_s(self);
   // A scale-up's cold start (not a pool refill, nor the start-up): its promotion is measured

@@ -202,8 +202,14 @@ void register_worker(SchedSelf self, WorkerHello& h) {
   // node started by hand for a replica the launcher cannot start) makes it servable again.
   if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
     if (h.state == "failed") {
+      // A failed start as start_failed counts it (the backoff grows from here), without its
+      // retire: the shard quits by itself and its down message stops the replica.
+      // NOTE: only parked, with no failure counted, it was started again on the next tick, in a
+      // loop, with no backoff.
       r.parked = true;
-      r.last_start_error = "its target shard failed to load (see that worker's log)";
+      ++r.num_start_failures;
+      r.start_failed_at = now_s(self);
+      r.last_start_error = "its target shard failed to load" + (h.error.empty() ? std::string(" (see that worker's log)") : ": " + h.error);
       if (s.autoscaler) ++s.as.num_failed_starts;  // a start of the autoscaler's that failed
     } else {
       r.not_startable = false;

@@ -66,6 +66,7 @@ void replace_draftless(SchedSelf self) {
     if (standby >= 0) {
       log->info("replica {}: promoted from the warm pool to replace replica {}, whose draft worker died", standby, rid);
       promote(self, standby, now_s(self), /*measured=*/false);
+      r.swapped_out = true;
       begin_drain(self, rid, /*to_standby=*/false);
       --s.as.num_drains;  // not a scale-down
       continue;

@@ -77,10 +77,11 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
           ev.request_id = a.request_id;
           ev.attempt = p.item.attempt;
           ev.finish_reason = finish_reason_name(FinishReason::kAbort);
-          self->send(p.item.request_actor, std::move(ev));
+          // (the load first, as do_step sends a last event: the head's books before the client)
           ShardLoad l = load_of(s);
           l.finished.push_back(a.request_id);
           self->send(s.cfg.scheduler, std::move(l));
+          self->send(p.item.request_actor, std::move(ev));
           return;
         }
         auto it = s.by_request.find(a.request_id);

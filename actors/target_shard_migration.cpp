@@ -86,10 +86,11 @@ void add_work(Self self, WorkItem& w, std::shared_ptr<KvFetch> fetched) {
     ev.attempt = w.attempt;
     ev.finish_reason = "error";
     ev.error = id.status().to_string();
-    self->send(w.request_actor, std::move(ev));
+    // (the load first, as do_step sends a last event: the head's books before the client)
     ShardLoad l = load_of(s);
     l.finished.push_back(w.request_id);
     self->send(s.cfg.scheduler, std::move(l));
+    self->send(w.request_actor, std::move(ev));
     return;
   }
   const int32_t vocab = static_cast<int32_t>(s.model.model->config().vocab_size);

@@ -289,6 +289,67 @@ TEST(ElasticLifecycle, AParkedReplicaIsStartedAgainOnceItsCauseIsFixed) {
   (*head)->stop();
 }
 
+// Review of the parking: a target shard that says "failed" (its model did not load) and quits
+// made its replica parked but counted no failure, so the policy started it again on the next
+// tick, in a loop, with no backoff. Now each such start counts, the next waits for the backoff,
+// and the queue does not wait for the retries (a request fails at once with nothing else to
+// serve it, even while a retry start is in flight).
+TEST(ElasticLifecycle, ATargetShardThatFailsToLoadIsRetriedOnlyAfterItsBackoff) {
+  Launched c;
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 0;
+  t.autoscale.start_backoff_s = 0.4;
+  t.autoscale.start_backoff_max_s = 0.4;
+  ASSERT_NO_FATAL_FAILURE(c.start(t));
+  // Every start the head asks for, of either replica: a target shard that fails to load, then quits.
+  std::map<int32_t, int> spawned;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool both_failed = false, refused_at_once = false;
+  std::string refusal;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2400)) {
+    for (int32_t r = 0; r < 2; ++r) {
+      while (spawned[r] < c.num_starts(r)) {
+        ++spawned[r];
+        FakeSpec f;
+        f.replica = r;
+        f.state = "failed";
+        f.scheduler = c.head->scheduler();
+        f.rec = &c.rec;
+        auto w = c.rt.system().spawn(fake_worker, f);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+      }
+    }
+    if (!both_failed) {
+      auto st = c.client->status();
+      both_failed = st.ok() && st->replicas.size() == 2 && st->replicas[0].num_start_failures > 0 &&
+                    st->replicas[1].num_start_failures > 0;
+      if (both_failed) {
+        // Both parked: a request is not held for their retries, in flight or not.
+        const auto asked = std::chrono::steady_clock::now();
+        auto r = c.client->generate(request(2));
+        refused_at_once = !r.ok() && std::chrono::steady_clock::now() - asked < std::chrono::seconds(1);
+        if (!r.ok()) refusal = r.status().message();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int starts = c.num_starts(0) + c.num_starts(1);
+  EXPECT_GE(c.num_starts(0), 2) << "started again once its backoff was over";
+  EXPECT_LE(starts, 14) << "started " << starts << " times in 2.4 s with a 0.4 s backoff on 2 replicas";
+  EXPECT_TRUE(both_failed) << describe(c.client->status());
+  EXPECT_TRUE(refused_at_once) << refusal;
+  EXPECT_NE(refusal.find("no replica is left"), std::string::npos) << refusal;
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->replicas.size(), 2u);
+  EXPECT_GE(st->replicas[0].num_start_failures, 2) << describe(st);
+  EXPECT_NE(st->replicas[0].last_start_error.find("failed to load"), std::string::npos) << st->replicas[0].last_start_error;
+  EXPECT_GE(st->autoscale.num_failed_starts, 3);
+}
+
 // A cluster of `n` declared replicas with draft workers whose processes the head's launcher
 // starts (recorded); the test spawns a started replica's fake target shard and draft worker.
 struct DraftCluster : Launched {
@@ -352,6 +413,7 @@ TEST(ElasticLifecycle, AReplicaWhoseDraftWorkerDiesIsReplacedByAStandby) {
   auto st = c.client->status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->autoscale.num_drains, 0) << "a replacement is no scale-down";
+  EXPECT_EQ(st->autoscale.num_stops, 0) << "a replacement is no scale-down";
 }
 
 // With no standby to promote, the replica whose draft worker died serves on without speculation
@@ -385,6 +447,45 @@ TEST(ElasticLifecycle, WithNoStandbyADraftlessReplicaServesOnUntilAColdStartRepl
       << "the request did not move to the replacement:\n" << c.rec.dump() << describe(c.client->status());
   EXPECT_TRUE(until(5, [&] { return c.rec.count("r0/target_shard: retire") == 1; })) << c.rec.dump();
   EXPECT_FALSE(c.draft_lost(1));
+}
+
+// Review of the replacement's counters: a draftless replica the policy drains as a scale-down
+// (it goes first) is a stop like any other; only a swap for a replica with drafts is not.
+// NOTE: told apart by draft_lost, it counted as a drain but never as a stop.
+TEST(ElasticLifecycle, ADraftlessReplicaScaledDownCountsAsAStop) {
+  DraftCluster c;
+  Topology t = make_topology(2, /*drafts=*/true);
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 0;
+  t.autoscale.upscale_delay_s = 0;
+  t.autoscale.downscale_delay_s = 0.3;
+  t.autoscale.target_ongoing_requests = 1;
+  ASSERT_NO_FATAL_FAILURE(c.Launched::start(t));
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1; })) << describe(c.client->status());
+  c.spawn(0);
+  ASSERT_TRUE(c.wait_state(0, "ready")) << describe(c.client->status());
+  {
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 2; ++i) {  // 2 ongoing at 1 per replica: replica 1 started cold
+      auto h = c.client->submit(request(8));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      hs.push_back(*h);
+    }
+    ASSERT_TRUE(until(5, [&] { return c.num_starts(1) == 1; })) << describe(c.client->status());
+    c.spawn(1);
+    ASSERT_TRUE(c.wait_state(1, "ready")) << describe(c.client->status());
+    // Replica 0's draft worker dies; no slot is free for a replacement: it serves on without.
+    caf::anon_send_exit(c.drafts[0], caf::exit_reason::kill);
+    ASSERT_TRUE(until(5, [&] { return c.draft_lost(0); })) << describe(c.client->status());
+  }  // the requests are cancelled: the load is gone, one replica is drained
+  ASSERT_TRUE(until(5, [&] { return c.rec.count("r0/target_shard: retire") == 1; }))
+      << "the draftless replica was not the one scaled down:\n" << c.rec.dump() << describe(c.client->status());
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->autoscale.num_drains, 1) << describe(st);
+  EXPECT_EQ(st->autoscale.num_stops, 1) << describe(st);
+  EXPECT_EQ(state_of(*st, 1), "ready") << describe(st);
 }
 
 TEST(ElasticLifecycle, AStandbyWhoseDraftWorkerDiesIsStartedAgain) {

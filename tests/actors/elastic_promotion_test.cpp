@@ -446,6 +446,38 @@ TEST(ElasticPromotion, StoppingTheOnlyRoutedReplicaPromotesAStandbyThatTakesItsR
   EXPECT_EQ(state_of(*st, 0), "draining") << describe(st);
 }
 
+// Review of the drain's promotion: with the cluster scaled to zero (min_replicas 0, both
+// replicas in the warm pool), a pool member whose worker stops routed the other standby for
+// nothing (no request to hand over; drained back later).
+TEST(ElasticPromotion, APoolMemberStoppingPromotesNoStandby) {
+  Launched c;
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.autoscale.min_replicas = 0;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 2;
+  ASSERT_NO_FATAL_FAILURE(c.start(t));
+  std::vector<caf::actor> shards;
+  for (int32_t r = 0; r < 2; ++r) {
+    FakeSpec f;
+    f.replica = r;
+    f.scheduler = c.head->scheduler();
+    f.rec = &c.rec;
+    shards.push_back(c.rt.system().spawn(fake_worker, f));
+    ASSERT_TRUE(c.wait_state(r, "standby")) << describe(c.client->status());
+  }
+  caf::scoped_actor self{c.rt.system()};
+  int32_t answer = -2;
+  self->request(c.head->scheduler(), std::chrono::seconds(5), drain_rep_atom::value, std::string(kToken), int32_t{0}, false,
+                shards[0])
+      .receive([&](int32_t n) { answer = n; }, [&](caf::error& e) { ADD_FAILURE() << c.rt.system().render(e); });
+  EXPECT_EQ(answer, 0) << "nothing to hand over";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto st = c.client->status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(state_of(*st, 1), "standby") << describe(st);
+  EXPECT_EQ(st->autoscale.num_promotions, 0) << describe(st);
+}
+
 // Helper review of the autoscaler: a replica whose KV cache filled up (its sequences preempting
 // each other, fewer of them than its batch) kept every request while the replica promoted beside
 // it sat idle: the rebalance counted only requests beyond a batch. Those waiting for cache room

@@ -341,6 +341,7 @@ TEST(Autoscale, BurstScalesUpByPromotionAndBackToMinWithNoFailedRequest) {
     EXPECT_TRUE(j["autoscale"].contains(k)) << k << " in " << j["autoscale"].dump();
   }
   EXPECT_FALSE(j["autoscale"]["promotion_routable_seconds"].empty());
+  EXPECT_EQ(j["autoscale"]["num_failed_starts"], 0) << j["autoscale"].dump();
   const std::string table = run_output(std::string(SPECSERVE_BIN) + " status --config " + config);
   EXPECT_NE(table.find("seconds in each state: starting"), std::string::npos) << table;
   EXPECT_NE(table.find("warm promotion, from the decision: routed"), std::string::npos) << table;

@@ -144,14 +144,14 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     std::printf("], \"drafts_by_source\": %s", draft_sources_json(draft_source_counts(e)).c_str());
     std::printf("}, \"autoscale\": {\"enabled\": %s, \"min_replicas\": %d, \"max_replicas\": %d, \"warm_pool\": %d, "
                 "\"target_ready\": %d, \"wanted\": %d, \"starts_held\": %s, \"ongoing\": %d, \"ttft_p90_seconds\": %s, \"num_promotions\": %lld, "
-                "\"num_cold_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
+                "\"num_cold_starts\": %lld, \"num_failed_starts\": %lld, \"num_drains\": %lld, \"num_stops\": %lld, \"last_reason\": \"%s\", "
                 "\"last_change_seconds\": %.3f, \"cold_start_seconds\": %s, \"promotion_routable_seconds\": %s, "
                 "\"promotion_dispatch_seconds\": %s, \"promotion_seconds\": %s, \"cold_scale_up_seconds\": %s, "
                 "\"num_promotions_without_waiting_work\": %lld}}\n",
                 a.enabled ? "true" : "false", a.min_replicas, a.max_replicas, a.warm_pool, a.target_ready, a.wanted,
                 a.starts_held ? "true" : "false", a.ongoing,
                 p90_json.c_str(), static_cast<long long>(a.num_promotions), static_cast<long long>(a.num_cold_starts),
-                static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
+                static_cast<long long>(a.num_failed_starts), static_cast<long long>(a.num_drains), static_cast<long long>(a.num_stops), json_escape(a.last_reason).c_str(),
                 a.last_change_seconds, list(a.cold_start_seconds).c_str(), list(a.promotion_routable_seconds).c_str(),
                 list(a.promotion_dispatch_seconds).c_str(), list(a.promotion_seconds).c_str(),
                 list(a.cold_scale_up_seconds).c_str(), static_cast<long long>(a.num_promotions_without_waiting_work));
@@ -167,8 +167,11 @@ int run_status(const std::string& connect, const std::string& token_file, const 
   std::printf("%-14s %-8s %-7s %-5s %-8s %-9s %-9s %-9s %-17s\n", "WORKER", "NODE", "REPLICA", "RANK", "PID", "STATE", "LOAD_S",
               "WARMUP_S", "COMPUTE");
   for (const auto& w : s.workers) {
-    std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9.2f %-17s%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank,
-                w.pid, w.state.c_str(), w.load_seconds, w.warmup_seconds, w.compute.empty() ? "-" : w.compute.c_str(),
+    // A tensor-parallel follower warms up inside rank 0's warm-up (its collectives): rank 0's
+    // figure is the replica's. NOTE: it showed 0.00, as if it had none.
+    const std::string warmup = w.rank > 0 ? "-" : fmt::format("{:.2f}", w.warmup_seconds);
+    std::printf("%-14s %-8s %-7d %-5d %-8d %-9s %-9.2f %-9s %-17s%s%s\n", w.role.c_str(), w.node.c_str(), w.replica, w.rank,
+                w.pid, w.state.c_str(), w.load_seconds, warmup.c_str(), w.compute.empty() ? "-" : w.compute.c_str(),
                 w.error.empty() ? "" : "  ", w.error.c_str());
   }
   std::printf("%-7s %-9s %-9s %-6s %-8s %-8s %-8s %-14s %-10s %-11s %-8s %-10s %-8s %-8s %-8s\n", "REPLICA", "STATE", "FOR_S",
