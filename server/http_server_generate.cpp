@@ -230,6 +230,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
       // A client that went away: cancel its choices (they would run to max_tokens).
       if (finished < num_choices) gone = watch.gone();
     }
+    // NOTE: the choices the server cancels below were counted nowhere in /metrics (vLLM counts
+    // them as finished_reason "abort").
+    if (gone || finished < num_choices || error) observe_abandoned(timing, start);
     if (gone) {
       job->cancel_all();
       log->info("{} {} {}: client gone: cancelling {} choice(s)", http_req.method, http_req.path, id,
@@ -273,6 +276,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
         }
         // Ends the stream with an error event and [DONE] (OpenAI's client raises it).
         auto fail = [&](const ApiError& e) {
+          self->observe_abandoned(s->timing, s->start);
           s->job->cancel_all();
           s->complete = true;
           if (!write_event(sink, dump_json(e.to_json()), s.get())) return false;
@@ -323,6 +327,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
           const size_t begin = out.tokens.size();
           out.add(c);
           if (c.finish_reason == "error") {
+            // NOTE: a streamed choice's failure was counted nowhere (request_failure).
+            t.finished = true;
+            ++s->finished;
+            self->observe_choice(t, s->start, a.at, c.finish_reason);
             const ApiError e = error_from_chunk(c, kind);
             get_logger("server")->warn("stream {}: choice {} failed: {}", s->id, i, e.message);
             return fail(e);
@@ -358,6 +366,7 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
         if (s->finished < s->outputs.size() && !s->complete) {
           get_logger("server")->info("stream {}: client gone or server stopping: cancelling {} choice(s)", s->id,
                                      s->outputs.size() - s->finished);
+          self->observe_abandoned(s->timing, s->start);
           s->job->cancel_all();
         }
         --self->open_streams;

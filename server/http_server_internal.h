@@ -156,6 +156,10 @@ struct HttpServer::Impl {
   /// request_success by `finish` reason (not for "error").
   void observe_choice(const http_server_internal::ChoiceTiming& t, Clock::time_point start, Clock::time_point end,
                       const std::string& finish);
+  /// Counts every choice of `timing` not finished yet as finished "abort" (observe_choice), and
+  /// marks it finished: the server cancels them (a gone client, a failed sibling choice, the
+  /// server stopping). vLLM V1 counts aborted requests in request_success by that reason.
+  void observe_abandoned(std::vector<http_server_internal::ChoiceTiming>& timing, Clock::time_point start);
   /// Records the tokens of chunk `a` in `t`, observing inter-token latency.
   void observe_tokens(http_server_internal::ChoiceTiming& t, const http_server_internal::Arrival& a);
   // ---- http_server_generate.cpp ----

@@ -222,6 +222,15 @@ void HttpServer::Impl::observe_choice(const ChoiceTiming& t, Clock::time_point s
   }
 }
 
+void HttpServer::Impl::observe_abandoned(std::vector<ChoiceTiming>& timing, Clock::time_point start) {
+  const auto now = Clock::now();
+  for (ChoiceTiming& t : timing) {
+    if (t.finished) continue;
+    t.finished = true;
+    observe_choice(t, start, now, "abort");
+  }
+}
+
 void HttpServer::Impl::observe_tokens(ChoiceTiming& t, const Arrival& a) {
   const size_t k = a.chunk.tokens.size();
   if (k == 0) return;

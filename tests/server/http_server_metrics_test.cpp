@@ -195,5 +195,43 @@ TEST_F(HttpServerTest, FailedRequestsAreCountedApartFromSuccesses) {
   EXPECT_EQ(b.find("finished_reason=\"error\""), std::string::npos) << b;
 }
 
+// Choices the server cancels count as finished_reason "abort" (vLLM V1): a gone client's, streamed
+// or not, and a failed choice's siblings; a streamed choice that failed counts as a failure.
+// (None of them were counted before.)
+TEST_F(HttpServerTest, CancelledChoicesCountAsAbortAndAStreamedFailureAsAFailure) {
+  fc_->hold = true;
+  start();
+  for (const char* body : {R"({"prompt": "Hi", "max_tokens": 500})", R"({"prompt": "Hi", "max_tokens": 500, "stream": true})"}) {
+    const int fd = connect_to(server_->port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, post_request("/v1/completions", body));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(fd);
+  }
+  // (the fake may see a request cancelled twice: by the server, then by its dropped handle)
+  auto c = client();
+  const std::string aborted2 = "specserve:request_success_total{model_name=\"fake\",finished_reason=\"abort\"} 2\n";
+  std::string body;
+  for (int i = 0; i < 100 && body.find(aborted2) == std::string::npos; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto got = c.Get("/metrics");
+    ASSERT_TRUE(got);
+    body = got->body;
+  }
+  EXPECT_NE(body.find(aborted2), std::string::npos) << body;
+  EXPECT_NE(body.find("specserve:request_failure_total{model_name=\"fake\"} 0\n"), std::string::npos) << body;
+
+  fc_->hold = false;
+  fc_->fail_with = "the replica failed";
+  auto bad = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2, "stream": true})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_NE(bad->body.find("the replica failed"), std::string::npos) << bad->body;
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("specserve:request_failure_total{model_name=\"fake\"} 1\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:request_success_total{model_name=\"fake\",finished_reason=\"abort\"} 2\n"), std::string::npos)
+      << m->body;
+}
+
 }  // namespace
 }  // namespace specserve
