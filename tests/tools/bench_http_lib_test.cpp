@@ -51,6 +51,49 @@ TEST(LoadPrompts, PlainTextOnePromptPerLine) {
   std::filesystem::remove(path);
 }
 
+// A file that is one JSON array (ShareGPT's, vLLM's usual benchmark set) is read as prompt
+// objects; a text file whose first line starts with '[' stays text.
+// NOTE: the array was read as plain text, each line of JSON a "prompt".
+TEST(LoadPrompts, AJsonArrayIsReadAsObjectsShareGptIncluded) {
+  const std::string path = write_temp(
+      "sharegpt.json",
+      "[\n  {\"id\": \"a\", \"conversations\": [{\"from\": \"system\", \"value\": \"be brief\"},\n"
+      "     {\"from\": \"human\", \"value\": \"What is a GPU?\"}, {\"from\": \"gpt\", \"value\": \"A chip.\"}]},\n"
+      "  {\"prompt\": \"second\", \"category\": \"qa\"}\n]\n");
+  auto p = load_prompts(path);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_EQ(p->size(), 2u);
+  EXPECT_EQ((*p)[0].prompt, "What is a GPU?");
+  EXPECT_EQ((*p)[1].prompt, "second");
+  EXPECT_EQ((*p)[1].category, "qa");
+  std::filesystem::remove(path);
+
+  const std::string nums = write_temp("nums.json", "[1, 2]\n");
+  auto n = load_prompts(nums);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), StatusCode::kCorruptData);
+  EXPECT_NE(n.status().message().find("element 0 is not a JSON object"), std::string::npos) << n.status().message();
+  std::filesystem::remove(nums);
+
+  const std::string nohuman = write_temp("nohuman.json", "[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]}]");
+  auto h = load_prompts(nohuman);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("element 0"), std::string::npos) << h.status().message();
+  EXPECT_NE(h.status().message().find("human"), std::string::npos) << h.status().message();
+  std::filesystem::remove(nohuman);
+
+  const std::string empty = write_temp("empty.json", " [ ] ");
+  EXPECT_EQ(load_prompts(empty).status().code(), StatusCode::kInvalidArgument);
+  std::filesystem::remove(empty);
+
+  const std::string inst = write_temp("inst.txt", "[INST] Tell me a joke [/INST]\n[INST] Another [/INST]\n");
+  auto t = load_prompts(inst);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].prompt, "[INST] Tell me a joke [/INST]");
+  std::filesystem::remove(inst);
+}
+
 TEST(LoadPrompts, ErrorsNameTheFileAndLine) {
   auto missing = load_prompts("/nonexistent/dir/q.jsonl");
   ASSERT_FALSE(missing.ok());

@@ -4,9 +4,11 @@
 // argmax, and hidden x output head = logits' argmax (the property Medusa/EAGLE training relies
 // on). Also the .npy and half helpers.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +214,70 @@ TEST(DumpHidden, OverwriteIsWholeOrHasNoIndex) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "argmax.npy"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "notes.txt"));
   EXPECT_FALSE(has_partial(dir / "out"));
+  std::filesystem::remove_all(dir);
+}
+
+// An interrupted dump (DumpHiddenOptions::stop, set by the CLI's SIGINT/SIGTERM handler) fails
+// as kCancelled and leaves nothing of itself; the partial directory a dump killed outright left
+// (its process gone) is removed by the next dump there, a live process's is not.
+// NOTE: both were left behind for good.
+TEST(DumpHidden, AnInterruptedDumpLeavesNothingAndADeadDumpsPartialIsRemoved) {
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("interrupt");
+  std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"One, two, three,\"}\n";
+  const auto out = dir / "out";
+  std::filesystem::create_directories(out);
+  // A process that is gone: a child that exited and was reaped.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  // And one killed but not reaped yet (a zombie: its parent has not waited for it).
+  const pid_t zombie = ::fork();
+  ASSERT_GE(zombie, 0);
+  if (zombie == 0) ::_exit(0);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(zombie), &info, WEXITED | WNOWAIT), 0);  // exited, left unreaped
+  const auto dead = out / (".dump-hidden.partial-" + std::to_string(child));
+  const auto undead = out / (".dump-hidden.partial-" + std::to_string(zombie));
+  std::filesystem::create_directories(undead);
+  const auto live = out / (".dump-hidden.partial-" + std::to_string(::getppid()));  // the test runner's parent: alive
+  std::filesystem::create_directories(dead);
+  std::ofstream(dead / "hidden.npy") << "partial";
+  std::filesystem::create_directories(live);
+
+  std::atomic<bool> stop{false};
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = out.string();
+  o.max_new_tokens = 64;
+  o.write_weights = false;
+  o.stop = &stop;
+  int32_t calls = 0;
+  auto r = dump_hidden(*lm, o, [&](const std::string&, bool) {
+    ++calls;
+    stop.store(true);  // as the handler does on the first signal
+  });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("interrupted"), std::string::npos) << r.status().message();
+  EXPECT_GT(calls, 0);
+  EXPECT_FALSE(std::filesystem::exists(out / (".dump-hidden.partial-" + std::to_string(::getpid()))));
+  EXPECT_FALSE(std::filesystem::exists(dead)) << "a gone process's partial dump is removed";
+  EXPECT_FALSE(std::filesystem::exists(undead)) << "a zombie's partial dump is removed";
+  ::waitpid(zombie, nullptr, 0);
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a live process's partial dump is its own";
+  EXPECT_FALSE(std::filesystem::exists(out / "index.json"));
+  EXPECT_TRUE(std::filesystem::exists(out)) << "--out existed before: it stays";
+
+  // Not interrupted: the same dump completes.
+  stop.store(false);
+  o.stop = nullptr;
+  auto ok = dump_hidden(*lm, o);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_TRUE(std::filesystem::exists(out / "index.json"));
   std::filesystem::remove_all(dir);
 }
 

@@ -45,6 +45,14 @@ TEST(OutputFile, CheckRefusesWhatCannotBeWrittenAndCreatesNothing) {
   fs::remove_all(d);
 }
 
+// A directory that takes no new files whatever access() says (as root it says yes): /proc.
+// NOTE: `bench --output-json /proc/x` passed the check, ran, and failed writing at the end.
+TEST(OutputFile, ADirectoryThatTakesNoNewFilesIsRefusedBeforeTheRun) {
+  if (!fs::is_directory("/proc/self")) GTEST_SKIP() << "no /proc on this system";
+  expect_error(check_output_file("--output-json", "/proc/specserve-results.json"), StatusCode::kInvalidArgument,
+               {"--output-json", "/proc/specserve-results.json", "cannot create a file in /proc"});
+}
+
 TEST(OutputFile, WriteWritesOrSaysWhyNot) {
   const fs::path d = temp_dir();
   const fs::path p = d / "r.json";

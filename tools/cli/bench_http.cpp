@@ -331,8 +331,9 @@ void add_bench_http(CLI::App& app) {
   sub->add_option("--model", a->model, "Model name sent in each request (default: the first of GET /v1/models)");
   sub->add_option("--api-key", a->api_key, "Bearer token (default: $OPENAI_API_KEY; none when unset)");
   sub->add_option("--dataset", a->dataset,
-                  "Prompts: Spec-Bench/MT-bench JSON lines (first turn of \"turns\", or \"prompt\"/\"text\"; the category "
-                  "is kept) or a text file with one prompt per line (default: ../shared/data/spec_bench/question.jsonl "
+                  "Prompts: Spec-Bench/MT-bench JSON lines (first turn of \"turns\", or \"prompt\"/\"text\", or ShareGPT's "
+                  "\"conversations\" (first human turn); the category is kept), one JSON array of such objects (ShareGPT's "
+                  "file), or a text file with one prompt per line (default: ../shared/data/spec_bench/question.jsonl "
                   "beside the checkout)");
   sub->add_option("--num-prompts", a->num_prompts,
                   "Requests per concurrency level: the set shuffled by --seed, cycled when shorter; 0: every prompt once "

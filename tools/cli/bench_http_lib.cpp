@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -35,14 +36,63 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
+namespace {
+
+// One prompt object: "turns" (Spec-Bench / MT-Bench: the first turn), "prompt", "text", or
+// "conversations" (ShareGPT: the first turn "from" "human"); "category" optional.
+Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::string_view raw) {
+  if (!j.is_object()) return corrupt_data(where + " is not a JSON object: " + quote_start(raw, 80));
+  BenchPrompt p;
+  if (auto t = j.find("turns"); t != j.end() && t->is_array() && !t->empty() && t->front().is_string()) {
+    p.prompt = t->front().get<std::string>();
+  } else if (auto q = j.find("prompt"); q != j.end() && q->is_string()) {
+    p.prompt = q->get<std::string>();
+  } else if (auto x = j.find("text"); x != j.end() && x->is_string()) {
+    p.prompt = x->get<std::string>();
+  } else if (auto c = j.find("conversations"); c != j.end() && c->is_array()) {
+    for (const json& turn : *c) {
+      if (turn.is_object() && turn.value("from", "") == "human" && turn.contains("value") && turn["value"].is_string()) {
+        p.prompt = turn["value"].get<std::string>();
+        break;
+      }
+    }
+    if (p.prompt.empty()) return corrupt_data(where + ": \"conversations\" has no turn {\"from\": \"human\", \"value\": \"...\"}");
+  } else {
+    return corrupt_data(where +
+                        " has no prompt: expected \"turns\" (a list of strings), \"prompt\", \"text\" or "
+                        "\"conversations\" (ShareGPT)");
+  }
+  if (auto c = j.find("category"); c != j.end() && c->is_string()) p.category = c->get<std::string>();
+  return p;
+}
+
+}  // namespace
+
 Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("dataset file '" + path + "' cannot be opened (does it exist?)");
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<BenchPrompt> out;
+  // A file that is one JSON array (ShareGPT's, or a list of prompt objects).
+  // NOTE: it was read as plain text, one prompt per line of JSON. A text file whose first line
+  // starts with '[' ("[INST] ...") is not JSON and stays text.
+  if (std::string_view first = trim(all); !first.empty() && first.front() == '[') {
+    json j = json::parse(all, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.is_array()) {
+      for (size_t i = 0; i < j.size(); ++i) {
+        auto p = prompt_of(j[i], "dataset '" + path + "' element " + std::to_string(i), j[i].dump());
+        if (!p.ok()) return p.status();
+        out.push_back(std::move(*p));
+      }
+      if (out.empty()) return invalid_argument("dataset file '" + path + "' holds no prompt (an empty JSON array)");
+      return out;
+    }
+  }
+  std::istringstream lines(all);
   std::string raw;
   int line_no = 0;
   int format = 0;  // 0: not known yet, 1: JSON lines, 2: plain text
-  while (std::getline(in, raw)) {
+  while (std::getline(lines, raw)) {
     ++line_no;
     std::string_view line = trim(raw);
     if (line.empty()) continue;
@@ -55,19 +105,10 @@ Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path) {
     }
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = "dataset '" + path + "' line " + std::to_string(line_no);
-    if (j.is_discarded() || !j.is_object()) return corrupt_data(where + " is not a JSON object: " + quote_start(line, 80));
-    BenchPrompt p;
-    if (auto t = j.find("turns"); t != j.end() && t->is_array() && !t->empty() && t->front().is_string()) {
-      p.prompt = t->front().get<std::string>();
-    } else if (auto q = j.find("prompt"); q != j.end() && q->is_string()) {
-      p.prompt = q->get<std::string>();
-    } else if (auto x = j.find("text"); x != j.end() && x->is_string()) {
-      p.prompt = x->get<std::string>();
-    } else {
-      return corrupt_data(where + " has no prompt: expected \"turns\" (a list of strings), \"prompt\" or \"text\"");
-    }
-    if (auto c = j.find("category"); c != j.end() && c->is_string()) p.category = c->get<std::string>();
-    out.push_back(std::move(p));
+    if (j.is_discarded()) return corrupt_data(where + " is not a JSON object: " + quote_start(line, 80));
+    auto p = prompt_of(j, where, line);
+    if (!p.ok()) return p.status();
+    out.push_back(std::move(*p));
   }
   if (out.empty()) return invalid_argument("dataset file '" + path + "' holds no prompt");
   return out;

@@ -24,14 +24,18 @@ struct BenchPrompt {
   std::string category;
 };
 
-/// Reads a prompt set. Two formats, told apart by the first non-blank line:
+/// Reads a prompt set. Three formats, told apart by the first non-blank character and line:
+///  - one JSON array (the whole file parses as an array: ShareGPT's file, or a list of prompt
+///    objects): each element an object as below;
 ///  - JSON lines (first line starts with '{'): each line an object with "turns" (Spec-Bench /
-///    MT-bench: the first turn is the prompt), or else "prompt" or "text" (a string); "category"
-///    is kept when present. Blank lines are skipped.
-///  - plain text: one prompt per non-blank line (no escapes; a trailing '\r' is dropped).
+///    MT-bench: the first turn is the prompt), or else "prompt" or "text" (a string), or else
+///    "conversations" (ShareGPT: the first turn whose "from" is "human"); "category" is kept
+///    when present. Blank lines are skipped.
+///  - plain text: one prompt per non-blank line (no escapes; a trailing '\r' is dropped); a
+///    first line starting with '[' that is not a JSON array ("[INST] ...") is text.
 /// Errors: not_found naming the path when it cannot be opened; corrupt_data naming the path and
-/// the 1-based line when a JSON line does not parse or has no prompt; invalid_argument when the
-/// file holds no prompt.
+/// the 1-based line (or 0-based array element) that does not parse, is not an object or has no
+/// prompt; invalid_argument when the file holds no prompt.
 Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path);
 
 /// The `num_prompts` prompts a run sends, in order: the set shuffled by `seed` (Fisher-Yates

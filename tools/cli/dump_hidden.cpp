@@ -1,10 +1,12 @@
 // `specserve dump-hidden`: self-distillation data (hidden states, tokens, target argmax) for
 // training Medusa / EAGLE heads (tools/train/). See tools/cli/dump_hidden_lib.h for the format.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "cpu/cpu_backend.h"
@@ -25,6 +27,11 @@ struct DumpArgs {
   std::string dtype = "auto";
   bool print_fingerprint = false;
 };
+
+// Set by SIGINT / SIGTERM: the dump stops at its next step and removes what it created.
+// NOTE: an interrupted dump left its .dump-hidden.partial-PID directory (up to a whole dump).
+std::atomic<bool> g_stop{false};
+extern "C" void request_stop(int) { g_stop.store(true); }
 
 /// A library message without its own "dump-hidden: " prefix (the CLI prints its own).
 std::string without_prefix(const std::string& m) {
@@ -73,7 +80,19 @@ int run_dump_hidden(const DumpArgs& a) {
     }
     std::fflush(stderr);
   };
-  auto sum = dump_hidden(*loaded, a.opts, progress);
+  DumpHiddenOptions opts = a.opts;
+  opts.stop = &g_stop;
+  struct sigaction sa {};
+  sa.sa_handler = request_stop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  auto sum = dump_hidden(*loaded, opts, progress);
+  if (!sum.ok() && sum.status().code() == StatusCode::kCancelled) {
+    std::fprintf(stderr, "\nspecserve dump-hidden: %s; what it wrote into %s is removed\n",
+                 without_prefix(sum.status().message()).c_str(), a.opts.out_dir.c_str());
+    return 130;  // (the shell's code for a command ended by SIGINT)
+  }
   if (!sum.ok()) {
     // Bad input (a prompt line, --prompts, --out) exits 2 like the flag checks; the rest 1.
     const StatusCode c = sum.status().code();
@@ -105,6 +124,8 @@ void add_dump_hidden(CLI::App& app) {
       "dump-hidden",
       "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, recording "
       "per position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
+  sub->footer("Exit status: 0 done, 1 failure, 2 bad input, 130 interrupted (SIGINT/SIGTERM: what it wrote is "
+              "removed; a dump killed outright leaves .dump-hidden.partial-PID in --out, removed by the next dump there)");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
   // NOTE: not ->required(): --print-fingerprint needs neither; "REQUIRED" is in the text instead.
   sub->add_option("--prompts", args->opts.prompts_path,

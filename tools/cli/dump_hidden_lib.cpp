@@ -4,6 +4,7 @@
 #include "tools/cli/dump_hidden_lib.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "model/chat_template.h"
@@ -284,6 +286,7 @@ Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<Dum
   int64_t generated = 0;
   std::vector<SeqEvent> events;
   while ((*engine)->has_work()) {
+    if (o.stop && o.stop->load()) return cancelled("dump-hidden: interrupted while generating");
     events.clear();
     Status st = (*engine)->step(&events);
     if (!st.ok()) return st;
@@ -385,6 +388,40 @@ Status publish(const fs::path& tmp, const fs::path& out, bool write_weights) {
 
 }  // namespace
 
+namespace {
+
+// True when no process `pid` runs: none exists, or it is a zombie (killed, not yet reaped by
+// its parent).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;  // (EPERM: alive, another user's)
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+// Removes the temporary directories (`prefix` + pid) in `out` of dumps whose process is gone
+// (killed outright: SIGKILL, a crash, the machine's OOM killer), saying so on stderr.
+// NOTE: they were left behind for good, each up to a whole dump in size.
+void remove_dead_partials(const fs::path& out, const std::string& prefix) {
+  std::error_code ec;
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || !process_gone(pid)) continue;
+    std::error_code ignored;
+    fs::remove_all(it->path(), ignored);
+    std::fprintf(stderr, "[dump-hidden] removed %s: a partial dump of process %d, which is gone\n", it->path().c_str(),
+                 static_cast<int>(pid));
+  }
+}
+
+}  // namespace
+
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
   SPECSERVE_RETURN_IF_ERROR(check_dump_options(o));
   std::error_code ec;
@@ -409,7 +446,9 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   }
   // NOTE: inside the output directory, so that the final renames stay on one file system; the
   // pid keeps two dumps into the same directory apart.
-  const fs::path tmp = out / (".dump-hidden.partial-" + std::to_string(::getpid()));
+  const std::string partial = ".dump-hidden.partial-";
+  const fs::path tmp = out / (partial + std::to_string(::getpid()));
+  remove_dead_partials(out, partial);
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) {
@@ -417,6 +456,7 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
     return invalid_argument("dump-hidden: --out " + o.out_dir + ": cannot write into the directory: " + ec.message());
   }
   auto r = dump_into(lm, o, tmp.string(), progress);
+  if (r.ok() && o.stop && o.stop->load()) r = cancelled("dump-hidden: interrupted while writing");
   if (r.ok()) {
     Status st = publish(tmp, out, o.write_weights);
     if (!st.ok()) r = st;

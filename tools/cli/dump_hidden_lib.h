@@ -29,6 +29,7 @@
 // position is the stop token.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -52,7 +53,8 @@ struct DumpHiddenOptions {
   /// and moved into place only when complete (a previous dump's index.json is removed first), so
   /// a dump with an index.json is always whole; other files there are left alone. A failed dump
   /// removes what it created (the temporary directory; the output directory and the parents it
-  /// created).
+  /// created). The temporary directories that dumps killed outright left there
+  /// (.dump-hidden.partial-PID of a process no longer alive) are removed when a dump starts.
   std::string out_dir;
   int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt, >= 1 (EOS may end it sooner)
   int32_t max_num_seqs = 24;        ///< sequences generated at once (Engine batch)
@@ -64,6 +66,10 @@ struct DumpHiddenOptions {
   /// most thorough). Logit rows cost a vocab x hidden GEMM each.
   int32_t check_every = 8;
   bool write_weights = true;        ///< also write head.npy and embed.npy (false: a previous dump's are removed)
+  /// When set and true (a SIGINT/SIGTERM handler sets it), the dump stops at the next engine
+  /// step (or before its files move into place) and fails with kCancelled, removing what it
+  /// created as any failure does.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 /// What a dump produced.

@@ -8,7 +8,8 @@
 namespace specserve::cli {
 
 /// Checks, before a run, that `path` can be written: an existing regular file that is writable,
-/// or a new name in an existing, writable directory. Nothing is created. `flag` names the option
+/// or a new name in an existing, writable directory (a file of that name is created and removed
+/// at once to be sure). Nothing is left behind. `flag` names the option
 /// in the error (kInvalidArgument: "--output /x/y.json: directory /x does not exist").
 /// NOTE: benchmarks run for minutes; a results path that cannot be written used to be found
 /// only at the end (and bench-spec, bench-actors and bench-model then said "wrote" anyway).
