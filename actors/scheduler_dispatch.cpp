@@ -92,11 +92,21 @@ void dispatch(SchedSelf self) {
   // Without it, a lost replica whose node restarts workers (scheduler.worker_restarts) keeps the
   // queue waiting until worker_restart_timeout_s has passed since the loss.
   const bool can_start = s.autoscaler && s.cfg.start_replica;
+  // Under scale from zero (min_replicas 0) only demand starts a replica: a request that comes
+  // after a parked replica's backoff waits for one retry (it failed at once, and nothing ever
+  // started the replica again).
+  const bool from_zero = s.autoscaler && s.autoscaler->options().min_replicas == 0;
+  const double now = now_s(self);
   bool none_left = !s.replicas.empty();
   for (const auto& [rid, r] : s.replicas) {
-    // (a parked replica starting again is not waited for: it serves once ready, if it gets there)
-    const bool alive = r.state != ReplicaState::kStopped && !(r.parked && !r.ready());
-    const bool startable = r.state == ReplicaState::kStopped && can_start && r.can_serve_later();
+    // Under an autoscaler a parked replica starting again is not waited for (it serves once
+    // ready, if it gets there). NOTE: without one (a static cluster whose node restarts a
+    // worker) the queue waits for the restart as before.
+    const bool unwaited = r.parked && s.autoscaler && !from_zero;
+    const bool alive = r.state != ReplicaState::kStopped && !(unwaited && !r.ready());
+    const bool retry_due = from_zero && r.parked && !r.not_startable &&
+                           now - std::max(r.state_since, r.start_failed_at) >= s.autoscaler->start_backoff_s(r.num_start_failures);
+    const bool startable = r.state == ReplicaState::kStopped && can_start && (r.can_serve_later() || retry_due);
     if (alive || startable || awaiting_restart(self, r)) none_left = false;
   }
   if (none_left) {

@@ -68,6 +68,24 @@ void broadcast_kv_peers(SchedSelf self) {
   for (const auto& a : to) self->send(a, m);
 }
 
+// A target-shard worker of replica `r` said "failed" (its model did not load): a failed start as
+// start_failed counts it (the backoff grows from here), without its retire: the worker quits by
+// itself and its down message stops the replica. Parked at once: the queue does not wait for a
+// replica whose model does not load. Counted once per start (every rank of a tensor-parallel
+// replica may fail for one cause).
+// NOTE: only parked, with no failure counted, it was started again on the next tick, in a loop,
+// with no backoff (a failing rank > 0 was not even parked).
+void count_load_failure(SchedSelf self, ReplicaEntry& r, const WorkerHello& h) {
+  auto& s = self->state;
+  if (r.start_requested_at > 0 && r.start_failed_at >= r.start_requested_at) return;  // this start already counted
+  r.parked = true;
+  ++r.num_start_failures;
+  r.start_failed_at = now_s(self);
+  r.last_start_error = "its target shard" + (h.rank > 0 ? " rank " + std::to_string(h.rank) : std::string()) +
+                       " failed to load" + (h.error.empty() ? std::string(" (see that worker's log)") : ": " + h.error);
+  if (s.autoscaler) ++s.as.num_failed_starts;  // a start of the autoscaler's that failed
+}
+
 }  // namespace
 
 void register_worker(SchedSelf self, WorkerHello& h) {
@@ -150,7 +168,10 @@ void register_worker(SchedSelf self, WorkerHello& h) {
   if (is_new) w.since = Clock::now();
   auto& r = s.replicas[h.replica];
   if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
-    if (h.rank != 0) return;  // tensor-parallel ranks > 0 follow rank 0 (issue 9)
+    if (h.rank != 0) {  // tensor-parallel ranks > 0 follow rank 0 (issue 9)
+      if (h.state == "failed") count_load_failure(self, r, h);
+      return;
+    }
     if (r.shard && r.shard.address() != h.self.address() && r.shard_ready) {
       log->warn("replica {}: a second target shard registered (pid {}); keeping the first", h.replica, h.pid);
       return;
@@ -202,15 +223,7 @@ void register_worker(SchedSelf self, WorkerHello& h) {
   // node started by hand for a replica the launcher cannot start) makes it servable again.
   if (h.role == worker_role_name(WorkerRole::kTargetShard)) {
     if (h.state == "failed") {
-      // A failed start as start_failed counts it (the backoff grows from here), without its
-      // retire: the shard quits by itself and its down message stops the replica.
-      // NOTE: only parked, with no failure counted, it was started again on the next tick, in a
-      // loop, with no backoff.
-      r.parked = true;
-      ++r.num_start_failures;
-      r.start_failed_at = now_s(self);
-      r.last_start_error = "its target shard failed to load" + (h.error.empty() ? std::string(" (see that worker's log)") : ": " + h.error);
-      if (s.autoscaler) ++s.as.num_failed_starts;  // a start of the autoscaler's that failed
+      count_load_failure(self, r, h);
     } else {
       r.not_startable = false;
     }

@@ -213,7 +213,9 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
     std::optional<ApiError> error;
     DisconnectWatch watch(http_req);
     bool gone = false;
-    while (finished < num_choices && !stopped && !gone) {
+    // (the first failed choice ends the wait: its siblings are cancelled, as a stream does;
+    // NOTE: they ran on to max_tokens, their answer thrown away)
+    while (finished < num_choices && !stopped && !gone && !error) {
       for (auto& a : job->take(std::chrono::milliseconds(500))) {
         const size_t i = a.index;
         const StreamChunk& c = a.chunk;
@@ -239,14 +241,14 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
                 num_choices - finished);
       return send_error(res, ApiError{499, "the client closed the connection", "invalid_request_error", "", ""});
     }
-    if (finished < num_choices) {
-      job->cancel_all();
-      return send_error(res, ApiError{503, "the server is shutting down", "service_unavailable", "", ""});
-    }
     if (error) {
       job->cancel_all();
       log->warn("{} {} {}: failed: {}", http_req.method, http_req.path, id, error->message);
       return send_error(res, *error);
+    }
+    if (finished < num_choices) {
+      job->cancel_all();
+      return send_error(res, ApiError{503, "the server is shutting down", "service_unavailable", "", ""});
     }
     res.set_content(dump_json(completion_response(req, model, id, created, outputs)), "application/json");
     return;

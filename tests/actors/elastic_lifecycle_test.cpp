@@ -350,6 +350,45 @@ TEST(ElasticLifecycle, ATargetShardThatFailsToLoadIsRetriedOnlyAfterItsBackoff) 
   EXPECT_GE(st->autoscale.num_failed_starts, 3);
 }
 
+// Review of the parking: under scale from zero (min_replicas 0) only demand starts a replica, and
+// a parked one failed every request at once, so nothing ever started it again. A request that
+// comes after its backoff now waits for one retry, and is served when the cause is gone.
+TEST(ElasticLifecycle, UnderScaleFromZeroARequestAfterTheBackoffRetriesAParkedReplica) {
+  Launched c;
+  Topology t = make_topology(1, /*drafts=*/false);
+  t.autoscale.min_replicas = 0;
+  t.autoscale.max_replicas = 1;
+  t.autoscale.warm_pool = 0;
+  t.autoscale.start_backoff_s = 0.3;
+  t.autoscale.start_backoff_max_s = 0.3;
+  t.autoscale.downscale_delay_s = 0;  // once the request is gone the target is 0 again: no start but for demand
+  ASSERT_NO_FATAL_FAILURE(c.start(t));
+  auto first = c.client->submit(request(2));  // scale from zero: a start, whose shard fails to load
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 1; })) << describe(c.client->status());
+  FakeSpec f;
+  f.replica = 0;
+  f.state = "failed";
+  f.scheduler = c.head->scheduler();
+  f.rec = &c.rec;
+  auto w = c.rt.system().spawn(fake_worker, f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  auto failed = (*first)->wait();
+  ASSERT_FALSE(failed.ok()) << "nothing could serve it";
+  EXPECT_NE(failed.status().message().find("no replica is left"), std::string::npos) << failed.status().to_string();
+  // The cause goes away; after the backoff a request brings the replica up and is served.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ASSERT_EQ(c.num_starts(0), 1) << "started again with no demand:\n" << describe(c.client->status());
+  auto second = c.client->submit(request(2));
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  ASSERT_TRUE(until(5, [&] { return c.num_starts(0) == 2; })) << "no retry for the request:\n" << describe(c.client->status());
+  c.spawn(0);
+  auto chunk = (*second)->next(std::chrono::seconds(10));
+  ASSERT_TRUE(chunk.has_value()) << c.rec.dump() << describe(c.client->status());
+  EXPECT_EQ(chunk->tokens, std::vector<int32_t>{42});
+}
+
 // A cluster of `n` declared replicas with draft workers whose processes the head's launcher
 // starts (recorded); the test spawns a started replica's fake target shard and draft worker.
 struct DraftCluster : Launched {

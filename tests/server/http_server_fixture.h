@@ -40,6 +40,7 @@ struct FakeCluster {
   std::string text = "a";          // the text of every token
   bool hold = false;               // one token, then nothing until cancelled
   std::string fail_with;           // non-empty: every request fails with this error
+  int64_t fail_only_id = 0;        // with fail_with: only the request of this id fails (0: all)
   int32_t tokens_per_chunk = 1;    // tokens per StreamChunk (several: a speculative step)
   std::map<int64_t, caf::actor> held;
   std::vector<int64_t> cancelled;
@@ -71,7 +72,7 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
         const int64_t id = fc->next_id++;
         StreamChunk c;
         c.request_id = id;
-        if (!fc->fail_with.empty()) {
+        if (!fc->fail_with.empty() && (fc->fail_only_id == 0 || fc->fail_only_id == id)) {
           c.finish_reason = "error";
           c.error = fc->fail_with;
           self->send(m.sink, c);

@@ -233,5 +233,28 @@ TEST_F(HttpServerTest, CancelledChoicesCountAsAbortAndAStreamedFailureAsAFailure
       << m->body;
 }
 
+// A non-streamed request whose choice fails: its sibling choices are cancelled at once (counted
+// "abort") and the error answered; they ran on to max_tokens (here: held for ever).
+TEST_F(HttpServerTest, ANonStreamedChoiceThatFailsCancelsItsSiblings) {
+  fc_->hold = true;
+  fc_->fail_with = "the replica failed";
+  fc_->fail_only_id = fc_->next_id + 1;  // the second choice
+  start();
+  auto c = client();
+  c.set_read_timeout(10, 0);
+  const auto t0 = Clock::now();
+  auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 50, "n": 2})", "application/json");
+  ASSERT_TRUE(r) << "no answer within 10 s";
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_NE(r->body.find("the replica failed"), std::string::npos) << r->body;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+  EXPECT_TRUE(fc_->wait_cancelled(1, 5.0)) << "the sibling was not cancelled";
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("specserve:request_failure_total{model_name=\"fake\"} 1\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("specserve:request_success_total{model_name=\"fake\",finished_reason=\"abort\"} 1\n"), std::string::npos)
+      << m->body;
+}
+
 }  // namespace
 }  // namespace specserve

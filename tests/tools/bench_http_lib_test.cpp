@@ -75,12 +75,33 @@ TEST(LoadPrompts, AJsonArrayIsReadAsObjectsShareGptIncluded) {
   EXPECT_NE(n.status().message().find("element 0 is not a JSON object"), std::string::npos) << n.status().message();
   std::filesystem::remove(nums);
 
+  // As in the public ShareGPT file: empty and assistant-first conversations (and a "from" that
+  // is not a string) are skipped and counted, as vLLM's benchmark does.
+  const std::string mixed = write_temp(
+      "mixed.json",
+      "[{\"conversations\": []}, {\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]},"
+      " {\"conversations\": [{\"from\": null, \"value\": \"x\"}]},"
+      " {\"conversations\": [{\"from\": \"human\", \"value\": \"kept\"}]}]");
+  int64_t skipped = -1;
+  auto h = load_prompts(mixed, &skipped);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_EQ(h->size(), 1u);
+  EXPECT_EQ((*h)[0].prompt, "kept");
+  EXPECT_EQ(skipped, 3);
+  std::filesystem::remove(mixed);
   const std::string nohuman = write_temp("nohuman.json", "[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]}]");
-  auto h = load_prompts(nohuman);
-  ASSERT_FALSE(h.ok());
-  EXPECT_NE(h.status().message().find("element 0"), std::string::npos) << h.status().message();
-  EXPECT_NE(h.status().message().find("human"), std::string::npos) << h.status().message();
+  auto none = load_prompts(nohuman);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no human turn"), std::string::npos) << none.status().message();
   std::filesystem::remove(nohuman);
+
+  // An array of objects cut short is an error naming where it stops, not lines of text.
+  const std::string cut = write_temp("cut.json", "[\n {\"prompt\": \"a\"},\n {\"prompt\": \"b\"");
+  auto c = load_prompts(cut);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kCorruptData);
+  EXPECT_NE(c.status().message().find("does not parse (at byte"), std::string::npos) << c.status().message();
+  std::filesystem::remove(cut);
 
   const std::string empty = write_temp("empty.json", " [ ] ");
   EXPECT_EQ(load_prompts(empty).status().code(), StatusCode::kInvalidArgument);

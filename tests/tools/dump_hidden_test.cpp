@@ -240,10 +240,16 @@ TEST(DumpHidden, AnInterruptedDumpLeavesNothingAndADeadDumpsPartialIsRemoved) {
   if (zombie == 0) ::_exit(0);
   siginfo_t info{};
   ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(zombie), &info, WEXITED | WNOWAIT), 0);  // exited, left unreaped
-  const auto dead = out / (".dump-hidden.partial-" + std::to_string(child));
-  const auto undead = out / (".dump-hidden.partial-" + std::to_string(zombie));
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  const std::string mine = std::string(".dump-hidden.partial-") + host + "-";
+  const auto dead = out / (mine + std::to_string(child));
+  const auto undead = out / (mine + std::to_string(zombie));
+  // The same process id on another host (a shared file system): not ours to judge.
+  const auto elsewhere = out / (".dump-hidden.partial-another-host-" + std::to_string(child));
+  std::filesystem::create_directories(elsewhere);
   std::filesystem::create_directories(undead);
-  const auto live = out / (".dump-hidden.partial-" + std::to_string(::getppid()));  // the test runner's parent: alive
+  const auto live = out / (mine + std::to_string(::getppid()));  // the test runner's parent: alive
   std::filesystem::create_directories(dead);
   std::ofstream(dead / "hidden.npy") << "partial";
   std::filesystem::create_directories(live);
@@ -264,7 +270,8 @@ TEST(DumpHidden, AnInterruptedDumpLeavesNothingAndADeadDumpsPartialIsRemoved) {
   EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().to_string();
   EXPECT_NE(r.status().message().find("interrupted"), std::string::npos) << r.status().message();
   EXPECT_GT(calls, 0);
-  EXPECT_FALSE(std::filesystem::exists(out / (".dump-hidden.partial-" + std::to_string(::getpid()))));
+  EXPECT_FALSE(std::filesystem::exists(out / (mine + std::to_string(::getpid()))));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere)) << "another host's partial dump is left alone";
   EXPECT_FALSE(std::filesystem::exists(dead)) << "a gone process's partial dump is removed";
   EXPECT_FALSE(std::filesystem::exists(undead)) << "a zombie's partial dump is removed";
   ::waitpid(zombie, nullptr, 0);

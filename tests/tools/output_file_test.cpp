@@ -53,6 +53,15 @@ TEST(OutputFile, ADirectoryThatTakesNoNewFilesIsRefusedBeforeTheRun) {
                {"--output-json", "/proc/specserve-results.json", "cannot create a file in /proc"});
 }
 
+// A symbolic link to nothing: the write would follow it into a folder never checked.
+TEST(OutputFile, ALinkToAMissingFileIsRefused) {
+  const fs::path d = temp_dir();
+  fs::create_symlink("/nonexistent-dir-xyz/r.json", d / "link.json");
+  expect_error(check_output_file("--output", (d / "link.json").string()), StatusCode::kInvalidArgument,
+               {"--output", "symbolic link to a missing file", "/nonexistent-dir-xyz/r.json"});
+  fs::remove_all(d);
+}
+
 TEST(OutputFile, WriteWritesOrSaysWhyNot) {
   const fs::path d = temp_dir();
   const fs::path p = d / "r.json";

@@ -193,8 +193,13 @@ int run_bench(const HttpBenchArgs& a) {
     }
   }
 
-  auto all = load_prompts(a.dataset);
+  int64_t skipped = 0;
+  auto all = load_prompts(a.dataset, &skipped);
   if (!all.ok()) return fail("--dataset: " + all.status().message());
+  if (skipped > 0) {
+    std::fprintf(stderr, "[bench] --dataset %s: %lld conversation(s) with no human turn skipped\n", a.dataset.c_str(),
+                 static_cast<long long>(skipped));
+  }
   if (a.max_prompt_chars > 0) {
     const size_t before = all->size();
     std::erase_if(*all, [&](const BenchPrompt& p) { return p.prompt.size() > static_cast<size_t>(a.max_prompt_chars); });

@@ -8,7 +8,6 @@
 #include <iterator>
 #include <numeric>
 #include <random>
-#include <sstream>
 
 namespace specserve::cli::bench_http {
 namespace {
@@ -39,9 +38,14 @@ std::string fmt(const char* f, double v) {
 namespace {
 
 // One prompt object: "turns" (Spec-Bench / MT-Bench: the first turn), "prompt", "text", or
-// "conversations" (ShareGPT: the first turn "from" "human"); "category" optional.
-Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::string_view raw) {
-  if (!j.is_object()) return corrupt_data(where + " is not a JSON object: " + quote_start(raw, 80));
+// "conversations" (ShareGPT: the first turn "from" "human"); "category" optional. `raw` is the
+// line for the error excerpt ("" for an array element: its JSON, written only on an error).
+// *skip (with no error) for a ShareGPT conversation with no human turn with text, as vLLM's
+// benchmark filters them (the public ShareGPT file has empty and assistant-first ones).
+Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::string_view raw, bool* skip) {
+  *skip = false;
+  auto excerpt = [&] { return raw.empty() ? quote_start(j.dump(), 80) : quote_start(raw, 80); };
+  if (!j.is_object()) return corrupt_data(where + " is not a JSON object: " + excerpt());
   BenchPrompt p;
   if (auto t = j.find("turns"); t != j.end() && t->is_array() && !t->empty() && t->front().is_string()) {
     p.prompt = t->front().get<std::string>();
@@ -51,12 +55,15 @@ Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::st
     p.prompt = x->get<std::string>();
   } else if (auto c = j.find("conversations"); c != j.end() && c->is_array()) {
     for (const json& turn : *c) {
-      if (turn.is_object() && turn.value("from", "") == "human" && turn.contains("value") && turn["value"].is_string()) {
-        p.prompt = turn["value"].get<std::string>();
+      if (!turn.is_object()) continue;
+      auto from = turn.find("from");
+      auto value = turn.find("value");
+      if (from != turn.end() && from->is_string() && *from == "human" && value != turn.end() && value->is_string()) {
+        p.prompt = value->get<std::string>();
         break;
       }
     }
-    if (p.prompt.empty()) return corrupt_data(where + ": \"conversations\" has no turn {\"from\": \"human\", \"value\": \"...\"}");
+    if (p.prompt.empty()) *skip = true;
   } else {
     return corrupt_data(where +
                         " has no prompt: expected \"turns\" (a list of strings), \"prompt\", \"text\" or "
@@ -68,48 +75,76 @@ Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::st
 
 }  // namespace
 
-Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path) {
+Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t* num_skipped) {
   std::ifstream in(path);
   if (!in) return not_found("dataset file '" + path + "' cannot be opened (does it exist?)");
   const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<BenchPrompt> out;
+  int64_t skipped = 0;
+  if (num_skipped) *num_skipped = 0;
+  bool skip = false;
   // A file that is one JSON array (ShareGPT's, or a list of prompt objects).
   // NOTE: it was read as plain text, one prompt per line of JSON. A text file whose first line
-  // starts with '[' ("[INST] ...") is not JSON and stays text.
+  // starts with '[' ("[INST] ...") is not JSON and stays text; one that opens an array of objects
+  // and does not parse (cut short, a trailing comma) is an error, not text.
   if (std::string_view first = trim(all); !first.empty() && first.front() == '[') {
-    json j = json::parse(all, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.is_array()) {
+    const std::string_view rest = trim(first.substr(1));
+    const bool looks_json = !rest.empty() && (rest.front() == '{' || rest.front() == ']');
+    json j;
+    try {
+      j = json::parse(all);
+    } catch (const json::parse_error& e) {
+      if (looks_json) {
+        return corrupt_data("dataset '" + path + "' is a JSON array that does not parse (at byte " +
+                            std::to_string(e.byte) + "): " + e.what());
+      }
+      j = json();  // text
+    }
+    if (j.is_array()) {
       for (size_t i = 0; i < j.size(); ++i) {
-        auto p = prompt_of(j[i], "dataset '" + path + "' element " + std::to_string(i), j[i].dump());
+        auto p = prompt_of(j[i], "dataset '" + path + "' element " + std::to_string(i), "", &skip);
         if (!p.ok()) return p.status();
+        if (skip) {
+          ++skipped;
+          continue;
+        }
         out.push_back(std::move(*p));
       }
-      if (out.empty()) return invalid_argument("dataset file '" + path + "' holds no prompt (an empty JSON array)");
+      if (num_skipped) *num_skipped = skipped;
+      if (out.empty()) {
+        return invalid_argument("dataset file '" + path + "' holds no prompt (a JSON array of " + std::to_string(j.size()) +
+                                " element(s), " + std::to_string(skipped) + " conversation(s) with no human turn)");
+      }
       return out;
     }
   }
-  std::istringstream lines(all);
-  std::string raw;
   int line_no = 0;
   int format = 0;  // 0: not known yet, 1: JSON lines, 2: plain text
-  while (std::getline(lines, raw)) {
+  for (size_t pos = 0; pos < all.size();) {
+    const size_t nl = all.find('\n', pos);
+    std::string_view raw = std::string_view(all).substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? all.size() : nl + 1;
     ++line_no;
     std::string_view line = trim(raw);
     if (line.empty()) continue;
     if (format == 0) format = line.front() == '{' ? 1 : 2;
     if (format == 2) {
-      std::string_view keep = raw;
-      if (!keep.empty() && keep.back() == '\r') keep.remove_suffix(1);
-      out.push_back({std::string(keep), ""});
+      if (!raw.empty() && raw.back() == '\r') raw.remove_suffix(1);
+      out.push_back({std::string(raw), ""});
       continue;
     }
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = "dataset '" + path + "' line " + std::to_string(line_no);
     if (j.is_discarded()) return corrupt_data(where + " is not a JSON object: " + quote_start(line, 80));
-    auto p = prompt_of(j, where, line);
+    auto p = prompt_of(j, where, line, &skip);
     if (!p.ok()) return p.status();
+    if (skip) {
+      ++skipped;
+      continue;
+    }
     out.push_back(std::move(*p));
   }
+  if (num_skipped) *num_skipped = skipped;
   if (out.empty()) return invalid_argument("dataset file '" + path + "' holds no prompt");
   return out;
 }

@@ -33,10 +33,13 @@ struct BenchPrompt {
 ///    when present. Blank lines are skipped.
 ///  - plain text: one prompt per non-blank line (no escapes; a trailing '\r' is dropped); a
 ///    first line starting with '[' that is not a JSON array ("[INST] ...") is text.
+/// A ShareGPT conversation with no human turn with text (the public file has empty ones and
+/// assistant-first ones) is skipped, as vLLM's benchmark does, and counted in *num_skipped.
 /// Errors: not_found naming the path when it cannot be opened; corrupt_data naming the path and
 /// the 1-based line (or 0-based array element) that does not parse, is not an object or has no
-/// prompt; invalid_argument when the file holds no prompt.
-Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path);
+/// prompt, or the byte where an array of objects stops parsing; invalid_argument when the file
+/// holds no prompt.
+Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t* num_skipped = nullptr);
 
 /// The `num_prompts` prompts a run sends, in order: the set shuffled by `seed` (Fisher-Yates
 /// over std::mt19937_64, so the same seed picks the same prompts on every platform), cycled when

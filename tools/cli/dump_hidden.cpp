@@ -29,7 +29,7 @@ struct DumpArgs {
 };
 
 // Set by SIGINT / SIGTERM: the dump stops at its next step and removes what it created.
-// NOTE: an interrupted dump left its .dump-hidden.partial-PID directory (up to a whole dump).
+// NOTE: an interrupted dump left its .dump-hidden.partial directory (up to a whole dump).
 std::atomic<bool> g_stop{false};
 extern "C" void request_stop(int) { g_stop.store(true); }
 
@@ -85,6 +85,8 @@ int run_dump_hidden(const DumpArgs& a) {
   struct sigaction sa {};
   sa.sa_handler = request_stop;
   sigemptyset(&sa.sa_mask);
+  // (a second signal kills at once; interrupted writes resume)
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   auto sum = dump_hidden(*loaded, opts, progress);
@@ -125,7 +127,7 @@ void add_dump_hidden(CLI::App& app) {
       "Self-distillation data for Medusa/EAGLE heads: the target's greedy continuation of each prompt, recording "
       "per position its final-norm hidden state (float16), token id and argmax next token (.npy + index.json)");
   sub->footer("Exit status: 0 done, 1 failure, 2 bad input, 130 interrupted (SIGINT/SIGTERM: what it wrote is "
-              "removed; a dump killed outright leaves .dump-hidden.partial-PID in --out, removed by the next dump there)");
+              "removed; a dump killed outright leaves .dump-hidden.partial-HOST-PID in --out, removed by the next dump there on that host)");
   sub->add_option("--model", args->model, "GGUF model path (default: the fetched SmolLM2-135M-Instruct Q4_1)")->check(non_empty_path());
   // NOTE: not ->required(): --print-fingerprint needs neither; "REQUIRED" is in the text instead.
   sub->add_option("--prompts", args->opts.prompts_path,

@@ -401,8 +401,20 @@ bool process_gone(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
 }
 
+// This host's name, as a file name part ("host" when it has none).
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
+  std::string h = buf;
+  for (char& ch : h) {
+    if (ch == '/' || ch == '\0') ch = '_';
+  }
+  return h;
+}
+
 // Removes the temporary directories (`prefix` + pid) in `out` of dumps whose process is gone
-// (killed outright: SIGKILL, a crash, the machine's OOM killer), saying so on stderr.
+// (killed outright: SIGKILL, a crash, the machine's OOM killer), saying so on stderr. `prefix`
+// names this host: another host's process ids (a shared file system) are not ours to judge.
 // NOTE: they were left behind for good, each up to a whole dump in size.
 void remove_dead_partials(const fs::path& out, const std::string& prefix) {
   std::error_code ec;
@@ -446,7 +458,7 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   }
   // NOTE: inside the output directory, so that the final renames stay on one file system; the
   // pid keeps two dumps into the same directory apart.
-  const std::string partial = ".dump-hidden.partial-";
+  const std::string partial = ".dump-hidden.partial-" + host_name() + "-";
   const fs::path tmp = out / (partial + std::to_string(::getpid()));
   remove_dead_partials(out, partial);
   fs::remove_all(tmp, ec);

@@ -54,7 +54,8 @@ struct DumpHiddenOptions {
   /// a dump with an index.json is always whole; other files there are left alone. A failed dump
   /// removes what it created (the temporary directory; the output directory and the parents it
   /// created). The temporary directories that dumps killed outright left there
-  /// (.dump-hidden.partial-PID of a process no longer alive) are removed when a dump starts.
+  /// (.dump-hidden.partial-HOST-PID of a process of this host no longer alive) are removed when
+  /// a dump starts.
   std::string out_dir;
   int32_t max_new_tokens = 96;      ///< greedy continuation length cap per prompt, >= 1 (EOS may end it sooner)
   int32_t max_num_seqs = 24;        ///< sequences generated at once (Engine batch)

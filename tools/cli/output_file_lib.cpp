@@ -37,7 +37,15 @@ Status check_output_file(const std::string& flag, const std::string& path) {
   // NOTE: `bench --output-json /proc/x` ran its whole benchmark and failed writing at the end.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
-    if (errno == EEXIST) return Status();  // it appeared meanwhile: written over at the end, as any existing file
+    if (errno == EEXIST) {
+      // A symbolic link to nothing (fs::status saw no file): the write would follow it into a
+      // folder never checked. Otherwise the file appeared meanwhile: written over at the end.
+      if (fs::is_symlink(fs::symlink_status(path, ec))) {
+        return invalid_argument(what + "is a symbolic link to a missing file (" +
+                                fs::read_symlink(path, ec).string() + "): give the file itself");
+      }
+      return Status();
+    }
     return invalid_argument(what + "cannot create a file in " + dir.string() + ": " + std::strerror(errno));
   }
   ::close(fd);
