@@ -4,7 +4,6 @@
 #include "tools/cli/dump_hidden_lib.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -15,7 +14,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include <signal.h>
 #include <unistd.h>
 
 #include "model/chat_template.h"
@@ -23,6 +21,7 @@
 #include "model/model_fingerprint.h"
 #include "spec/engine.h"
 #include "spec/proposer.h"
+#include "tools/cli/dump_hidden_dir_lib.h"
 
 namespace specserve::cli {
 namespace {
@@ -357,81 +356,6 @@ namespace {
 Expected<DumpHiddenSummary> dump_into(LoadedModel& lm, const DumpHiddenOptions& o, const std::string& dir,
                                       const DumpProgress& progress);
 
-/// The files of a dump, index.json last (DumpHiddenOptions::out_dir: it marks a whole dump).
-std::vector<std::string> dump_files(bool write_weights) {
-  std::vector<std::string> f = {"hidden.npy", "tokens.npy", "argmax.npy"};
-  if (write_weights) f.insert(f.end(), {"head.npy", "embed.npy"});
-  f.push_back("index.json");
-  return f;
-}
-
-/// Moves the files of the complete dump in `tmp` into `out`: removes out/index.json first, so a
-/// dump half-replaced by a failure here is never read as whole. Errors: kInternal naming the file.
-Status publish(const fs::path& tmp, const fs::path& out, bool write_weights) {
-  std::error_code ec;
-  fs::remove(out / "index.json", ec);
-  if (ec) return internal_error("dump-hidden: cannot remove the previous " + (out / "index.json").string() + ": " + ec.message());
-  // NOTE: a dump --no-weights over one with weights left the old head.npy / embed.npy beside
-  // it, which the trainers then read as this dump's (of another model, perhaps).
-  if (!write_weights) {
-    for (const char* name : {"head.npy", "embed.npy"}) {
-      fs::remove(out / name, ec);
-      if (ec) return internal_error("dump-hidden: cannot remove the previous " + (out / name).string() + ": " + ec.message());
-    }
-  }
-  for (const std::string& name : dump_files(write_weights)) {
-    fs::rename(tmp / name, out / name, ec);
-    if (ec) return internal_error("dump-hidden: cannot move " + (tmp / name).string() + " to " + (out / name).string() + ": " + ec.message());
-  }
-  return Status();
-}
-
-}  // namespace
-
-namespace {
-
-// True when no process `pid` runs: none exists, or it is a zombie (killed, not yet reaped by
-// its parent).
-bool process_gone(pid_t pid) {
-  if (::kill(pid, 0) != 0) return errno == ESRCH;  // (EPERM: alive, another user's)
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
-}
-
-// This host's name, as a file name part ("host" when it has none).
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
-  std::string h = buf;
-  for (char& ch : h) {
-    if (ch == '/' || ch == '\0') ch = '_';
-  }
-  return h;
-}
-
-// Removes the temporary directories (`prefix` + pid) in `out` of dumps whose process is gone
-// (killed outright: SIGKILL, a crash, the machine's OOM killer), saying so on stderr. `prefix`
-// names this host: another host's process ids (a shared file system) are not ours to judge.
-// NOTE: they were left behind for good, each up to a whole dump in size.
-void remove_dead_partials(const fs::path& out, const std::string& prefix) {
-  std::error_code ec;
-  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto pid = static_cast<pid_t>(std::stol(digits));
-    if (pid <= 0 || !process_gone(pid)) continue;
-    std::error_code ignored;
-    fs::remove_all(it->path(), ignored);
-    std::fprintf(stderr, "[dump-hidden] removed %s: a partial dump of process %d, which is gone\n", it->path().c_str(),
-                 static_cast<int>(pid));
-  }
-}
-
 }  // namespace
 
 Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions& o, const DumpProgress& progress) {
@@ -458,9 +382,9 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   }
   // NOTE: inside the output directory, so that the final renames stay on one file system; the
   // pid keeps two dumps into the same directory apart.
-  const std::string partial = ".dump-hidden.partial-" + host_name() + "-";
+  const std::string partial = dump_dir::partial_prefix();
   const fs::path tmp = out / (partial + std::to_string(::getpid()));
-  remove_dead_partials(out, partial);
+  dump_dir::remove_dead_partials(out, partial);
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) {
@@ -470,7 +394,7 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   auto r = dump_into(lm, o, tmp.string(), progress);
   if (r.ok() && o.stop && o.stop->load()) r = cancelled("dump-hidden: interrupted while writing");
   if (r.ok()) {
-    Status st = publish(tmp, out, o.write_weights);
+    Status st = dump_dir::publish(tmp, out, o.write_weights);
     if (!st.ok()) r = st;
   }
   // NOTE: a failed dump leaves nothing of itself: the temporary directory goes, and so do the
