@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -120,6 +121,32 @@ TEST(CliChecks, BenchCountsACutStreamAsFailedAndChecksItsOutputsFirst) {
   EXPECT_EQ(noplot.exit_code, 1) << noplot.out;
   EXPECT_NE(noplot.out.find("--plot " + dir + "/p.png: no python with matplotlib"), std::string::npos) << noplot.out;
   EXPECT_EQ(noplot.out.find("Serving Benchmark Result"), std::string::npos) << "it ran:\n" << noplot.out;
+  fs::remove_all(dir);
+}
+
+// bench-actors stopped by a signal (SIGTERM from coreutils' timeout) while its network path's
+// `specserve up` starts: the cluster goes with it, and the run's folder it keeps is named.
+// NOTE: the folder (topology, up.log) was left in /tmp without a word.
+TEST(CliChecks, BenchActorsStoppedByASignalNamesTheFolderItKeepsAndStopsItsCluster) {
+  const CmdResult r = run_specserve(
+      "bench-actors --mode overhead --paths direct network --prompts 1 --repeats 1 --max-tokens 8 --threads 1 "
+      "--quiet-wait 0",
+      /*timeout_s=*/6);
+  EXPECT_EQ(r.exit_code, 124) << r.out;  // timeout's status: the run was still going
+  const std::string key = "interrupted: kept ";
+  const size_t at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string dir = r.out.substr(at + key.size(), r.out.find(' ', at + key.size()) - (at + key.size()));
+  ASSERT_EQ(dir.rfind("/tmp/specserve-bench-actors-", 0), 0u) << dir;
+  EXPECT_TRUE(fs::is_directory(dir)) << dir;
+  // Its `up` (whose command line names the folder's topology) is gone within its drain timeout.
+  bool up_gone = false;
+  for (int i = 0; i < 150 && !up_gone; ++i) {
+    // ("[/]tmp...": the pattern does not match the shell that runs pgrep)
+    up_gone = std::system(("pgrep -f '[/]" + dir.substr(1) + "' > /dev/null").c_str()) != 0;
+    if (!up_gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(up_gone) << "a process of " << dir << " is still running";
   fs::remove_all(dir);
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,6 +32,8 @@ const char* kInProcessToken = "bench-actors-in-process-token";
 // The running `up` child, for the signal handler: a benchmark stopped by SIGINT/SIGTERM takes
 // its cluster with it instead of leaving it orphaned.
 std::atomic<pid_t> g_up_pid{-1};
+// The run's folder, for the handler's message (a fixed buffer: the handler only reads it).
+char g_run_dir[1024] = {};
 
 std::map<int, std::pair<int, double>> proc_table() {  // pid -> (ppid, utime + stime seconds)
   std::map<int, std::pair<int, double>> t;
@@ -276,9 +279,23 @@ InProcessPath::~InProcessPath() {
   rt_.reset();
 }
 
+void set_run_dir_for_signals(const std::string& dir) {
+  g_run_dir[0] = '\0';
+  if (dir.size() >= sizeof g_run_dir) return;
+  std::memcpy(g_run_dir, dir.c_str(), dir.size() + 1);
+}
+
 extern "C" void stop_up_and_exit(int sig) {
   const pid_t pid = g_up_pid.load();
   if (pid > 0) ::kill(pid, SIGTERM);
+  if (g_run_dir[0] != '\0') {  // (write(2) only: async-signal-safe)
+    static const char head[] = "\n[bench-actors] interrupted: kept ";
+    static const char tail[] = " (the topology and the cluster's up.log); remove it when done\n";
+    ssize_t ignored = ::write(STDERR_FILENO, head, sizeof head - 1);
+    ignored = ::write(STDERR_FILENO, g_run_dir, std::strlen(g_run_dir));
+    ignored = ::write(STDERR_FILENO, tail, sizeof tail - 1);
+    (void)ignored;
+  }
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }

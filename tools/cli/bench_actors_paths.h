@@ -84,10 +84,15 @@ class InProcessPath {
   std::unique_ptr<Client> client_;
 };
 
-/// Sends SIGTERM to the running `up` child (NetworkPath), then re-raises `sig` with its default
-/// action: a benchmark stopped by SIGINT/SIGTERM takes its cluster with it instead of leaving it
-/// orphaned. For signal().
+/// Sends SIGTERM to the running `up` child (NetworkPath), says where the run's folder stays (see
+/// set_run_dir_for_signals), then re-raises `sig` with its default action: a benchmark stopped
+/// by SIGINT/SIGTERM takes its cluster with it instead of leaving it orphaned. For signal().
 extern "C" void stop_up_and_exit(int sig);
+
+/// The run's folder (topology, up.log) that stop_up_and_exit names on stderr when a signal ends
+/// the run; "" when none (paths longer than 1023 bytes are not named).
+/// NOTE: an interrupted run left /tmp/specserve-bench-actors-XXXXXX without a word.
+void set_run_dir_for_signals(const std::string& dir);
 
 /// (c) `specserve up` in a child process (its node starts the target shard as a worker process);
 /// the Client connects over loopback.

@@ -34,8 +34,10 @@ class RunDir {
   RunDir() {
     char tmpl[] = "/tmp/specserve-bench-actors-XXXXXX";
     if (::mkdtemp(tmpl)) path_ = tmpl;
+    set_run_dir_for_signals(path_);
   }
   ~RunDir() {
+    set_run_dir_for_signals("");
     if (path_.empty()) return;
     if (!done_) {
       std::fprintf(stderr, "[bench-actors] kept %s (the topology and the cluster's up.log) for a look; remove it when done\n",
