@@ -65,6 +65,7 @@ struct Recorder {
 struct FakeSpec {
   std::string role = "target_shard";
   int32_t replica = 0;
+  int32_t rank = 0;             // tensor-parallel rank (a target shard's)
   std::string state = "ready";  // the last state it announces (after "loading")
   int32_t max_num_seqs = 1;
   int32_t total_kv_blocks = 64;
@@ -96,6 +97,7 @@ inline WorkerHello fake_hello(FakeSelf self, const std::string& state) {
   h.node = "local";
   h.role = f.role;
   h.replica = f.replica;
+  h.rank = f.rank;
   h.pid = static_cast<int32_t>(::getpid());
   h.state = state;
   h.total_kv_blocks = f.total_kv_blocks;
