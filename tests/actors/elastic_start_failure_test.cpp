@@ -13,6 +13,50 @@ namespace {
 
 using namespace elastic_testing;
 
+// min 1, max 2, no pool, a fixed 0.4 s backoff after a failed start.
+Topology failing_topology(int32_t tensor_parallel_size) {
+  Topology t = make_topology(2, /*drafts=*/false);
+  t.models.target.tensor_parallel_size = tensor_parallel_size;
+  for (int32_t rank = 1; rank < tensor_parallel_size; ++rank) {
+    for (int32_t r = 0; r < 2; ++r) {
+      WorkerSpec w;
+      w.replica = r;
+      w.rank = rank;
+      t.nodes[0].workers.push_back(w);
+    }
+  }
+  t.autoscale.min_replicas = 1;
+  t.autoscale.max_replicas = 2;
+  t.autoscale.warm_pool = 0;
+  t.autoscale.start_backoff_s = 0.4;
+  t.autoscale.start_backoff_max_s = 0.4;
+  return t;
+}
+
+// For every start of replica 0 or 1 the head asked for since the last call (*spawned counts
+// them): a target shard whose model fails to load and quits; with `rank1`, its rank 0 loads (for
+// ever) and rank 1 is the one that fails.
+void fail_new_starts(Launched& c, std::map<int32_t, int>* spawned, bool rank1) {
+  for (int32_t r = 0; r < 2; ++r) {
+    while ((*spawned)[r] < c.num_starts(r)) {
+      ++(*spawned)[r];
+      FakeSpec f;
+      f.replica = r;
+      f.scheduler = c.head->scheduler();
+      f.rec = &c.rec;
+      if (rank1) {
+        f.state = "loading";
+        c.rt.system().spawn(fake_worker, f);
+        f.rank = 1;
+      }
+      f.state = "failed";
+      auto w = c.rt.system().spawn(fake_worker, f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+    }
+  }
+}
+
 // Bug: after 5 failed starts in a row a replica was never started again; with every replica there,
 // the cluster ran on, answering every request "no replica is left", after the cause was fixed.
 TEST(ElasticLifecycle, AParkedReplicaIsStartedAgainOnceItsCauseIsFixed) {
@@ -104,32 +148,13 @@ TEST(ElasticLifecycle, AParkedReplicaIsStartedAgainOnceItsCauseIsFixed) {
 // serve it, even while a retry start is in flight).
 TEST(ElasticLifecycle, ATargetShardThatFailsToLoadIsRetriedOnlyAfterItsBackoff) {
   Launched c;
-  Topology t = make_topology(2, /*drafts=*/false);
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 2;
-  t.autoscale.warm_pool = 0;
-  t.autoscale.start_backoff_s = 0.4;
-  t.autoscale.start_backoff_max_s = 0.4;
-  ASSERT_NO_FATAL_FAILURE(c.start(t));
-  // Every start the head asks for, of either replica: a target shard that fails to load, then quits.
+  ASSERT_NO_FATAL_FAILURE(c.start(failing_topology(1)));
   std::map<int32_t, int> spawned;
   const auto t0 = std::chrono::steady_clock::now();
   bool both_failed = false, refused_at_once = false;
   std::string refusal;
   while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2400)) {
-    for (int32_t r = 0; r < 2; ++r) {
-      while (spawned[r] < c.num_starts(r)) {
-        ++spawned[r];
-        FakeSpec f;
-        f.replica = r;
-        f.state = "failed";
-        f.scheduler = c.head->scheduler();
-        f.rec = &c.rec;
-        auto w = c.rt.system().spawn(fake_worker, f);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
-      }
-    }
+    fail_new_starts(c, &spawned, /*rank1=*/false);
     if (!both_failed) {
       auto st = c.client->status();
       both_failed = st.ok() && st->replicas.size() == 2 && st->replicas[0].num_start_failures > 0 &&
@@ -162,40 +187,11 @@ TEST(ElasticLifecycle, ATargetShardThatFailsToLoadIsRetriedOnlyAfterItsBackoff) 
 // counted nothing, so its replica was restarted on every tick with no backoff.
 TEST(ElasticLifecycle, ATensorParallelRankThatFailsToLoadCountsAFailedStart) {
   Launched c;
-  Topology t = make_topology(2, /*drafts=*/false);
-  t.models.target.tensor_parallel_size = 2;
-  for (int32_t r = 0; r < 2; ++r) {
-    WorkerSpec w;
-    w.replica = r;
-    w.rank = 1;
-    t.nodes[0].workers.push_back(w);
-  }
-  t.autoscale.min_replicas = 1;
-  t.autoscale.max_replicas = 2;
-  t.autoscale.warm_pool = 0;
-  t.autoscale.start_backoff_s = 0.4;
-  t.autoscale.start_backoff_max_s = 0.4;
-  ASSERT_NO_FATAL_FAILURE(c.start(t));
-  // Every start: rank 0 loads (for ever), rank 1 fails to load and quits.
+  ASSERT_NO_FATAL_FAILURE(c.start(failing_topology(2)));
   std::map<int32_t, int> spawned;
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2400)) {
-    for (int32_t r = 0; r < 2; ++r) {
-      while (spawned[r] < c.num_starts(r)) {
-        ++spawned[r];
-        FakeSpec f;
-        f.replica = r;
-        f.state = "loading";
-        f.scheduler = c.head->scheduler();
-        f.rec = &c.rec;
-        c.rt.system().spawn(fake_worker, f);
-        f.rank = 1;
-        f.state = "failed";
-        auto w = c.rt.system().spawn(fake_worker, f);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
-      }
-    }
+    fail_new_starts(c, &spawned, /*rank1=*/true);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const int starts = c.num_starts(0) + c.num_starts(1);

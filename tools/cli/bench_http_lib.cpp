@@ -82,7 +82,18 @@ Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t
   std::vector<BenchPrompt> out;
   int64_t skipped = 0;
   if (num_skipped) *num_skipped = 0;
-  bool skip = false;
+  // One prompt object into `out` (or counted as skipped).
+  auto take = [&](const json& j, const std::string& where, std::string_view raw) -> Status {
+    bool skip = false;
+    auto p = prompt_of(j, where, raw, &skip);
+    if (!p.ok()) return p.status();
+    if (skip) {
+      ++skipped;
+    } else {
+      out.push_back(std::move(*p));
+    }
+    return Status();
+  };
   // A file that is one JSON array (ShareGPT's, or a list of prompt objects).
   // NOTE: it was read as plain text, one prompt per line of JSON. A text file whose first line
   // starts with '[' ("[INST] ...") is not JSON and stays text; one that opens an array of objects
@@ -102,13 +113,7 @@ Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t
     }
     if (j.is_array()) {
       for (size_t i = 0; i < j.size(); ++i) {
-        auto p = prompt_of(j[i], "dataset '" + path + "' element " + std::to_string(i), "", &skip);
-        if (!p.ok()) return p.status();
-        if (skip) {
-          ++skipped;
-          continue;
-        }
-        out.push_back(std::move(*p));
+        SPECSERVE_RETURN_IF_ERROR(take(j[i], "dataset '" + path + "' element " + std::to_string(i), ""));
       }
       if (num_skipped) *num_skipped = skipped;
       if (out.empty()) {
@@ -136,13 +141,7 @@ Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = "dataset '" + path + "' line " + std::to_string(line_no);
     if (j.is_discarded()) return corrupt_data(where + " is not a JSON object: " + quote_start(line, 80));
-    auto p = prompt_of(j, where, line, &skip);
-    if (!p.ok()) return p.status();
-    if (skip) {
-      ++skipped;
-      continue;
-    }
-    out.push_back(std::move(*p));
+    SPECSERVE_RETURN_IF_ERROR(take(j, where, line));
   }
   if (num_skipped) *num_skipped = skipped;
   if (out.empty()) return invalid_argument("dataset file '" + path + "' holds no prompt");
