@@ -57,7 +57,7 @@ TEST(LoadPrompts, PlainTextOnePromptPerLine) {
 TEST(LoadPrompts, AJsonArrayIsReadAsObjectsShareGptIncluded) {
   const std::string path = write_temp(
       "sharegpt.json",
-      "[\n  {\"id\": \"a\", \"conversations\": [{\"from\": \"system\", \"value\": \"be brief\"},\n"
+      "[\n  {\"id\": \"a\", \"conversations\": [\n"
       "     {\"from\": \"human\", \"value\": \"What is a GPU?\"}, {\"from\": \"gpt\", \"value\": \"A chip.\"}]},\n"
       "  {\"prompt\": \"second\", \"category\": \"qa\"}\n]\n");
   auto p = load_prompts(path);
@@ -75,13 +75,13 @@ TEST(LoadPrompts, AJsonArrayIsReadAsObjectsShareGptIncluded) {
   EXPECT_NE(n.status().message().find("element 0 is not a JSON object"), std::string::npos) << n.status().message();
   std::filesystem::remove(nums);
 
-  // As in the public ShareGPT file: empty and assistant-first conversations (and a "from" that
-  // is not a string) are skipped and counted, as vLLM's benchmark does.
+  // As vLLM's benchmark reads ShareGPT: the first turn's value, whatever its role; conversations
+  // of fewer than 2 turns are left out, and so are those whose first turn has no text; counted.
   const std::string mixed = write_temp(
       "mixed.json",
-      "[{\"conversations\": []}, {\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]},"
-      " {\"conversations\": [{\"from\": null, \"value\": \"x\"}]},"
-      " {\"conversations\": [{\"from\": \"human\", \"value\": \"kept\"}]}]");
+      "[{\"conversations\": []}, {\"conversations\": [{\"from\": \"human\", \"value\": \"alone\"}]},"
+      " {\"conversations\": [{\"from\": null, \"value\": 3}, {\"from\": \"gpt\", \"value\": \"x\"}]},"
+      " {\"conversations\": [{\"from\": \"user\", \"value\": \"kept\"}, {\"from\": \"gpt\", \"value\": \"y\"}]}]");
   int64_t skipped = -1;
   auto h = load_prompts(mixed, &skipped);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
@@ -89,11 +89,19 @@ TEST(LoadPrompts, AJsonArrayIsReadAsObjectsShareGptIncluded) {
   EXPECT_EQ((*h)[0].prompt, "kept");
   EXPECT_EQ(skipped, 3);
   std::filesystem::remove(mixed);
-  const std::string nohuman = write_temp("nohuman.json", "[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]}]");
-  auto none = load_prompts(nohuman);
+  const std::string none_kept = write_temp("none.json", "[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"hi\"}]}]");
+  auto none = load_prompts(none_kept);
   ASSERT_FALSE(none.ok());
-  EXPECT_NE(none.status().message().find("no human turn"), std::string::npos) << none.status().message();
-  std::filesystem::remove(nohuman);
+  EXPECT_NE(none.status().message().find("fewer than 2 turns"), std::string::npos) << none.status().message();
+  std::filesystem::remove(none_kept);
+
+  // A directory: named, not an exception from the stream library.
+  const auto d = std::filesystem::temp_directory_path() / ("load-prompts-dir-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  auto dir = load_prompts(d.string());
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status().message();
+  std::filesystem::remove_all(d);
 
   // An array of objects cut short is an error naming where it stops, not lines of text.
   const std::string cut = write_temp("cut.json", "[\n {\"prompt\": \"a\"},\n {\"prompt\": \"b\"");

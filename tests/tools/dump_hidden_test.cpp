@@ -288,6 +288,25 @@ TEST(DumpHidden, AnInterruptedDumpLeavesNothingAndADeadDumpsPartialIsRemoved) {
   std::filesystem::remove_all(dir);
 }
 
+// A fresh-user trial: --out a symbolic link to a missing directory was refused with "File
+// exists", and the failed dump removed the link as if it had created it.
+TEST(DumpHidden, AnOutThatLinksToNothingIsRefusedAndTheLinkKept) {
+  const auto dir = temp_dir("dangling");
+  std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"Hello\"}\n";
+  std::filesystem::create_symlink(dir / "nowhere", dir / "out");
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  Status st = check_dump_options(o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("symbolic link to a missing directory"), std::string::npos) << st.message();
+  o.out_dir = (dir / "out" / "sub").string();  // under it
+  EXPECT_FALSE(check_dump_options(o).ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "out"));
+  std::filesystem::remove_all(dir);
+}
+
 // Helper review of the CLI: past the model's context the error was the engine's ("max_model_len
 // = 9004 exceeds the model's context length 8192"), a number the user never gave.
 TEST(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {

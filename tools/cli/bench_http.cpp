@@ -197,8 +197,10 @@ int run_bench(const HttpBenchArgs& a) {
   auto all = load_prompts(a.dataset, &skipped);
   if (!all.ok()) return fail("--dataset: " + all.status().message());
   if (skipped > 0) {
-    std::fprintf(stderr, "[bench] --dataset %s: %lld conversation(s) with no human turn skipped\n", a.dataset.c_str(),
-                 static_cast<long long>(skipped));
+    std::fprintf(stderr,
+                 "[bench] --dataset %s: %lld conversation(s) left out (fewer than 2 turns, or a first turn with no "
+                 "text, as vLLM's benchmark leaves them)\n",
+                 a.dataset.c_str(), static_cast<long long>(skipped));
   }
   if (a.max_prompt_chars > 0) {
     const size_t before = all->size();
@@ -287,6 +289,7 @@ int run_bench(const HttpBenchArgs& a) {
               {"num_prompts", prompts.size()},
               {"max_prompt_chars", a.max_prompt_chars},
               {"num_prompts_in_set", all->size()},
+              {"num_prompts_left_out", skipped},
               {"max_tokens", a.max_tokens},
               {"temperature", a.temperature},
               {"seed", a.seed},
@@ -337,7 +340,7 @@ void add_bench_http(CLI::App& app) {
   sub->add_option("--api-key", a->api_key, "Bearer token (default: $OPENAI_API_KEY; none when unset)");
   sub->add_option("--dataset", a->dataset,
                   "Prompts: Spec-Bench/MT-bench JSON lines (first turn of \"turns\", or \"prompt\"/\"text\", or ShareGPT's "
-                  "\"conversations\" (first human turn); the category is kept), one JSON array of such objects (ShareGPT's "
+                  "\"conversations\" (the first turn, as vLLM reads it); the category is kept), one JSON array of such objects (ShareGPT's "
                   "file), or a text file with one prompt per line (default: ../shared/data/spec_bench/question.jsonl "
                   "beside the checkout)");
   sub->add_option("--num-prompts", a->num_prompts,
@@ -369,11 +372,14 @@ void add_bench_http(CLI::App& app) {
       ->check(CLI::Range(0.1, 1e6));
   sub->add_flag("--no-warmup", a->no_warmup,
                 "Skip the warm-up: one untimed request (the shortest selected prompt) before the first level");
+  // (non_empty_path: an empty value, as an unset shell variable gives, was the flag left out)
   sub->add_option("--output-json", a->output_json,
-                  "Write the results here: settings, each level's summary with vLLM's names, and every request");
+                  "Write the results here: settings, each level's summary with vLLM's names, and every request")
+      ->check(non_empty_path());
   sub->add_option("--plot", a->plot,
                   "Write a PNG of output tokens/s and TTFT/TPOT p50 vs concurrency (bench/plot_http_bench.py, needs a "
-                  "python with matplotlib: scripts/venv.sh --with-plot)");
+                  "python with matplotlib: scripts/venv.sh --with-plot)")
+      ->check(non_empty_path());
   sub->add_option("--tokenizer", a->tokenizer,
                   "GGUF whose tokenizer (and chat template, for chat) counts the prompt tokens of requests the server "
                   "reports no usage for (llama.cpp's server streams none); otherwise those are left out of the totals");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
@@ -38,10 +39,10 @@ std::string fmt(const char* f, double v) {
 namespace {
 
 // One prompt object: "turns" (Spec-Bench / MT-Bench: the first turn), "prompt", "text", or
-// "conversations" (ShareGPT: the first turn "from" "human"); "category" optional. `raw` is the
-// line for the error excerpt ("" for an array element: its JSON, written only on an error).
-// *skip (with no error) for a ShareGPT conversation with no human turn with text, as vLLM's
-// benchmark filters them (the public ShareGPT file has empty and assistant-first ones).
+// "conversations" (ShareGPT, read as vLLM's benchmark reads it: the first turn's "value");
+// "category" optional. `raw` is the line for the error excerpt ("" for an array element: its
+// JSON, written only on an error). *skip (with no error) for a conversation vLLM's benchmark
+// leaves out (fewer than 2 turns), or whose first turn has no text.
 Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::string_view raw, bool* skip) {
   *skip = false;
   auto excerpt = [&] { return raw.empty() ? quote_start(j.dump(), 80) : quote_start(raw, 80); };
@@ -54,16 +55,16 @@ Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::st
   } else if (auto x = j.find("text"); x != j.end() && x->is_string()) {
     p.prompt = x->get<std::string>();
   } else if (auto c = j.find("conversations"); c != j.end() && c->is_array()) {
-    for (const json& turn : *c) {
-      if (!turn.is_object()) continue;
-      auto from = turn.find("from");
-      auto value = turn.find("value");
-      if (from != turn.end() && from->is_string() && *from == "human" && value != turn.end() && value->is_string()) {
-        p.prompt = value->get<std::string>();
-        break;
-      }
+    const json* value = nullptr;
+    if (c->size() >= 2 && c->front().is_object()) {
+      auto v = c->front().find("value");
+      if (v != c->front().end() && v->is_string()) value = &*v;
     }
-    if (p.prompt.empty()) *skip = true;
+    if (value && !value->get_ref<const std::string&>().empty()) {
+      p.prompt = value->get<std::string>();
+    } else {
+      *skip = true;
+    }
   } else {
     return corrupt_data(where +
                         " has no prompt: expected \"turns\" (a list of strings), \"prompt\", \"text\" or "
@@ -76,6 +77,9 @@ Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::st
 }  // namespace
 
 Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t* num_skipped) {
+  std::error_code ec;
+  // (reading a directory threw from deep in the stream library)
+  if (std::filesystem::is_directory(path, ec)) return invalid_argument("dataset '" + path + "' is a directory: give a file");
   std::ifstream in(path);
   if (!in) return not_found("dataset file '" + path + "' cannot be opened (does it exist?)");
   const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -118,7 +122,8 @@ Expected<std::vector<BenchPrompt>> load_prompts(const std::string& path, int64_t
       if (num_skipped) *num_skipped = skipped;
       if (out.empty()) {
         return invalid_argument("dataset file '" + path + "' holds no prompt (a JSON array of " + std::to_string(j.size()) +
-                                " element(s), " + std::to_string(skipped) + " conversation(s) with no human turn)");
+                                " element(s), " + std::to_string(skipped) +
+                                " conversation(s) left out: fewer than 2 turns, or a first turn with no text)");
       }
       return out;
     }

@@ -158,7 +158,7 @@ int run_status(const std::string& connect, const std::string& token_file, const 
     return 0;
   }
   const std::string tp = s.tensor_parallel_size > 1 ? " | tensor-parallel " + std::to_string(s.tensor_parallel_size) + " ranks" : "";
-  std::printf("cluster %s | model %s%s | speculative %s | queued %d | running %d | finished %lld | re-queued %lld | "
+  std::printf("cluster %s | model %s%s | speculative %s | queued %d | on replicas %d | finished %lld | re-queued %lld | "
               "migrated %lld (KV moved for %lld tokens, recomputed %lld)%s\n",
               s.cluster.c_str(), s.model.c_str(), tp.c_str(), s.speculative.empty() ? "off" : s.speculative.c_str(),
               s.queued, s.running, static_cast<long long>(s.finished), static_cast<long long>(s.requeued),
@@ -179,8 +179,9 @@ int run_status(const std::string& connect, const std::string& token_file, const 
               "PREEMPT", "COLD_S", "PROMO_MS(ROUTED/SENT/1ST_TOKEN)");
   for (const auto& r : s.replicas) {
     const auto& l = r.load;
-    const double acc = l.num_draft_tokens ? double(l.num_accepted_tokens) / l.num_draft_tokens : 0.0;
-    const double mal = l.num_drafts ? 1.0 + double(l.num_accepted_tokens) / l.num_drafts : 1.0;
+    // "-" with no draft yet (speculation off, or nothing drafted): 0.000 / 1.00 read as measured.
+    const std::string acc = l.num_draft_tokens ? fmt::format("{:.3f}", double(l.num_accepted_tokens) / l.num_draft_tokens) : "-";
+    const std::string mal = l.num_drafts ? fmt::format("{:.2f}", 1.0 + double(l.num_accepted_tokens) / l.num_drafts) : "-";
     const std::string kv = std::to_string(l.total_kv_blocks - l.free_kv_blocks) + "/" + std::to_string(l.total_kv_blocks);
     const std::string cold = r.cold_start_seconds > 0 ? fmt::format("{:.2f}", r.cold_start_seconds) : "-";
     // Its last warm promotion, from the autoscaler's decision: routed / first request sent / first token (ms).
@@ -190,9 +191,9 @@ int run_status(const std::string& connect, const std::string& token_file, const 
                                                    : "-";
     // Prefix-cache hit rate: tokens found cached / tokens looked up (vLLM V1's hits / queries).
     const double hit = l.prefix_cache_queries ? double(l.prefix_cache_hits) / l.prefix_cache_queries : 0.0;
-    std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11.3f %-8.2f %-10.3f %-8lld %-8s %-8s\n", r.replica,
+    std::printf("%-7d %-9s %-9.1f %-6s %-8d %-8d %-8d %-14s %-10lld %-11s %-8s %-10.3f %-8lld %-8s %-8s\n", r.replica,
                 r.state.c_str(), r.state_seconds, r.ready ? "yes" : "no", r.assigned, l.num_running, l.num_waiting, kv.c_str(),
-                static_cast<long long>(l.generated_tokens), acc, mal, hit, static_cast<long long>(l.num_preemptions),
+                static_cast<long long>(l.generated_tokens), acc.c_str(), mal.c_str(), hit, static_cast<long long>(l.num_preemptions),
                 cold.c_str(), promo.c_str());
   }
   // Disaggregated prefill: the row above is the decode shard's; each prefill worker's own.

@@ -340,6 +340,15 @@ Status check_dump_options(const DumpHiddenOptions& o) {
   if (!fs::exists(o.prompts_path, ec)) return not_found("dump-hidden: --prompts " + o.prompts_path + ": no such file");
   if (fs::exists(o.out_dir, ec) && !fs::is_directory(o.out_dir, ec))
     return invalid_argument("dump-hidden: --out " + o.out_dir + " exists and is not a directory");
+  // A symbolic link to nothing, --out or an ancestor: not created by this dump, so never removed.
+  // NOTE: a failed dump took the link for what it had created and removed it.
+  for (fs::path p = fs::path(o.out_dir); !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+    if (fs::is_symlink(fs::symlink_status(p, ec)) && !fs::exists(p, ec)) {
+      return invalid_argument("dump-hidden: --out " + o.out_dir + ": " + p.string() + " is a symbolic link to a missing directory (" +
+                              fs::read_symlink(p, ec).string() + "): create it, or give the directory itself");
+    }
+    if (fs::exists(p, ec)) break;
+  }
   // An ancestor that is a file: create_directories would fail later with a less clear message.
   for (fs::path p = fs::path(o.out_dir).parent_path(); !p.empty() && p != p.parent_path(); p = p.parent_path()) {
     if (fs::exists(p, ec)) {
@@ -366,7 +375,7 @@ Expected<DumpHiddenSummary> dump_hidden(LoadedModel& lm, const DumpHiddenOptions
   // The topmost ancestor of --out (or itself) that does not exist yet: all that this dump
   // creates, and so all that a failure removes.
   fs::path created;
-  for (fs::path p = out; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+  for (fs::path p = out; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
     created = p;
     if (p == p.parent_path()) break;
   }
