@@ -128,10 +128,17 @@ TEST(CliChecks, BenchCountsACutStreamAsFailedAndChecksItsOutputsFirst) {
 // `specserve up` starts: the cluster goes with it, and the run's folder it keeps is named.
 // NOTE: the folder (topology, up.log) was left in /tmp without a word.
 TEST(CliChecks, BenchActorsStoppedByASignalNamesTheFolderItKeepsAndStopsItsCluster) {
+  // Its own questions (Spec-Bench's lines): a clone need not sit beside ../shared/data.
+  const std::string tmp = temp_dir("bench-actors-signal");
+  const std::string questions = tmp + "/question.jsonl";
+  std::ofstream(questions) << "{\"question_id\": 1, \"category\": \"writing\", \"turns\": [\"Write a story about a robot.\"]}\n"
+                           << "{\"question_id\": 2, \"category\": \"qa\", \"turns\": [\"What is the capital of France?\"]}\n";
   const CmdResult r = run_specserve(
-      "bench-actors --mode overhead --paths direct network --prompts 1 --repeats 1 --max-tokens 8 --threads 1 "
-      "--quiet-wait 0",
+      // (enough work that no machine finishes it in 6 s: 2 x 2048 tokens on each path)
+      "bench-actors --mode overhead --paths direct network --questions " + questions +
+          " --prompts 2 --repeats 1 --max-tokens 2048 --threads 1 --quiet-wait 0",
       /*timeout_s=*/6);
+  fs::remove_all(tmp);
   EXPECT_EQ(r.exit_code, 124) << r.out;  // timeout's status: the run was still going
   const std::string key = "interrupted: kept ";
   const size_t at = r.out.find(key);

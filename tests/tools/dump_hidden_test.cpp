@@ -303,6 +303,14 @@ TEST(DumpHidden, AnOutThatLinksToNothingIsRefusedAndTheLinkKept) {
   EXPECT_NE(st.message().find("symbolic link to a missing directory"), std::string::npos) << st.message();
   o.out_dir = (dir / "out" / "sub").string();  // under it
   EXPECT_FALSE(check_dump_options(o).ok());
+  // The dump itself: refused, and the link is not removed as if the dump had created it.
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  o.out_dir = (dir / "out").string();
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("symbolic link to a missing directory"), std::string::npos) << r.status().message();
   EXPECT_TRUE(std::filesystem::is_symlink(dir / "out"));
   std::filesystem::remove_all(dir);
 }

@@ -32,8 +32,10 @@ const char* kInProcessToken = "bench-actors-in-process-token";
 // The running `up` child, for the signal handler: a benchmark stopped by SIGINT/SIGTERM takes
 // its cluster with it instead of leaving it orphaned.
 std::atomic<pid_t> g_up_pid{-1};
-// The run's folder, for the handler's message (a fixed buffer: the handler only reads it).
+// The run's folder, for the handler's message: a fixed buffer the handler reads only while
+// g_run_dir_set says it is whole (filled first, then published).
 char g_run_dir[1024] = {};
+std::atomic<bool> g_run_dir_set{false};
 
 std::map<int, std::pair<int, double>> proc_table() {  // pid -> (ppid, utime + stime seconds)
   std::map<int, std::pair<int, double>> t;
@@ -280,15 +282,16 @@ InProcessPath::~InProcessPath() {
 }
 
 void set_run_dir_for_signals(const std::string& dir) {
-  g_run_dir[0] = '\0';
-  if (dir.size() >= sizeof g_run_dir) return;
+  g_run_dir_set.store(false, std::memory_order_release);
+  if (dir.empty() || dir.size() >= sizeof g_run_dir) return;
   std::memcpy(g_run_dir, dir.c_str(), dir.size() + 1);
+  g_run_dir_set.store(true, std::memory_order_release);
 }
 
 extern "C" void stop_up_and_exit(int sig) {
   const pid_t pid = g_up_pid.load();
   if (pid > 0) ::kill(pid, SIGTERM);
-  if (g_run_dir[0] != '\0') {  // (write(2) only: async-signal-safe)
+  if (g_run_dir_set.load(std::memory_order_acquire)) {  // (write(2) only: async-signal-safe)
     static const char head[] = "\n[bench-actors] interrupted: kept ";
     static const char tail[] = " (the topology and the cluster's up.log); remove it when done\n";
     ssize_t ignored = ::write(STDERR_FILENO, head, sizeof head - 1);

@@ -199,7 +199,7 @@ int run_bench(const HttpBenchArgs& a) {
   if (skipped > 0) {
     std::fprintf(stderr,
                  "[bench] --dataset %s: %lld conversation(s) left out (fewer than 2 turns, or a first turn with no "
-                 "text, as vLLM's benchmark leaves them)\n",
+                 "text)\n",
                  a.dataset.c_str(), static_cast<long long>(skipped));
   }
   if (a.max_prompt_chars > 0) {
@@ -340,7 +340,7 @@ void add_bench_http(CLI::App& app) {
   sub->add_option("--api-key", a->api_key, "Bearer token (default: $OPENAI_API_KEY; none when unset)");
   sub->add_option("--dataset", a->dataset,
                   "Prompts: Spec-Bench/MT-bench JSON lines (first turn of \"turns\", or \"prompt\"/\"text\", or ShareGPT's "
-                  "\"conversations\" (the first turn, as vLLM reads it); the category is kept), one JSON array of such objects (ShareGPT's "
+                  "\"conversations\" (the first turn, as vLLM's benchmark takes it; conversations of fewer than 2 turns left out); the category is kept), one JSON array of such objects (ShareGPT's "
                   "file), or a text file with one prompt per line (default: ../shared/data/spec_bench/question.jsonl "
                   "beside the checkout)");
   sub->add_option("--num-prompts", a->num_prompts,

@@ -39,10 +39,10 @@ std::string fmt(const char* f, double v) {
 namespace {
 
 // One prompt object: "turns" (Spec-Bench / MT-Bench: the first turn), "prompt", "text", or
-// "conversations" (ShareGPT, read as vLLM's benchmark reads it: the first turn's "value");
-// "category" optional. `raw` is the line for the error excerpt ("" for an array element: its
-// JSON, written only on an error). *skip (with no error) for a conversation vLLM's benchmark
-// leaves out (fewer than 2 turns), or whose first turn has no text.
+// "conversations" (ShareGPT: the first turn's "value", vLLM's benchmark's choice); "category"
+// optional. `raw` is the line for the error excerpt ("" for an array element: its JSON, written
+// only on an error). *skip (with no error) for a conversation of fewer than 2 turns (vLLM's
+// benchmark's filter; not its token-length ones), or whose first turn has no text.
 Expected<BenchPrompt> prompt_of(const json& j, const std::string& where, std::string_view raw, bool* skip) {
   *skip = false;
   auto excerpt = [&] { return raw.empty() ? quote_start(j.dump(), 80) : quote_start(raw, 80); };

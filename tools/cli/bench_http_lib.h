@@ -29,12 +29,13 @@ struct BenchPrompt {
 ///    objects): each element an object as below;
 ///  - JSON lines (first line starts with '{'): each line an object with "turns" (Spec-Bench /
 ///    MT-bench: the first turn is the prompt), or else "prompt" or "text" (a string), or else
-///    "conversations" (ShareGPT, as vLLM's benchmark reads it: the first turn's "value");
+///    "conversations" (ShareGPT: the first turn's "value", as vLLM's benchmark takes it);
 ///    "category" is kept when present. Blank lines are skipped.
 ///  - plain text: one prompt per non-blank line (no escapes; a trailing '\r' is dropped); a
 ///    first line starting with '[' that is not a JSON array ("[INST] ...") is text.
-/// A ShareGPT conversation of fewer than 2 turns is left out, as vLLM's benchmark does, and so is
-/// one whose first turn has no text (the public file has both); they are counted in *num_skipped.
+/// A ShareGPT conversation of fewer than 2 turns is left out, as vLLM's benchmark does (not its
+/// filters by token length: see --max-prompt-chars), and so is one whose first turn has no text
+/// (the public file has both); they are counted in *num_skipped.
 /// Errors: not_found naming the path when it cannot be opened; corrupt_data naming the path and
 /// the 1-based line (or 0-based array element) that does not parse, is not an object or has no
 /// prompt, or the byte where an array of objects stops parsing; invalid_argument when the file
