@@ -124,6 +124,37 @@ TEST(CliChecks, BenchCountsACutStreamAsFailedAndChecksItsOutputsFirst) {
   fs::remove_all(dir);
 }
 
+// Comma lists: "1,2" runs two levels; an empty item ("1,,4", "1,", ",4") or an item out of range
+// is refused naming the value (exit 2), before any request.
+// NOTE: CLI11's delimiter dropped empty items: "1,,4" ran 1 and 4 without a word.
+TEST(CliChecks, CommaListFlagsRefuseEmptyItemsNamingTheValue) {
+  FakeStreamServer fake;
+  const std::string dir = temp_dir("bench_lists");
+  const std::string prompts = dir + "/p.txt";
+  std::ofstream(prompts) << "one\ntwo\n";
+  const std::string common = " --dataset " + prompts + " --num-prompts 2 --no-warmup --max-tokens 4";
+  const CmdResult two = run_specserve("bench --base-url " + fake.url("/good") + common + " --max-concurrency 1,2", 60);
+  EXPECT_EQ(two.exit_code, 0) << two.out;
+  EXPECT_NE(two.out.find("Maximum request concurrency:             1"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("Maximum request concurrency:             2"), std::string::npos) << two.out;
+  for (const char* bad : {"1,,4", "1,", ",4", "1,0"}) {
+    const CmdResult b = run_specserve("bench --base-url " + fake.url("/good") + common + " --max-concurrency " + bad, 60);
+    EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
+    EXPECT_NE(b.out.find(std::string("--max-concurrency: ") + bad), std::string::npos) << b.out;
+    EXPECT_EQ(b.out.find("Serving Benchmark Result"), std::string::npos) << "it ran:\n" << b.out;
+  }
+  const CmdResult c = run_specserve("bench-actors --mode concurrency --concurrency 2,,4", 60);
+  EXPECT_EQ(c.exit_code, 2) << c.out;
+  EXPECT_NE(c.out.find("--concurrency: 2,,4: an empty item"), std::string::npos) << c.out;
+  const CmdResult p = run_specserve("bench-actors --mode overhead --paths direct,,actor", 60);
+  EXPECT_EQ(p.exit_code, 2) << p.out;
+  EXPECT_NE(p.out.find("--paths: direct,,actor: an empty item"), std::string::npos) << p.out;
+  const CmdResult q = run_specserve("bench-actors --mode overhead --paths direct,nope", 60);
+  EXPECT_EQ(q.exit_code, 2) << q.out;
+  EXPECT_NE(q.out.find("nope"), std::string::npos) << q.out;
+  fs::remove_all(dir);
+}
+
 // bench-actors stopped by a signal (SIGTERM from coreutils' timeout) while its network path's
 // `specserve up` starts: the cluster goes with it, and the run's folder it keeps is named.
 // NOTE: the folder (topology, up.log) was left in /tmp without a word.

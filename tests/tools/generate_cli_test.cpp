@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,22 @@ std::filesystem::path nan_model_copy(const std::string& name, const std::filesys
   const auto out = dir / "nan.gguf";
   std::ofstream(out, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return out;
+}
+
+// The completion `generate` printed: its output without log lines ("[HH:MM:SS.mmm] [...") up to
+// the statistics ("--- prompt tokens").
+std::string completion(const std::string& out) {
+  static const std::regex log_line(R"(^\[\d\d:\d\d:\d\d\.\d{3}\] \[)");
+  std::string text;
+  size_t begin = 0;
+  while (begin < out.size()) {
+    const size_t end = out.find('\n', begin);
+    const std::string line = out.substr(begin, end == std::string::npos ? std::string::npos : end + 1 - begin);
+    begin = end == std::string::npos ? out.size() : end + 1;
+    if (line.rfind("--- prompt tokens", 0) == 0) break;
+    if (!std::regex_search(line, log_line)) text += line;
+  }
+  return text;
 }
 
 TEST(GenerateCli, CorruptWeightsExitOneNamingTheError) {
@@ -143,6 +160,45 @@ TEST(GenerateCli, OutOfRangeSeedsAreRefusedNotClamped) {
   }
   const CliRun ok = run("--threads 1 --max-tokens 2 --temperature 1 --prompt Hello --seed 9223372036854775807");
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
+}
+
+// The KV cache of `generate` holds its one sequence: the prompt, --max-tokens (at most
+// --max-model-len) and a step's drafts. NOTE: it was the engine's default of 4 sequences of
+// max_model_len, ~1.5 GB for the default model (1.7 GB resident to generate 4 tokens).
+// Generating up to --max-model-len with drafts that keep their own KV (draft_model, an EAGLE tree)
+// still fits and gives the target's tokens.
+TEST(GenerateCli, TheKvCacheHoldsOneSequenceOfThePromptAndMaxTokens) {
+  const CliRun small = run("--threads 1 --max-tokens 8 --prompt 'Tell me a story'");
+  ASSERT_EQ(small.exit_code, 0) << small.out;
+  const size_t at = small.out.find("KV cache: ");
+  ASSERT_NE(at, std::string::npos) << small.out;
+  int blocks = 0, block_size = 0;
+  double mib = 0;
+  ASSERT_EQ(std::sscanf(small.out.c_str() + at, "KV cache: %d blocks of %d tokens (%lf MiB)", &blocks, &block_size, &mib), 3)
+      << small.out;
+  const size_t pt = small.out.find("prompt tokens: ");
+  ASSERT_NE(pt, std::string::npos) << small.out;
+  const int prompt_tokens = std::atoi(small.out.c_str() + pt + std::strlen("prompt tokens: "));
+  EXPECT_EQ(blocks, (prompt_tokens + 8 + 64 + 2 * block_size + block_size - 1) / block_size) << small.out;
+  EXPECT_LT(mib, 16.0) << small.out;
+
+  const std::string until = "--threads 1 --max-tokens 1000 --ignore-eos --max-model-len 48 --prompt 'Tell me a story'";
+  const CliRun plain = run(until);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("generated tokens: 44 | finish: length"), std::string::npos) << plain.out;
+  const std::string text = completion(plain.out);
+  ASSERT_FALSE(text.empty()) << plain.out;
+  const std::string heads = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/eagle-smollm2-135m.q8_0.gguf";
+  for (const std::string& spec :
+       {"--speculative-model " + specserve::testing::default_model_path() + " --num-speculative-tokens 8",
+        "--speculative-config '{\"method\":\"eagle\",\"model\":\"" + heads +
+            "\",\"num_speculative_tokens\":16,\"eagle_topk\":4,\"eagle_depth\":6}'"}) {
+    const CliRun r = run(until + " " + spec);
+    ASSERT_EQ(r.exit_code, 0) << spec << "\n" << r.out;
+    EXPECT_NE(r.out.find("generated tokens: 44 | finish: length"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--- speculative ("), std::string::npos) << r.out;
+    EXPECT_EQ(completion(r.out), text) << spec << "\n" << r.out << "\nwithout speculation:\n" << plain.out;
+  }
 }
 
 }  // namespace

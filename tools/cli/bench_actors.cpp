@@ -278,12 +278,11 @@ void add_bench_actors(CLI::App& app) {
       ->check(CLI::Range(1, 480));
   sub->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Leave out questions with longer prompts (prefill on 2 cores is slow)")
       ->check(CLI::Range(8, 1 << 20));
-  sub->add_option("--paths", a->paths,
+  add_list_option(sub, "--paths",
                   "Overhead: the paths to start and interleave: direct (always), actor (in-process actors), network "
                   "(`specserve up`, target shard in a worker process, client over loopback). Each started path's "
-                  "runtime stays up (idle) while the others run")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"direct", "actor", "network"}));
+                  "runtime stays up (idle) while the others run",
+                  CLI::IsMember({"direct", "actor", "network"}), [a](const std::vector<std::string>& v) { a->paths = v; });
   sub->add_flag("--no-network", a->no_network, "Overhead: skip path (c), the target shard in a worker process");
   sub->add_option("--quiet-cores", a->quiet_cores,
                   "Overhead: a unit (one prompt through every path) is quiet when other processes used at most this many "
@@ -294,9 +293,11 @@ void add_bench_actors(CLI::App& app) {
                   "Before each overhead unit and each concurrency run, wait up to this many seconds for other "
                   "processes to use at most --quiet-cores (0: do not wait)")
       ->check(CLI::Range(0.0, 3600.0));
-  sub->add_option("--concurrency", a->concurrency, "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 4096));
+  add_list_option(sub, "--concurrency", "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)", CLI::Range(1, 4096),
+                  [a](const std::vector<std::string>& v) {
+                    a->concurrency.clear();
+                    for (const std::string& x : v) a->concurrency.push_back(std::stoi(x));
+                  });
   sub->add_option("--sweep-max-tokens", a->sweep_max_tokens, "Concurrency: tokens per request (ignore_eos)")
       ->check(CLI::Range(1, 4096));
   sub->add_option("--requests-per-client", a->requests_per_client,

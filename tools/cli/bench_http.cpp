@@ -350,10 +350,12 @@ void add_bench_http(CLI::App& app) {
   sub->add_option("--max-prompt-chars", a->max_prompt_chars,
                   "Leave out prompts longer than this many bytes before sampling (long prefills on a CPU); 0: keep all")
       ->check(CLI::Range(0, 1 << 30));
-  sub->add_option("--max-concurrency", a->max_concurrency,
-                  "Clients sending at once (closed loop); a comma list runs one level after another, e.g. 1,2,4,8 (default 1)")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 4096));
+  add_list_option(sub, "--max-concurrency",
+                  "Clients sending at once (closed loop); a comma list runs one level after another, e.g. 1,2,4,8 (default 1)",
+                  CLI::Range(1, 4096), [a](const std::vector<std::string>& v) {
+                    a->max_concurrency.clear();
+                    for (const std::string& x : v) a->max_concurrency.push_back(std::stoi(x));
+                  });
   sub->add_option("--max-tokens", a->max_tokens, "max_tokens of each request (default 128)")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)")->check(CLI::Range(0.0, 100.0));
   sub->add_option("--duration", a->duration_s,

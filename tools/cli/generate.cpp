@@ -1,4 +1,5 @@
 // `specserve generate`: load a model, generate from one prompt, stream the text, report timing.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -98,7 +99,23 @@ int run_generate(const GenerateArgs& a) {
   GpuMemoryInputs kv_inputs = engine_memory_inputs(lm.model->config(), eo);
   kv_inputs.max_model_len_field = "--max-model-len";
   EngineKvPlanner kv_plan(memory, kv_inputs, &eo);
-  auto proposer = make_proposer(a.spec, lm, *backend, &eo, kv_plan.draft_planner());
+  DraftKvPlanner draft_kv = kv_plan.draft_planner();
+  if (!memory.active()) {
+    // On the CPU one sequence needs room for its prompt and --max-tokens (at most max_model_len)
+    // plus a step's drafted rows (k <= 64), not the engine's default of 4 sequences of
+    // max_model_len (~1.5 GB for the default model's 8,192 tokens, touched as it is allocated);
+    // a draft with its own KV (draft_model, layer_skip, eagle) gets the same count.
+    const int64_t mml = a.max_model_len > 0 ? a.max_model_len : lm.model->config().context_length;
+    const int64_t tokens = std::min<int64_t>(mml, static_cast<int64_t>(p.prompt.size()) + a.max_tokens) + 64 + 2 * eo.block_size;
+    eo.num_kv_blocks = (tokens + eo.block_size - 1) / eo.block_size;
+    const ModelConfig& c = lm.model->config();
+    log->info("KV cache: {} blocks of {} tokens ({:.1f} MiB): the prompt's {} tokens, --max-tokens {} and a step's drafts",
+              eo.num_kv_blocks, eo.block_size,
+              static_cast<double>(eo.num_kv_blocks * kv_block_bytes(c.num_layers, c.kv_dim(), eo.block_size)) / (1 << 20),
+              p.prompt.size(), a.max_tokens);
+    draft_kv = [n = eo.num_kv_blocks](int64_t, int64_t) -> Expected<int64_t> { return n; };
+  }
+  auto proposer = make_proposer(a.spec, lm, *backend, &eo, std::move(draft_kv));
   if (!proposer.ok()) {
     std::fprintf(stderr, "specserve generate: %s\n", proposer.status().to_string().c_str());
     return exit_status_for(proposer.status());

@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace specserve::cli {
 
@@ -64,6 +66,46 @@ inline CLI::Validator int64_in_range(int64_t lo, int64_t hi) {
         return std::string();
       },
       "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+/// A comma-list flag (--max-concurrency 1,2,4): each occurrence is split at ',' and every item
+/// must pass `item` (CLI::Range, CLI::IsMember, ...); an empty item ("1,,4", "1,", ",4") is an
+/// error naming the value (exit 2) — CLI11's own delimiter drops empty items silently, so "1,,4"
+/// ran 1 and 4. Several occurrences append. `set` receives the items in order, once per parse.
+inline CLI::Option* add_list_option(CLI::App* sub, const std::string& flag, const std::string& help, CLI::Validator item,
+                                    std::function<void(const std::vector<std::string>&)> set) {
+  auto split = [](const std::string& v) {
+    std::vector<std::string> items;
+    size_t start = 0;
+    while (true) {
+      const size_t comma = v.find(',', start);
+      items.push_back(v.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return items;
+  };
+  CLI::Validator check(
+      [split, item](std::string& v) {
+        for (std::string x : split(v)) {
+          if (x.empty()) return v + ": an empty item in the comma list";
+          const std::string err = item(x);
+          if (!err.empty()) return v + ": " + err;
+        }
+        return std::string();
+      },
+      "LIST");
+  return sub
+      ->add_option_function<std::vector<std::string>>(
+          flag,
+          [split, set](const std::vector<std::string>& raw) {
+            std::vector<std::string> items;
+            for (const std::string& v : raw)
+              for (const std::string& x : split(v)) items.push_back(x);
+            set(items);
+          },
+          help)
+      ->check(check);
 }
 
 /// `specserve generate`: one prompt, streamed to stdout, with timing and speculative stats.
