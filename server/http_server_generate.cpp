@@ -195,6 +195,10 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
         if (auto j = weak.lock()) j->push(idx, c);
       });
       if (!h.ok()) {
+        // The choices already submitted are cancelled: counted as "abort" like every choice the
+        // server cancels (NOTE: they were counted nowhere).
+        std::vector<ChoiceTiming> submitted(job->handles.size());
+        observe_abandoned(submitted, start);
         job->cancel_all();
         ApiError e = error_from_status(h.status());
         if (e.http_status == 400) e.param = kind == ApiKind::kChat ? "messages" : "prompt";

@@ -41,6 +41,7 @@ struct FakeCluster {
   bool hold = false;               // one token, then nothing until cancelled
   std::string fail_with;           // non-empty: every request fails with this error
   int64_t fail_only_id = 0;        // with fail_with: only the request of this id fails (0: all)
+  int64_t refuse_submit = 0;       // > 0: the submission that would get this id is refused (kOutOfRange, a prompt past max_model_len)
   int32_t tokens_per_chunk = 1;    // tokens per StreamChunk (several: a speculative step)
   std::map<int64_t, caf::actor> held;
   std::vector<int64_t> cancelled;
@@ -69,6 +70,9 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, std::shared_pt
   return {
       [self, fc](SubmitMsg& m) -> std::tuple<int64_t, int32_t, std::string> {
         std::lock_guard<std::mutex> lock(fc->mu);
+        if (fc->refuse_submit > 0 && fc->next_id == fc->refuse_submit) {
+          return {0, static_cast<int32_t>(StatusCode::kOutOfRange), "prompt: 2000 tokens: past max_model_len 1024"};
+        }
         const int64_t id = fc->next_id++;
         StreamChunk c;
         c.request_id = id;

@@ -256,5 +256,25 @@ TEST_F(HttpServerTest, ANonStreamedChoiceThatFailsCancelsItsSiblings) {
       << m->body;
 }
 
+// A choice that cannot be submitted (here the second prompt of two, past max_model_len): the
+// request is answered 400 and the choices already submitted are cancelled, counted "abort".
+// NOTE: they were cancelled and counted nowhere in /metrics.
+TEST_F(HttpServerTest, ChoicesCancelledBecauseALaterOneWasRefusedCountAsAbort) {
+  fc_->hold = true;
+  fc_->refuse_submit = fc_->next_id + 2;  // the third choice
+  start();
+  auto c = client();
+  auto r = c.Post("/v1/completions", R"({"prompt": ["x", "y"], "max_tokens": 50, "n": 2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("max_model_len"), std::string::npos) << r->body;
+  EXPECT_TRUE(fc_->wait_cancelled(2, 5.0)) << "the two submitted choices were not cancelled";
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("specserve:request_success_total{model_name=\"fake\",finished_reason=\"abort\"} 2\n"), std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("specserve:request_failure_total{model_name=\"fake\"} 0\n"), std::string::npos) << m->body;
+}
+
 }  // namespace
 }  // namespace specserve
