@@ -50,7 +50,7 @@ Status LookupFirstProposer::propose(const std::vector<DraftRequest>& requests, s
     DraftTree chain;
     if (r.num_tokens > 0 && num_kept <= static_cast<size_t>(kMaxKeptRows)) {
       const int32_t depth = std::clamp(inner_->max_draft_depth(r.num_tokens), 1, r.num_tokens);
-      chain = ngram_draft(r.tokens, min_n_, max_n_, depth, outputs_);
+      chain = ngram_draft(r.tokens, min_n_, max_n_, depth, outputs_, history_may_draft(r));
     }
     outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
     if (!chain.tokens.empty()) {

@@ -23,13 +23,15 @@ std::vector<int32_t> NgramProposer::lookup(std::span<const int32_t> tokens, int3
   return {};
 }
 
-DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history) {
+DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history,
+                      bool search_history) {
   DraftTree d;
   d.source = DraftSource::kPromptLookup;
   int32_t own_n = 0, history_n = 0;
   d.tokens = NgramProposer::lookup(tokens, min_n, max_n, k, &own_n);
   // NOTE: the longer match wins; a tie goes to the sequence's own text (the stronger guide).
   // A 1- or 2-token match of its own loses to any earlier output's (those need 3 or more).
+  if (!search_history) return d;
   std::vector<int32_t> earlier = history.lookup(tokens, k, &history_n);
   if (history_n > own_n) {
     d.tokens = std::move(earlier);
@@ -45,7 +47,7 @@ Status NgramProposer::propose(const std::vector<DraftRequest>& requests, std::ve
   out->resize(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const DraftRequest& r = requests[i];
-    (*out)[i] = ngram_draft(r.tokens, min_n_, max_n_, r.num_tokens, outputs_);
+    (*out)[i] = ngram_draft(r.tokens, min_n_, max_n_, r.num_tokens, outputs_, history_may_draft(r));
     outputs_.observe(r.seq_id, r.tokens, r.prompt_len);
   }
   return Status();

@@ -22,8 +22,20 @@ namespace specserve {
 /// its own text (NgramProposer::lookup, source kPromptLookup) or in earlier requests' outputs
 /// (`history.lookup`, source kCachedRequests), whichever matched more tokens (the own text on a
 /// tie; with prompt_lookup_max <= 2 any earlier output's match, 3+ tokens, beats the own text's).
-/// Empty tokens: no match anywhere, or k < 1.
-DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history);
+/// Empty tokens: no match anywhere, or k < 1. `search_history` false: the own text only (see
+/// history_may_draft).
+DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history,
+                      bool search_history = true);
+
+/// Whether earlier requests' outputs may draft for `r`: not for a seeded sampled sequence
+/// (temperature > 0 with a seed). Verification keeps every output's distribution whatever is
+/// drafted, but the sampler's draws follow the drafts, so drafts from other requests' outputs
+/// made a seeded request's text depend on what other clients generated before it (the same
+/// request gave another text each time). Its own text is the same on every run: so is its
+/// output. Greedy output does not depend on the drafts at all.
+inline bool history_may_draft(const DraftRequest& r) {
+  return r.sampling == nullptr || !r.sampling->has_seed || r.sampling->is_greedy();
+}
 
 class NgramProposer final : public Proposer {
  public:

@@ -271,6 +271,36 @@ TEST(SpecEngineLookupHistory, CachedRequestsDraftMoreAndKeepGreedyIdentity) {
               static_cast<long long>(with.num_accepted_tokens));
 }
 
+// A seeded sampled request gives the same text whatever earlier requests generated: earlier
+// outputs do not draft for it (spec/ngram_proposer.h history_may_draft). NOTE: they did, and the
+// sampler's draws follow the drafts, so the same seeded request gave another text once its own
+// earlier output (or another client's) was in the history. Greedy and unseeded requests still
+// draft from the history.
+TEST(SpecEngineLookupHistory, ASeededSampledRequestGivesTheSameTextWhateverCameBefore) {
+  for (size_t which : {20u, 23u, 27u}) {
+    GenerateParams seeded = greedy_request(requests()[which].prompt, 48);
+    seeded.sampling.temperature = 0.8f;
+    seeded.sampling.has_seed = true;
+    seeded.sampling.seed = 7 + which;
+    NgramProposer fresh(2, 3, 64);
+    const RunResult first = run_engine(target(), tokenizer(), &fresh, spec_options(4, 1), {seeded});
+    ASSERT_EQ(first.requests.size(), 1u);
+    // The history now holds this request's output (twice) and the greedy output of its prompt.
+    NgramProposer used(2, 3, 64);
+    GenerateParams greedy = greedy_request(requests()[which].prompt, 48);
+    run_engine(target(), tokenizer(), &used, spec_options(4, 1), {seeded, greedy, seeded});
+    const RunResult again = run_engine(target(), tokenizer(), &used, spec_options(4, 1), {seeded});
+    const std::string where = "request " + std::to_string(which);
+    EXPECT_EQ(again.requests[0].tokens, first.requests[0].tokens) << where;
+    EXPECT_EQ(again.stats.by_source[static_cast<size_t>(DraftSource::kCachedRequests)].num_drafts, 0) << where;
+    // Not vacuous: the same prompt greedy, or sampled without a seed, drafts from the history.
+    GenerateParams unseeded = seeded;
+    unseeded.sampling.has_seed = false;
+    const RunResult others = run_engine(target(), tokenizer(), &used, spec_options(4, 1), {greedy, unseeded});
+    EXPECT_GT(others.stats.by_source[static_cast<size_t>(DraftSource::kCachedRequests)].num_drafts, 0) << where;
+  }
+}
+
 TEST(SpecEnginePerRequest, CapAboveTheEnginesIsTheEngines) {
   const OracleSetup s = oracle_setup(33);
   OracleProposer oracle;
