@@ -97,7 +97,13 @@ bool Engine::emit(Seq& s, int32_t token, const SampleResult* lp, SeqEvent* ev) {
     // (vLLM's); any other end-of-generation id (e.g. <|im_end|>, which vLLM takes from the
     // generation config into stop_token_ids) and a stop_token_ids id are their own.
     if (s.params.sampling.ignore_eos || !tokenizer_ || token != tokenizer_->eos_id()) s.stop_token = token;
-    if (s.decoder && !s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
+    if (s.decoder) {
+      // include_stop_str_in_output: the stop token's text ends the text (vLLM's detokenizer skips
+      // it only without the flag; a control token such as EOS renders as ""). NOTE: it was left
+      // out with the flag too.
+      if (s.params.include_stop_str) s.text += s.decoder->push(token);
+      if (!s.decoder->flush().empty()) s.text += "\xEF\xBF\xBD";
+    }
     ev->text += s.text.substr(s.sent);
     s.sent = s.text.size();
     finish(s, FinishReason::kStop);

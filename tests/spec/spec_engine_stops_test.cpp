@@ -161,6 +161,52 @@ TEST(SpecEngineStops, StopStringsCutExactly) {
   EXPECT_GE(tested, 10);
 }
 
+// A stop_token_ids token with include_stop_str_in_output: its text ends the output (vLLM's
+// detokenizer skips the stop token's text only without the flag); the token itself is not an
+// output token either way. The EOS renders as "" (a control token). Plain and speculative alike.
+// NOTE: its text was left out with the flag too.
+TEST(SpecEngineStops, AStopTokensTextIsIncludedWithIncludeStopStr) {
+  SyntheticModelSpec ts = target_spec();
+  ts.vocab_size = 64;
+  ts.seed = 77;
+  LoadedModel m = make_target(ts, "ascii_target");
+  ASSERT_TRUE(m.model && m.tokenizer);
+  std::mt19937 rng(5);
+  Tokens prompt = random_tokens(rng, 10, 63);
+  for (int32_t& t : prompt) t += 1;
+  GenerateParams base = greedy_request(prompt, 30);
+  base.sampling.ignore_eos = true;
+  RunResult plain = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base});
+  const Tokens ref = plain.requests.at(0).tokens;
+  ASSERT_EQ(ref.size(), 30u);
+  int tested = 0;
+  for (size_t j : {0u, 3u, 7u, 12u}) {
+    // The first occurrence of ref[j] in the output is where it stops.
+    const size_t at = static_cast<size_t>(std::find(ref.begin(), ref.end(), ref[j]) - ref.begin());
+    const Tokens before(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(at));
+    const std::string piece = m.tokenizer->token_to_piece(ref[at], false);
+    ASSERT_FALSE(piece.empty());
+    for (bool include : {false, true}) {
+      GenerateParams p = base;
+      p.sampling.stop_token_ids = {ref[at]};
+      p.include_stop_str = include;
+      OracleProposer oracle;
+      oracle.add(prompt, ref);
+      RunResult plain_stop = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {p});
+      RunResult spec_stop = run_engine(*m.model, m.tokenizer.get(), &oracle, spec_options(kOracleK, 1), {p});
+      const std::string where = "stop token " + std::to_string(ref[at]) + " include=" + std::to_string(include);
+      for (const RunResult* r : {&plain_stop, &spec_stop}) {
+        const RequestResult& got = r->requests.at(0);
+        EXPECT_EQ(got.tokens, before) << where;
+        EXPECT_EQ(got.text, m.tokenizer->decode(before, false) + (include ? piece : "")) << where;
+        EXPECT_EQ(got.finish, FinishReason::kStop) << where;
+      }
+    }
+    ++tested;
+  }
+  EXPECT_EQ(tested, 4);
+}
+
 // What a stream may send while a stop string may be starting: never half a character, at most 3
 // bytes less than the plain cut, never less as the text grows.
 TEST(SendablePrefix, CutsAtCharacterStartsAndOnlyGrows) {
