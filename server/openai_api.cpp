@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -55,13 +56,24 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* o
       return bad(where + ".role", where + ".role = \"" + r->get<std::string>() + "\": must be system, developer, user or assistant");
     }
     for (auto f = m.begin(); f != m.end(); ++f) {
-      if (f.key() != "role" && f.key() != "content" && f.key() != "name") {
-        return bad(where + "." + f.key(), where + "." + f.key() + ": not supported in a message", 400, "unsupported_parameter");
-      }
+      if (f.key() == "role" || f.key() == "content" || f.key() == "name") continue;
+      // Fields that OpenAI's and vLLM's responses carry and clients replay in a history
+      // (assistant messages: "tool_calls": [], "refusal": null, ...): accepted when null or
+      // empty; with a value they would ask for what is not served (tools, audio).
+      // NOTE: any of them was refused, null or not, so a replayed history failed with 400.
+      static const char* const kEmptyAllowed[] = {"tool_calls", "function_call", "refusal",           "audio",
+                                                  "annotations", "reasoning_content", "reasoning"};
+      const bool known = std::find(std::begin(kEmptyAllowed), std::end(kEmptyAllowed), f.key()) != std::end(kEmptyAllowed);
+      const bool empty = f->is_null() || ((f->is_array() || f->is_object()) && f->empty());
+      if (known && empty) continue;
+      return bad(where + "." + f.key(), where + "." + f.key() + (known ? ": supported only when null or empty" : ": not supported in a message"),
+                 400, "unsupported_parameter");
     }
     auto c = m.find("content");
     std::string content;
-    if (c == m.end() || c->is_null()) {
+    if ((c == m.end() || c->is_null()) && role == "assistant") {
+      // OpenAI: an assistant message's content may be null (with tool calls); vLLM renders it as "".
+    } else if (c == m.end() || c->is_null()) {
       return bad(where + ".content", where + ".content: required");
     } else if (c->is_string()) {
       content = c->get<std::string>();

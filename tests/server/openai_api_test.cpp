@@ -96,6 +96,48 @@ TEST_F(OpenAiApi, ChatUsesTheChatTemplateAndDefaultsToTheRoomLeft) {
   EXPECT_EQ(r.prompts[0].tokens, *parts);
 }
 
+// A history replayed from an OpenAI or vLLM response: assistant messages carry "tool_calls": [],
+// "refusal": null and the like, and content null. Accepted when null or empty (the same prompt as
+// without them); with a value they are refused naming the field. NOTE: every one was a 400.
+TEST_F(OpenAiApi, ReplayedAssistantMessagesWithEmptyOpenAiFieldsAreAccepted) {
+  ParsedRequest plain, replayed;
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
+                                     {"role": "user", "content": "bye"}]})",
+                     ApiKind::kChat, &plain));
+  auto e = parse(R"({"messages": [{"role": "user", "content": "hi"},
+                                  {"role": "assistant", "content": "Hello!", "tool_calls": [], "refusal": null,
+                                   "function_call": null, "audio": null, "annotations": [], "reasoning_content": null},
+                                  {"role": "user", "content": "bye"}]})",
+                 ApiKind::kChat, &replayed);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(replayed.prompts[0].tokens, plain.prompts[0].tokens);
+  // An assistant message whose content is null renders as empty content (vLLM's).
+  ParsedRequest empty, null_content;
+  ASSERT_FALSE(parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+                                     {"role": "user", "content": "bye"}]})",
+                     ApiKind::kChat, &empty));
+  e = parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": null},
+                             {"role": "user", "content": "bye"}]})",
+            ApiKind::kChat, &null_content);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(null_content.prompts[0].tokens, empty.prompts[0].tokens);
+  // With a value: refused, naming the field.
+  ParsedRequest r;
+  e = parse(R"({"messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function"}]}]})",
+            ApiKind::kChat, &r);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->param, "messages[1].tool_calls");
+  EXPECT_NE(e->message.find("only when null or empty"), std::string::npos) << e->message;
+  e = parse(R"({"messages": [{"role": "user", "content": null}]})", ApiKind::kChat, &r);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[0].content");
+  e = parse(R"({"messages": [{"role": "user", "content": "x", "foo": null}]})", ApiKind::kChat, &r);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("messages[0].foo: not supported in a message"), std::string::npos) << e->message;
+}
+
 struct BadCase {
   const char* body;
   ApiKind kind;
