@@ -24,10 +24,12 @@ Expected<std::vector<int32_t>> tokenize_prompt(const GgufFile& gguf, const Token
   std::vector<int32_t> ids;
   if (!req.prompt_token_ids.empty()) {
     const int32_t vocab = tokenizer.vocab_size();
-    for (int32_t t : req.prompt_token_ids) {
+    for (size_t i = 0; i < req.prompt_token_ids.size(); ++i) {
+      const int32_t t = req.prompt_token_ids[i];
       if (t < 0 || t >= vocab) {
-        return invalid_argument("prompt_token_ids: token id " + std::to_string(t) + " is outside the vocabulary (size " +
-                                std::to_string(vocab) + ")");
+        // (the index: "prompt_token_ids[1]: token id ..." says which of the prompt's ids)
+        return invalid_argument("prompt_token_ids[" + std::to_string(i) + "]: token id " + std::to_string(t) +
+                                " is outside the vocabulary (size " + std::to_string(vocab) + ")");
       }
     }
     ids = req.prompt_token_ids;

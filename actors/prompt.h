@@ -34,7 +34,7 @@ class Tokenizer;
 ///  - kInvalidArgument "request: give exactly one of prompt, messages, prompt_token_ids (got N)";
 ///  - kOutOfRange "prompt: B bytes / M messages / T token ids is more than any context holds"
 ///    (over 16 MiB of text, 2^22 token ids or 100000 messages);
-///  - kInvalidArgument "prompt_token_ids: token id X is outside the vocabulary (size V)";
+///  - kInvalidArgument "prompt_token_ids[I]: token id X is outside the vocabulary (size V)" (I: its index);
 ///  - "messages: ..." with the chat template's own code and message;
 ///  - kInvalidArgument "prompt: empty after tokenization".
 /// Nothing here knows max_model_len: the context limit is the caller's (it depends on the

@@ -350,7 +350,7 @@ TEST_F(ActorsNgram, BadRequestsAreRefusedWithTheField) {
   inf_timeout.timeout_s = std::numeric_limits<double>::infinity();
   cases.push_back({inf_timeout, "timeout_s"});
   GenerateRequest oov = greedy({1, 2, 999999}, 4);
-  cases.push_back({oov, "prompt_token_ids: token id 999999"});
+  cases.push_back({oov, "prompt_token_ids[2]: token id 999999"});
   GenerateRequest zero = greedy({1, 2, 3}, 0);
   cases.push_back({zero, "max_tokens = 0"});
   GenerateRequest topp = greedy({1, 2, 3}, 4);

@@ -83,7 +83,7 @@ TEST_F(TokenizePrompt, ErrorsNameTheField) {
   auto o = tokenize_prompt(*gguf_, *tok_, oov);
   ASSERT_FALSE(o.ok());
   EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(o.status().message(), "prompt_token_ids: token id " + std::to_string(tok_->vocab_size()) +
+  EXPECT_EQ(o.status().message(), "prompt_token_ids[1]: token id " + std::to_string(tok_->vocab_size()) +
                                       " is outside the vocabulary (size " + std::to_string(tok_->vocab_size()) + ")");
   GenerateRequest neg;
   neg.prompt_token_ids = {-1};
