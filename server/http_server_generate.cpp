@@ -197,7 +197,16 @@ void HttpServer::Impl::handle_generate(const httplib::Request& http_req, const s
       if (!h.ok()) {
         // The choices already submitted are cancelled: counted as "abort" like every choice the
         // server cancels (NOTE: they were counted nowhere).
+        // (A choice whose last chunk already came counts by its own finish reason.)
         std::vector<ChoiceTiming> submitted(job->handles.size());
+        for (const auto& a : job->take(std::chrono::milliseconds(0))) {
+          if (a.index >= submitted.size() || submitted[a.index].finished) continue;
+          observe_tokens(submitted[a.index], a);
+          if (!a.chunk.finish_reason.empty()) {
+            submitted[a.index].finished = true;
+            observe_choice(submitted[a.index], start, a.at, a.chunk.finish_reason);
+          }
+        }
         observe_abandoned(submitted, start);
         job->cancel_all();
         ApiError e = error_from_status(h.status());

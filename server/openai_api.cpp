@@ -64,7 +64,7 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* o
       static const char* const kEmptyAllowed[] = {"tool_calls", "function_call", "refusal",           "audio",
                                                   "annotations", "reasoning_content", "reasoning"};
       const bool known = std::find(std::begin(kEmptyAllowed), std::end(kEmptyAllowed), f.key()) != std::end(kEmptyAllowed);
-      const bool empty = f->is_null() || ((f->is_array() || f->is_object()) && f->empty());
+      const bool empty = f->is_null() || ((f->is_array() || f->is_object() || f->is_string()) && f->empty());
       if (known && empty) continue;
       return bad(where + "." + f.key(), where + "." + f.key() + (known ? ": supported only when null or empty" : ": not supported in a message"),
                  400, "unsupported_parameter");
@@ -97,17 +97,20 @@ std::optional<ApiError> read_messages(const json& body, std::vector<ChatTurn>* o
 
 // Completions' prompt: a string, a list of strings, a list of token ids, or a list of lists.
 // `number_text`: parse_request_body's numbers as sent, for the message about an id past 64 bits.
+// `vocab`: the model's vocabulary size (ids at or past it are refused here, naming prompt[i][j]).
 std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits, const std::map<std::string, std::string>& number_text,
-                                     std::vector<GenerateRequest>* out, std::vector<std::string>* texts) {
+                                     int64_t vocab, std::vector<GenerateRequest>* out, std::vector<std::string>* texts) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) return bad("prompt", "prompt: required");
   const json& p = *it;
   auto one_ids = [&](const json& a, const std::string& where) -> std::optional<ApiError> {
     GenerateRequest r;
     for (size_t i = 0; i < a.size(); ++i) {
-      // The vocabulary is checked with the prompt (tokenize_prompt); here only the id's range.
+      // Checked against the vocabulary here, as stop_token_ids are, so the error names the id's
+      // place (tokenize_prompt's check names prompt_token_ids[j], a field the client never sent).
       int32_t id = 0;
-      if (auto e = read_token_id(a[i], where + "[" + std::to_string(i) + "]", where, int64_t{INT32_MAX} + 1, "", number_text, &id)) {
+      const std::string why = vocab <= INT32_MAX ? " of this model (vocabulary " + std::to_string(vocab) + ")" : "";
+      if (auto e = read_token_id(a[i], where + "[" + std::to_string(i) + "]", where, vocab, why, number_text, &id)) {
         return e;
       }
       r.prompt_token_ids.push_back(id);
@@ -313,7 +316,8 @@ std::optional<ApiError> parse_openai_request(const std::string& body_text, ApiKi
     prompts.push_back(std::move(c));
     texts.push_back("");
   } else {
-    if (auto e = read_prompts(body, limits, number_text, &prompts, &texts)) return e;
+    const int64_t vocab = model.text.loaded() ? model.text.vocab_size() : int64_t{INT32_MAX} + 1;
+    if (auto e = read_prompts(body, limits, number_text, vocab, &prompts, &texts)) return e;
   }
   if (static_cast<int64_t>(prompts.size()) * r.n > limits.max_choices) {
     return bad("n", "n = " + std::to_string(r.n) + " with " + std::to_string(prompts.size()) + " prompts: at most " +

@@ -122,7 +122,13 @@ Expected<std::unique_ptr<EagleProposer>> EagleProposer::load(const std::string& 
   if (op.plan_kv) {
     auto n = op.plan_kv(2 * kvd * int64_t{op.block_size} * static_cast<int64_t>(sizeof(float)), 0);
     if (!n.ok()) return n.status();
-    op.num_kv_blocks = *n;
+    // The planned blocks hold the sequences' tokens, as the target's do; one step's tree entries
+    // past a sequence's tokens (topk * (depth - 1) rows for the dynamic tree, at most 64 for a
+    // static tree or a chain) get blocks of their own (one layer's K and V: small). NOTE: without
+    // them a pool planned for one sequence (`generate`) drafted nothing once the sequence's
+    // tokens filled it (the step's reservation failed), e.g. topk 64 never drafted.
+    const int64_t scratch_rows = op.mode == EagleOptions::Mode::kDynamic ? int64_t{op.topk} * std::max(0, op.depth - 1) : 64;
+    op.num_kv_blocks = *n + (scratch_rows + op.block_size - 1) / op.block_size + 1;
   }
   if (op.num_kv_blocks <= 0) op.num_kv_blocks = (int64_t{op.max_model_len} * 4 + op.block_size - 1) / op.block_size;
   auto kv = B.create_kv_storage(1, op.num_kv_blocks, op.block_size, kvd);

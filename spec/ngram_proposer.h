@@ -25,14 +25,16 @@ namespace specserve {
 /// Empty tokens: no match anywhere, or k < 1. `search_history` false: the own text only (see
 /// history_may_draft).
 DraftTree ngram_draft(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, int32_t k, const SequenceOutputs& history,
-                      bool search_history = true);
+                      bool search_history);
 
 /// Whether earlier requests' outputs may draft for `r`: not for a seeded sampled sequence
 /// (temperature > 0 with a seed). Verification keeps every output's distribution whatever is
 /// drafted, but the sampler's draws follow the drafts, so drafts from other requests' outputs
 /// made a seeded request's text depend on what other clients generated before it (the same
-/// request gave another text each time). Its own text is the same on every run: so is its
-/// output. Greedy output does not depend on the drafts at all.
+/// request gave another text each time). Drafts from its own text depend on nothing else; its
+/// output still follows how many tokens each step lets it draft (the step's token budget,
+/// disable_by_batch_size, disable_by_goodput, KV pressure), so a seeded request repeats exactly
+/// when it runs alone or under the same load. Greedy output does not depend on the drafts at all.
 inline bool history_may_draft(const DraftRequest& r) {
   return r.sampling == nullptr || !r.sampling->has_seed || r.sampling->is_greedy();
 }

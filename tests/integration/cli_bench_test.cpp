@@ -137,7 +137,8 @@ TEST(CliChecks, CommaListFlagsRefuseEmptyItemsNamingTheValue) {
   EXPECT_EQ(two.exit_code, 0) << two.out;
   EXPECT_NE(two.out.find("Maximum request concurrency:             1"), std::string::npos) << two.out;
   EXPECT_NE(two.out.find("Maximum request concurrency:             2"), std::string::npos) << two.out;
-  for (const char* bad : {"1,,4", "1,", ",4", "1,0"}) {
+  // (0x10 and 010: CLI11 read them as 16 and 8, the conversion as 0 and 10)
+  for (const char* bad : {"1,,4", "1,", ",4", "1,0", "0x10", "2,010"}) {
     const CmdResult b = run_specserve("bench --base-url " + fake.url("/good") + common + " --max-concurrency " + bad, 60);
     EXPECT_EQ(b.exit_code, 2) << bad << ": " << b.out;
     EXPECT_NE(b.out.find(std::string("--max-concurrency: ") + bad), std::string::npos) << b.out;

@@ -177,7 +177,9 @@ TEST_F(OpenAiApi, BadRequestsNameTheFieldWithTheRightStatus) {
       {R"({"prompt": [1, -2]})", ApiKind::kCompletion, 400, "prompt", "not a token id"},
       {R"({"prompt": 5})", ApiKind::kCompletion, 400, "prompt", "expected a string"},
       {R"({"max_tokens": 5})", ApiKind::kCompletion, 400, "prompt", "required"},
-      {R"({"prompt": [99999999]})", ApiKind::kCompletion, 400, "prompt", "outside the vocabulary"},
+      {R"({"prompt": [99999999]})", ApiKind::kCompletion, 400, "prompt", "prompt[0] = 99999999: not a token id of this model (vocabulary"},
+      // (the id's place: it said "prompt_token_ids[1]: ...", a field the client never sent)
+      {R"({"prompt": [[1, 2], [3, 99999]]})", ApiKind::kCompletion, 400, "prompt[1]", "prompt[1][1] = 99999: not a token id of this model"},
       {R"({"prompt": "x", "stop_token_ids": [999999]})", ApiKind::kCompletion, 400, "stop_token_ids[0]", "not a token id"},
       {R"({"prompt": "x", "stop_token_ids": [1, 18446744073709551616]})", ApiKind::kCompletion, 400, "stop_token_ids[1]",
        "stop_token_ids[1] = 18446744073709551616: not a token id"},

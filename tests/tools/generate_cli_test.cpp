@@ -15,6 +15,7 @@
 #include <limits>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gguf.h"
@@ -189,14 +190,24 @@ TEST(GenerateCli, TheKvCacheHoldsOneSequenceOfThePromptAndMaxTokens) {
   const std::string text = completion(plain.out);
   ASSERT_FALSE(text.empty()) << plain.out;
   const std::string heads = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/eagle-smollm2-135m.q8_0.gguf";
-  for (const std::string& spec :
-       {"--speculative-model " + specserve::testing::default_model_path() + " --num-speculative-tokens 8",
-        "--speculative-config '{\"method\":\"eagle\",\"model\":\"" + heads +
-            "\",\"num_speculative_tokens\":16,\"eagle_topk\":4,\"eagle_depth\":6}'"}) {
+  // Each spec with the drafts it makes at least: the self-draft is accepted whole (8 tokens a
+  // draft: ~5 drafts); the topk-64 tree drafts in most of its ~40 steps (without its own blocks
+  // for the 64 x 3 tree rows a step past the sequence's tokens: 2 or 3, at the end).
+  const std::pair<std::string, int> specs[] = {
+      {"--speculative-model " + specserve::testing::default_model_path() + " --num-speculative-tokens 8", 3},
+      {"--speculative-config '{\"method\":\"eagle\",\"model\":\"" + heads +
+           "\",\"num_speculative_tokens\":16,\"eagle_topk\":4,\"eagle_depth\":6}'",
+       10},
+      {"--speculative-config '{\"method\":\"eagle\",\"model\":\"" + heads +
+           "\",\"num_speculative_tokens\":64,\"eagle_topk\":64,\"eagle_depth\":4}'",
+       10}};
+  for (const auto& [spec, min_drafts] : specs) {
     const CliRun r = run(until + " " + spec);
     ASSERT_EQ(r.exit_code, 0) << spec << "\n" << r.out;
     EXPECT_NE(r.out.find("generated tokens: 44 | finish: length"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("--- speculative ("), std::string::npos) << r.out;
+    const size_t st = r.out.find("): drafts ");
+    ASSERT_NE(st, std::string::npos) << r.out;
+    EXPECT_GE(std::atoi(r.out.c_str() + st + std::strlen("): drafts ")), min_drafts) << spec << ": it hardly drafted\n" << r.out;
     EXPECT_EQ(completion(r.out), text) << spec << "\n" << r.out << "\nwithout speculation:\n" << plain.out;
   }
 }

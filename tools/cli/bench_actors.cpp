@@ -293,7 +293,7 @@ void add_bench_actors(CLI::App& app) {
                   "Before each overhead unit and each concurrency run, wait up to this many seconds for other "
                   "processes to use at most --quiet-cores (0: do not wait)")
       ->check(CLI::Range(0.0, 3600.0));
-  add_list_option(sub, "--concurrency", "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)", CLI::Range(1, 4096),
+  add_list_option(sub, "--concurrency", "Concurrency: numbers of clients (e.g. 1,2,4,8,16,32)", int64_in_range(1, 4096),
                   [a](const std::vector<std::string>& v) {
                     a->concurrency.clear();
                     for (const std::string& x : v) a->concurrency.push_back(std::stoi(x));

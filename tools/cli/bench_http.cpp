@@ -352,7 +352,7 @@ void add_bench_http(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 30));
   add_list_option(sub, "--max-concurrency",
                   "Clients sending at once (closed loop); a comma list runs one level after another, e.g. 1,2,4,8 (default 1)",
-                  CLI::Range(1, 4096), [a](const std::vector<std::string>& v) {
+                  int64_in_range(1, 4096), [a](const std::vector<std::string>& v) {
                     a->max_concurrency.clear();
                     for (const std::string& x : v) a->max_concurrency.push_back(std::stoi(x));
                   });

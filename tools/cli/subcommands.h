@@ -94,7 +94,7 @@ inline CLI::Option* add_list_option(CLI::App* sub, const std::string& flag, cons
         }
         return std::string();
       },
-      "LIST");
+      "LIST of " + item.get_description());
   return sub
       ->add_option_function<std::vector<std::string>>(
           flag,
