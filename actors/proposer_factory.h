@@ -24,8 +24,9 @@ struct ProposerBuildOptions {
   int32_t sparse_max_entries = 0;
   /// Set on a GPU (EngineKvPlanner::draft_planner): draft_model, layer_skip and eagle call it
   /// once their weights are loaded, before allocating their KV, which then has block_size-token
-  /// blocks and the count it returns. Unset: their defaults (16-token blocks, 4 sequences of
-  /// max_model_len).
+  /// blocks and the count it returns (eagle: plus blocks for one step's tree rows past a
+  /// sequence's tokens, topk x (depth - 1) or 64; one layer's K and V). Unset: their defaults
+  /// (16-token blocks, 4 sequences of max_model_len).
   DraftKvPlanner plan_kv;
   int32_t block_size = 16;              ///< the engine's block_size; used with plan_kv
   int32_t max_num_batched_tokens = 2048;  ///< rows of the draft's activations; used with plan_kv
