@@ -91,6 +91,8 @@ Expected<std::unique_ptr<Proposer>> build_head_proposer(const SpeculativeSpec& s
     if (!tree) o.tree_name = "Medusa's default tree mc_sim_7b_63";
     o.draft_vocab_size = draft_vocab;
     if (spec.draft_p_min) o.draft_p_min = *spec.draft_p_min;
+    // Only the speculative entry's own limit: the target's max_model_len already ends sequences.
+    if (spec.max_model_len) o.max_model_len = *spec.max_model_len;
     auto m = MedusaProposer::load(spec.model, *target.model, *target.file, o);
     if (!m.ok()) return m.status();
     return std::unique_ptr<Proposer>(std::move(*m));

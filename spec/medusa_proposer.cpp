@@ -175,10 +175,12 @@ Status MedusaProposer::propose(const std::vector<DraftRequest>& reqs, std::vecto
       const float* src = r.hidden.data() + static_cast<size_t>(pos - r.hidden_begin) * static_cast<size_t>(d_);
       l.h.assign(src, src + d_);
     }
-    if (n < 2 || r.num_tokens <= 0) continue;
+    // The draft's own max_model_len: as EAGLE's, at most max_model_len - n nodes.
+    const int32_t k = opts_.max_model_len > 0 ? std::min(r.num_tokens, opts_.max_model_len - n) : r.num_tokens;
+    if (n < 2 || k <= 0) continue;
     auto it = last_.find(r.seq_id);
     if (it == last_.end() || it->second.pos != n - 2) continue;  // no feature for this step
-    StaticTree t = trim_static_tree(tree_, r.num_tokens, num_heads());
+    StaticTree t = trim_static_tree(tree_, k, num_heads());
     if (t.num_nodes() == 0) continue;
     hidden.insert(hidden.end(), it->second.h.begin(), it->second.h.end());
     depth.push_back(t.max_depth());

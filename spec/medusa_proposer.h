@@ -58,6 +58,10 @@ struct MedusaOptions {
   /// this; a node below it goes with its subtree, and a step may draft fewer than k tokens or none
   /// (plain decoding). As EagleOptions::draft_p_min; the output never changes.
   float draft_p_min = 0;
+  /// > 0: the draft's maximum length (the speculative entry's max_model_len, vLLM's draft limit):
+  /// a draft never reaches past it, so a sequence near it gets fewer nodes, then none (plain
+  /// decoding). 0: no limit of its own. NOTE: the key was accepted for medusa and ignored.
+  int32_t max_model_len = 0;
 };
 
 class MedusaProposer final : public Proposer {

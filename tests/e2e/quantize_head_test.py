@@ -49,6 +49,11 @@ def main():
                 continue
             with open(out, "rb") as a, open(committed, "rb") as b:
                 check(a.read() == b.read(), f"{method}: output is byte for byte the committed {os.path.basename(committed)}")
+            # The mode a plain open() gives (0666 less the umask); it was mkstemp's 0600.
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = os.stat(out).st_mode & 0o777
+            check(mode == 0o666 & ~umask, f"{method}: output mode {oct(mode)} is 0666 less the umask {oct(umask)}")
             f16, q8 = GGUFReader(src), GGUFReader(out)
             keys16 = {f.name: (f.types, f.contents()) for f in f16.fields.values() if not f.name.startswith("GGUF.")}
             keys8 = {f.name: (f.types, f.contents()) for f in q8.fields.values() if not f.name.startswith("GGUF.")}

@@ -188,6 +188,22 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   EXPECT_NE(big.out.find("--batch-sizes 2: a batch holds questions of one task, and mt_bench has 1 (--per-task 2)"),
             std::string::npos) << big.out;
   EXPECT_EQ(big.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << big.out;
+  // --per-task already allows the batch, the file has too few of a task: it said "give --per-task 2 or more".
+  const CmdResult few = run("bench-spec --threads 1 --questions " + two + " --per-task 2 --max-tokens 2 --batch-sizes 2");
+  EXPECT_EQ(few.exit_code, 2) << few.out;
+  EXPECT_NE(few.out.find("--questions holds only 1 of that task: give a smaller batch, or more of its questions"), std::string::npos)
+      << few.out;
+  EXPECT_EQ(few.out.find("give --per-task"), std::string::npos) << few.out;
+  // A --spec whose head file is missing or was trained on another target is refused before
+  // anything runs (it failed after the baseline and the methods before it, their results lost).
+  const std::string heads = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/";
+  const CmdResult missing = run("bench-spec --threads 1 --questions " + two + " --per-task 1 --max-tokens 2 --output " + dir +
+                                "/part.json --spec '{\"method\":\"ngram\",\"num_speculative_tokens\":4}' --spec '{\"method\":\"eagle\",\"model\":\"" +
+                                heads + "nope.gguf\",\"num_speculative_tokens\":4}'");
+  EXPECT_EQ(missing.exit_code, 2) << missing.out;
+  EXPECT_NE(missing.out.find(heads + "nope.gguf"), std::string::npos) << missing.out;
+  EXPECT_EQ(missing.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << missing.out;
+  EXPECT_EQ(missing.out.find("baseline"), std::string::npos) << "it ran before refusing:\n" << missing.out;
   const CmdResult poetry = run("bench-spec --threads 1 --questions " + odd + " --max-tokens 2");
   EXPECT_EQ(poetry.exit_code, 1) << poetry.out;
   EXPECT_NE(poetry.out.find(odd + ":1: category 'poetry' is not a Spec-Bench task"), std::string::npos) << poetry.out;

@@ -272,6 +272,26 @@ TEST_F(MedusaTest, ProposesTheStaticTreeFromEachHeadsRanks) {
   EXPECT_TRUE(out[0].probs.empty());
 }
 
+// The speculative entry's max_model_len (the draft's limit): at most max_model_len - n nodes,
+// none at or past it. NOTE: medusa accepted the key and ignored it.
+TEST_F(MedusaTest, TheDraftsMaxModelLenCutsTheTree) {
+  MedusaOptions o;
+  o.tree_paths = {{0}, {1}, {0, 0}, {0, 1}, {1, 0}, {0, 0, 0}};
+  std::vector<int32_t> tokens = {5, 6, 7, 8, 9};  // n = 5
+  std::vector<float> hidden = random_hidden(4, 9);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (const auto& [limit, want] : std::vector<std::pair<int32_t, size_t>>{{0, 6}, {8, 3}, {6, 1}, {5, 0}, {3, 0}}) {
+    o.max_model_len = limit;
+    std::unique_ptr<MedusaProposer> m;
+    ASSERT_TRUE(load(spec(), &m, o).ok());
+    DraftRequest r = request(tokens, hidden, 10, &greedy);
+    std::vector<DraftTree> out;
+    ASSERT_TRUE(m->propose({r}, &out).ok());
+    EXPECT_EQ(out[0].tokens.size(), want) << "max_model_len " << limit;
+  }
+}
+
 // draft_p_min: a node is drafted only when the product of the heads' probabilities along its
 // path is at least the threshold; a node below it goes with its subtree, the rest keep their
 // order and are re-parented; 0 changes nothing.

@@ -341,6 +341,42 @@ TEST(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {
   std::filesystem::remove_all(dir);
 }
 
+// The KV cache holds at most as many sequences as there are prompts (2 prompts with
+// --max-num-seqs 1024 and --max-new-tokens 4000 asked for 189 GB: "not allocatable"); one that
+// cannot be allocated names the flags that size it.
+TEST(DumpHidden, TheKvCacheIsForThePromptsThereAreAndItsErrorNamesTheFlags) {
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("kv_size");
+  std::ofstream(dir / "two.jsonl") << "{\"prompt\": \"Hello there\"}\n{\"prompt\": \"Good morning\"}\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "two.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 4000;
+  o.max_num_seqs = 1024;
+  o.write_weights = false;
+  const std::atomic<bool> stop{true};  // the engine is made, then the run stops before a step
+  o.stop = &stop;
+  auto r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().to_string();
+
+  std::ofstream many(dir / "many.jsonl");
+  for (int i = 0; i < 200; ++i) many << "{\"prompt\": \"Question " << i << "\"}\n";
+  many.close();
+  o.prompts_path = (dir / "many.jsonl").string();
+  o.max_new_tokens = 8000;
+  o.max_num_seqs = 256;
+  r = dump_hidden(*lm, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("200 sequence(s)"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("lower --max-num-seqs or --max-new-tokens"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(std::filesystem::exists(dir / "out")) << "a failed dump leaves nothing";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
   // Empty prompts are skipped and reported (count, first line); "task" is allowed; another key
   // is ignored with one warning naming its line and key; max_new_tokens 1 still records every
@@ -393,6 +429,32 @@ TEST(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("no usable prompt (0 over --max-prompt-tokens 384, 1 empty)"), std::string::npos)
       << r.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+// A "prompt" row's special-token text ("<|im_start|>") is its token, as generate --prompt and the
+// HTTP API read a prompt, so the dump trains on what is served. NOTE: it was tokenized as text
+// (17 positions where serving has 5).
+TEST(DumpHidden, APromptRowsSpecialTokenTextIsItsToken) {
+  auto backend = make_cpu_backend(1);
+  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
+  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  const auto dir = temp_dir("special");
+  const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+  std::ofstream(dir / "p.jsonl") << nlohmann::json{{"prompt", text}}.dump() << "\n";
+  DumpHiddenOptions o;
+  o.prompts_path = (dir / "p.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.max_new_tokens = 1;
+  o.write_weights = false;
+  auto sum = dump_hidden(*lm, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().to_string();
+  std::ifstream jf(dir / "out" / "index.json");
+  const auto idx = nlohmann::json::parse(jf);
+  const auto served = lm->tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/true);
+  ASSERT_EQ(idx["sequences"].size(), 1u);
+  EXPECT_EQ(idx["sequences"][0]["prompt_length"], served.size());
+  EXPECT_LT(served.size(), lm->tokenizer->encode(text, true, false).size()) << "the case is vacuous";
   std::filesystem::remove_all(dir);
 }
 

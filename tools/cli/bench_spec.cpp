@@ -192,18 +192,19 @@ int run_bench(const BenchArgs& a) {
       return 2;
     }
   }
-  // Every --spec is parsed before the model loads: a malformed one used to fail only after the
-  // whole baseline had run.
+  // Every --spec is parsed and its files checked (opened, a head of its method, trained on this
+  // target, its tree parsed) before the model loads: a malformed one used to fail only after
+  // the whole baseline had run, and a missing or foreign head file after the methods before it
+  // (their results lost).
+  const std::string path = a.model.empty() ? default_model_path() : a.model;
   for (const auto& spec : a.specs) {
     SpecArgs sa;
     sa.speculative_config = spec;
-    EngineOptions eo;
-    if (auto parsed = parse_spec_args(sa, &eo); !parsed.ok()) {
-      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), parsed.status().message().c_str());
-      return 2;
+    if (Status st = check_spec_args_before_load(sa, path, "specserve bench-spec"); !st.ok()) {
+      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), st.message().c_str());
+      return exit_status_for(st);
     }
   }
-  const std::string path = a.model.empty() ? default_model_path() : a.model;
   if (Status st = apply_dtype_option(a.dtype, a.device); !st.ok()) {
     std::fprintf(stderr, "specserve bench-spec: %s\n", st.message().c_str());
     return exit_status_for(st);
@@ -280,9 +281,13 @@ int run_bench(const BenchArgs& a) {
   const auto smallest = std::min_element(taken.begin(), taken.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
   for (int batch : a.batch_sizes) {
     if (batch > smallest->second) {
-      std::fprintf(stderr, "specserve bench-spec: --batch-sizes %d: a batch holds questions of one task, and %s has %d (--per-task %d); "
-                   "give --per-task %d or more, or a smaller batch\n", batch, smallest->first.c_str(), smallest->second,
-                   a.per_task, batch);
+      // (When --per-task already allows the batch, the questions file holds too few of that
+      // task: asking for a larger --per-task, as it did, would not help.)
+      const std::string fix = a.per_task < batch ? "give --per-task " + std::to_string(batch) + " or more, or a smaller batch"
+                                                 : "--questions holds only " + std::to_string(smallest->second) +
+                                                       " of that task: give a smaller batch, or more of its questions";
+      std::fprintf(stderr, "specserve bench-spec: --batch-sizes %d: a batch holds questions of one task, and %s has %d (--per-task %d); %s\n",
+                   batch, smallest->first.c_str(), smallest->second, a.per_task, fix.c_str());
       return 2;
     }
   }

@@ -157,8 +157,11 @@ void add_dump_hidden(CLI::App& app) {
   sub->add_flag("--print-fingerprint", args->print_fingerprint,
                 "Print the model's fingerprint (16 hex digits, model/model_fingerprint.h) and exit");
   sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
-  add_dtype_option(*sub, &args->dtype);
-  add_enforce_eager_flag(*sub);
+  // The CPU only (no --device, so no --enforce-eager): the shared help spoke of CUDA.
+  add_dtype_option(*sub, &args->dtype)
+      ->description("Matmul arithmetic on the CPU (vLLM's --dtype): auto (fp32, or SPECSERVE_CPU_MATMUL's kernel), float32, "
+                    "bfloat16 (Intel AMX bf16 tiles with fp32 sums; an error where the CPU lacks AMX). dump-hidden runs on "
+                    "the CPU only");
   register_command("dump-hidden", [args] { return run_dump_hidden(*args); });
 }
 

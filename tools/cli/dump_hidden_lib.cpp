@@ -206,7 +206,9 @@ Expected<std::vector<DumpSeq>> read_prompts(LoadedModel& lm, const DumpHiddenOpt
       }
     } else if (j.contains("prompt") && j["prompt"].is_string()) {
       empty = blank(j["prompt"].get<std::string>());
-      if (!empty) s.tokens = lm.tokenizer->encode(j["prompt"].get<std::string>(), true, false);
+      // Special-token text is its token, as generate --prompt and the HTTP API read a prompt
+      // (NOTE: it was read as text, so the dump trained on other ids than serving sees).
+      if (!empty) s.tokens = lm.tokenizer->encode(j["prompt"].get<std::string>(), /*add_special=*/true, /*parse_special=*/true);
     } else {
       return invalid_argument(where + ": needs \"messages\" (chat) or \"prompt\" (string)");
     }
@@ -263,11 +265,25 @@ Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<Dum
                             std::to_string(ctx) + ": lower --max-new-tokens to at most " +
                             std::to_string(std::max<int64_t>(0, ctx - longest - 1)) + " or --max-prompt-tokens");
   }
-  eo.max_num_seqs = o.max_num_seqs;
+  // At most as many sequences at once as there are prompts (2 prompts with --max-num-seqs 64
+  // had a KV cache for 64).
+  const int64_t at_once = std::min<int64_t>(o.max_num_seqs, static_cast<int64_t>(seqs.size()));
+  eo.max_num_seqs = static_cast<int32_t>(at_once);
   eo.max_num_batched_tokens = std::max(2048, eo.max_model_len);
-  eo.num_kv_blocks = static_cast<int64_t>(o.max_num_seqs) * ((eo.max_model_len + eo.block_size - 1) / eo.block_size) + 16;
+  eo.num_kv_blocks = at_once * ((eo.max_model_len + eo.block_size - 1) / eo.block_size) + 16;
   auto engine = Engine::create(*lm.model, lm.tokenizer.get(), &recorder, eo);
-  if (!engine.ok()) return engine.status();
+  if (!engine.ok()) {
+    // The KV cache holds `at_once` sequences of the longest prompt + --max-new-tokens: say which
+    // flags size it (the engine's message names its own block count only).
+    if (engine.status().code() == StatusCode::kResourceExhausted) {
+      return Status(engine.status().code(),
+                    "dump-hidden: a KV cache for " + std::to_string(at_once) + " sequence(s) of " + std::to_string(eo.max_model_len) +
+                        " positions (--max-num-seqs " + std::to_string(o.max_num_seqs) + ", the longest prompt kept + --max-new-tokens " +
+                        std::to_string(o.max_new_tokens) + " + 1) cannot be allocated: lower --max-num-seqs or --max-new-tokens (" +
+                        engine.status().message() + ")");
+    }
+    return engine.status();
+  }
   std::map<int64_t, size_t> by_id;
   for (size_t i = 0; i < seqs.size(); ++i) {
     GenerateParams p;

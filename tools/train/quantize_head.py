@@ -54,6 +54,11 @@ def main():
     os.close(fd)
     try:
         write_q8(r, arch, tmp, a, gguf, GGUFValueType, Q)
+        # mkstemp makes the file 0600, which os.replace keeps: give it the mode a plain open()
+        # would (0666 less the umask), so a server running as another user can read the head.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, a.output)
     finally:
         if os.path.exists(tmp):

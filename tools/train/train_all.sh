@@ -58,6 +58,11 @@ prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=
 extra_templates=0 max_minutes=40 tag="$(date +%F)" eagle_extra=() conversations=0 seed=0 eagle_only=0
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
+  # A flag that takes a value must have one (it failed with "$2: unbound variable").
+  case "$1" in
+    --parallel|--eagle-only|--skip-build|--skip-dump|-h|--help) ;;
+    --*) if [ $# -lt 2 ]; then echo "train_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
+  esac
   case "$1" in
     --work) work="$2"; shift 2 ;;
     --prompt-source) prompt_source="$2"; shift 2 ;;
@@ -83,6 +88,13 @@ while [ $# -gt 0 ]; do
 done
 case "$conversations" in ''|*[!0-9]*) echo "train_all.sh: --conversations $conversations: must be a whole number >= 0" >&2; exit 2 ;; esac
 case "$num_prompts" in ''|*[!0-9]*) echo "train_all.sh: --num-prompts $num_prompts: must be a whole number" >&2; exit 2 ;; esac
+case "$extra_templates" in ''|*[!0-9]*) echo "train_all.sh: --extra-templates $extra_templates: must be a whole number >= 0" >&2; exit 2 ;; esac
+# A missing --eagle-init file is found now, not after the dump (which can take an hour).
+for ((i = 0; i < ${#eagle_extra[@]}; i += 2)); do
+  if [ "${eagle_extra[i]}" = --init ] && [ ! -f "${eagle_extra[i + 1]}" ]; then
+    echo "train_all.sh: --eagle-init ${eagle_extra[i + 1]}: no such file" >&2; exit 2
+  fi
+done
 if [ "$conversations" -gt 0 ] && [ "$prompt_source" != sharegpt ]; then
   echo "train_all.sh: --conversations needs --prompt-source sharegpt" >&2; exit 2
 fi
