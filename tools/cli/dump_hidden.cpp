@@ -132,7 +132,8 @@ void add_dump_hidden(CLI::App& app) {
   // NOTE: not ->required(): --print-fingerprint needs neither; "REQUIRED" is in the text instead.
   sub->add_option("--prompts", args->opts.prompts_path,
                   "REQUIRED (unless --print-fingerprint). JSONL prompt file: {\"messages\": [{\"role\", \"content\"}, ...]} "
-                  "or {\"prompt\": \"...\"} per line (\"task\" allowed; other keys ignored with a warning; empty "
+                  "or {\"prompt\": \"...\"} per line (a prompt's special-token text such as <|im_start|> is its token, as "
+                  "generate --prompt and the HTTP API read it; \"task\" allowed; other keys ignored with a warning; empty "
                   "prompts skipped and reported)");
   sub->add_option("--out", args->opts.out_dir,
                   "REQUIRED (unless --print-fingerprint). Output directory, created with its parents (hidden.npy, "
