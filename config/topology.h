@@ -111,7 +111,7 @@ struct SpeculativeSpec {
   std::optional<float> draft_p_min;
   std::optional<int32_t> disable_by_batch_size;  ///< no speculation while more sequences run
   /// vLLM's speculative_config max_model_len: the DRAFT's maximum length in tokens (draft_model,
-  /// layer_skip, eagle; medusa and ngram keep no draft context and ignore it). A sequence longer
+  /// layer_skip, medusa, eagle; ngram keeps no draft context and ignores it). A sequence longer
   /// than this gets no drafts (plain decoding); the target's own limit is
   /// models.target.max_model_len (--max-model-len). Unset: the target's limit.
   std::optional<int32_t> max_model_len;

@@ -38,6 +38,8 @@ def run_tool(src, dst):
 
 def main():
     argparse.ArgumentParser().parse_known_args()  # run_python_test.sh passes --bin
+    # A umask under which 0600 (mkstemp's mode, kept before the fix) is not the right answer.
+    os.umask(0o022)
     with tempfile.TemporaryDirectory() as tmp:
         for method in ("eagle", "medusa"):
             src = os.path.join(HEADS, f"{method}-smollm2-135m.gguf")

@@ -194,16 +194,22 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   EXPECT_NE(few.out.find("--questions holds only 1 of that task: give a smaller batch, or more of its questions"), std::string::npos)
       << few.out;
   EXPECT_EQ(few.out.find("give --per-task"), std::string::npos) << few.out;
-  // A --spec whose head file is missing or was trained on another target is refused before
+  // A --spec whose head file is missing, or is a head of another method, is refused before
   // anything runs (it failed after the baseline and the methods before it, their results lost).
   const std::string heads = std::string(SPECSERVE_SOURCE_DIR) + "/models/heads/";
   const CmdResult missing = run("bench-spec --threads 1 --questions " + two + " --per-task 1 --max-tokens 2 --output " + dir +
                                 "/part.json --spec '{\"method\":\"ngram\",\"num_speculative_tokens\":4}' --spec '{\"method\":\"eagle\",\"model\":\"" +
                                 heads + "nope.gguf\",\"num_speculative_tokens\":4}'");
   EXPECT_EQ(missing.exit_code, 2) << missing.out;
-  EXPECT_NE(missing.out.find(heads + "nope.gguf"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("\"model\" " + heads + "nope.gguf: cannot open"), std::string::npos) << missing.out;
   EXPECT_EQ(missing.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << missing.out;
   EXPECT_EQ(missing.out.find("baseline"), std::string::npos) << "it ran before refusing:\n" << missing.out;
+  const CmdResult other = run("bench-spec --threads 1 --questions " + two + " --per-task 1 --max-tokens 2 --spec '{\"method\":\"eagle\",\"model\":\"" +
+                              heads + "medusa-smollm2-135m.gguf\",\"num_speculative_tokens\":4}'");
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.out.find("medusa-smollm2-135m.gguf: general.architecture = 'medusa': expected 'eagle'"), std::string::npos)
+      << other.out;
+  EXPECT_EQ(other.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << other.out;
   const CmdResult poetry = run("bench-spec --threads 1 --questions " + odd + " --max-tokens 2");
   EXPECT_EQ(poetry.exit_code, 1) << poetry.out;
   EXPECT_NE(poetry.out.find(odd + ":1: category 'poetry' is not a Spec-Bench task"), std::string::npos) << poetry.out;

@@ -372,7 +372,7 @@ TEST(DumpHidden, TheKvCacheIsForThePromptsThereAreAndItsErrorNamesTheFlags) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
   EXPECT_NE(r.status().message().find("200 sequence(s)"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("lower --max-num-seqs or --max-new-tokens"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("lower --max-num-seqs below 200 or --max-new-tokens"), std::string::npos) << r.status().message();
   EXPECT_FALSE(std::filesystem::exists(dir / "out")) << "a failed dump leaves nothing";
   std::filesystem::remove_all(dir);
 }

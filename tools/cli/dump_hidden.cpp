@@ -160,9 +160,9 @@ void add_dump_hidden(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   // The CPU only (no --device, so no --enforce-eager): the shared help spoke of CUDA.
   add_dtype_option(*sub, &args->dtype)
-      ->description("Matmul arithmetic on the CPU (vLLM's --dtype): auto (fp32, or SPECSERVE_CPU_MATMUL's kernel), float32, "
-                    "bfloat16 (Intel AMX bf16 tiles with fp32 sums; an error where the CPU lacks AMX). dump-hidden runs on "
-                    "the CPU only");
+      ->description("Matmul arithmetic on the CPU (vLLM's --dtype): auto (fp32, or SPECSERVE_CPU_MATMUL's kernel), float32 (float), "
+                    "bfloat16 (Intel AMX bf16 tiles with fp32 sums; an error where the CPU lacks AMX); float16 is CUDA's, "
+                    "refused here. dump-hidden runs on the CPU only");
   register_command("dump-hidden", [args] { return run_dump_hidden(*args); });
 }
 

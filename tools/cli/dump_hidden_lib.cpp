@@ -279,7 +279,7 @@ Status generate_all(LoadedModel& lm, const DumpHiddenOptions& o, std::vector<Dum
       return Status(engine.status().code(),
                     "dump-hidden: a KV cache for " + std::to_string(at_once) + " sequence(s) of " + std::to_string(eo.max_model_len) +
                         " positions (--max-num-seqs " + std::to_string(o.max_num_seqs) + ", the longest prompt kept + --max-new-tokens " +
-                        std::to_string(o.max_new_tokens) + " + 1) cannot be allocated: lower --max-num-seqs or --max-new-tokens (" +
+                        std::to_string(o.max_new_tokens) + " + 1) cannot be allocated: lower --max-num-seqs below " + std::to_string(at_once) + " or --max-new-tokens (" +
                         engine.status().message() + ")");
     }
     return engine.status();

@@ -58,10 +58,11 @@ prompt_source=sharegpt num_prompts=640 max_new=96 medusa_epochs=10 eagle_epochs=
 extra_templates=0 max_minutes=40 tag="$(date +%F)" eagle_extra=() conversations=0 seed=0 eagle_only=0
 cmdline="tools/train/train_all.sh $*"
 while [ $# -gt 0 ]; do
-  # A flag that takes a value must have one (it failed with "$2: unbound variable").
+  # A flag that takes a value must have one (it failed with "$2: unbound variable"), not the next flag.
   case "$1" in
-    --parallel|--eagle-only|--skip-build|--skip-dump|-h|--help) ;;
-    --*) if [ $# -lt 2 ]; then echo "train_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
+    --work|--prompt-source|--num-prompts|--extra-templates|--max-new-tokens|--medusa-epochs|--eagle-epochs|--eagle-init|\
+    --eagle-lr|--max-minutes|--threads|--conversations|--seed|--tag)
+      if [ $# -lt 2 ] || [ "${2#--}" != "$2" ]; then echo "train_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
   esac
   case "$1" in
     --work) work="$2"; shift 2 ;;
@@ -71,7 +72,7 @@ while [ $# -gt 0 ]; do
     --max-new-tokens) max_new="$2"; shift 2 ;;
     --medusa-epochs) medusa_epochs="$2"; shift 2 ;;
     --eagle-epochs) eagle_epochs="$2"; shift 2 ;;
-    --eagle-init) eagle_extra+=(--init "$2"); shift 2 ;;
+    --eagle-init) init="$2"; [ "${init#/}" != "$init" ] || init="$PWD/$init"; eagle_extra+=(--init "$init"); shift 2 ;;  # (from the caller's directory: the script cds to the repository)
     --eagle-lr) eagle_extra+=(--lr "$2"); shift 2 ;;
     --max-minutes) max_minutes="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
@@ -88,7 +89,10 @@ while [ $# -gt 0 ]; do
 done
 case "$conversations" in ''|*[!0-9]*) echo "train_all.sh: --conversations $conversations: must be a whole number >= 0" >&2; exit 2 ;; esac
 case "$num_prompts" in ''|*[!0-9]*) echo "train_all.sh: --num-prompts $num_prompts: must be a whole number" >&2; exit 2 ;; esac
-case "$extra_templates" in ''|*[!0-9]*) echo "train_all.sh: --extra-templates $extra_templates: must be a whole number >= 0" >&2; exit 2 ;; esac
+for pair in "--extra-templates:$extra_templates" "--medusa-epochs:$medusa_epochs" "--eagle-epochs:$eagle_epochs" \
+            "--max-minutes:$max_minutes" "--max-new-tokens:$max_new" "--threads:$threads" "--seed:$seed"; do
+  case "${pair#*:}" in ''|*[!0-9]*) echo "train_all.sh: ${pair%%:*} ${pair#*:}: must be a whole number >= 0" >&2; exit 2 ;; esac
+done
 # A missing --eagle-init file is found now, not after the dump (which can take an hour).
 for ((i = 0; i < ${#eagle_extra[@]}; i += 2)); do
   if [ "${eagle_extra[i]}" = --init ] && [ ! -f "${eagle_extra[i + 1]}" ]; then
