@@ -390,6 +390,8 @@ TEST(SpecConfig, AcceptedPerPositionLineHasOneColumnPerTreeDepth) {
   const std::vector<int64_t> per_pos = {9, 5, 2, 0, 0, 0, 0, 0};  // k = 8, a tree of depth 3
   EXPECT_EQ(accepted_per_position_line(per_pos, /*tree=*/true, 3), "accepted per tree depth: d1 9 | d2 5 | d3 2");
   EXPECT_EQ(accepted_per_position_line({4, 3, 1}, /*tree=*/false, 3), "accepted per position: 4 3 1");
+  // A chain no deeper than 1 (EAGLE chain of depth 1 asked for k 8): one column, not 8.
+  EXPECT_EQ(accepted_per_position_line({11, 0, 0, 0, 0, 0, 0, 0}, /*tree=*/false, 1), "accepted per position: 11");
 }
 
 TEST(SpecConfig, GpuMemoryUtilizationIsAFractionInZeroToOne) {

@@ -319,7 +319,9 @@ std::string proposer_error_prefix(const SpecArgs& a, const SpeculativeSpec& spec
 
 std::string accepted_per_position_line(const std::vector<int64_t>& accepted_per_pos, bool tree, int32_t max_depth) {
   std::string s = tree ? "accepted per tree depth:" : "accepted per position:";
-  const size_t n = tree ? std::min(accepted_per_pos.size(), static_cast<size_t>(std::max(max_depth, 0))) : accepted_per_pos.size();
+  // Up to the proposer's deepest draft, chains too (an EAGLE chain of depth 1 printed k columns,
+  // all but the first always 0).
+  const size_t n = std::min(accepted_per_pos.size(), static_cast<size_t>(std::max(max_depth, 0)));
   for (size_t i = 0; i < n; ++i) {
     const std::string v = std::to_string(accepted_per_pos[i]);
     s += tree ? (i ? " | d" : " d") + std::to_string(i + 1) + " " + v : " " + v;

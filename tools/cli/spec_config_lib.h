@@ -50,7 +50,7 @@ std::string proposer_error_prefix(const SpecArgs& args, const SpeculativeSpec& s
 std::string with_field(const std::string& field, const std::string& message);
 
 /// The "accepted per position" line of generate's speculative summary, without its "--- "
-/// prefix: a chain prints one count per position ("accepted per position: 10 7 3"); a tree
+/// prefix: a chain prints one count per position up to `max_depth` ("accepted per position: 10 7 3"); a tree
 /// (`tree`) one per depth up to `max_depth` (the proposer's Proposer::max_draft_depth(k)),
 /// labelled as depths ("accepted per tree depth: d1 10 | d2 7"), not k columns of which those
 /// past the tree's depth would always read 0. `accepted_per_pos`: SpecStats::accepted_per_pos.

@@ -13,8 +13,15 @@ import json
 import os
 import sys
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+except ImportError:  # --help works without PyTorch; a run says where to get it
+    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
+        print(__doc__)
+        sys.exit(0)
+    sys.exit("make_reference.py: needs PyTorch and NumPy: run it with the python that tools/train/venv.sh prints "
+             "(tools/train/train_all.sh does)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402

@@ -31,8 +31,15 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # --help works without PyTorch; a run says where to get it
+    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
+        print(__doc__)
+        sys.exit(0)
+    sys.exit("train_eagle.py: needs PyTorch: run it with the python that tools/train/venv.sh prints "
+             "(tools/train/train_all.sh does)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
