@@ -594,6 +594,12 @@ TEST(CliChecks, HelpShowsTheDefaults) {
   EXPECT_NE(help_line(s.out, "--drain-timeout").find("=60"), std::string::npos) << s.out;
   const CmdResult u = run("up --help");
   EXPECT_NE(help_line(u.out, "--drain-timeout").find("=60"), std::string::npos) << u.out;
+  // The topology as the first argument or --config: neither is REQUIRED alone (both said so);
+  // with neither, up says how to give it (exit 2).
+  EXPECT_EQ(u.out.find("REQUIRED"), std::string::npos) << u.out;
+  const CmdResult none = run("up --dry-run");
+  EXPECT_EQ(none.exit_code, 2) << none.out;
+  EXPECT_NE(none.out.find("a topology file is required: `specserve up FILE` or `--config FILE`"), std::string::npos) << none.out;
   // bench-model's --repeats, --prompt-lengths and --decode-tokens said nothing of their defaults
   // (helper review of the CLI). CLI11 puts a long option's text on the next line.
   const CmdResult b = run("bench-model --help");

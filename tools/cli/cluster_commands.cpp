@@ -279,7 +279,10 @@ void add_cluster_commands(CLI::App& app) {
         "warmed up, not routed) and scales between min_replicas and max_replicas: a standby replica is promoted "
         "at once on load, the pool is refilled by cold starts, idle replicas drain back to the pool or stop");
     // Also as --config, as node, status and client take it (a user tried `up --config FILE`).
-    sub->add_option("config,--config", o->config_path, "Topology file (see examples/cluster-local.yaml); positional or --config")->required();
+    // (two options, not one "config,--config": CLI11 listed that one under both headings, each
+    // marked REQUIRED, though either alone is enough; one of them is checked when `up` runs)
+    auto* positional = sub->add_option("config", o->config_path, "Topology file (see examples/cluster-local.yaml), or give it as --config");
+    sub->add_option("--config", o->config_path, "Topology file, as the first argument")->excludes(positional);
     sub->add_option("--threads-per-worker", o->threads_per_worker, "CPU threads per worker (default: cores / workers on the node)")
         ->check(CLI::Range(0, 1024));
     sub->add_option("--drain-timeout", o->drain_timeout_s, "Seconds to finish in-flight requests on Ctrl-C / SIGTERM")
@@ -294,6 +297,9 @@ void add_cluster_commands(CLI::App& app) {
     auto http = std::make_shared<HttpArgs>();
     add_http_flags(sub, http.get(), /*with_port=*/false);  // the port is head.http_port in the topology
     register_command("up", [o, http] {
+      if (o->config_path.empty()) {
+        return std::fprintf(stderr, "specserve up: a topology file is required: `specserve up FILE` or `--config FILE` (see --help)\n"), 2;
+      }
       if (Status st = resolve_http_args(http.get()); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
       if (!o->ready_file.empty()) {
         if (Status st = check_replaceable_file("--ready-file", o->ready_file); !st.ok()) return std::fprintf(stderr, "specserve up: %s\n", st.message().c_str()), 2;
