@@ -104,7 +104,8 @@ int run_generate(const GenerateArgs& a) {
     // On the CPU one sequence needs room for its prompt and --max-tokens (at most max_model_len)
     // plus a step's drafted rows (k <= 64), not the engine's default of 4 sequences of
     // max_model_len (~1.5 GB for the default model's 8,192 tokens, touched as it is allocated);
-    // a draft with its own KV (draft_model, layer_skip, eagle) gets the same count.
+    // a draft with its own KV (draft_model, layer_skip, eagle) gets the same count (eagle adds
+    // blocks for one step's tree rows: EagleProposer::load).
     const int64_t mml = a.max_model_len > 0 ? a.max_model_len : lm.model->config().context_length;
     const int64_t tokens = std::min<int64_t>(mml, static_cast<int64_t>(p.prompt.size()) + a.max_tokens) + 64 + 2 * eo.block_size;
     eo.num_kv_blocks = (tokens + eo.block_size - 1) / eo.block_size;
