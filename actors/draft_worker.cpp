@@ -196,7 +196,7 @@ caf::behavior draft_worker(Self self, WorkerConfig cfg) {
   self->set_down_handler([self, log](caf::down_msg& m) {
     if (m.source == self->state.cfg.scheduler.address()) {
       log->log(scheduler_down_level(m), "replica {}: the scheduler went away; the draft worker stops", self->state.cfg.replica);
-      self->quit();
+      quit_after_scheduler_down(self, m);
     }
   });
   if (!s.cfg.listen_host.empty()) {

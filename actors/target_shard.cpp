@@ -37,7 +37,7 @@ caf::behavior target_shard(Self self, WorkerConfig cfg) {
   self->set_down_handler([self, log](caf::down_msg& m) {
     if (m.source == self->state.cfg.scheduler.address()) {
       log->log(scheduler_down_level(m), "replica {}: the scheduler went away; the shard stops", self->state.cfg.replica);
-      self->quit();
+      quit_after_scheduler_down(self, m);
     } else if (self->state.tp_peers && self->state.quit_when_empty) {
       // Retired: the scheduler told the other ranks to quit too.
       log->info("replica {}: a tensor-parallel rank stopped (retired); the shard stops", self->state.cfg.replica);

@@ -94,7 +94,7 @@ caf::behavior tp_rank(Self self, WorkerConfig cfg) {
     auto& st = self->state;
     if (m.source == st.cfg.scheduler.address()) {
       log->log(scheduler_down_level(m), "replica {} rank {}: the scheduler went away; the rank stops", st.cfg.replica, st.cfg.rank);
-      self->quit();
+      quit_after_scheduler_down(self, m);
     } else if (st.rank0 && m.source == st.rank0.address()) {
       log->info("replica {} rank {}: rank 0 stopped; the rank stops", st.cfg.replica, st.cfg.rank);
       self->quit();

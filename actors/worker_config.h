@@ -48,12 +48,30 @@ struct WorkerConfig {
 /// "ready", "failed"), `error` and `self`. The caller adds its kind's fields.
 WorkerHello worker_hello(const WorkerConfig& cfg, const caf::actor& self, const std::string& state, const std::string& error);
 
+/// The exit reason a worker actor quits with when its scheduler went down abnormally (see
+/// scheduler_down_level); run_worker exits then with cluster/node_supervisor.h's kExitLostHead,
+/// so that the node restarts it. NOTE: it quit normally and the worker exited 0, which a node
+/// takes for a stop it asked for: a worker stalled ~7 s was gone for good while the head waited
+/// for its restart.
+inline constexpr caf::exit_reason kLostHeadReason = caf::exit_reason::remote_link_unreachable;
+
 /// How loudly a worker logs that its scheduler is gone: info when the head shut it down
 /// (a normal stop: exit_reason normal or user_shutdown), warning for anything else (a crash,
 /// a lost connection).
 inline spdlog::level::level_enum scheduler_down_level(const caf::down_msg& m) {
   return !m.reason || m.reason == caf::exit_reason::normal || m.reason == caf::exit_reason::user_shutdown ? spdlog::level::info
                                                                                                             : spdlog::level::warn;
+}
+
+/// Quits `self` after its scheduler's down message `m`: normally when the head shut it down,
+/// with kLostHeadReason otherwise (the worker process then exits kExitLostHead).
+template <class Actor>
+void quit_after_scheduler_down(Actor* self, const caf::down_msg& m) {
+  if (scheduler_down_level(m) == spdlog::level::info) {
+    self->quit();
+  } else {
+    self->quit(kLostHeadReason);
+  }
 }
 
 /// The engine limits a topology asks for, with the KV cache sized from

@@ -305,7 +305,7 @@ int run_worker(const WorkerOptions& o) {
   // Runs until the actor quits (the head went away, or loading failed) or a stop signal.
   caf::scoped_actor self{rt.system()};
   self->monitor(a);
-  bool done = false, failed = false, stopping = false;
+  bool done = false, failed = false, stopping = false, lost_head = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (!done) {
     self->receive(
@@ -314,6 +314,8 @@ int run_worker(const WorkerOptions& o) {
           // A worker that could not load quits with user_shutdown (its error is in the log and
           // in `specserve status`); one whose head went away quits normally.
           failed = !stopping && m.reason == caf::exit_reason::user_shutdown;
+          // The head went away abnormally (not a shutdown): the node restarts this worker.
+          lost_head = !stopping && m.reason == kLostHeadReason;
         },
         caf::after(std::chrono::milliseconds(200)) >> [&] {
           if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
@@ -342,6 +344,11 @@ int run_worker(const WorkerOptions& o) {
             }
           }
         });
+  }
+  if (lost_head) {
+    std::fprintf(stderr, "specserve worker: lost the head at %s; exiting %d so that the node restarts this worker\n",
+                 o.join.c_str(), kExitLostHead);
+    return kExitLostHead;
   }
   return failed ? 1 : 0;
 }

@@ -9,6 +9,7 @@
 namespace specserve {
 
 bool should_restart_worker(const ChildExit& e, int32_t restarts_done, int32_t max_restarts) {
+  if (!e.signaled && e.code == kExitLostHead) return restarts_done < max_restarts;  // lost the head: join again
   if (!e.signaled) return false;                          // it exited on its own
   if (e.code == SIGTERM || e.code == SIGINT) return false;  // someone asked it to stop
   return restarts_done < max_restarts;

@@ -5,9 +5,10 @@
 // other than SIGTERM or SIGINT (SIGKILL from the OOM killer or a person, SIGSEGV, SIGABRT from a
 // failed check) is started again with the same arguments after a backoff of 1, 2, 4 ... s (at
 // most 30 s), up to that many times per worker; it loads its model and registers with the head
-// again, which hands it the requests its death re-queued (actors/scheduler.h). A worker that
-// exits on its own (code 0: the head went away or retired it; code != 0: it could not load or
-// reach the head) is not restarted: doing the same again would fail the same way. Neither is a
+// again, which hands it the requests its death re-queued (actors/scheduler.h). So is a worker
+// that exits kExitLostHead (its connection to a live head was lost). A worker that exits
+// otherwise on its own (code 0: the head shut it down or retired it; another code: it could not
+// load or reach the head) is not restarted: doing the same again would fail the same way. Neither is a
 // tensor-parallel rank: a group lives whole (actors/tp_group.h), and the head stops the rest of
 // it when one rank dies.
 // Thread-safety: one thread (the node's main loop).
@@ -23,6 +24,12 @@
 #include "core/status.h"
 
 namespace specserve {
+
+/// The exit status of a worker process whose head went away abnormally (a lost connection: the
+/// process was stopped longer than the head waits for it, or the network dropped): its node
+/// restarts it like a crashed worker (within scheduler.worker_restarts) and it joins the head
+/// again. EX_TEMPFAIL of sysexits.h.
+inline constexpr int kExitLostHead = 75;
 
 /// Whether a worker that ended as `e` is restarted, after `restarts_done` restarts of it, with
 /// at most `max_restarts` (see the file comment).

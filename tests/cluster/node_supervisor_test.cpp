@@ -35,6 +35,11 @@ TEST(WorkerRestartPolicy, OnlyWorkersKilledBySignalsOtherThanAStopAreRestartedWi
   EXPECT_FALSE(should_restart_worker(exit_of(true, SIGINT), 0, 2)) << "asked to stop";
   EXPECT_FALSE(should_restart_worker(exit_of(false, 0), 0, 2)) << "exited on its own";
   EXPECT_FALSE(should_restart_worker(exit_of(false, 1), 0, 2)) << "could not load: the same again would fail";
+  // Lost its connection to a live head (stopped longer than the head waits): join again, within
+  // the limit. NOTE: it exited 0 and was never restarted.
+  EXPECT_TRUE(should_restart_worker(exit_of(false, kExitLostHead), 0, 2));
+  EXPECT_FALSE(should_restart_worker(exit_of(false, kExitLostHead), 2, 2)) << "past the limit";
+  EXPECT_FALSE(should_restart_worker(exit_of(false, kExitLostHead), 0, 0)) << "restarts off";
 }
 
 TEST(WorkerRestartPolicy, BackoffDoublesFromOneSecondUpToThirty) {
