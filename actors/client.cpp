@@ -110,7 +110,7 @@ std::optional<StreamChunk> RequestHandle::next(std::chrono::milliseconds timeout
     acc_.num_requeues = c.num_requeues;
     acc_.num_migrations = c.num_migrations;
     acc_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - shared_->start).count();
-    acc_.first_token_seconds = shared_->first_token_s < 0 ? acc_.seconds : shared_->first_token_s;
+    acc_.first_token_seconds = shared_->first_token_s < 0 ? -1.0 : shared_->first_token_s;
   }
   return c;
 }

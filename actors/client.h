@@ -51,7 +51,9 @@ struct GenerateResult {
   int32_t num_requeues = 0;         ///< replica failures survived
   int32_t num_migrations = 0;       ///< moves to another replica with its state (drain, prefill hand-over)
   double seconds = 0;               ///< submit to last token, wall time
-  double first_token_seconds = 0;   ///< submit to first token (time to first token)
+  /// Submit to first token (time to first token); -1 when no token came (e.g. finish "timeout"
+  /// or "abort" before the first; NOTE: it was the total time then, a first token that never came).
+  double first_token_seconds = 0;
   double acceptance_rate() const { return num_draft_tokens ? double(num_accepted_tokens) / num_draft_tokens : 0.0; }
 };
 

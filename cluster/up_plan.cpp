@@ -36,6 +36,18 @@ Status field_error(const Topology& t, const std::string& field, const std::strin
 
 std::vector<Status> check_up_plan(const Topology& t) {
   std::vector<Status> problems;
+  // A node `up` does not start (another host: its own `specserve node --join` there) can never
+  // join a head that listens on loopback. NOTE: only a note said so; `up` then waited for it
+  // for good and never wrote --ready-file.
+  if (is_loopback_host(t.head.host)) {
+    for (size_t i = 0; i < t.nodes.size(); ++i) {
+      if (runs_here(t, t.nodes[i])) continue;
+      const std::string p = "nodes[" + std::to_string(i) + "].host";
+      problems.push_back(invalid_argument(t.where(p) + ": " + p + " = " + t.nodes[i].host + ": a node on another host (its own `specserve node` "
+                                          "joins the head) cannot reach head.host " + t.head.host +
+                                          ", which is loopback: give head.host an address that node reaches"));
+    }
+  }
   bool dtype_checked_on_cpu = false;
   for (size_t i = 0; i < t.nodes.size(); ++i) {
     const NodeSpec& n = t.nodes[i];

@@ -328,6 +328,19 @@ TEST_F(ActorsNgram, CancelAndTimeout) {
   ASSERT_TRUE(r2.ok()) << r2.status().to_string();
   EXPECT_EQ(r2->finish_reason, "timeout");
   EXPECT_LT(r2->completion_tokens, 400);
+  // A first token's time only when one came (-1 otherwise; it was the total time).
+  EXPECT_GE(r->first_token_seconds, 0.0);
+  EXPECT_LE(r->first_token_seconds, r->seconds);
+  GenerateRequest instant = greedy(ps[2], 400);
+  instant.timeout_s = 1e-4;
+  auto r3 = cluster_->client().generate(instant);
+  ASSERT_TRUE(r3.ok()) << r3.status().to_string();
+  EXPECT_EQ(r3->finish_reason, "timeout");
+  if (r3->completion_tokens == 0) {
+    EXPECT_EQ(r3->first_token_seconds, -1.0);
+  } else {
+    EXPECT_GE(r3->first_token_seconds, 0.0);
+  }
 }
 
 TEST_F(ActorsNgram, BadRequestsAreRefusedWithTheField) {

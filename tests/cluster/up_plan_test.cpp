@@ -44,7 +44,8 @@ Expected<Topology> parse(const std::string& model, const std::string& device,
       "      - {role: target_shard, replica: 0, device: " + dev + "}\n"
       "      - {role: target_shard, replica: 1, device: " + dev + "}\n"
       + std::string(with_draft_worker ? "      - {role: draft_worker, replica: 0, device: cpu}\n" : "") +
-      "  - {name: far, host: 10.0.0.9, devices: [cuda:5], workers: [{role: target_shard, replica: 2, device: cuda:5}]}\n";
+      "  - {name: far, host: 10.0.0.9, devices: [cuda:5], workers: [{role: target_shard, replica: 2, device: cuda:5}]}\n"
+      "head: {host: 10.0.0.1}\n";  // an address the remote node 'far' can reach (last: the lines above keep their numbers)
   return parse_topology(yaml, "plan.yaml", "");
 }
 
@@ -82,6 +83,25 @@ TEST(UpPlan, ValidCpuTopologyIsDescribed) {
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   const std::string with_pmin = describe_up_plan(*p);
   EXPECT_NE(with_pmin.find("speculative: layer_skip, num_speculative_tokens 3, draft_p_min 0.35"), std::string::npos) << with_pmin;
+}
+
+// A node on another host cannot join a head that listens on loopback: a problem of the plan
+// (exit 2), not a note. NOTE: only a note said so, and `up` waited for that node for good.
+TEST(UpPlan, ARemoteNodeOfALoopbackHeadIsRefused) {
+  const std::string yaml =
+      "cluster: {name: plan}\n"
+      "head: {host: 127.0.0.1}\n"
+      "models:\n"
+      "  target: {path: " + testing::default_model_path() + "}\n"
+      "nodes:\n"
+      "  - {name: n0, devices: [cpu], workers: [{role: target_shard, replica: 0, device: cpu}]}\n"
+      "  - {name: far, host: 10.1.2.3, devices: [cpu], workers: [{role: target_shard, replica: 1, device: cpu}]}\n";
+  auto t = parse_topology(yaml, "plan.yaml", "");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string m = problem_about(check_up_plan(*t), "nodes[1].host");
+  EXPECT_NE(m.find("plan.yaml:7:"), std::string::npos) << m;
+  EXPECT_NE(m.find("nodes[1].host = 10.1.2.3"), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot reach head.host 127.0.0.1, which is loopback"), std::string::npos) << m;
 }
 
 TEST(UpPlan, MissingGpuIsNamedWithItsField) {

@@ -230,7 +230,7 @@ Expected<Sample> run_client(Client& c, const std::string& name, const std::vecto
   auto res = (*h)->wait();
   s.seconds = since(t0);
   if (!res.ok()) return res.status();
-  s.ttft_s = res->first_token_seconds;
+  s.ttft_s = res->first_token_seconds >= 0 ? res->first_token_seconds : s.seconds;  // (-1: no token came)
   s.output = res->tokens;
   s.tokens = static_cast<int64_t>(s.output.size());
   auto after = settled_load(c);
@@ -375,7 +375,7 @@ LevelResult sweep_clients(Client& c, const std::vector<Question>& qs, int n, int
         }
         tokens += res->completion_tokens;
         std::lock_guard<std::mutex> l(mu);
-        lr.ttft.push_back(res->first_token_seconds);
+        if (res->first_token_seconds >= 0) lr.ttft.push_back(res->first_token_seconds);  // (none: no token came)
       }
     });
   }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "actors/client.h"
 #include "config/topology.h"
 #include "model/gguf.h"
@@ -224,11 +226,13 @@ int run_client(const ClientArgs& a) {
     if (a.json) {
       std::printf("{\"request_id\": %lld, \"index\": %zu, \"text\": \"%s\", \"finish_reason\": \"%s\", \"prompt_tokens\": %d, "
                   "\"completion_tokens\": %d, \"num_drafts\": %lld, \"num_draft_tokens\": %lld, \"num_accepted_tokens\": %lld, "
-                  "\"num_requeues\": %d, \"num_migrations\": %d, \"seconds\": %.3f, \"first_token_seconds\": %.3f, \"tokens\": [",
+                  "\"num_requeues\": %d, \"num_migrations\": %d, \"seconds\": %.3f, \"first_token_seconds\": %s, \"tokens\": [",
                   static_cast<long long>(res->request_id), i, json_escape(res->text).c_str(), res->finish_reason.c_str(),
                   res->prompt_tokens, res->completion_tokens, static_cast<long long>(res->num_drafts),
                   static_cast<long long>(res->num_draft_tokens), static_cast<long long>(res->num_accepted_tokens),
-                  res->num_requeues, res->num_migrations, res->seconds, res->first_token_seconds);
+                  res->num_requeues, res->num_migrations, res->seconds,
+                  // null when no token came (a timeout before the first)
+                  res->first_token_seconds < 0 ? "null" : fmt::format("{:.3f}", res->first_token_seconds).c_str());
       for (size_t t = 0; t < res->tokens.size(); ++t) std::printf("%s%d", t ? ", " : "", res->tokens[t]);
       std::printf("]");
       // vLLM's stop_reason: the stop string, the stop_token_ids id, or null (EOS, length).
@@ -245,10 +249,12 @@ int run_client(const ClientArgs& a) {
       if (!stream) std::printf("=== [%zu] %s\n%s\n", i + 1, i < a.prompts.size() ? a.prompts[i].c_str() : a.chats[i - a.prompts.size()].c_str(), res->text.c_str());
       else std::printf("\n");
       if (a.logprobs > 0) print_logprobs(*res, tok);
-      std::fprintf(stderr, "--- [%zu] finish %s | prompt %d | completion %d tokens in %.2f s (first token %.0f ms) | "
+      const std::string first =
+          res->first_token_seconds < 0 ? "no token" : fmt::format("first token {:.0f} ms", res->first_token_seconds * 1e3);
+      std::fprintf(stderr, "--- [%zu] finish %s | prompt %d | completion %d tokens in %.2f s (%s) | "
                    "acceptance rate %.3f | mean acceptance length %.2f%s\n",
                    i + 1, res->finish_reason.c_str(), res->prompt_tokens, res->completion_tokens, res->seconds,
-                   res->first_token_seconds * 1e3, res->acceptance_rate(), mal,
+                   first.c_str(), res->acceptance_rate(), mal,
                    (std::string(res->num_requeues ? " | re-queued " + std::to_string(res->num_requeues) + "x" : "") +
                     (res->num_migrations ? " | migrated " + std::to_string(res->num_migrations) + "x" : ""))
                        .c_str());
