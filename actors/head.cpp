@@ -1,5 +1,7 @@
 #include "actors/head.h"
 
+#include <algorithm>
+
 #include "actors/gateway.h"
 #include "actors/messages.h"
 #include "core/logging.h"
@@ -41,12 +43,26 @@ Expected<std::unique_ptr<Head>> Head::start(ActorRuntime& runtime, const Topolog
 
 Head::~Head() { stop(); }
 
-Status Head::drain(std::chrono::milliseconds timeout) {
+Status Head::drain(std::chrono::milliseconds timeout, const std::function<bool()>& give_up) {
   caf::scoped_actor self{runtime_.system()};
-  Status st;
-  self->request(scheduler_, timeout, drain_atom::value, token_)
-      .receive([&](bool) {}, [&](caf::error& e) { st = deadline_exceeded("drain: " + runtime_.system().render(e)); });
-  return st;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  // In slices when `give_up` is set: each asks again (the scheduler answers every drain request
+  // once the cluster has drained; a timed-out one's answer goes nowhere).
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    const auto slice = give_up ? std::min(left, std::chrono::milliseconds(200)) : left;
+    bool done = false, timed_out = false;
+    Status st;
+    self->request(scheduler_, std::max(slice, std::chrono::milliseconds(1)), drain_atom::value, token_)
+        .receive([&](bool) { done = true; },
+                 [&](caf::error& e) {
+                   timed_out = e == caf::sec::request_timeout;
+                   st = deadline_exceeded("drain: " + runtime_.system().render(e));
+                 });
+    if (done) return Status();
+    if (!timed_out || std::chrono::steady_clock::now() >= end) return st;
+    if (give_up && give_up()) return cancelled("drain: cut short");
+  }
 }
 
 void Head::stop() {

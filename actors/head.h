@@ -32,7 +32,9 @@ class Head {
   /// The target's GGUF metadata (chat template, vocabulary); valid while the Head lives.
   const GgufFile& gguf() const { return *gguf_; }
   /// Stops accepting requests and waits for the in-flight ones (at most `timeout`).
-  Status drain(std::chrono::milliseconds timeout);
+  /// `give_up`, when set, is asked about every 200 ms while the drain waits; true ends the wait
+  /// with kCancelled (a second Ctrl-C: cluster/launch_lifecycle.cpp shut_down).
+  Status drain(std::chrono::milliseconds timeout, const std::function<bool()>& give_up = {});
   /// Stops the scheduler (workers watching it quit).
   void stop();
 

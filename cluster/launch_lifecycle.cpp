@@ -195,9 +195,19 @@ void print_status_line(Client& client) {
 }
 
 void shut_down(Head& head, std::vector<Child>* children, double drain_timeout_s, std::shared_ptr<void>* front_end) {
-  std::fprintf(stderr, "specserve: stopping: draining in-flight requests (up to %.0f s)...\n", drain_timeout_s);
-  Status st = head.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
-  if (!st.ok()) std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
+  std::fprintf(stderr, "specserve: stopping: draining in-flight requests (up to %.0f s; Ctrl-C again to stop now)...\n",
+               drain_timeout_s);
+  // A second SIGINT/SIGTERM ends the wait (as vLLM's, uvicorn's and Ray's second Ctrl-C does):
+  // the requests still running are cut off as at the drain timeout. NOTE: it was ignored, and
+  // `up` waited for the longest request.
+  const int signals = stop_signal_count();
+  Status st = head.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)),
+                         [signals] { return stop_signal_count() > signals; });
+  if (st.code() == StatusCode::kCancelled) {
+    std::fprintf(stderr, "specserve: a second stop signal: stopping now\n");
+  } else if (!st.ok()) {
+    std::fprintf(stderr, "specserve: %s; stopping anyway\n", st.message().c_str());
+  }
   if (front_end) front_end->reset();
   head.stop();
   // NOTE: longer than a node gives its workers (10 s), so a node is never killed before it has

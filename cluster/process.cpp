@@ -17,7 +17,11 @@ extern char** environ;
 namespace specserve {
 namespace {
 std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop.store(true); }
+std::atomic<int> g_signals{0};
+void on_signal(int) {
+  g_stop.store(true);
+  g_signals.fetch_add(1);
+}
 }  // namespace
 
 void install_stop_signals() {
@@ -30,6 +34,8 @@ void install_stop_signals() {
 }
 
 bool stop_requested() { return g_stop.load(); }
+
+int stop_signal_count() { return g_signals.load(); }
 
 bool wait_for_stop(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
