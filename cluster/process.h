@@ -17,7 +17,7 @@ namespace specserve {
 void install_stop_signals();
 /// True once SIGINT or SIGTERM arrived.
 bool stop_requested();
-/// How many SIGINT/SIGTERM arrived since install_stop_signals (a second one during a drain
+/// How many SIGINT/SIGTERM the handlers of install_stop_signals have seen (a second one during a drain
 /// stops at once: shut_down).
 int stop_signal_count();
 /// Sleeps up to `seconds`, returning early (true) when a stop signal arrives.
