@@ -109,15 +109,25 @@ TEST(SpecEngineStops, MaxTokensInsideBlock) {
 
 // Stop strings need text: a second target whose 64-token vocabulary is EOS plus 63 ASCII
 // characters (letters, space, digits), so every output decodes to plain ASCII.
-TEST(SpecEngineStops, StopStringsCutExactly) {
+LoadedModel ascii_target() {
   SyntheticModelSpec ts = target_spec();
   ts.vocab_size = 64;
   ts.seed = 77;
-  LoadedModel m = make_target(ts, "ascii_target");
-  ASSERT_TRUE(m.model && m.tokenizer);
-  std::mt19937 rng(3);
+  return make_target(ts, "ascii_target");
+}
+
+// 10 random ids of ascii_target's vocabulary, no EOS (id 0).
+Tokens ascii_prompt(uint32_t seed) {
+  std::mt19937 rng(seed);
   Tokens prompt = random_tokens(rng, 10, 63);
-  for (int32_t& t : prompt) t += 1;  // no EOS in the prompt
+  for (int32_t& t : prompt) t += 1;
+  return prompt;
+}
+
+TEST(SpecEngineStops, StopStringsCutExactly) {
+  LoadedModel m = ascii_target();
+  ASSERT_TRUE(m.model && m.tokenizer);
+  const Tokens prompt = ascii_prompt(3);
   GenerateParams base = greedy_request(prompt, 40);
   base.sampling.ignore_eos = true;
   RunResult plain = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base});
@@ -166,14 +176,9 @@ TEST(SpecEngineStops, StopStringsCutExactly) {
 // output token either way. The EOS renders as "" (a control token). Plain and speculative alike.
 // NOTE: its text was left out with the flag too.
 TEST(SpecEngineStops, AStopTokensTextIsIncludedWithIncludeStopStr) {
-  SyntheticModelSpec ts = target_spec();
-  ts.vocab_size = 64;
-  ts.seed = 77;
-  LoadedModel m = make_target(ts, "ascii_target");
+  LoadedModel m = ascii_target();
   ASSERT_TRUE(m.model && m.tokenizer);
-  std::mt19937 rng(5);
-  Tokens prompt = random_tokens(rng, 10, 63);
-  for (int32_t& t : prompt) t += 1;
+  const Tokens prompt = ascii_prompt(5);
   GenerateParams base = greedy_request(prompt, 30);
   base.sampling.ignore_eos = true;
   RunResult plain = run_engine(*m.model, m.tokenizer.get(), nullptr, spec_options(0, 1), {base});

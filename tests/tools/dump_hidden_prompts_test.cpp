@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -19,6 +20,13 @@
 namespace specserve::cli {
 namespace {
 
+// Each test loads the default model on a one-thread CPU backend.
+class DumpHidden : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> backend_ = make_cpu_backend(1);
+  Expected<LoadedModel> lm_ = load_model(specserve::testing::default_model_path(), *backend_, /*quiet=*/true);
+};
+
 std::filesystem::path temp_dir(const std::string& name) {
   auto p = std::filesystem::temp_directory_path() / ("dump_hidden_prompts_test_" + std::to_string(::getpid()) + "_" + name);
   std::filesystem::create_directories(p);
@@ -27,10 +35,9 @@ std::filesystem::path temp_dir(const std::string& name) {
 
 // Helper review of the CLI: past the model's context the error was the engine's ("max_model_len
 // = 9004 exceeds the model's context length 8192"), a number the user never gave.
-TEST(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {
-  auto backend = make_cpu_backend(1);
-  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
-  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+TEST_F(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {
+  ASSERT_TRUE(lm_.ok()) << lm_.status().to_string();
+  LoadedModel* lm = &*lm_;
   const int64_t ctx = lm->model->config().context_length;
   ASSERT_GT(ctx, 0);
   const auto dir = temp_dir("context");
@@ -54,10 +61,9 @@ TEST(DumpHidden, PastTheContextTheErrorNamesTheFlagsAndWhatFits) {
 // The KV cache holds at most as many sequences as there are prompts (2 prompts with
 // --max-num-seqs 1024 and --max-new-tokens 4000 asked for 189 GB: "not allocatable"); one that
 // cannot be allocated names the flags that size it.
-TEST(DumpHidden, TheKvCacheIsForThePromptsThereAreAndItsErrorNamesTheFlags) {
-  auto backend = make_cpu_backend(1);
-  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
-  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+TEST_F(DumpHidden, TheKvCacheIsForThePromptsThereAreAndItsErrorNamesTheFlags) {
+  ASSERT_TRUE(lm_.ok()) << lm_.status().to_string();
+  LoadedModel* lm = &*lm_;
   const auto dir = temp_dir("kv_size");
   std::ofstream(dir / "two.jsonl") << "{\"prompt\": \"Hello there\"}\n{\"prompt\": \"Good morning\"}\n";
   DumpHiddenOptions o;
@@ -87,13 +93,12 @@ TEST(DumpHidden, TheKvCacheIsForThePromptsThereAreAndItsErrorNamesTheFlags) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
+TEST_F(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
   // Empty prompts are skipped and reported (count, first line); "task" is allowed; another key
   // is ignored with one warning naming its line and key; max_new_tokens 1 still records every
   // prompt position (their rows come with the sequence's last step).
-  auto backend = make_cpu_backend(1);
-  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
-  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+  ASSERT_TRUE(lm_.ok()) << lm_.status().to_string();
+  LoadedModel* lm = &*lm_;
   const auto dir = temp_dir("empty");
   std::ofstream(dir / "p.jsonl") << "{\"prompt\": \"Hello there\", \"task\": \"qa\"}\n"
                                     "{\"prompt\": \"\"}\n"
@@ -145,10 +150,9 @@ TEST(DumpHidden, ReportsEmptyPromptsAndUnknownKeys) {
 // A "prompt" row's special-token text ("<|im_start|>") is its token, as generate --prompt and the
 // HTTP API read a prompt, so the dump trains on what is served. NOTE: it was tokenized as text
 // (17 positions where serving has 5).
-TEST(DumpHidden, APromptRowsSpecialTokenTextIsItsToken) {
-  auto backend = make_cpu_backend(1);
-  auto lm = load_model(specserve::testing::default_model_path(), *backend, /*quiet=*/true);
-  ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+TEST_F(DumpHidden, APromptRowsSpecialTokenTextIsItsToken) {
+  ASSERT_TRUE(lm_.ok()) << lm_.status().to_string();
+  LoadedModel* lm = &*lm_;
   const auto dir = temp_dir("special");
   const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
   std::ofstream(dir / "p.jsonl") << nlohmann::json{{"prompt", text}}.dump() << "\n";
