@@ -24,6 +24,7 @@
 #include "cluster/launch_lifecycle.h"
 #include "cluster/node_supervisor.h"
 #include "cluster/process.h"
+#include "cluster/topology_snapshot.h"
 #include "cluster/up_plan.h"
 #include "core/logging.h"
 
@@ -48,7 +49,10 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
 
 int run_up(const UpOptions& o) {
   install_stop_signals();
-  auto topo = load_topology_file(o.config_path);
+  // Read once: what is checked here is what every process up starts uses (cluster/topology_snapshot.h).
+  auto source = read_topology_source(o.config_path);
+  auto topo = source.ok() ? parse_topology(source->text, o.config_path, source->base_dir)
+                          : Expected<Topology>(source.status());
   // Every problem at once, each naming its field and value, before anything starts (with or
   // without --dry-run): a user fixes them in one pass, and a bad head or tree is not found only
   // by a worker after the cluster is up. Bad input exits 2.
@@ -82,6 +86,9 @@ int run_up(const UpOptions& o) {
     std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());
     return 0;
   }
+  // Before any thread starts (setenv): node processes, their workers and the autoscaler's workers
+  // inherit it.
+  if (Status st = publish_topology_snapshot(*source); !st.ok()) get_logger("cluster")->warn("{}", st.message());
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
@@ -177,7 +184,7 @@ int run_up(const UpOptions& o) {
 int run_node(const NodeOptions& o) {
   install_stop_signals();
   if (o.exit_with_parent && !exit_with_parent()) return 0;
-  auto topo = load_topology_file(o.config_path);
+  auto topo = load_launched_topology(o.config_path);
   if (!topo.ok()) return fail("node", topo.status());
   const NodeSpec* node = nullptr;
   std::string names;
@@ -226,7 +233,7 @@ int run_worker(const WorkerOptions& o) {
   install_stop_signals();
   // Workers are started by `specserve node`: they stop with it.
   if (!exit_with_parent()) return 0;
-  auto topo = load_topology_file(o.config_path);
+  auto topo = load_launched_topology(o.config_path);
   if (!topo.ok()) return fail("worker", topo.status());
   const NodeSpec* node = nullptr;
   for (const NodeSpec& n : topo->nodes) {

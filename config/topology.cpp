@@ -234,9 +234,7 @@ Expected<Topology> parse_topology(const std::string& yaml_text, const std::strin
   }
 }
 
-namespace {
-
-Expected<Topology> load_topology(const std::string& path, bool endpoint_only) {
+Expected<TopologySource> read_topology_source(const std::string& path) {
   std::error_code dir_ec;
   if (fs::is_directory(path, dir_ec)) return invalid_argument(path + ": is a directory, not a topology file (a YAML file such as examples/cluster-local.yaml)");
   std::ifstream in(path, std::ios::binary);
@@ -245,11 +243,23 @@ Expected<Topology> load_topology(const std::string& path, bool endpoint_only) {
   ss << in.rdbuf();
   std::error_code ec;
   fs::path abs = fs::absolute(fs::path(path), ec);
-  const std::string base = (ec ? fs::path(path) : abs).parent_path().string();
-  if (!endpoint_only) return parse_topology(ss.str(), path, base);
+  TopologySource src;
+  src.path = path;
+  src.absolute_path = (ec ? fs::path(path) : abs).lexically_normal().string();
+  src.base_dir = (ec ? fs::path(path) : abs).parent_path().string();
+  src.text = ss.str();
+  return src;
+}
+
+namespace {
+
+Expected<Topology> load_topology(const std::string& path, bool endpoint_only) {
+  auto src = read_topology_source(path);
+  if (!src.ok()) return src.status();
+  if (!endpoint_only) return parse_topology(src->text, path, src->base_dir);
   try {
-    TopologyParser parser(path, base);
-    return parser.run(ss.str(), /*endpoint_only=*/true);
+    TopologyParser parser(path, src->base_dir);
+    return parser.run(src->text, /*endpoint_only=*/true);
   } catch (const std::exception& e) {
     return internal_error(path + ": unexpected error while reading the topology: " + e.what());
   }

@@ -232,6 +232,19 @@ struct Topology {
 /// otherwise as parse_topology.
 Expected<Topology> load_topology_file(const std::string& path);
 
+/// A topology file's bytes as read once, with the names parse_topology takes for them: `path`
+/// as given (for messages), `base_dir` the file's absolute folder (relative paths inside resolve
+/// from it). load_topology_file is parse_topology(text, path, base_dir) of this.
+struct TopologySource {
+  std::string path;
+  std::string absolute_path;
+  std::string base_dir;
+  std::string text;
+};
+/// Reads the topology file at `path`. Errors: kNotFound when it cannot be read,
+/// kInvalidArgument for a directory (each naming the path).
+Expected<TopologySource> read_topology_source(const std::string& path);
+
 /// What a client of the head needs from the topology file at `path`: only `cluster` (the token
 /// file) and `head` (host, ports) are read, with load_topology_file's rules and defaults (unknown
 /// top-level keys are still named); the models, nodes, scheduler and autoscale sections are not

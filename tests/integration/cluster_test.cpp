@@ -94,7 +94,9 @@ TEST(Cluster, KilledTargetShardRequestsFinishOnTheOtherReplicaWithTheSameOutput)
 
 // scheduler.worker_restarts (cluster/node_supervisor.h): the only replica's target shard killed
 // with SIGKILL mid-generation is restarted by its node; its requests wait for it, then finish
-// with the output of an undisturbed run, and the replica serves again.
+// with the output of an undisturbed run, and the replica serves again. The topology file was
+// edited into an invalid one before the kill: the restarted worker reads what up validated
+// (cluster/topology_snapshot.h), not the file.
 TEST(Cluster, TheOnlyReplicasKilledTargetShardIsRestartedAndItsRequestsFinish) {
   const int32_t kTokens = 48;
   auto prompts = prompt_ids();
@@ -113,6 +115,7 @@ TEST(Cluster, TheOnlyReplicasKilledTargetShardIsRestartedAndItsRequestsFinish) {
   }
   const int victim = target_shard_pid_once_generating(c, 0);
   ASSERT_GT(victim, 0) << "the replica never started generating";
+  std::ofstream(up.config(), std::ios::app) << "bogus_key: 1\n";
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   int32_t requeues = 0;
   for (size_t i = 0; i < hs.size(); ++i) {
