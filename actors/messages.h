@@ -344,8 +344,10 @@ using restart_due_atom = caf::atom_constant<caf::atom("restartdue")>;
 /// Scheduler -> draft worker: its target shard died; forget every sequence (a restarted shard
 /// numbers its sequences afresh, and must not meet the old ones' state).
 using drop_seqs_atom = caf::atom_constant<caf::atom("dropseqs")>;
-/// Launcher -> scheduler (same process): (launch_err_atom, replica, why): a cold start failed
-/// (spawn failed, a process of the replica is still alive, or a worker exited before registering).
+/// Launcher -> scheduler (same process): (launch_err_atom, replica, why, permanent): a cold start
+/// failed (spawn failed, a process of the replica is still alive, or a worker exited before
+/// registering; `why` ends with the worker's own reason when it left one); `permanent`: the worker
+/// exited kExitConfig (cluster/process.h), so a retry would fail the same way.
 using launch_err_atom = caf::atom_constant<caf::atom("launch_err")>;
 /// Request actor -> scheduler (same process): (first_tok_atom, request id, seconds since submission,
 /// bool first of the request): the first token of each attempt (a moved request's next replica

@@ -373,13 +373,13 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
           r.scale_decision_at = -1;
         }
       },
-      [self](launch_err_atom, int32_t replica, const std::string& why) {
+      [self](launch_err_atom, int32_t replica, const std::string& why, bool permanent) {
         // Only a replica still waiting for its first worker hello: one that registered is
         // covered by its workers' down messages.
         auto& s = self->state;
         auto it = s.replicas.find(replica);
         if (it == s.replicas.end() || it->second.state != ReplicaState::kStarting || it->second.shard) return;
-        start_failed(self, replica, why);
+        start_failed(self, replica, why, permanent);
       },
       [self](restart_due_atom) { dispatch(self); },
       [self](autoscale_atom) {

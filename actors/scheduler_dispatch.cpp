@@ -129,6 +129,14 @@ void dispatch(SchedSelf self) {
         break;
       }
     }
+    // Why the last start failed (a worker's own reason: a model file gone, a device missing),
+    // so a client does not have to find the head's log. The first replica that has one.
+    for (const auto& [rid, r] : s.replicas) {
+      if (r.state == ReplicaState::kStopped && !r.last_start_error.empty()) {
+        why += fmt::format(" (replica {}: its last start failed: {})", rid, r.last_start_error);
+        break;
+      }
+    }
     std::vector<int64_t> ids;
     for (const auto& [id, p] : s.queue) ids.push_back(id);
     for (int64_t id : ids) fail_queued(self, id, "error", why);

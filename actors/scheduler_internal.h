@@ -279,7 +279,7 @@ void replace_draftless(SchedSelf self);
 
 /// A start failed (the launcher said so, or the policy gave up on it): stopped, one more failure
 /// for the backoff.
-void start_failed(SchedSelf self, int32_t rid, const std::string& why);
+void start_failed(SchedSelf self, int32_t rid, const std::string& why, bool permanent = false);
 
 /// One autoscaler tick: runs the policy (scheduler/autoscale_policy.h) on the replicas and the load,
 /// applies its decision (stop, drain, undrain, promote, cold starts), then dispatch(). Nothing

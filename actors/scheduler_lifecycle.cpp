@@ -283,14 +283,17 @@ void finish_drain_if_idle(SchedSelf self, int32_t rid) {
   }
 }
 
-void start_failed(SchedSelf self, int32_t rid, const std::string& why) {
+void start_failed(SchedSelf self, int32_t rid, const std::string& why, bool permanent) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
   ++r.num_start_failures;
   ++s.as.num_failed_starts;
   r.start_failed_at = now_s(self);
   r.last_start_error = why;
-  if (r.num_start_failures >= kMaxStartFailures) r.parked = true;
+  // A cause a retry cannot mend (a worker that exited kExitConfig: its topology entry, device or
+  // model file) parks it at once, as a model that fails to load does (count_load_failure).
+  // NOTE: the queue waited for kMaxStartFailures starts (15.6 s) that all failed the same way.
+  if (r.num_start_failures >= kMaxStartFailures || permanent) r.parked = true;
   std::string next;
   if (s.autoscaler && s.cfg.start_replica && !r.not_startable) {
     next = fmt::format("; next try in {:g} s", s.autoscaler->start_backoff_s(r.num_start_failures));

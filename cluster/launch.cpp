@@ -36,6 +36,15 @@ int fail(const char* cmd, const Status& st) {
   return 1;
 }
 
+// A worker that fails before it registers: its reason also goes where its launcher reads it
+// (kExitReasonFileEnv), and it exits kExitConfig unless a retry may succeed (`transient`: the
+// head not reachable yet, 1).
+int fail_worker(const Status& st, bool transient = false) {
+  std::fprintf(stderr, "specserve worker: %s\n", st.message().c_str());
+  record_exit_reason(st.message());
+  return transient ? 1 : kExitConfig;
+}
+
 bool has_draft_worker(const Topology& t, int32_t replica) {
   for (const NodeSpec& n : t.nodes) {
     for (const WorkerSpec& w : n.workers) {
@@ -234,14 +243,14 @@ int run_worker(const WorkerOptions& o) {
   // Workers are started by `specserve node`: they stop with it.
   if (!exit_with_parent()) return 0;
   auto topo = load_launched_topology(o.config_path);
-  if (!topo.ok()) return fail("worker", topo.status());
+  if (!topo.ok()) return fail_worker(topo.status());
   const NodeSpec* node = nullptr;
   for (const NodeSpec& n : topo->nodes) {
     if (n.name == o.node) node = &n;
   }
-  if (!node) return fail("worker", invalid_argument("--node '" + o.node + "': no such node in " + o.config_path));
+  if (!node) return fail_worker(invalid_argument("--node '" + o.node + "': no such node in " + o.config_path));
   if (o.index < 0 || o.index >= static_cast<int32_t>(node->workers.size())) {
-    return fail("worker", invalid_argument("--index " + std::to_string(o.index) + ": node " + o.node + " has " +
+    return fail_worker(invalid_argument("--index " + std::to_string(o.index) + ": node " + o.node + " has " +
                                            std::to_string(node->workers.size()) + " worker(s)"));
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
@@ -249,7 +258,7 @@ int run_worker(const WorkerOptions& o) {
   const std::string device_path =
       "nodes[" + std::to_string(node_index) + "].workers[" + std::to_string(o.index) + "].device";
   if (Status st = check_device_available(topo->where(device_path) + ": " + device_path, spec.device.to_string()); !st.ok()) {
-    return fail("worker", st);
+    return fail_worker(st);
   }
   // Before the model loads: every target-side worker of the topology computes in its one dtype.
   // A draft worker follows it where its device can (its arithmetic never changes the output:
@@ -258,15 +267,15 @@ int run_worker(const WorkerOptions& o) {
   if (Status st = apply_compute_dtype(topo->models.target.dtype, spec.device.to_string(), "models.target.dtype");
       !st.ok()) {
     if (spec.role != WorkerRole::kDraftWorker) {
-      return fail("worker", Status(st.code(), topo->where("models.target.dtype") + ": " + st.message()));
+      return fail_worker(Status(st.code(), topo->where("models.target.dtype") + ": " + st.message()));
     }
     get_logger("cluster")->warn("draft worker on {}: {}; it keeps its default arithmetic", spec.device.to_string(),
                                 st.message());
   }
   auto token = read_cluster_token(topo->cluster.token_file);
-  if (!token.ok()) return fail("worker", token.status());
+  if (!token.ok()) return fail_worker(token.status());
   auto hp = parse_host_port(o.join, "--join");
-  if (!hp.ok()) return fail("worker", hp.status());
+  if (!hp.ok()) return fail_worker(hp.status());
   ActorRuntime rt;
   caf::actor head;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.connect_timeout_s);
@@ -276,14 +285,14 @@ int run_worker(const WorkerOptions& o) {
     if (h.ok()) {
       head = *h;
     } else if (h.status().code() == StatusCode::kInvalidArgument) {
-      return fail("worker", invalid_argument("the head at " + h.status().message() + " (token file " +
+      return fail_worker(invalid_argument("the head at " + h.status().message() + " (token file " +
                                              topo->cluster.token_file + ")"));
     } else {
       last_error = h.status().message();
       wait_for_stop(0.5);
     }
   }
-  if (!head) return fail("worker", unavailable("cannot reach the head at " + o.join + ": " + last_error));
+  if (!head) return fail_worker(unavailable("cannot reach the head at " + o.join + ": " + last_error), /*transient=*/true);
   WorkerConfig wc;
   wc.node = o.node;
   wc.role = spec.role;

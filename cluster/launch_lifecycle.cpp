@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -30,25 +32,37 @@ Status WorkerLauncher::request(int32_t replica) {
   return Status();
 }
 
-void WorkerLauncher::pump(const std::string& endpoint, std::vector<std::string>* exited) {
-  std::vector<Child> before = children_;
-  for (auto& line : reap_children(&children_)) {
-    if (exited) exited->push_back(std::move(line));
+WorkerLauncher::~WorkerLauncher() {
+  if (reason_dir_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(reason_dir_, ec);
+}
+
+std::string WorkerLauncher::reason_file() {
+  if (reason_dir_.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/specserve-up-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return {};
+    reason_dir_ = tmpl;
   }
-  for (const Child& c : before) {
-    bool alive = false;
-    for (const Child& n : children_) alive = alive || n.pid == c.pid;
-    if (alive) continue;
-    auto it = owner_.find(c.pid);
+  return reason_dir_ + "/worker-" + std::to_string(++reason_files_) + ".reason";
+}
+
+void WorkerLauncher::pump(const std::string& endpoint, std::vector<std::string>* exited) {
+  for (const ChildExit& e : reap_child_exits(&children_)) {
+    auto it = owner_.find(e.child.pid);
+    const std::string reason = it == owner_.end() ? std::string() : take_exit_reason(it->second.reason_file);
+    const std::string line = e.line + (reason.empty() ? "" : ": " + reason);
+    if (exited) exited->push_back(line);
     if (it == owner_.end()) continue;
-    const auto [replica, gen] = it->second;
+    const Owner o = it->second;
     owner_.erase(it);
     bool latest = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      latest = generation_[replica] == gen;  // not started again since: the exit is news
+      latest = generation_[o.replica] == o.generation;  // not started again since: the exit is news
     }
-    if (latest) report(replica, c.name + " (pid " + std::to_string(c.pid) + ") exited");
+    if (latest) report(o.replica, line, /*permanent=*/!e.signaled && e.code == kExitConfig);
   }
   std::vector<std::pair<int32_t, int64_t>> q;
   {
@@ -68,10 +82,10 @@ bool WorkerLauncher::has_local_workers(int32_t replica) const {
   return false;
 }
 
-void WorkerLauncher::report(int32_t replica, const std::string& why) {
+void WorkerLauncher::report(int32_t replica, const std::string& why, bool permanent) {
   // Info: the head decides whether it matters (a retired worker's exit does not).
   get_logger("cluster")->info("replica {}: {}", replica, why);
-  if (scheduler_) caf::anon_send(scheduler_, launch_err_atom::value, replica, why);
+  if (scheduler_) caf::anon_send(scheduler_, launch_err_atom::value, replica, why, permanent);
 }
 
 void WorkerLauncher::spawn(int32_t replica, int64_t gen, const std::string& endpoint) {
@@ -79,7 +93,7 @@ void WorkerLauncher::spawn(int32_t replica, int64_t gen, const std::string& endp
   // the head waits for a retired worker's down message, which can come before its process
   // has exited; the start is refused and the head retries after a backoff.
   for (const auto& [pid, owner] : owner_) {
-    if (owner.first == replica) {
+    if (owner.replica == replica) {
       report(replica, "cannot start it: its worker pid " + std::to_string(pid) + " has not exited yet");
       return;
     }
@@ -95,14 +109,17 @@ void WorkerLauncher::spawn(int32_t replica, int64_t gen, const std::string& endp
                                        config_path_, "--index", std::to_string(j), "--threads", std::to_string(threads)};
       const std::string name = "worker " + n.name + "/" + std::to_string(j) + " " + worker_role_name(w.role) +
                                " (replica " + std::to_string(replica) + ")";
-      auto c = spawn_child(argv, {{"OMP_WAIT_POLICY", "PASSIVE"}}, name);
+      const std::string reason = reason_file();
+      std::map<std::string, std::string> env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+      if (!reason.empty()) env[kExitReasonFileEnv] = reason;
+      auto c = spawn_child(argv, env, name);
       if (!c.ok()) {
         report(replica, "cannot start " + name + ": " + c.status().message());
         continue;
       }
       get_logger("cluster")->info("started {} (pid {})", name, c->pid);
       children_.push_back(*c);
-      owner_[c->pid] = {replica, gen};
+      owner_[c->pid] = Owner{replica, gen, reason};
     }
   }
 }

@@ -36,10 +36,17 @@ int32_t default_threads(int32_t workers_here);
 // replica still has a live worker process (a retired one not gone yet: never two processes of one
 // replica), or a worker exited before the replica was started again. The scheduler ignores a
 // report for a replica that is not `starting` any more (it registered: its down message counts).
+// An exited worker's report carries the reason it left (kExitReasonFileEnv: a file per start in
+// a private folder of this launcher's) and, when it exited kExitConfig, says that retrying
+// cannot help (the scheduler parks the replica at once).
 class WorkerLauncher {
  public:
   WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker)
       : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker) {}
+  /// Removes the folder of the workers' exit reasons.
+  ~WorkerLauncher();
+  WorkerLauncher(const WorkerLauncher&) = delete;
+  WorkerLauncher& operator=(const WorkerLauncher&) = delete;
 
   /// Where start failures are reported; set once the head runs (before the first pump()).
   void set_scheduler(caf::actor scheduler) { scheduler_ = std::move(scheduler); }
@@ -56,8 +63,10 @@ class WorkerLauncher {
  private:
   bool local(const NodeSpec& n) const { return is_loopback_host(n.host) || n.host == topo_.head.host; }
   bool has_local_workers(int32_t replica) const;
-  void report(int32_t replica, const std::string& why);
+  void report(int32_t replica, const std::string& why, bool permanent = false);
   void spawn(int32_t replica, int64_t gen, const std::string& endpoint);
+  /// The file a new worker leaves its exit reason in ("" when the folder cannot be made).
+  std::string reason_file();
 
   const Topology& topo_;
   std::string config_path_;
@@ -67,7 +76,14 @@ class WorkerLauncher {
   std::vector<std::pair<int32_t, int64_t>> queued_;  // (replica, generation)
   std::map<int32_t, int64_t> generation_;            // replica -> start requests so far (under mu_)
   std::vector<Child> children_;                      // main thread only
-  std::map<pid_t, std::pair<int32_t, int64_t>> owner_;  // live child -> (replica, generation); main thread
+  struct Owner {
+    int32_t replica = 0;
+    int64_t generation = 0;
+    std::string reason_file;  // kExitReasonFileEnv of the child
+  };
+  std::map<pid_t, Owner> owner_;  // live child -> its start; main thread
+  std::string reason_dir_;        // mkdtemp'd on the first spawn; main thread
+  int64_t reason_files_ = 0;
 };
 
 /// Polls the head until `replicas` replicas are ready (or a stop signal / `timeout_s`).

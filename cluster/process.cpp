@@ -10,6 +10,10 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 extern char** environ;
@@ -140,6 +144,28 @@ void stop_children(std::vector<Child>* children, double grace_s) {
     ::waitpid(c.pid, &status, 0);
   }
   children->clear();
+}
+
+void record_exit_reason(const std::string& why) {
+  const char* path = std::getenv(kExitReasonFileEnv);
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream out(path, std::ios::trunc);
+  out << why << "\n";
+}
+
+std::string take_exit_reason(const std::string& path) {
+  if (path.empty()) return {};
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return {};
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::remove(path.c_str());
+  if (text.size() > 2000) text.resize(2000);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at)) text.replace(at, 1, "; ");
+  return text;
 }
 
 }  // namespace specserve

@@ -57,4 +57,21 @@ std::vector<std::string> reap_children(std::vector<Child>* children);
 /// SIGTERM, wait up to `grace_s`, then SIGKILL what is left; reaps all.
 void stop_children(std::vector<Child>* children, double grace_s);
 
+/// The exit status of a worker that failed before it registered for a reason a retry cannot
+/// mend: its topology entry, device, dtype, model file or cluster token (EX_CONFIG of sysexits.h).
+/// The autoscaler parks such a replica at once (actors/scheduler_lifecycle.cpp: the queue does
+/// not wait for it); a worker that could not reach the head exits 1 and is retried.
+inline constexpr int kExitConfig = 78;
+
+/// Names the file where a child process leaves the one-line reason it failed (the launcher
+/// sets it for each worker it starts, and shows the reason in `status` and in the errors of the
+/// requests that waited for it).
+inline constexpr const char* kExitReasonFileEnv = "SPECSERVE_EXIT_REASON_FILE";
+/// Writes `why` to the file named by kExitReasonFileEnv, if set (best effort: a launcher that
+/// finds nothing reports the exit code alone).
+void record_exit_reason(const std::string& why);
+/// The reason left in `path` (its first 2,000 bytes, newlines as "; "), "" when there is none;
+/// removes the file.
+std::string take_exit_reason(const std::string& path);
+
 }  // namespace specserve
