@@ -172,6 +172,16 @@ int run_up(const UpOptions& o) {
   int rc = failed ? 1 : 0;
   while (!failed && !stop_requested()) {
     for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
+    // Every node process of this host gone (killed: their workers stop with them) and no node of
+    // another host declared: nothing can ever serve again. Stop, as vLLM's server does when its
+    // engine dies, so a supervisor (systemd, Kubernetes) restarts the whole cluster.
+    // NOTE: up stayed, answering 503 on /health, for good.
+    if (!autoscaled && children.empty() && remote.empty()) {
+      std::fprintf(stderr, "specserve up: every node process has exited and no node of another host is declared: "
+                           "nothing can serve any more; stopping (exit 1)\n");
+      rc = 1;
+      break;
+    }
     std::vector<std::string> exited;
     launcher.pump(endpoint, &exited);
     for (const auto& line : exited) {

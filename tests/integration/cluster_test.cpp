@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <sstream>
 
 #include "tests/cpu/fp32_kernel_scope.h"
@@ -150,11 +151,53 @@ TEST(Cluster, TheOnlyReplicasKilledTargetShardIsRestartedAndItsRequestsFinish) {
     none = c->generate(greedy(prompts[1], 8));  // it may have been served before the drain
   }
   ASSERT_FALSE(none.ok());
-  EXPECT_NE(none.status().message().find("no replica is left"), std::string::npos) << none.status().message();
+  // "no replica is left", or the connection lost when up already stopped (below).
+  EXPECT_TRUE(none.status().message().find("no replica is left") != std::string::npos ||
+              none.status().code() == StatusCode::kUnavailable)
+      << none.status().to_string();
   EXPECT_EQ(none.status().message().find("not restarted"), std::string::npos) << none.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t_stop, std::chrono::seconds(60)) << "waited for a restart that never comes";
-  EXPECT_EQ(up.terminate(60), 0);
+  // Its node had no other worker and exited; with no node left up stops by itself, exit 1.
+  EXPECT_EQ(up.wait_exit(60), 1);
   EXPECT_FALSE(alive(restarted)) << "the restarted worker outlived `specserve up`";
+}
+
+// The parent pid of `pid` (/proc), -1 when it is gone; *zombie set when it exited unreaped.
+int parent_of(int pid, bool* zombie = nullptr) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  // pid (comm) state ppid ...: comm may hold spaces, so read after its closing parenthesis.
+  std::istringstream rest(line.substr(line.rfind(')') + 1));
+  char state = 0;
+  int ppid = -1;
+  rest >> state >> ppid;
+  if (zombie) *zombie = state == 'Z';
+  return ppid;
+}
+
+// `up` whose only node process is killed (SIGKILL; its workers get SIGTERM from the kernel and
+// stop): nothing can serve any more, so up stops by itself with exit 1 (it stayed, answering 503
+// on /health, for good), and the worker does not run on.
+TEST(Cluster, UpStopsWhenEveryNodeProcessIsGone) {
+  UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
+               "");
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
+  auto st = c->status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->workers.size(), 1u);
+  const int worker = st->workers[0].pid;
+  const int node = parent_of(worker);
+  ASSERT_GT(node, 1);
+  ASSERT_EQ(::kill(node, SIGKILL), 0);
+  EXPECT_EQ(up.wait_exit(60), 1) << "up did not stop with its only node gone";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool zombie = false;
+  while (parent_of(worker, &zombie) > 0 && !zombie && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(parent_of(worker, &zombie) < 0 || zombie) << "the killed node's worker runs on";
 }
 
 // A tensor-parallel replica whose two ranks are worker processes of two nodes (actors/tp_group.h):
