@@ -129,14 +129,19 @@ void dispatch(SchedSelf self) {
         break;
       }
     }
-    // Why the last start failed (a worker's own reason: a model file gone, a device missing),
-    // so a client does not have to find the head's log. The first replica that has one.
+    // Why the last start failed (a worker's own reason: a model file gone), so a client does not
+    // have to find the head's log: a parked replica's first (what keeps it from serving), else
+    // any stopped one's.
+    const ReplicaEntry* cause = nullptr;
+    int32_t cause_id = -1;
     for (const auto& [rid, r] : s.replicas) {
-      if (r.state == ReplicaState::kStopped && !r.last_start_error.empty()) {
-        why += fmt::format(" (replica {}: its last start failed: {})", rid, r.last_start_error);
-        break;
+      if (r.state != ReplicaState::kStopped || r.last_start_error.empty()) continue;
+      if (cause == nullptr || (r.parked && !cause->parked)) {
+        cause = &r;
+        cause_id = rid;
       }
     }
+    if (cause) why += fmt::format(" (replica {}: its last start failed: {})", cause_id, cause->last_start_error);
     std::vector<int64_t> ids;
     for (const auto& [id, p] : s.queue) ids.push_back(id);
     for (int64_t id : ids) fail_queued(self, id, "error", why);

@@ -290,9 +290,10 @@ void start_failed(SchedSelf self, int32_t rid, const std::string& why, bool perm
   ++s.as.num_failed_starts;
   r.start_failed_at = now_s(self);
   r.last_start_error = why;
-  // A cause a retry cannot mend (a worker that exited kExitConfig: its topology entry, device or
-  // model file) parks it at once, as a model that fails to load does (count_load_failure).
-  // NOTE: the queue waited for kMaxStartFailures starts (15.6 s) that all failed the same way.
+  // NOTE: a cause a retry cannot mend (a worker that exited kExitConfig: its topology entry, its
+  // model file) parks it at once, as a model that fails to load does (count_load_failure): the
+  // queue does not wait for kMaxStartFailures starts that fail the same way (15.6 s at the
+  // default backoff), and the autoscaler still retries at its backoff's pace.
   if (r.num_start_failures >= kMaxStartFailures || permanent) r.parked = true;
   std::string next;
   if (s.autoscaler && s.cfg.start_replica && !r.not_startable) {

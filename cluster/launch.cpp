@@ -7,6 +7,7 @@
 #include <caf/io/all.hpp>
 
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <set>
 #include <thread>
@@ -37,12 +38,22 @@ int fail(const char* cmd, const Status& st) {
 }
 
 // A worker that fails before it registers: its reason also goes where its launcher reads it
-// (kExitReasonFileEnv), and it exits kExitConfig unless a retry may succeed (`transient`: the
-// head not reachable yet, 1).
-int fail_worker(const Status& st, bool transient = false) {
+// (kExitReasonFileEnv). It exits kExitConfig for bad input (the topology entry, a model or token
+// file missing or malformed, a dtype this device cannot run), which a retry cannot mend; 1 for
+// what may pass (the head not reachable yet, a device that did not answer, no memory).
+int fail_worker(const Status& st) {
   std::fprintf(stderr, "specserve worker: %s\n", st.message().c_str());
   record_exit_reason(st.message());
-  return transient ? 1 : kExitConfig;
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kCorruptData:
+    case StatusCode::kUnsupported:
+    case StatusCode::kOutOfRange:
+      return kExitConfig;
+    default:
+      return 1;
+  }
 }
 
 bool has_draft_worker(const Topology& t, int32_t replica) {
@@ -58,6 +69,7 @@ bool has_draft_worker(const Topology& t, int32_t replica) {
 
 int run_up(const UpOptions& o) {
   install_stop_signals();
+  clear_inherited_topology_snapshot();  // single-threaded still
   // Read once: what is checked here is what every process up starts uses (cluster/topology_snapshot.h).
   auto source = read_topology_source(o.config_path);
   auto topo = source.ok() ? parse_topology(source->text, o.config_path, source->base_dir)
@@ -95,9 +107,13 @@ int run_up(const UpOptions& o) {
     std::printf("specserve up --dry-run: %s is valid; nothing was started\n", o.config_path.c_str());
     return 0;
   }
-  // Before any thread starts (setenv): node processes, their workers and the autoscaler's workers
-  // inherit it.
-  if (Status st = publish_topology_snapshot(*source); !st.ok()) get_logger("cluster")->warn("{}", st.message());
+  // Handed to the node processes (their workers inherit it) and the autoscaler's workers.
+  std::map<std::string, std::string> snapshot_env;
+  if (auto env = topology_snapshot_env(*source); env.ok()) {
+    snapshot_env = std::move(*env);
+  } else {
+    get_logger("cluster")->warn("{}", env.status().message());
+  }
   auto token = ensure_cluster_token(topo->cluster.token_file);
   if (!token.ok()) return fail("up", token.status());
   // With the autoscaler, the head starts replicas on demand (min_replicas + warm_pool at once,
@@ -106,7 +122,7 @@ int run_up(const UpOptions& o) {
   const bool autoscaled = topo->autoscale.enabled();
   // NOTE: declared before the runtime so that it outlives the scheduler actor, whose
   // start_replica callback refers to it (locals are destroyed in reverse order).
-  WorkerLauncher launcher(*topo, o.config_path, o.threads_per_worker);
+  WorkerLauncher launcher(*topo, o.config_path, o.threads_per_worker, snapshot_env);
   ActorRuntime rt;
   std::function<Status(int32_t)> start_replica;
   if (autoscaled) start_replica = [&launcher](int32_t replica) { return launcher.request(replica); };
@@ -137,7 +153,7 @@ int run_up(const UpOptions& o) {
       argv.push_back("--threads-per-worker");
       argv.push_back(std::to_string(o.threads_per_worker));
     }
-    auto c = spawn_child(argv, {}, "node " + n.name);
+    auto c = spawn_child(argv, snapshot_env, "node " + n.name);
     if (!c.ok()) {
       shut_down(**head, &children, 0, &front_end);
       return fail("up", c.status());
@@ -172,10 +188,11 @@ int run_up(const UpOptions& o) {
   int rc = failed ? 1 : 0;
   while (!failed && !stop_requested()) {
     for (const auto& line : reap_children(&children)) get_logger("cluster")->warn("{}", line);
-    // Every node process of this host gone (killed: their workers stop with them) and no node of
-    // another host declared: nothing can ever serve again. Stop, as vLLM's server does when its
-    // engine dies, so a supervisor (systemd, Kubernetes) restarts the whole cluster.
-    // NOTE: up stayed, answering 503 on /health, for good.
+    // Every node process of this host gone (killed: their workers stop with them; or all their
+    // workers stopped) and no node of another host declared: nothing can serve again. Stop, as
+    // vLLM's server does when its engine dies, so a supervisor (systemd, Kubernetes) restarts the
+    // whole cluster. Under the autoscaler up starts no node process: the launcher's workers are
+    // its own children, and it starts them again on demand.
     if (!autoscaled && children.empty() && remote.empty()) {
       std::fprintf(stderr, "specserve up: every node process has exited and no node of another host is declared: "
                            "nothing can serve any more; stopping (exit 1)\n");
@@ -261,7 +278,7 @@ int run_worker(const WorkerOptions& o) {
   if (!node) return fail_worker(invalid_argument("--node '" + o.node + "': no such node in " + o.config_path));
   if (o.index < 0 || o.index >= static_cast<int32_t>(node->workers.size())) {
     return fail_worker(invalid_argument("--index " + std::to_string(o.index) + ": node " + o.node + " has " +
-                                           std::to_string(node->workers.size()) + " worker(s)"));
+                                        std::to_string(node->workers.size()) + " worker(s)"));
   }
   const WorkerSpec& spec = node->workers[static_cast<size_t>(o.index)];
   const size_t node_index = static_cast<size_t>(node - topo->nodes.data());
@@ -296,13 +313,13 @@ int run_worker(const WorkerOptions& o) {
       head = *h;
     } else if (h.status().code() == StatusCode::kInvalidArgument) {
       return fail_worker(invalid_argument("the head at " + h.status().message() + " (token file " +
-                                             topo->cluster.token_file + ")"));
+                                          topo->cluster.token_file + ")"));
     } else {
       last_error = h.status().message();
       wait_for_stop(0.5);
     }
   }
-  if (!head) return fail_worker(unavailable("cannot reach the head at " + o.join + ": " + last_error), /*transient=*/true);
+  if (!head) return fail_worker(unavailable("cannot reach the head at " + o.join + ": " + last_error));
   WorkerConfig wc;
   wc.node = o.node;
   wc.role = spec.role;

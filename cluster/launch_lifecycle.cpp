@@ -110,7 +110,8 @@ void WorkerLauncher::spawn(int32_t replica, int64_t gen, const std::string& endp
       const std::string name = "worker " + n.name + "/" + std::to_string(j) + " " + worker_role_name(w.role) +
                                " (replica " + std::to_string(replica) + ")";
       const std::string reason = reason_file();
-      std::map<std::string, std::string> env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+      std::map<std::string, std::string> env = env_;
+      env["OMP_WAIT_POLICY"] = "PASSIVE";
       if (!reason.empty()) env[kExitReasonFileEnv] = reason;
       auto c = spawn_child(argv, env, name);
       if (!c.ok()) {

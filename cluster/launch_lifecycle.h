@@ -41,9 +41,12 @@ int32_t default_threads(int32_t workers_here);
 // cannot help (the scheduler parks the replica at once).
 class WorkerLauncher {
  public:
-  WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker)
-      : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker) {}
-  /// Removes the folder of the workers' exit reasons.
+  /// `env`: added to every worker's environment (the topology snapshot: cluster/topology_snapshot.h).
+  WorkerLauncher(const Topology& topo, std::string config_path, int32_t threads_per_worker,
+                 std::map<std::string, std::string> env = {})
+      : topo_(topo), config_path_(std::move(config_path)), threads_per_worker_(threads_per_worker), env_(std::move(env)) {}
+  /// Removes the folder of the workers' exit reasons (a launcher killed by a signal leaves it:
+  /// $TMPDIR/specserve-up-*, a few bytes).
   ~WorkerLauncher();
   WorkerLauncher(const WorkerLauncher&) = delete;
   WorkerLauncher& operator=(const WorkerLauncher&) = delete;
@@ -71,6 +74,7 @@ class WorkerLauncher {
   const Topology& topo_;
   std::string config_path_;
   int32_t threads_per_worker_ = 0;
+  std::map<std::string, std::string> env_;
   caf::actor scheduler_;
   std::mutex mu_;
   std::vector<std::pair<int32_t, int64_t>> queued_;  // (replica, generation)

@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <thread>

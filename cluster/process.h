@@ -58,9 +58,10 @@ std::vector<std::string> reap_children(std::vector<Child>* children);
 void stop_children(std::vector<Child>* children, double grace_s);
 
 /// The exit status of a worker that failed before it registered for a reason a retry cannot
-/// mend: its topology entry, device, dtype, model file or cluster token (EX_CONFIG of sysexits.h).
-/// The autoscaler parks such a replica at once (actors/scheduler_lifecycle.cpp: the queue does
-/// not wait for it); a worker that could not reach the head exits 1 and is retried.
+/// mend: bad input (its topology entry, a model or token file missing or malformed, a dtype its
+/// device cannot run; EX_CONFIG of sysexits.h). The autoscaler parks such a replica at once
+/// (actors/scheduler_lifecycle.cpp: the queue does not wait for it); a worker that failed for
+/// what may pass (the head not reachable yet, a device that did not answer) exits 1 and is retried.
 inline constexpr int kExitConfig = 78;
 
 /// Names the file where a child process leaves the one-line reason it failed (the launcher

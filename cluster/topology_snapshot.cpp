@@ -6,7 +6,7 @@
 
 namespace specserve {
 
-Status publish_topology_snapshot(const TopologySource& src) {
+Expected<std::map<std::string, std::string>> topology_snapshot_env(const TopologySource& src) {
   if (src.text.size() > kMaxTopologySnapshotBytes) {
     return invalid_argument(src.path + ": " + std::to_string(src.text.size()) + " bytes, over the " +
                             std::to_string(kMaxTopologySnapshotBytes) +
@@ -15,13 +15,12 @@ Status publish_topology_snapshot(const TopologySource& src) {
   if (src.text.find('\0') != std::string::npos) {
     return invalid_argument(src.path + ": holds a NUL byte: the processes up starts read the file again");
   }
-  if (::setenv(kTopologySnapshotOfEnv, src.absolute_path.c_str(), 1) != 0 ||
-      ::setenv(kTopologySnapshotEnv, src.text.c_str(), 1) != 0) {
-    ::unsetenv(kTopologySnapshotOfEnv);
-    ::unsetenv(kTopologySnapshotEnv);
-    return invalid_argument(src.path + ": cannot pass the topology to the processes up starts (setenv)");
-  }
-  return Status();
+  return std::map<std::string, std::string>{{kTopologySnapshotOfEnv, src.absolute_path}, {kTopologySnapshotEnv, src.text}};
+}
+
+void clear_inherited_topology_snapshot() {
+  ::unsetenv(kTopologySnapshotOfEnv);
+  ::unsetenv(kTopologySnapshotEnv);
 }
 
 Expected<Topology> load_launched_topology(const std::string& path) {

@@ -17,7 +17,13 @@ namespace fs = std::filesystem;
 using topology_testing::base_yaml;
 using topology_testing::replace_once;
 
-// The snapshot variables are this process's: each test leaves none behind.
+// A child's view: the variables up hands down, set in this process (each test leaves none behind).
+void publish(const TopologySource& src) {
+  auto env = topology_snapshot_env(src);
+  ASSERT_TRUE(env.ok()) << env.status().to_string();
+  for (const auto& [k, v] : *env) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
 class TopologySnapshot : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -29,8 +35,8 @@ class TopologySnapshot : public ::testing::Test {
     path_ = (dir_ / "cluster.yaml").string();
   }
   void TearDown() override {
-    ::unsetenv(kTopologySnapshotEnv);
-    ::unsetenv(kTopologySnapshotOfEnv);
+    clear_inherited_topology_snapshot();
+    EXPECT_EQ(std::getenv(kTopologySnapshotEnv), nullptr);
     fs::remove_all(dir_);
   }
   void write(const std::string& text) { std::ofstream(path_, std::ios::trunc) << text; }
@@ -46,7 +52,7 @@ TEST_F(TopologySnapshot, ChildrenReadWhatUpValidatedAfterTheFileChangedOrWentAwa
   write(yaml(7));
   auto src = read_topology_source(path_);
   ASSERT_TRUE(src.ok()) << src.status().to_string();
-  ASSERT_TRUE(publish_topology_snapshot(*src).ok());
+  publish(*src);
   write(yaml(9) + "bogus_key: 1\n");  // edited while up runs: unparsable now
   auto t = load_launched_topology(path_);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
@@ -72,7 +78,7 @@ TEST_F(TopologySnapshot, AnotherFileOrNoSnapshotIsReadFromDisk) {
   EXPECT_EQ(t->scheduler.max_num_seqs, 7);
   auto src = read_topology_source(path_);
   ASSERT_TRUE(src.ok());
-  ASSERT_TRUE(publish_topology_snapshot(*src).ok());
+  publish(*src);
   const std::string other = (dir_ / "other.yaml").string();
   std::ofstream(other) << yaml(5);
   auto o = load_launched_topology(other);
@@ -86,16 +92,19 @@ TEST_F(TopologySnapshot, AnotherFileOrNoSnapshotIsReadFromDisk) {
   EXPECT_NE(bad.status().message().find("bogus_key"), std::string::npos) << bad.status().message();
 }
 
-TEST_F(TopologySnapshot, ATopologyTooLargeForTheEnvironmentIsNotPublished) {
+TEST_F(TopologySnapshot, ATopologyTooLargeForTheEnvironmentIsNotHandedDown) {
   TopologySource big{path_, path_, dir_.string(), yaml(7) + "# " + std::string(kMaxTopologySnapshotBytes, 'x') + "\n"};
-  Status st = publish_topology_snapshot(big);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find(path_), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("read the file again"), std::string::npos) << st.message();
-  EXPECT_EQ(std::getenv(kTopologySnapshotEnv), nullptr);
+  auto env = topology_snapshot_env(big);
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(env.status().message().find(path_), std::string::npos) << env.status().message();
+  EXPECT_NE(env.status().message().find("read the file again"), std::string::npos) << env.status().message();
   TopologySource nul{path_, path_, dir_.string(), std::string("cluster: {name: t}\n") + '\0'};
-  EXPECT_FALSE(publish_topology_snapshot(nul).ok());
-  EXPECT_EQ(std::getenv(kTopologySnapshotOfEnv), nullptr);
+  EXPECT_FALSE(topology_snapshot_env(nul).ok());
+  TopologySource fits{path_, path_, dir_.string(), yaml(7)};
+  auto ok = topology_snapshot_env(fits);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->at(kTopologySnapshotOfEnv), path_);
+  EXPECT_EQ(ok->at(kTopologySnapshotEnv), yaml(7));
 }
 
 }  // namespace

@@ -5,8 +5,12 @@
 // "exited". Once the file is back, a request after the backoff is served.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "tests/integration/up_process.h"
 
@@ -15,15 +19,6 @@ namespace {
 
 using namespace cluster_testing;  // NOLINT: test helpers (tests/integration/up_process.h)
 namespace fs = std::filesystem;
-
-bool until(double seconds, const std::function<bool()>& cond) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return cond();
-}
 
 TEST(AutoscaleStartFailure, AModelFileGoneFailsTheWaitingRequestAtOnceWithTheWorkersReason) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("specserve_startfail_" + std::to_string(::getpid()));

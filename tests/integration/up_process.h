@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -143,6 +144,16 @@ class UpProcess {
 };
 
 inline bool alive(int pid) { return ::kill(pid, 0) == 0; }
+
+// Polls `cond` every 100 ms for up to `seconds`; its last value.
+inline bool until(double seconds, const std::function<bool()>& cond) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return cond();
+}
 inline std::string read_token(const UpProcess& up) { return up.token(); }
 
 inline std::vector<std::vector<int32_t>> prompt_ids() {
