@@ -45,7 +45,7 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   // and a batch size of 0 is a usage error.
   const CmdResult bad_spec = run("bench-spec --model /nonexistent/target.gguf --questions " + typed + " --spec '{bad'");
   EXPECT_EQ(bad_spec.exit_code, 2) << bad_spec.out;
-  EXPECT_NE(bad_spec.out.find("--spec {bad: "), std::string::npos) << bad_spec.out;
+  EXPECT_NE(bad_spec.out.find("--spec {bad: malformed JSON"), std::string::npos) << bad_spec.out;
   EXPECT_EQ(bad_spec.out.find("nonexistent"), std::string::npos) << "the model was opened first:\n" << bad_spec.out;
   const CmdResult zero = run("bench-spec --questions " + typed + " --batch-sizes 0");
   EXPECT_EQ(zero.exit_code, 2) << zero.out;
@@ -77,7 +77,10 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
                                 "/part.json --spec '{\"method\":\"ngram\",\"num_speculative_tokens\":4}' --spec '{\"method\":\"eagle\",\"model\":\"" +
                                 heads + "nope.gguf\",\"num_speculative_tokens\":4}'");
   EXPECT_EQ(missing.exit_code, 2) << missing.out;
-  EXPECT_NE(missing.out.find("\"model\" " + heads + "nope.gguf: cannot open"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("nope.gguf\",\"num_speculative_tokens\":4}: \"model\" " + heads + "nope.gguf: cannot open"),
+            std::string::npos)
+      << missing.out;
+  EXPECT_EQ(missing.out.find("--speculative-config"), std::string::npos) << "bench-spec has no such flag:\n" << missing.out;
   EXPECT_EQ(missing.out.find("## batch"), std::string::npos) << "it ran before refusing:\n" << missing.out;
   EXPECT_EQ(missing.out.find("baseline"), std::string::npos) << "it ran before refusing:\n" << missing.out;
   const CmdResult other = run("bench-spec --threads 1 --questions " + two + " --per-task 1 --max-tokens 2 --spec '{\"method\":\"eagle\",\"model\":\"" +

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -185,6 +186,16 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
   return rr;
 }
 
+// A --speculative-config error as bench-spec shows it after "--spec VALUE: ", which already
+// names the flag: "--speculative-config: method ..." -> "method ...", "--speculative-config
+// \"model\" PATH: ..." -> "\"model\" PATH: ...".
+std::string spec_message(const std::string& m) {
+  for (const char* flag : {"--speculative-config: ", "--speculative-config "}) {
+    if (m.rfind(flag, 0) == 0) return m.substr(std::strlen(flag));
+  }
+  return m;
+}
+
 int run_bench(const BenchArgs& a) {
   if (!a.output.empty()) {
     if (Status st = check_output_file("--output", a.output); !st.ok()) {
@@ -201,7 +212,7 @@ int run_bench(const BenchArgs& a) {
     SpecArgs sa;
     sa.speculative_config = spec;
     if (Status st = check_spec_args_before_load(sa, path, "specserve bench-spec"); !st.ok()) {
-      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), st.message().c_str());
+      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), spec_message(st.message()).c_str());
       return exit_status_for(st);
     }
   }
@@ -315,7 +326,7 @@ int run_bench(const BenchArgs& a) {
       sa.speculative_config = spec;
       auto r = run_config(*loaded, *backend, memory, qs, sa, batch, a.max_tokens, spec);
       if (!r.ok()) {
-        std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), r.status().to_string().c_str());
+        std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), spec_message(r.status().message()).c_str());
         return 1;
       }
       for (auto& [qid, toks] : r->outputs) {
