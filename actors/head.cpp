@@ -65,6 +65,10 @@ Status Head::drain(std::chrono::milliseconds timeout, const std::function<bool()
   }
 }
 
+void Head::forget_restarts() {
+  if (scheduler_) caf::anon_send(scheduler_, no_restart_atom::value);
+}
+
 void Head::stop() {
   if (!scheduler_) return;
   caf::anon_send_exit(scheduler_, caf::exit_reason::user_shutdown);

@@ -35,6 +35,9 @@ class Head {
   /// `give_up`, when set, is asked about every 200 ms while the drain waits; true ends the wait
   /// with kCancelled (a second Ctrl-C: cluster/launch_lifecycle.cpp shut_down).
   Status drain(std::chrono::milliseconds timeout, const std::function<bool()>& give_up = {});
+  /// Tells the scheduler that no worker will be restarted (every node process is gone): requests
+  /// that wait for a restart (scheduler.worker_restarts) fail now unless another replica serves.
+  void forget_restarts();
   /// Stops the scheduler (workers watching it quit).
   void stop();
 

@@ -382,6 +382,10 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         start_failed(self, replica, why, permanent);
       },
       [self](restart_due_atom) { dispatch(self); },
+      [self](no_restart_atom) {
+        self->state.no_restarts = true;
+        dispatch(self);  // the queue fails now if it was waiting for a restart only
+      },
       [self](autoscale_atom) {
         autoscale_tick(self);
         self->delayed_send(self, std::chrono::milliseconds(100), autoscale_atom::value);

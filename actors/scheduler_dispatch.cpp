@@ -123,6 +123,10 @@ void dispatch(SchedSelf self) {
                            rid);
         break;
       }
+      if (s.no_restarts) {
+        why += " (every node process of the head's host has exited: no worker restarts)";
+        break;
+      }
       if (!s.autoscaler && spec.worker_restarts > 0 && r.lost && r.restart_possible) {
         why += fmt::format(" (replica {}'s target shard was not restarted within scheduler.worker_restart_timeout_s = {:g} s)",
                            rid, spec.worker_restart_timeout_s);
@@ -345,7 +349,9 @@ void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal) {
 bool awaiting_restart(SchedSelf self, const ReplicaEntry& r) {
   const auto& s = self->state;
   const SchedulerSpec& spec = s.cfg.topology.scheduler;
-  if (s.autoscaler || spec.worker_restarts <= 0 || s.cfg.topology.models.target.tensor_parallel_size > 1) return false;
+  if (s.autoscaler || s.no_restarts || spec.worker_restarts <= 0 || s.cfg.topology.models.target.tensor_parallel_size > 1) {
+    return false;
+  }
   return r.lost && r.restart_possible && r.can_serve_later() && now_s(self) - r.lost_at < spec.worker_restart_timeout_s;
 }
 

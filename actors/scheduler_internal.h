@@ -137,6 +137,7 @@ struct SchedulerState {
   std::map<std::string, caf::actor> retiring_peers;  // data-plane name -> a retired shard not down yet
   std::set<int64_t> cancelled_in_transit;
   bool draining = false;
+  bool no_restarts = false;  // no_restart_atom: no node is left to restart a worker
   std::vector<caf::response_promise> drain_waiters;
   TpRegistry tp;  // tensor-parallel groups forming, and their rendezvous keys (actors/tp_group.h)
   int32_t max_model_len = 0;

@@ -196,6 +196,7 @@ int run_up(const UpOptions& o) {
     if (!autoscaled && children.empty() && remote.empty()) {
       std::fprintf(stderr, "specserve up: every node process has exited and no node of another host is declared: "
                            "nothing can serve any more; stopping (exit 1)\n");
+      (*head)->forget_restarts();  // requests waiting for a restart fail now, not after worker_restart_timeout_s
       rc = 1;
       break;
     }

@@ -193,21 +193,30 @@ int parent_of(int pid, bool* zombie = nullptr) {
 }
 
 // `up` whose only node process is killed (SIGKILL; its workers get SIGTERM from the kernel and
-// stop): nothing can serve any more, so up stops by itself with exit 1 (it stayed, answering 503
-// on /health, for good), and the worker does not run on.
+// stop) in the middle of a request: nothing can serve any more, so up stops by itself with exit 1
+// (it stayed, answering 503 on /health, for good), the request fails at once although
+// scheduler.worker_restarts is on (it waited worker_restart_timeout_s for a node that is gone, and
+// the drain's timeout), and the worker does not run on.
 TEST(Cluster, UpStopsWhenEveryNodeProcessIsGone) {
   UpProcess up("  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n",
-               "");
+               "", "64MiB", {}, "", ", worker_restarts: 2, worker_restart_timeout_s: 600");
   Client* c = up.connect();
   ASSERT_NE(c, nullptr);
-  auto st = c->status();
-  ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->workers.size(), 1u);
-  const int worker = st->workers[0].pid;
+  auto h = c->submit(greedy(prompt_ids()[0], 400));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const int worker = target_shard_pid_once_generating(c, 0);
+  ASSERT_GT(worker, 0) << "the request never started";
   const int node = parent_of(worker);
   ASSERT_GT(node, 1);
   ASSERT_EQ(::kill(node, SIGKILL), 0);
-  EXPECT_EQ(up.wait_exit(60), 1) << "up did not stop with its only node gone";
+  const auto killed_at = std::chrono::steady_clock::now();
+  auto r = (*h)->wait();
+  ASSERT_FALSE(r.ok()) << "finished with its only node gone";
+  EXPECT_NE(r.status().message().find("no replica is left"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("every node process"), std::string::npos) << r.status().message();
+  // Bounds, not timings: well under the drain timeout (30 s) and worker_restart_timeout_s (600 s).
+  EXPECT_EQ(up.wait_exit(20), 1) << "up did not stop with its only node gone";
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(20));
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   bool zombie = false;
   while (parent_of(worker, &zombie) > 0 && !zombie && std::chrono::steady_clock::now() < end) {
