@@ -207,6 +207,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto ra = self->spawn(request_actor, id, s.cfg.token, caf::actor_cast<caf::actor>(self), m.sink, *w, timeout_s);
         w->request_actor = ra;
         s.request_actors[id] = ra;
+        s.peak_ongoing = std::max(s.peak_ongoing, static_cast<int32_t>(s.request_actors.size()));
         s.arrived_at[id] = now_s(self);
         enqueue(self, std::move(*w), s.next_arrival++);
         dispatch(self);

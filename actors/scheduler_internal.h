@@ -138,6 +138,7 @@ struct SchedulerState {
   std::set<int64_t> cancelled_in_transit;
   bool draining = false;
   bool no_restarts = false;  // no_restart_atom: no node is left to restart a worker
+  int32_t peak_ongoing = 0;  // the most requests held at once since the last autoscaler tick (AutoscaleInput)
   std::vector<caf::response_promise> drain_waiters;
   TpRegistry tp;  // tensor-parallel groups forming, and their rendezvous keys (actors/tp_group.h)
   int32_t max_model_len = 0;

@@ -332,6 +332,9 @@ void autoscale_tick(SchedSelf self) {
   AutoscaleInput in;
   in.now_s = now;
   in.num_queued = static_cast<int32_t>(s.queue.size());
+  // Requests that came and went since the last tick count too (a 15 ms request between two ticks).
+  in.peak_ongoing = s.peak_ongoing;
+  s.peak_ongoing = static_cast<int32_t>(s.request_actors.size());
   for (const auto& [id, p] : s.queue) in.oldest_wait_s = std::max(in.oldest_wait_s, now - p.enqueued_at);
   for (const auto& [rid, r] : s.replicas) {
     if (r.not_startable && r.state == ReplicaState::kStopped) continue;  // not a slot the policy can use

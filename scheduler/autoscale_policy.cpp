@@ -90,6 +90,7 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     }
   }
   const auto num_ready = static_cast<int32_t>(ready.size());
+  ongoing = std::max<int64_t>(ongoing, in.peak_ongoing);
   d.ongoing = static_cast<int32_t>(std::min<int64_t>(ongoing, INT32_MAX));
 
   // Rule 1: load.
