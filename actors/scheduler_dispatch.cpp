@@ -132,6 +132,15 @@ void dispatch(SchedSelf self) {
                            rid, spec.worker_restart_timeout_s);
         break;
       }
+      if (!s.autoscaler && r.lost && !r.restart_possible) {
+        why += fmt::format(" (replica {}'s target shard stopped on its own, by SIGTERM or a drain: it is not restarted)", rid);
+        break;
+      }
+      if (!s.autoscaler && r.lost && spec.worker_restarts == 0) {
+        why += fmt::format(" (replica {}'s target shard went down; scheduler.worker_restarts is 0: its node does not restart it)",
+                           rid);
+        break;
+      }
     }
     // Why the last start failed (a worker's own reason: a model file gone), so a client does not
     // have to find the head's log: a parked replica's first (what keeps it from serving), else
@@ -145,7 +154,15 @@ void dispatch(SchedSelf self) {
         cause_id = rid;
       }
     }
-    if (cause) why += fmt::format(" (replica {}: its last start failed: {})", cause_id, cause->last_start_error);
+    if (cause) {
+      std::string next;
+      if (s.autoscaler && can_start && !cause->not_startable) {
+        const double left = s.autoscaler->start_backoff_s(cause->num_start_failures) -
+                            (now - std::max(cause->state_since, cause->start_failed_at));
+        if (left > 0) next = fmt::format("; it is tried again in {:.1f} s", left);
+      }
+      why += fmt::format(" (replica {}: its last start failed: {}{})", cause_id, cause->last_start_error, next);
+    }
     std::vector<int64_t> ids;
     for (const auto& [id, p] : s.queue) ids.push_back(id);
     for (int64_t id : ids) fail_queued(self, id, "error", why);

@@ -155,13 +155,22 @@ void TopologyParser::check_topology(const std::optional<int32_t>& explicit_max_r
                  " replica(s): declare each replica's workers under nodes[].workers, or lower min_replicas / warm_pool");
   } else if (a.enabled() && !shards.empty() && declared < int64_t{a.max_replicas} + a.warm_pool) {
     const std::string where = topo_.where(explicit_max_replicas ? "autoscale.max_replicas" : "autoscale");
+    const int32_t full_up_to = std::max(0, declared - a.warm_pool);  // ready replicas with the pool still full
+    std::string what;
+    if (a.warm_pool == 0) {
+      what = "at most " + std::to_string(declared) + " can be ready (declare more replicas to reach max_replicas)";
+    } else if (full_up_to == 0) {
+      what = "the pool is full only while no replica is ready: its standby replicas are promoted and it is not refilled "
+             "(declare more replicas to keep a warm pool)";
+    } else {
+      what = "with up to " + std::to_string(full_up_to) + " ready the pool stays full; beyond that its standby replicas are "
+             "promoted and the pool is not refilled (declare more replicas to keep a warm pool at max_replicas)";
+    }
     topo_.notes.push_back(where + ": autoscale.max_replicas " + quote(std::to_string(a.max_replicas)) +
                           (explicit_max_replicas ? "" : " (the default: max(min_replicas, declared replicas - warm_pool, 1))") +
                           " + autoscale.warm_pool " + quote(std::to_string(a.warm_pool)) + " want " +
                           std::to_string(int64_t{a.max_replicas} + a.warm_pool) + " replicas but the nodes declare " +
-                          std::to_string(declared) + ": up to " + std::to_string(std::max(0, declared - a.warm_pool)) +
-                          " ready the pool stays full; beyond that its standby replicas are promoted and the pool is not "
-                          "refilled (declare more replicas to keep a warm pool at max_replicas)");
+                          std::to_string(declared) + ": " + what);
   }
   if (a.enabled() && topo_.scheduler.worker_restarts > 0) {
     topo_.notes.push_back(topo_.where("scheduler.worker_restarts") + ": scheduler.worker_restarts " +

@@ -255,9 +255,27 @@ TEST(Topology, MaxReplicasOutOfReachIsANoteNotAnError) {
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   ASSERT_EQ(t->notes.size(), 1u);
   EXPECT_NE(t->notes[0].find("t.yaml:14:44: autoscale.max_replicas '2' + autoscale.warm_pool '0' want 2 replicas but the "
-                             "nodes declare 1: up to 1 ready the pool stays full"),
+                             "nodes declare 1: at most 1 can be ready"),
             std::string::npos)
       << t->notes[0];
+  // A pool as large as the declared replicas is full only while none is ready (it read "up to 0
+  // ready the pool stays full").
+  auto pool = parse(replace_once(base_yaml(), "warm_pool: 0", "warm_pool: 1"));
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  ASSERT_EQ(pool->notes.size(), 1u);
+  EXPECT_NE(pool->notes[0].find("want 2 replicas but the nodes declare 1: the pool is full only while no replica is ready"),
+            std::string::npos)
+      << pool->notes[0];
+  // With room for some ready replicas, it says how many.
+  auto three = parse(replace_once(replace_once(replace_once(base_yaml(), "warm_pool: 0", "warm_pool: 1"), "max_replicas: 1",
+                                               "max_replicas: 3"),
+                                  "      - {role: draft_worker, device: cpu}\n",
+                                  "      - {role: target_shard, replica: 1, device: cuda:1}\n"
+                                  "      - {role: target_shard, replica: 2, device: cpu}\n"));
+  ASSERT_TRUE(three.ok()) << three.status().to_string();
+  ASSERT_EQ(three->notes.size(), 1u);
+  EXPECT_NE(three->notes[0].find("the nodes declare 3: with up to 2 ready the pool stays full"), std::string::npos)
+      << three->notes[0];
 }
 
 TEST(Topology, MoreDeclaredReplicasThanMaxReplicasIsRejected) {
