@@ -66,7 +66,7 @@ Status Head::drain(std::chrono::milliseconds timeout, const std::function<bool()
 }
 
 void Head::forget_restarts() {
-  if (scheduler_) caf::anon_send(scheduler_, no_restart_atom::value);
+  if (scheduler_) caf::anon_send(scheduler_, no_restart_atom::value, token_);
 }
 
 void Head::stop() {

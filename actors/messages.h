@@ -341,8 +341,9 @@ using retire_atom = caf::atom_constant<caf::atom("retire")>;
 using autoscale_atom = caf::atom_constant<caf::atom("autoscale")>;
 /// To the scheduler itself: a lost replica's wait for its restart is over (look at the queue).
 using restart_due_atom = caf::atom_constant<caf::atom("restartdue")>;
-/// Launcher -> scheduler (same process, Head::forget_restarts): no worker restart will come (every
-/// node process of up's host is gone): requests stop waiting for one (scheduler.worker_restarts).
+/// Launcher -> scheduler (Head::forget_restarts): (no_restart_atom, token): no worker restart will
+/// come (every node process of up's host is gone): requests stop waiting for one
+/// (scheduler.worker_restarts).
 using no_restart_atom = caf::atom_constant<caf::atom("norestart")>;
 /// Scheduler -> draft worker: its target shard died; forget every sequence (a restarted shard
 /// numbers its sequences afresh, and must not meet the old ones' state).

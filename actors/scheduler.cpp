@@ -206,8 +206,8 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         w->request_id = id;
         auto ra = self->spawn(request_actor, id, s.cfg.token, caf::actor_cast<caf::actor>(self), m.sink, *w, timeout_s);
         w->request_actor = ra;
+        note_ongoing_change(s, now_s(self));
         s.request_actors[id] = ra;
-        s.peak_ongoing = std::max(s.peak_ongoing, static_cast<int32_t>(s.request_actors.size()));
         s.arrived_at[id] = now_s(self);
         enqueue(self, std::move(*w), s.next_arrival++);
         dispatch(self);
@@ -222,6 +222,7 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         auto& s = self->state;
         auto ra = s.request_actors.find(id);
         if (ra == s.request_actors.end() || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(ra->second)) return;
+        note_ongoing_change(s, now_s(self));
         s.request_actors.erase(ra);
         s.arrived_at.erase(id);
         s.queue.erase(id);
@@ -383,7 +384,8 @@ caf::behavior scheduler_actor(SchedSelf self, SchedulerConfig cfg) {
         start_failed(self, replica, why, permanent);
       },
       [self](restart_due_atom) { dispatch(self); },
-      [self](no_restart_atom) {
+      [self](no_restart_atom, const std::string& token) {
+        if (!token_matches(token, self->state.cfg.token)) return;
         self->state.no_restarts = true;
         dispatch(self);  // the queue fails now if it was waiting for a restart only
       },

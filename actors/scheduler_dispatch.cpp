@@ -90,7 +90,8 @@ void dispatch(SchedSelf self) {
   // (possibly after its backoff, or once its old workers are gone) keeps the queue waiting;
   // kMaxStartFailures bounds that wait (a parked replica is started again, but not waited for).
   // Without it, a lost replica whose node restarts workers (scheduler.worker_restarts) keeps the
-  // queue waiting until worker_restart_timeout_s has passed since the loss.
+  // queue waiting until worker_restart_timeout_s has passed since the loss, or until up says that
+  // no node is left to restart it (no_restart_atom).
   const bool can_start = s.autoscaler && s.cfg.start_replica;
   // Under scale from zero (min_replicas 0) only demand starts a replica: a request that comes
   // after a parked replica's backoff waits for one retry (it failed at once, and nothing ever
@@ -113,33 +114,37 @@ void dispatch(SchedSelf self) {
     // Say so when a restart was waited for in vain.
     std::string why = "no replica is left: every target shard is down and none can be started";
     const SchedulerSpec& spec = s.cfg.topology.scheduler;
+    // The cause of the replica lost last (whose loss left nothing to serve).
+    const ReplicaEntry* lost = nullptr;
+    int32_t lost_id = -1;
+    for (const auto& [rid, r] : s.replicas) {
+      if (r.lost && (lost == nullptr || r.lost_at > lost->lost_at)) {
+        lost = &r;
+        lost_id = rid;
+      }
+    }
     // NOTE: tensor-parallel ranks are never restarted (awaiting_restart): a killed rank blamed
     // worker_restart_timeout_s, which was never waited for.
     const bool tp = s.cfg.topology.models.target.tensor_parallel_size > 1;
-    for (const auto& [rid, r] : s.replicas) {
-      if (tp && r.lost && !s.autoscaler && spec.worker_restarts > 0) {
+    if (lost && !s.autoscaler) {
+      if (tp && spec.worker_restarts > 0) {
         why += fmt::format(" (replica {} lost a tensor-parallel rank; the ranks of a tensor-parallel target are not "
                            "restarted: scheduler.worker_restarts applies to single-shard replicas)",
-                           rid);
-        break;
-      }
-      if (s.no_restarts) {
-        why += " (every node process of the head's host has exited: no worker restarts)";
-        break;
-      }
-      if (!s.autoscaler && spec.worker_restarts > 0 && r.lost && r.restart_possible) {
+                           lost_id);
+      } else if (!lost->restart_possible) {
+        why += fmt::format(" (replica {}'s target shard stopped on its own, by SIGTERM or a drain: it is not restarted)",
+                           lost_id);
+      } else if (spec.worker_restarts == 0) {
+        why += fmt::format(" (replica {}'s target shard went down; scheduler.worker_restarts is 0: its node does not "
+                           "restart it)",
+                           lost_id);
+      } else if (s.no_restarts) {
+        why += fmt::format(" (replica {}'s target shard went down and every node process of the head's host has exited: "
+                           "no worker restarts)",
+                           lost_id);
+      } else {
         why += fmt::format(" (replica {}'s target shard was not restarted within scheduler.worker_restart_timeout_s = {:g} s)",
-                           rid, spec.worker_restart_timeout_s);
-        break;
-      }
-      if (!s.autoscaler && r.lost && !r.restart_possible) {
-        why += fmt::format(" (replica {}'s target shard stopped on its own, by SIGTERM or a drain: it is not restarted)", rid);
-        break;
-      }
-      if (!s.autoscaler && r.lost && spec.worker_restarts == 0) {
-        why += fmt::format(" (replica {}'s target shard went down; scheduler.worker_restarts is 0: its node does not restart it)",
-                           rid);
-        break;
+                           lost_id, spec.worker_restart_timeout_s);
       }
     }
     // Why the last start failed (a worker's own reason: a model file gone), so a client does not
@@ -159,7 +164,7 @@ void dispatch(SchedSelf self) {
       if (s.autoscaler && can_start && !cause->not_startable) {
         const double left = s.autoscaler->start_backoff_s(cause->num_start_failures) -
                             (now - std::max(cause->state_since, cause->start_failed_at));
-        if (left > 0) next = fmt::format("; it is tried again in {:.1f} s", left);
+        if (left > 0) next = fmt::format("; it is tried again in {:.1f} s at the earliest", left);
       }
       why += fmt::format(" (replica {}: its last start failed: {}{})", cause_id, cause->last_start_error, next);
     }

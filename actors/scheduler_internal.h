@@ -138,7 +138,11 @@ struct SchedulerState {
   std::set<int64_t> cancelled_in_transit;
   bool draining = false;
   bool no_restarts = false;  // no_restart_atom: no node is left to restart a worker
-  int32_t peak_ongoing = 0;  // the most requests held at once since the last autoscaler tick (AutoscaleInput)
+  // The time-weighted mean of request_actors.size() since the last autoscaler tick
+  // (AutoscaleInput::mean_ongoing): request-seconds so far, since when, and the count's last change.
+  double ongoing_area = 0;
+  double ongoing_window_start = 0;
+  double ongoing_changed_at = 0;
   std::vector<caf::response_promise> drain_waiters;
   TpRegistry tp;  // tensor-parallel groups forming, and their rendezvous keys (actors/tp_group.h)
   int32_t max_model_len = 0;
@@ -210,13 +214,17 @@ void register_worker(SchedSelf self, WorkerHello& h);
 /// promoted replica serves at once instead of idling until the next arrival.
 void rebalance(SchedSelf self);
 
+/// Adds the request-seconds since the count of request_actors last changed to the autoscaler's
+/// mean (SchedulerState::ongoing_area); call at `now_s` (head clock) before the count changes.
+void note_ongoing_change(SchedulerState& s, double now_s);
+
 /// The replica's target shard is gone: its requests go back to the queue, first in line.
 /// `abnormal`: the target shard died (its process killed, its connection lost), rather than quit
 /// on its own (drained, stopped): only then may its node restart it.
 void replica_lost(SchedSelf self, int32_t replica_id, bool abnormal);
 /// True while a lost replica's node may still restart its target shard (static topology,
 /// scheduler.worker_restarts > 0, tensor-parallel size 1, within worker_restart_timeout_s of the
-/// loss): the queue waits for it instead of failing.
+/// loss, and no no_restart_atom came: a node is left): the queue waits for it instead of failing.
 bool awaiting_restart(SchedSelf self, const ReplicaEntry& r);
 
 /// Requests whose worker died go back to the queue, first in line.

@@ -283,6 +283,13 @@ void finish_drain_if_idle(SchedSelf self, int32_t rid) {
   }
 }
 
+void note_ongoing_change(SchedulerState& s, double now_s) {
+  if (now_s > s.ongoing_changed_at) {
+    s.ongoing_area += static_cast<double>(s.request_actors.size()) * (now_s - s.ongoing_changed_at);
+    s.ongoing_changed_at = now_s;
+  }
+}
+
 void start_failed(SchedSelf self, int32_t rid, const std::string& why, bool permanent) {
   auto& s = self->state;
   auto& r = s.replicas[rid];
@@ -322,6 +329,9 @@ void autoscale_tick(SchedSelf self) {
   for (const auto& [rid, r] : s.replicas) any_routed = any_routed || r.routed();
   const bool stranded = !any_routed && (!s.queue.empty() || !s.in_transit.empty());
   if (s.draining && !stranded) {
+    note_ongoing_change(s, now);  // a new window: the next tick's mean is its own
+    s.ongoing_area = 0;
+    s.ongoing_window_start = now;
     s.held_deficit_since = -1;
     dispatch(self);
     return;
@@ -332,9 +342,12 @@ void autoscale_tick(SchedSelf self) {
   AutoscaleInput in;
   in.now_s = now;
   in.num_queued = static_cast<int32_t>(s.queue.size());
-  // Requests that came and went since the last tick count too (a 15 ms request between two ticks).
-  in.peak_ongoing = s.peak_ongoing;
-  s.peak_ongoing = static_cast<int32_t>(s.request_actors.size());
+  // Requests that came and went since the last tick count too, for their share of it (a 15 ms
+  // request between two ticks).
+  note_ongoing_change(s, now);
+  if (now > s.ongoing_window_start) in.mean_ongoing = s.ongoing_area / (now - s.ongoing_window_start);
+  s.ongoing_area = 0;
+  s.ongoing_window_start = now;
   for (const auto& [id, p] : s.queue) in.oldest_wait_s = std::max(in.oldest_wait_s, now - p.enqueued_at);
   for (const auto& [rid, r] : s.replicas) {
     if (r.not_startable && r.state == ReplicaState::kStopped) continue;  // not a slot the policy can use

@@ -125,7 +125,7 @@ struct AutoscaleStatus {
   /// Cold starts are held back (CPU-only host: until the promoted replica's first token, at most
   /// 5 s); afterwards only what the load then wants is started, so ready may stay below target.
   bool starts_held = false;
-  int32_t ongoing = 0;             ///< queued + assigned at the last tick
+  int32_t ongoing = 0;             ///< queued + assigned at the last tick, or the mean since the one before rounded up when more
   double ttft_p90_seconds = 0;     ///< over the look-back window, new replicas' grace excluded
   int64_t num_promotions = 0;
   int64_t num_cold_starts = 0;    ///< process starts requested (a failed start is one too)

@@ -90,7 +90,9 @@ AutoscaleDecision Autoscaler::tick(const AutoscaleInput& in) {
     }
   }
   const auto num_ready = static_cast<int32_t>(ready.size());
-  ongoing = std::max<int64_t>(ongoing, in.peak_ongoing);
+  if (in.mean_ongoing > 0) {
+    ongoing = std::max<int64_t>(ongoing, static_cast<int64_t>(std::ceil(std::min(in.mean_ongoing, 1e9))));
+  }
   d.ongoing = static_cast<int32_t>(std::min<int64_t>(ongoing, INT32_MAX));
 
   // Rule 1: load.

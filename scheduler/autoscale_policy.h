@@ -24,13 +24,16 @@
 //      failed starts has passed: start_backoff_s * 2^(failures - 1), at most start_backoff_max_s,
 //      counted from when it stopped (state_since_s).
 //   1. Load. ongoing = queued at the head + requests assigned to ready and draining replicas, or
-//      the most the head held at once since the previous tick when that is more (peak_ongoing:
-//      requests shorter than a tick, which come and go between two, still count);
-//      wanted_by_load = ceil(ongoing / target_ongoing_requests) (Ray Serve's formula). Zero
-//      traffic gives 0: a valid input, never a division by zero or a stall.
-//      NOTE: without peak_ongoing, steady traffic of short requests (15 ms each, one a second)
+//      the time-weighted mean of the requests the head held since the previous tick, rounded up,
+//      when that is more (mean_ongoing: requests shorter than a tick, which come and go between
+//      two, still count, for the share of the tick they took); wanted_by_load =
+//      ceil(ongoing / target_ongoing_requests) (Ray Serve's formula). Zero traffic gives 0: a
+//      valid input, never a division by zero or a stall.
+//      NOTE: without mean_ongoing, steady traffic of short requests (15 ms each, one a second)
 //      read as "no ongoing request" on most ticks: idle held for downscale_delay_s and scale
-//      from zero stopped the only replica every few seconds, each next request paying a cold start.
+//      from zero stopped the only replica every few seconds, each next request paying a cold
+//      start. A mean, not the peak: 50 requests a second of 15 ms each (0.75 at once on average)
+//      want one replica at target_ongoing_requests 1; their peak in a tick is often 2.
 //   2. Pressure (a reason to add a replica) holds when any of:
 //        a. wanted_by_load > target (the target, not the ready count: replicas already decided
 //           and on their way are not asked for twice);
@@ -157,9 +160,9 @@ struct TtftSample {
 struct AutoscaleInput {
   double now_s = 0;
   int32_t num_queued = 0;        ///< requests in the head's queue
-  /// The most requests the head held at once (queued, moving or on a replica) since the previous
-  /// tick, >= 0 (rule 1).
-  int32_t peak_ongoing = 0;
+  /// The time-weighted mean of the requests the head held (queued, moving or on a replica) since
+  /// the previous tick, >= 0 (rule 1).
+  double mean_ongoing = 0;
   double oldest_wait_s = 0;      ///< seconds the oldest queued request has waited (0: none)
   std::vector<ReplicaView> replicas;  ///< every declared replica, any state
   std::vector<TtftSample> ttft;  ///< recent samples (older than look_back_period_s are skipped)

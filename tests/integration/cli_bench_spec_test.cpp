@@ -47,6 +47,14 @@ TEST(CliChecks, BenchSpecRefusesAnUnwritableOutputAndBadQuestionsUpFront) {
   EXPECT_EQ(bad_spec.exit_code, 2) << bad_spec.out;
   EXPECT_NE(bad_spec.out.find("--spec {bad: malformed JSON"), std::string::npos) << bad_spec.out;
   EXPECT_EQ(bad_spec.out.find("nonexistent"), std::string::npos) << "the model was opened first:\n" << bad_spec.out;
+  // Its errors name bench-spec's flag, not serve's --speculative-config.
+  const CmdResult no_head = run("bench-spec --questions " + typed + " --spec '{\"method\":\"eagle\",\"num_speculative_tokens\":2}'");
+  EXPECT_EQ(no_head.exit_code, 2) << no_head.out;
+  EXPECT_NE(no_head.out.find("--spec {\"method\":\"eagle\",\"num_speculative_tokens\":2}: speculative method eagle needs its "
+                             "head file: \"model\": PATH\n"),
+            std::string::npos)
+      << no_head.out;
+  EXPECT_EQ(no_head.out.find("--speculative-config"), std::string::npos) << no_head.out;
   const CmdResult zero = run("bench-spec --questions " + typed + " --batch-sizes 0");
   EXPECT_EQ(zero.exit_code, 2) << zero.out;
   EXPECT_NE(zero.out.find("--batch-sizes"), std::string::npos) << zero.out;

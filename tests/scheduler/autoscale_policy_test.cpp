@@ -471,9 +471,9 @@ TEST(AutoscalePolicy, IdleReasonWithNoLoadSaysSo) {
   EXPECT_EQ(d.reason.find("wanted"), std::string::npos) << d.reason;
 }
 
-// Short requests that come and go between ticks (peak_ongoing) are load: one a second, each
-// shorter than a tick, keeps the only replica of a scale-from-zero cluster; without them it is
-// idle. (A fresh-user trial: 1-token requests every second paid a cold start every ~5 s.)
+// Short requests that come and go between ticks (mean_ongoing) are load: one a second, 15 ms
+// each, keeps the only replica of a scale-from-zero cluster; without them it is idle. (A
+// fresh-user trial: 1-token requests every second paid a cold start every ~5 s.)
 TEST(AutoscalePolicy, RequestsShorterThanATickKeepTheirReplica) {
   for (const bool seen : {true, false}) {
     Autoscaler a(opts(0, 1, 0, 0.0, /*down=*/2.0), 1);
@@ -482,20 +482,24 @@ TEST(AutoscalePolicy, RequestsShorterThanATickKeepTheirReplica) {
     bool scaled_down = false;
     for (int t = 1; t <= 100 && !scaled_down; ++t) {  // 10 s of 0.1 s ticks
       in.now_s = 0.1 * t;
-      in.peak_ongoing = seen && t % 10 == 0 ? 1 : 0;  // one request a second, gone before the tick
+      in.mean_ongoing = seen && t % 10 == 0 ? 0.15 : 0.0;  // 15 ms of the tick's 100, gone before it
       scaled_down = a.tick(in).target_ready == 0;
     }
     EXPECT_EQ(scaled_down, !seen) << (seen ? "scaled to zero under steady short requests" : "never idle");
   }
-  // Concurrent ones count as concurrent: 6 at once at 2 per replica want 3 replicas.
-  Autoscaler b(opts(1, 4, 0, 0.0), 1);
-  AutoscaleInput in;
-  in.replicas = {rv(0, S::kReady), rv(1, S::kStopped), rv(2, S::kStopped), rv(3, S::kStopped)};
-  in.now_s = 1.0;
-  in.peak_ongoing = 6;
-  auto d = b.tick(in);
-  EXPECT_EQ(d.ongoing, 6);
-  EXPECT_EQ(d.wanted, 3);
+  // The mean, not the peak: many short requests that overlap now and then (0.75 at once on
+  // average) want one replica at one per replica; 1.5 on average want two.
+  AutoscaleOptions one = opts(1, 4, 0, 0.0);
+  one.target_ongoing_requests = 1;
+  for (const auto& [mean, want] : {std::pair{0.75, 1}, std::pair{1.5, 2}}) {
+    Autoscaler b(one, 1);
+    AutoscaleInput in;
+    in.replicas = {rv(0, S::kReady), rv(1, S::kStopped), rv(2, S::kStopped), rv(3, S::kStopped)};
+    in.now_s = 1.0;
+    in.mean_ongoing = mean;
+    auto d = b.tick(in);
+    EXPECT_EQ(d.wanted, want) << "mean " << mean;
+  }
 }
 
 TEST(AutoscalePolicy, MedianOfAnEvenCountIsTheMeanOfTheMiddleTwo) {

@@ -186,14 +186,26 @@ Expected<RunResult> run_config(LoadedModel& lm, Backend& backend, const DeviceMe
   return rr;
 }
 
-// A --speculative-config error as bench-spec shows it after "--spec VALUE: ", which already
-// names the flag: "--speculative-config: method ..." -> "method ...", "--speculative-config
-// \"model\" PATH: ..." -> "\"model\" PATH: ...".
-std::string spec_message(const std::string& m) {
-  for (const char* flag : {"--speculative-config: ", "--speculative-config "}) {
-    if (m.rfind(flag, 0) == 0) return m.substr(std::strlen(flag));
+// Prints a --speculative-config error (one problem a line) as bench-spec's, each line after
+// "--spec VALUE: ", which already names the flag: "--speculative-config: method ..." ->
+// "method ...", "--speculative-config \"model\" PATH: ..." -> "\"model\" PATH: ...", and
+// "... PATH in --speculative-config" -> "... PATH".
+void print_spec_error(const std::string& spec, const std::string& message) {
+  const std::string mine = "specserve bench-spec: ";
+  for (size_t b = 0, e; b <= message.size(); b = e + 1) {
+    e = message.find('\n', b);
+    if (e == std::string::npos) e = message.size();
+    std::string line = message.substr(b, e - b);
+    if (line.rfind(mine, 0) == 0) line.erase(0, mine.size());
+    for (const char* flag : {"--speculative-config: ", "--speculative-config "}) {
+      if (line.rfind(flag, 0) == 0) {
+        line.erase(0, std::strlen(flag));
+        break;
+      }
+    }
+    if (const size_t at = line.find(" in --speculative-config"); at != std::string::npos) line.erase(at, 24);
+    std::fprintf(stderr, "%s--spec %s: %s\n", mine.c_str(), spec.c_str(), line.c_str());
   }
-  return m;
 }
 
 int run_bench(const BenchArgs& a) {
@@ -212,7 +224,7 @@ int run_bench(const BenchArgs& a) {
     SpecArgs sa;
     sa.speculative_config = spec;
     if (Status st = check_spec_args_before_load(sa, path, "specserve bench-spec"); !st.ok()) {
-      std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), spec_message(st.message()).c_str());
+      print_spec_error(spec, st.message());
       return exit_status_for(st);
     }
   }
@@ -326,7 +338,7 @@ int run_bench(const BenchArgs& a) {
       sa.speculative_config = spec;
       auto r = run_config(*loaded, *backend, memory, qs, sa, batch, a.max_tokens, spec);
       if (!r.ok()) {
-        std::fprintf(stderr, "specserve bench-spec: --spec %s: %s\n", spec.c_str(), spec_message(r.status().message()).c_str());
+        print_spec_error(spec, r.status().message());
         return 1;
       }
       for (auto& [qid, toks] : r->outputs) {
