@@ -164,7 +164,7 @@ void dispatch(SchedSelf self) {
       if (s.autoscaler && can_start && !cause->not_startable) {
         const double left = s.autoscaler->start_backoff_s(cause->num_start_failures) -
                             (now - std::max(cause->state_since, cause->start_failed_at));
-        if (left > 0) next = fmt::format("; it is tried again in {:.1f} s at the earliest", left);
+        if (left > 0) next = fmt::format("; it is tried again in {:.1f} s at the earliest", std::max(left, 0.1));
       }
       why += fmt::format(" (replica {}: its last start failed: {}{})", cause_id, cause->last_start_error, next);
     }

@@ -378,7 +378,10 @@ int run_worker(const WorkerOptions& o) {
                   .receive([&](int32_t n) { moving = n; }, [&](caf::error&) { moving = -1; });
             }
             if (moving >= 0) {
-              std::fprintf(stderr, "specserve worker: moving %d request(s) of replica %d to other replicas before stopping\n",
+              // The head's log says which: moved with their KV, or finished here (no other replica).
+              std::fprintf(stderr,
+                           "specserve worker: stopping: %d request(s) of replica %d move to other replicas or finish here "
+                           "first\n",
                            moving, spec.replica);
               // NOTE: a shard in the middle of a long step (a big prefill on a CPU) takes the migrate
               // message only after it; then receivers read its KV. Bounded, then it stops anyway.
