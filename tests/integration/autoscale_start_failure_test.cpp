@@ -5,12 +5,8 @@
 // "exited". Once the file is back, a request after the backoff is served.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 
 #include "tests/integration/up_process.h"
 
@@ -21,46 +17,23 @@ using namespace cluster_testing;  // NOLINT: test helpers (tests/integration/up_
 namespace fs = std::filesystem;
 
 TEST(AutoscaleStartFailure, AModelFileGoneFailsTheWaitingRequestAtOnceWithTheWorkersReason) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("specserve_startfail_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path model = dir / "m.gguf";
-  fs::remove(model);
-  fs::create_symlink(testing::default_model_path(), model);
-  const int port = free_port();
-  int http = free_port();
-  while (http == port) http = free_port();
-  const std::string config = (dir / "cluster.yaml").string();
-  std::ofstream(config) << "cluster: { name: startfail, token_file: " << (dir / "token").string() << " }\n"
-                        << "head: { host: 127.0.0.1, actor_port: " << port << ", http_port: " << http << " }\n"
-                        << "models:\n  target: { path: m.gguf, max_model_len: 256 }\n"
-                        << "nodes:\n  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n"
-                        << "scheduler: { max_num_seqs: 2, kv_cache_bytes: 16MiB }\n"
-                        << "autoscale: { min_replicas: 0, max_replicas: 1, warm_pool: 0, start_backoff_s: 4, start_backoff_max_s: 4 }\n";
-  const std::string ready = (dir / "ready").string();
-  auto up = spawn_child({SPECSERVE_BIN, "up", config, "--ready-file", ready, "--threads-per-worker", "1"},
-                        with_omp_passive({}), "up");
-  ASSERT_TRUE(up.ok()) << up.status().to_string();
-  struct Cleanup {
-    pid_t pid;
-    fs::path dir;
-    ~Cleanup() {
-      if (pid > 0 && ::kill(pid, 0) == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-      fs::remove_all(dir);
-    }
-  } cleanup{up->pid, dir};
-  ASSERT_TRUE(until(60, [&] { return fs::exists(ready); })) << "specserve up was not ready within 60 s";
-  std::string token;
-  std::getline(std::ifstream(dir / "token"), token);
-  auto client = Client::connect("127.0.0.1", static_cast<uint16_t>(port), token);
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
-  Client& c = **client;
+  fs::path model;
+  UpProcess up([&](const std::string& dir, int port, int http) {
+    model = fs::path(dir) / "m.gguf";  // relative in the topology: resolved from its folder
+    fs::create_symlink(testing::default_model_path(), model);
+    return "cluster: { name: startfail, token_file: " + dir + "/token }\n" +
+           "head: { host: 127.0.0.1, actor_port: " + std::to_string(port) + ", http_port: " + std::to_string(http) + " }\n" +
+           "models:\n  target: { path: m.gguf, max_model_len: 256 }\n"
+           "nodes:\n  - { name: n0, host: 127.0.0.1, devices: [cpu], workers: [ { role: target_shard, replica: 0, device: cpu } ] }\n"
+           "scheduler: { max_num_seqs: 2, kv_cache_bytes: 16MiB }\n"
+           "autoscale: { min_replicas: 0, max_replicas: 1, warm_pool: 0, start_backoff_s: 4, start_backoff_max_s: 4 }\n";
+  });
+  Client* c = up.connect();
+  ASSERT_NE(c, nullptr);
 
   fs::remove(model);
   const auto prompt = prompt_ids()[0];
-  auto refused = c.generate(greedy(prompt, 4));
+  auto refused = c->generate(greedy(prompt, 4));
   ASSERT_FALSE(refused.ok()) << "served without its model file";
   const std::string m = refused.status().message();
   EXPECT_NE(m.find("no replica is left"), std::string::npos) << m;
@@ -68,7 +41,7 @@ TEST(AutoscaleStartFailure, AModelFileGoneFailsTheWaitingRequestAtOnceWithTheWor
   EXPECT_NE(m.find("models.target.path: 'm.gguf'"), std::string::npos) << m;
   EXPECT_NE(m.find("No such file or directory"), std::string::npos) << m;
   EXPECT_NE(m.find("; it is tried again in "), std::string::npos) << m;
-  auto st = c.status();
+  auto st = c->status();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   ASSERT_EQ(st->replicas.size(), 1u);
   // One failed start, not kMaxStartFailures (5) waited for: the next would come 4 s later.
@@ -81,16 +54,11 @@ TEST(AutoscaleStartFailure, AModelFileGoneFailsTheWaitingRequestAtOnceWithTheWor
   const auto expected = testing::greedy_reference(prompt, 4);
   Expected<GenerateResult> served = refused.status();
   ASSERT_TRUE(until(60, [&] {
-    served = c.generate(greedy(prompt, 4));
+    served = c->generate(greedy(prompt, 4));
     return served.ok();
   })) << served.status().to_string();
   EXPECT_EQ(served->tokens, expected);
-  client->reset();
-  ::kill(up->pid, SIGTERM);
-  int status = 0;
-  EXPECT_TRUE(until(60, [&] { return ::waitpid(up->pid, &status, WNOHANG) == up->pid; })) << "up did not stop";
-  cleanup.pid = -1;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_EQ(up.terminate(60), 0);
 }
 
 }  // namespace

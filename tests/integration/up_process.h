@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "actors/client.h"
@@ -54,18 +55,31 @@ class UpProcess {
  public:
   explicit UpProcess(const std::string& nodes_yaml, const std::string& speculative_yaml,
                      const std::string& kv_cache = "64MiB", std::map<std::string, std::string> env = {},
-                     const std::string& target_extra = "", const std::string& scheduler_extra = "") {
+                     const std::string& target_extra = "", const std::string& scheduler_extra = "")
+      : UpProcess(
+            [&](const std::string& dir, int port, int http) {
+              std::ostringstream y;
+              y << "cluster: { name: test, token_file: " << dir << "/token }\n"
+                << "head: { host: 127.0.0.1, actor_port: " << port << ", http_port: " << http << " }\n"
+                << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512" << target_extra
+                << " }\n"
+                << speculative_yaml << "nodes:\n" << nodes_yaml
+                << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << scheduler_extra << " }\n";
+              return y.str();
+            },
+            std::move(env)) {}
+  // The caller's topology: `yaml(dir, actor_port, http_port)` is the file's text. The folder is
+  // fresh (the caller may put files there first, e.g. the model); the token file must be
+  // dir/token (connect() reads it there).
+  using YamlMaker = std::function<std::string(const std::string& dir, int actor_port, int http_port)>;
+  explicit UpProcess(const YamlMaker& yaml, std::map<std::string, std::string> env = {}) {
     dir_ = ::testing::TempDir() + "specserve_cluster_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
     std::filesystem::create_directories(dir_);
     port_ = free_port();
     int http = free_port();
     while (http == port_) http = free_port();  // the kernel may hand the same free port out twice
     config_ = dir_ + "/cluster.yaml";
-    std::ofstream(config_) << "cluster: { name: test, token_file: " << dir_ << "/token }\n"
-                           << "head: { host: 127.0.0.1, actor_port: " << port_ << ", http_port: " << http << " }\n"
-                           << "models:\n  target: { path: " << testing::default_model_path() << ", max_model_len: 512" << target_extra << " }\n"
-                           << speculative_yaml << "nodes:\n" << nodes_yaml
-                           << "scheduler: { max_num_seqs: 8, kv_cache_bytes: " << kv_cache << scheduler_extra << " }\n";
+    std::ofstream(config_) << yaml(dir_, port_, http);
     ready_ = dir_ + "/ready";
     auto c = spawn_child({SPECSERVE_BIN, "up", config_, "--ready-file", ready_, "--threads-per-worker", "1",
                           "--drain-timeout", "30"},
@@ -133,6 +147,7 @@ class UpProcess {
   const std::string& token() const { return token_; }
   int port() const { return port_; }
   const std::string& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
 
  private:
   static inline int counter_ = 0;
